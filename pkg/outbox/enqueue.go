@@ -1,0 +1,180 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// ErrInvalidMessage is returned by Enqueue for a message that can never be
+// published: a missing field, a payload that is not JSON, or text PostgreSQL
+// cannot store. Nothing is written when it is returned.
+var ErrInvalidMessage = errors.New("outbox: invalid message")
+
+// Message is one event to publish. AggregateType and AggregateID name the entity
+// the event is about; events of one aggregate are published in the order they
+// were enqueued.
+type Message struct {
+	// AggregateType is the kind of entity, e.g. "order". Required.
+	AggregateType string
+	// AggregateID identifies the entity within its type. Required.
+	AggregateID string
+	// EventType names what happened, e.g. "order.created". Required.
+	EventType string
+	// Payload is the event body. It must be valid JSON. Required.
+	Payload []byte
+	// Headers travel with the message to the broker, e.g. W3C trace context
+	// ("traceparent", "tracestate"). Optional.
+	Headers map[string]string
+}
+
+// Enqueued describes a message Enqueue wrote.
+type Enqueued struct {
+	// ID is the outbox row's id. Publishers send it as the message id, so it is
+	// the consumer's deduplication key.
+	ID int64
+	// AggregateVersion is the message's position among its aggregate's events:
+	// 1 for the first, then without gaps.
+	AggregateVersion int64
+}
+
+// WriterConfig configures a Writer.
+type WriterConfig struct {
+	// NotifyChannel, when set, makes Enqueue issue a NOTIFY on that channel in the
+	// same transaction, so relays in other processes wake up on commit. NOTIFY
+	// takes a database-wide lock at commit time and does not pass through a
+	// transaction-pooling PgBouncer, so it is off by default; relays then find new
+	// rows through their in-process signal or their poll ticker. Default: "" (off).
+	NotifyChannel string
+}
+
+// Writer enqueues messages in the caller's transaction.
+type Writer struct {
+	notifyChannel string
+}
+
+// NewWriter returns a Writer for cfg.
+func NewWriter(cfg WriterConfig) (*Writer, error) {
+	if strings.ContainsRune(cfg.NotifyChannel, 0) || len(cfg.NotifyChannel) > 63 {
+		return nil, fmt.Errorf("outbox: NotifyChannel %q: must be at most 63 bytes without NUL", cfg.NotifyChannel)
+	}
+	return &Writer{notifyChannel: cfg.NotifyChannel}, nil
+}
+
+// Enqueue writes msgs with the default Writer (no NOTIFY). See Writer.Enqueue.
+func Enqueue(ctx context.Context, tx pgx.Tx, msgs ...Message) ([]Enqueued, error) {
+	return (&Writer{}).Enqueue(ctx, tx, msgs...)
+}
+
+// insertSQL bumps the aggregate's version and inserts the row in one round trip.
+// The upsert locks the aggregate's row in outbox_aggregates until the caller's
+// transaction ends, so a second writer of the same aggregate waits, then gets the
+// next version, and its row is inserted (and gets its id) only after the first
+// writer committed or rolled back.
+const insertSQL = `
+WITH v AS (
+    INSERT INTO outbox_aggregates AS a (aggregate_type, aggregate_id, version)
+    VALUES ($1, $2, 1)
+    ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE SET version = a.version + 1
+    RETURNING version
+)
+INSERT INTO outbox (aggregate_type, aggregate_id, aggregate_version, event_type, payload, headers)
+SELECT $1, $2, v.version, $3, $4, $5 FROM v
+RETURNING id, aggregate_version`
+
+// Enqueue writes msgs inside tx. They become visible to relays when tx commits,
+// and disappear with it if it rolls back: the business change and its events
+// are one atomic unit. Enqueue never talks to the broker.
+//
+// Every message is validated before anything is written; an invalid one makes
+// Enqueue return an error wrapping ErrInvalidMessage and write nothing.
+//
+// Each message gets the next version of its aggregate. Writers of the same
+// aggregate are serialised from that point until their transaction ends, so
+// enqueue late in the transaction, after the business row is locked or written.
+func (w *Writer) Enqueue(ctx context.Context, tx pgx.Tx, msgs ...Message) ([]Enqueued, error) {
+	if len(msgs) == 0 {
+		return nil, nil
+	}
+	headers := make([][]byte, len(msgs))
+	for i, m := range msgs {
+		if err := m.validate(); err != nil {
+			return nil, fmt.Errorf("%w: message %d: %w", ErrInvalidMessage, i, err)
+		}
+		h := m.Headers
+		if h == nil {
+			h = map[string]string{}
+		}
+		b, err := json.Marshal(h)
+		if err != nil {
+			return nil, fmt.Errorf("%w: message %d: headers: %w", ErrInvalidMessage, i, err)
+		}
+		headers[i] = b
+	}
+
+	batch := &pgx.Batch{}
+	for i, m := range msgs {
+		batch.Queue(insertSQL, m.AggregateType, m.AggregateID, m.EventType, string(m.Payload), string(headers[i]))
+	}
+	if w.notifyChannel != "" {
+		batch.Queue("SELECT pg_notify($1, '')", w.notifyChannel)
+	}
+	br := tx.SendBatch(ctx, batch)
+	out := make([]Enqueued, len(msgs))
+	for i := range msgs {
+		if err := br.QueryRow().Scan(&out[i].ID, &out[i].AggregateVersion); err != nil {
+			_ = br.Close()
+			return nil, fmt.Errorf("outbox enqueue: insert message %d: %w", i, err)
+		}
+	}
+	if err := br.Close(); err != nil {
+		return nil, fmt.Errorf("outbox enqueue: %w", err)
+	}
+	return out, nil
+}
+
+func (m Message) validate() error {
+	for _, f := range []struct{ name, value string }{
+		{"AggregateType", m.AggregateType},
+		{"AggregateID", m.AggregateID},
+		{"EventType", m.EventType},
+	} {
+		if f.value == "" {
+			return fmt.Errorf("%s is empty", f.name)
+		}
+		if err := storableText(f.value); err != nil {
+			return fmt.Errorf("%s: %w", f.name, err)
+		}
+	}
+	if !json.Valid(m.Payload) {
+		return errors.New("Payload is not valid JSON")
+	}
+	// jsonb rejects the escaped NUL character; catch it here with a clear message.
+	if strings.Contains(string(m.Payload), `\u0000`) {
+		return errors.New(`Payload contains \u0000, which PostgreSQL cannot store`)
+	}
+	for k, v := range m.Headers {
+		if err := storableText(k); err != nil {
+			return fmt.Errorf("header name %q: %w", k, err)
+		}
+		if err := storableText(v); err != nil {
+			return fmt.Errorf("header %q: %w", k, err)
+		}
+	}
+	return nil
+}
+
+func storableText(s string) error {
+	if !utf8.ValidString(s) {
+		return errors.New("not valid UTF-8")
+	}
+	if strings.ContainsRune(s, 0) {
+		return errors.New("contains a NUL byte")
+	}
+	return nil
+}

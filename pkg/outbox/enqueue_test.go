@@ -1,0 +1,289 @@
+package outbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outbox-inbox/reference/pkg/outbox"
+)
+
+func msg(aggID, eventType string) outbox.Message {
+	return outbox.Message{
+		AggregateType: "order",
+		AggregateID:   aggID,
+		EventType:     eventType,
+		Payload:       []byte(fmt.Sprintf(`{"order_id":%q}`, aggID)),
+		Headers:       map[string]string{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
+	}
+}
+
+func countRows(t *testing.T, pool *pgxpool.Pool) int {
+	t.Helper()
+	var n int
+	if err := pool.QueryRow(context.Background(), "SELECT count(*) FROM outbox").Scan(&n); err != nil {
+		t.Fatalf("count outbox: %v", err)
+	}
+	return n
+}
+
+func TestEnqueueWritesRowsWithVersionsAndHeaders(t *testing.T) {
+	t.Parallel()
+	pool := newTestPool(t)
+	ctx := context.Background()
+
+	var got []outbox.Enqueued
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		var err error
+		got, err = outbox.Enqueue(ctx, tx, msg("o-1", "order.created"), msg("o-1", "order.cancelled"), msg("o-2", "order.created"))
+		return err
+	})
+	if err != nil {
+		t.Fatalf("enqueue: %v", err)
+	}
+	wantVersions := []int64{1, 2, 1}
+	for i, e := range got {
+		if e.AggregateVersion != wantVersions[i] {
+			t.Errorf("message %d: version %d, want %d", i, e.AggregateVersion, wantVersions[i])
+		}
+	}
+	if !(got[0].ID < got[1].ID && got[1].ID < got[2].ID) {
+		t.Errorf("ids not increasing in enqueue order: %+v", got)
+	}
+
+	var payload, traceparent, eventType string
+	var attempts int
+	err = pool.QueryRow(ctx, `SELECT payload->>'order_id', headers->>'traceparent', event_type, attempts
+		FROM outbox WHERE id = $1`, got[1].ID).Scan(&payload, &traceparent, &eventType, &attempts)
+	if err != nil {
+		t.Fatalf("read row: %v", err)
+	}
+	if payload != "o-1" || eventType != "order.cancelled" || attempts != 0 ||
+		traceparent != "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01" {
+		t.Errorf("row = payload %q event %q attempts %d traceparent %q", payload, eventType, attempts, traceparent)
+	}
+
+	// A later transaction continues the aggregate's versions.
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		var err error
+		got, err = outbox.Enqueue(ctx, tx, msg("o-1", "order.shipped"))
+		return err
+	})
+	if err != nil {
+		t.Fatalf("enqueue: %v", err)
+	}
+	if got[0].AggregateVersion != 3 {
+		t.Errorf("third event of o-1 got version %d, want 3", got[0].AggregateVersion)
+	}
+}
+
+func TestEnqueueRolledBackLeavesNothing(t *testing.T) {
+	t.Parallel()
+	pool := newTestPool(t)
+	ctx := context.Background()
+
+	injected := errors.New("injected failure after enqueue")
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := outbox.Enqueue(ctx, tx, msg("o-1", "order.created")); err != nil {
+			return err
+		}
+		return injected
+	})
+	if !errors.Is(err, injected) {
+		t.Fatalf("BeginFunc error = %v, want the injected one", err)
+	}
+	if n := countRows(t, pool); n != 0 {
+		t.Fatalf("outbox has %d rows after rollback, want 0", n)
+	}
+	// The version counter rolled back too: the next event is still version 1.
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		got, err := outbox.Enqueue(ctx, tx, msg("o-1", "order.created"))
+		if err == nil && got[0].AggregateVersion != 1 {
+			return fmt.Errorf("version after rollback = %d, want 1", got[0].AggregateVersion)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestEnqueueRejectsInvalidMessagesAndWritesNothing(t *testing.T) {
+	t.Parallel()
+	pool := newTestPool(t)
+	ctx := context.Background()
+
+	valid := msg("o-1", "order.created")
+	cases := map[string]func(m *outbox.Message){
+		"empty aggregate type": func(m *outbox.Message) { m.AggregateType = "" },
+		"empty aggregate id":   func(m *outbox.Message) { m.AggregateID = "" },
+		"empty event type":     func(m *outbox.Message) { m.EventType = "" },
+		"payload not JSON":     func(m *outbox.Message) { m.Payload = []byte(`{"a":`) },
+		"empty payload":        func(m *outbox.Message) { m.Payload = nil },
+		"NUL in payload":       func(m *outbox.Message) { m.Payload = []byte(`{"a":"x\u0000y"}`) },
+		"NUL in aggregate id":  func(m *outbox.Message) { m.AggregateID = "o\x00" },
+		"invalid UTF-8":        func(m *outbox.Message) { m.EventType = "order.\xff" },
+		"NUL in header":        func(m *outbox.Message) { m.Headers = map[string]string{"k": "v\x00"} },
+	}
+	for name, mutate := range cases {
+		t.Run(name, func(t *testing.T) {
+			bad := valid
+			mutate(&bad)
+			err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				// The valid message comes first: the bad one must stop both.
+				_, err := outbox.Enqueue(ctx, tx, valid, bad)
+				return err
+			})
+			if !errors.Is(err, outbox.ErrInvalidMessage) {
+				t.Fatalf("error = %v, want ErrInvalidMessage", err)
+			}
+		})
+	}
+	if n := countRows(t, pool); n != 0 {
+		t.Fatalf("outbox has %d rows, want 0", n)
+	}
+}
+
+// Concurrent writers of one aggregate get gapless versions, and the order of
+// versions is the order of ids and of commits: the property the relay's
+// per-aggregate ordering rests on.
+func TestEnqueueConcurrentWritersOfOneAggregateAreSerialised(t *testing.T) {
+	t.Parallel()
+	pool := newTestPool(t)
+	ctx := context.Background()
+
+	const writers = 20
+	var wg sync.WaitGroup
+	errs := make(chan error, writers)
+	for range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs <- pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				if _, err := outbox.Enqueue(ctx, tx, msg("hot", "order.touched")); err != nil {
+					return err
+				}
+				// Hold the aggregate a little, so writers really overlap.
+				_, err := tx.Exec(ctx, "SELECT pg_sleep(0.005)")
+				return err
+			})
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatalf("writer: %v", err)
+		}
+	}
+
+	rows, err := pool.Query(ctx, "SELECT aggregate_version, xmin::text::bigint FROM outbox ORDER BY id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	versions, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (int64, error) {
+		var v, xmin int64
+		err := r.Scan(&v, &xmin)
+		return v, err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(versions) != writers {
+		t.Fatalf("%d rows, want %d", len(versions), writers)
+	}
+	for i, v := range versions {
+		if v != int64(i+1) {
+			t.Fatalf("row %d in id order has version %d, want %d (versions %v)", i, v, i+1, versions)
+		}
+	}
+}
+
+func TestWriterNotifiesOnCommitOnly(t *testing.T) {
+	t.Parallel()
+	pool := newTestPool(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	channel := "outbox_test_notify"
+	w, err := outbox.NewWriter(outbox.WriterConfig{NotifyChannel: channel})
+	if err != nil {
+		t.Fatal(err)
+	}
+	listener, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer listener.Release()
+	if _, err := listener.Exec(ctx, "LISTEN "+channel); err != nil {
+		t.Fatal(err)
+	}
+
+	// Rolled back: no notification.
+	_ = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := w.Enqueue(ctx, tx, msg("o-1", "order.created")); err != nil {
+			return err
+		}
+		return errors.New("roll back")
+	})
+	short, cancelShort := context.WithTimeout(ctx, 200*time.Millisecond)
+	if n, err := listener.Conn().WaitForNotification(short); err == nil {
+		t.Fatalf("got notification %+v for a rolled back transaction", n)
+	}
+	cancelShort()
+
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		_, err := w.Enqueue(ctx, tx, msg("o-1", "order.created"))
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := listener.Conn().WaitForNotification(ctx)
+	if err != nil {
+		t.Fatalf("no notification after commit: %v", err)
+	}
+	if n.Channel != channel {
+		t.Fatalf("notification on %q, want %q", n.Channel, channel)
+	}
+}
+
+func TestNewWriterRejectsBadChannel(t *testing.T) {
+	t.Parallel()
+	if _, err := outbox.NewWriter(outbox.WriterConfig{NotifyChannel: "a\x00b"}); err == nil {
+		t.Fatal("NUL in channel accepted")
+	}
+}
+
+func TestMigrateConcurrentlyAndTwice(t *testing.T) {
+	t.Parallel()
+	pool := newSchemaPool(t)
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	errs := make([]error, 4)
+	for i := range errs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = outbox.Migrate(ctx, pool)
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			t.Fatalf("concurrent migrate: %v", err)
+		}
+	}
+	if err := outbox.Migrate(ctx, pool); err != nil {
+		t.Fatalf("second migrate: %v", err)
+	}
+	if n := countRows(t, pool); n != 0 {
+		t.Fatalf("fresh outbox has %d rows", n)
+	}
+}
