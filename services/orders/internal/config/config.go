@@ -1,0 +1,116 @@
+// Package config reads the orders service's settings from its environment.
+// Every setting has a default that works against this machine's local
+// services, so the service runs with no configuration at all.
+package config
+
+import (
+	"cmp"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Config is the orders service's configuration.
+type Config struct {
+	// DatabaseURL is DATABASE_URL. Default: postgres://postgres@127.0.0.1:5432/orders?sslmode=disable.
+	DatabaseURL string
+	// AMQPURL is AMQP_URL. Default: amqp://guest:guest@127.0.0.1:5672/.
+	AMQPURL string
+	// HTTPAddr is HTTP_ADDR. Default: 127.0.0.1:8080.
+	HTTPAddr string
+	// AdminToken is ADMIN_TOKEN, the bearer token of the /admin endpoints.
+	// Default: "" (admin endpoints off).
+	AdminToken string
+	// Relay is RELAY: run the relay inside the API process. Default: true.
+	Relay bool
+	// Notify is OUTBOX_NOTIFY: wake relays in other processes with
+	// LISTEN/NOTIFY. Default: true.
+	Notify bool
+	// PollInterval is RELAY_POLL_INTERVAL, the relay's fallback ticker.
+	// Default: 1s.
+	PollInterval time.Duration
+	// BatchSize is RELAY_BATCH_SIZE. Default: 500.
+	BatchSize int
+	// MaxAttempts is RELAY_MAX_ATTEMPTS, attempts before a row is
+	// dead-lettered. Default: 10.
+	MaxAttempts int
+	// Retention is OUTBOX_RETENTION, how long published rows are kept.
+	// Default: 168h (7 days); 0 keeps them forever.
+	Retention time.Duration
+	// LogLevel is LOG_LEVEL (debug, info, warn, error). Default: info.
+	LogLevel slog.Level
+}
+
+// NotifyChannel is the LISTEN/NOTIFY channel the writer and the relays share.
+const NotifyChannel = "outbox_orders"
+
+// FromEnv reads the configuration with getenv (os.Getenv in main).
+func FromEnv(getenv func(string) string) (Config, error) {
+	c := Config{
+		DatabaseURL: cmp.Or(getenv("DATABASE_URL"), "postgres://postgres@127.0.0.1:5432/orders?sslmode=disable"),
+		AMQPURL:     cmp.Or(getenv("AMQP_URL"), "amqp://guest:guest@127.0.0.1:5672/"),
+		HTTPAddr:    cmp.Or(getenv("HTTP_ADDR"), "127.0.0.1:8080"),
+		AdminToken:  getenv("ADMIN_TOKEN"),
+	}
+	var err error
+	if c.Relay, err = boolVar(getenv, "RELAY", true); err != nil {
+		return c, err
+	}
+	if c.Notify, err = boolVar(getenv, "OUTBOX_NOTIFY", true); err != nil {
+		return c, err
+	}
+	if c.PollInterval, err = durationVar(getenv, "RELAY_POLL_INTERVAL", time.Second); err != nil {
+		return c, err
+	}
+	if c.Retention, err = durationVar(getenv, "OUTBOX_RETENTION", 7*24*time.Hour); err != nil {
+		return c, err
+	}
+	if c.BatchSize, err = intVar(getenv, "RELAY_BATCH_SIZE", 500); err != nil {
+		return c, err
+	}
+	if c.MaxAttempts, err = intVar(getenv, "RELAY_MAX_ATTEMPTS", 10); err != nil {
+		return c, err
+	}
+	if err := c.LogLevel.UnmarshalText([]byte(cmp.Or(getenv("LOG_LEVEL"), "info"))); err != nil {
+		return c, fmt.Errorf("LOG_LEVEL: %w", err)
+	}
+	return c, nil
+}
+
+func boolVar(getenv func(string) string, name string, def bool) (bool, error) {
+	v := strings.TrimSpace(getenv(name))
+	if v == "" {
+		return def, nil
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		return def, fmt.Errorf("%s=%q: want true or false", name, v)
+	}
+	return b, nil
+}
+
+func durationVar(getenv func(string) string, name string, def time.Duration) (time.Duration, error) {
+	v := strings.TrimSpace(getenv(name))
+	if v == "" {
+		return def, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < 0 {
+		return def, fmt.Errorf("%s=%q: want a non-negative duration such as 500ms or 2s", name, v)
+	}
+	return d, nil
+}
+
+func intVar(getenv func(string) string, name string, def int) (int, error) {
+	v := strings.TrimSpace(getenv(name))
+	if v == "" {
+		return def, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		return def, fmt.Errorf("%s=%q: want a positive integer", name, v)
+	}
+	return n, nil
+}

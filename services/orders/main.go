@@ -1,0 +1,54 @@
+// Command orders runs the orders service: an HTTP API that stores orders in
+// PostgreSQL and writes their events to a transactional outbox, and the relay
+// that publishes those events to RabbitMQ.
+//
+//	orders                 API and relay (the default)
+//	orders relay           the relay alone; run as many as you like
+//	orders migrate         create the database and schema, then exit
+//
+// Configuration comes from the environment; see internal/config.
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "orders:", err)
+		os.Exit(1)
+	}
+}
+
+const usage = `usage: orders [command]
+
+commands:
+  serve      run the HTTP API and the relay (default)
+  relay      run the relay alone
+  migrate    create the database and schema, then exit
+`
+
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	cmd := "serve"
+	if len(args) > 0 {
+		cmd, args = args[0], args[1:]
+	}
+	switch cmd {
+	case "serve":
+		return serve(ctx, getenv, stderr)
+	case "migrate":
+		return migrate(ctx, getenv, stdout)
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return nil
+	default:
+		return fmt.Errorf("unknown command %q\n%s", cmd, usage)
+	}
+}

@@ -1,0 +1,118 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/outbox-inbox/reference/internal/crashpoint"
+	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/services/orders/internal/config"
+	"github.com/outbox-inbox/reference/services/orders/internal/httpapi"
+	"github.com/outbox-inbox/reference/services/orders/internal/postgres"
+)
+
+func newLogger(cfg config.Config, w io.Writer) *slog.Logger {
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: cfg.LogLevel})).With("service", "orders")
+}
+
+func migrate(ctx context.Context, getenv func(string) string, stdout io.Writer) error {
+	cfg, err := config.FromEnv(getenv)
+	if err != nil {
+		return err
+	}
+	pool, err := postgres.Open(ctx, cfg.DatabaseURL)
+	if err != nil {
+		return err
+	}
+	pool.Close()
+	fmt.Fprintln(stdout, "orders: database and schema are up to date")
+	return nil
+}
+
+func serve(ctx context.Context, getenv func(string) string, logOut io.Writer) error {
+	cfg, err := config.FromEnv(getenv)
+	if err != nil {
+		return err
+	}
+	logger := newLogger(cfg, logOut)
+	crash, err := crashpoint.FromEnv(getenv)
+	if err != nil {
+		return err
+	}
+
+	pool, err := postgres.Open(ctx, cfg.DatabaseURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+
+	writerCfg := outbox.WriterConfig{}
+	if cfg.Notify {
+		writerCfg.NotifyChannel = config.NotifyChannel
+	}
+	writer, err := outbox.NewWriter(writerCfg)
+	if err != nil {
+		return err
+	}
+	store := postgres.NewStore(pool, postgres.StoreConfig{Writer: writer})
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	api, err := httpapi.New(httpapi.Config{
+		Orders:     store,
+		AdminToken: cfg.AdminToken,
+		Metrics:    promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
+		Crash:      crash,
+		Logger:     logger,
+	})
+	if err != nil {
+		return err
+	}
+	return serveHTTP(ctx, cfg.HTTPAddr, api, logger)
+}
+
+// serveHTTP serves h on addr until ctx ends, then drains in-flight requests.
+func serveHTTP(ctx context.Context, addr string, h http.Handler, logger *slog.Logger) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", addr, err)
+	}
+	srv := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	logger.InfoContext(ctx, "http listening", "addr", ln.Addr().String())
+
+	select {
+	case err := <-errc:
+		return fmt.Errorf("http server: %w", err)
+	case <-ctx.Done():
+	}
+	logger.Info("shutting down http server")
+	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(shutdownCtx); err != nil {
+		return fmt.Errorf("http shutdown: %w", err)
+	}
+	if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("http server: %w", err)
+	}
+	return nil
+}
