@@ -76,15 +76,20 @@ func Enqueue(ctx context.Context, tx pgx.Tx, msgs ...Message) ([]Enqueued, error
 // transaction ends, so a second writer of the same aggregate waits, then gets the
 // next version, and its row is inserted (and gets its id) only after the first
 // writer committed or rolled back.
+//
+// The row is blocked when an earlier event of the aggregate is not published yet.
+// published_version is read under the same lock the relay takes to advance it, so
+// the value is current: either the relay already moved the previous event (and
+// this row is the aggregate's head), or it will unblock this row when it does.
 const insertSQL = `
 WITH v AS (
     INSERT INTO outbox_aggregates AS a (aggregate_type, aggregate_id, version)
     VALUES ($1, $2, 1)
     ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE SET version = a.version + 1
-    RETURNING version
+    RETURNING version, published_version
 )
-INSERT INTO outbox (aggregate_type, aggregate_id, aggregate_version, event_type, payload, headers)
-SELECT $1, $2, v.version, $3, $4, $5 FROM v
+INSERT INTO outbox (aggregate_type, aggregate_id, aggregate_version, event_type, payload, headers, blocked)
+SELECT $1, $2, v.version, $3, $4, $5, v.version > v.published_version + 1 FROM v
 RETURNING id, aggregate_version`
 
 // Enqueue writes msgs inside tx. They become visible to relays when tx commits,

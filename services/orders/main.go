@@ -5,6 +5,8 @@
 //	orders                 API and relay (the default)
 //	orders relay           the relay alone; run as many as you like
 //	orders migrate         create the database and schema, then exit
+//	orders outbox-status   print the outbox backlog: pending count, oldest age
+//	orders dead-letters    list or retry dead-lettered events
 //
 // Configuration comes from the environment; see internal/config.
 package main
@@ -30,9 +32,14 @@ func main() {
 const usage = `usage: orders [command]
 
 commands:
-  serve      run the HTTP API and the relay (default)
-  relay      run the relay alone
-  migrate    create the database and schema, then exit
+  serve          run the HTTP API and the relay (default)
+  relay          run the relay alone (any number may run at once)
+  migrate        create the database and schema, then exit
+  outbox-status  print pending count, dead letters and the oldest pending age
+  dead-letters list [-after ID] [-limit N]
+                 list dead-lettered events
+  dead-letters retry ID | -all
+                 put dead-lettered events back in the queue
 `
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
@@ -43,6 +50,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	switch cmd {
 	case "serve":
 		return serve(ctx, getenv, stderr)
+	case "relay":
+		return runRelay(ctx, getenv, stderr)
+	case "outbox-status":
+		return outboxStatus(ctx, getenv, stdout)
+	case "dead-letters":
+		return deadLetters(ctx, args, getenv, stdout)
 	case "migrate":
 		return migrate(ctx, getenv, stdout)
 	case "help", "-h", "--help":

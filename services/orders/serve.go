@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -18,6 +19,7 @@ import (
 	"github.com/outbox-inbox/reference/pkg/outbox"
 	"github.com/outbox-inbox/reference/services/orders/internal/config"
 	"github.com/outbox-inbox/reference/services/orders/internal/httpapi"
+	"github.com/outbox-inbox/reference/services/orders/internal/metrics"
 	"github.com/outbox-inbox/reference/services/orders/internal/postgres"
 )
 
@@ -66,12 +68,23 @@ func serve(ctx context.Context, getenv func(string) string, logOut io.Writer) er
 	}
 	store := postgres.NewStore(pool, postgres.StoreConfig{Writer: writer})
 
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-
+	reg := newRegistry(pool, logger)
+	tasks := []func(context.Context) error{}
+	var wake func()
+	if cfg.Relay {
+		relay, pub, err := newRelay(cfg, pool, reg, crash, logger.With("role", "relay"))
+		if err != nil {
+			return err
+		}
+		defer pub.Close()
+		tasks = append(tasks, relay.Run)
+		wake = relay.Wake
+	}
 	api, err := httpapi.New(httpapi.Config{
 		Orders:     store,
+		Outbox:     outbox.NewAdmin(pool),
 		AdminToken: cfg.AdminToken,
+		Wake:       wake,
 		Metrics:    promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
 		Crash:      crash,
 		Logger:     logger,
@@ -79,7 +92,44 @@ func serve(ctx context.Context, getenv func(string) string, logOut io.Writer) er
 	if err != nil {
 		return err
 	}
-	return serveHTTP(ctx, cfg.HTTPAddr, api, logger)
+	tasks = append(tasks, func(ctx context.Context) error {
+		return serveHTTP(ctx, cfg.HTTPAddr, api, logger)
+	})
+	return runAll(ctx, tasks...)
+}
+
+// newRegistry returns the Prometheus registry of a process: runtime metrics and
+// the outbox backlog.
+func newRegistry(pool *pgxpool.Pool, logger *slog.Logger) *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		metrics.NewBacklog(outbox.NewAdmin(pool), logger),
+	)
+	return reg
+}
+
+// opsHandler serves /healthz, /readyz and /metrics for the standalone relay.
+func opsHandler(pool *pgxpool.Pool, reg *prometheus.Registry) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"status":"ok"}` + "\n"))
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		w.Header().Set("Content-Type", "application/json")
+		if err := pool.Ping(ctx); err != nil {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = w.Write([]byte(`{"status":"unavailable"}` + "\n"))
+			return
+		}
+		_, _ = w.Write([]byte(`{"status":"ready"}` + "\n"))
+	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	return mux
 }
 
 // serveHTTP serves h on addr until ctx ends, then drains in-flight requests.

@@ -39,9 +39,19 @@ type Config struct {
 	// Retention is OUTBOX_RETENTION, how long published rows are kept.
 	// Default: 168h (7 days); 0 keeps them forever.
 	Retention time.Duration
+	// Lease is RELAY_LEASE, how long a claimed row is reserved for the relay
+	// that claimed it; a relay that dies mid-batch has its rows retried by
+	// others after it. Default: 30s.
+	Lease time.Duration
+	// BackoffMin and BackoffMax are RELAY_BACKOFF_MIN and RELAY_BACKOFF_MAX,
+	// the bounds of the retry backoff. Defaults: 1s and 5m.
+	BackoffMin, BackoffMax time.Duration
 	// LogLevel is LOG_LEVEL (debug, info, warn, error). Default: info.
 	LogLevel slog.Level
 }
+
+// Exchange is the topic exchange the relay publishes to (docs/events.md).
+const Exchange = "orders.events"
 
 // NotifyChannel is the LISTEN/NOTIFY channel the writer and the relays share.
 const NotifyChannel = "outbox_orders"
@@ -65,6 +75,15 @@ func FromEnv(getenv func(string) string) (Config, error) {
 		return c, err
 	}
 	if c.Retention, err = durationVar(getenv, "OUTBOX_RETENTION", 7*24*time.Hour); err != nil {
+		return c, err
+	}
+	if c.Lease, err = durationVar(getenv, "RELAY_LEASE", 30*time.Second); err != nil {
+		return c, err
+	}
+	if c.BackoffMin, err = durationVar(getenv, "RELAY_BACKOFF_MIN", time.Second); err != nil {
+		return c, err
+	}
+	if c.BackoffMax, err = durationVar(getenv, "RELAY_BACKOFF_MAX", 5*time.Minute); err != nil {
 		return c, err
 	}
 	if c.BatchSize, err = intVar(getenv, "RELAY_BATCH_SIZE", 500); err != nil {

@@ -43,8 +43,10 @@ var _ Orders = (*postgres.Store)(nil)
 type Config struct {
 	// Orders stores orders. Required.
 	Orders Orders
+	// Outbox backs the /admin/outbox endpoints. Default: nil (endpoints off).
+	Outbox OutboxAdmin
 	// AdminToken is the bearer token the /admin endpoints require. Default: ""
-	// (the admin endpoints answer 404).
+	// (the admin endpoints are off and answer 404).
 	AdminToken string
 	// Wake is called after a transaction that enqueued events committed, so an
 	// in-process relay publishes them at once. Default: nil.
@@ -60,6 +62,7 @@ type Config struct {
 // Server is the orders HTTP API.
 type Server struct {
 	orders     Orders
+	outbox     OutboxAdmin
 	adminToken string
 	wake       func()
 	crash      *crashpoint.Trigger
@@ -74,6 +77,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	s := &Server{
 		orders:     cfg.Orders,
+		outbox:     cfg.Outbox,
 		adminToken: cfg.AdminToken,
 		wake:       cfg.Wake,
 		crash:      cfg.Crash,
@@ -101,6 +105,9 @@ func New(cfg Config) (*Server, error) {
 	r.Get("/readyz", s.readyz)
 	if cfg.Metrics != nil {
 		r.Method(http.MethodGet, "/metrics", cfg.Metrics)
+	}
+	if s.outbox != nil && s.adminToken != "" {
+		s.mountAdmin(r)
 	}
 	s.router = r
 	return s, nil

@@ -1,0 +1,208 @@
+// Package outbox is a transactional outbox for PostgreSQL: events are written in
+// the same transaction as the business change they describe, and a relay
+// publishes them to a message broker afterwards, at least once and in order per
+// aggregate.
+//
+// # The problem
+//
+// A service that saves an order and then publishes "order.created" performs two
+// writes to two systems that share no transaction. Sooner or later one succeeds
+// and the other does not: the broker is down after the commit, the process is
+// killed between the two calls, the publish times out although the broker kept
+// the message. Publishing first only moves the gap: consumers then hear about
+// orders that were rolled back. No ordering of the two calls makes them atomic,
+// and a retry loop in the request path is only as durable as the process
+// running it.
+//
+// The outbox removes the second write from the request path. The service
+// inserts the event into an outbox table inside its own transaction, so the
+// order and its event commit or vanish together. A relay, running beside the
+// service or in other processes, reads committed events from the table,
+// publishes them, and records that the broker accepted them.
+//
+// # The guarantee
+//
+// Every committed event is published at least once. An event is marked
+// published only after the broker confirmed it (for RabbitMQ: a positive
+// publisher confirm and no basic.return), so a crash, a lost connection or a
+// timeout can only cause a second publish, never a loss. Consumers must
+// therefore deduplicate; the message id is the outbox row's id, stable across
+// every retry, and is the key to deduplicate on.
+//
+// Events of one aggregate (an AggregateType and AggregateID pair, e.g. one
+// order) are published in the order they were written, with any number of
+// relays, across retries and crashes: an event is published only after every
+// earlier event of its aggregate was confirmed, so two events of one aggregate
+// are never in flight together. A duplicate may arrive after later events of
+// the same aggregate (a confirm lost, the event published again): consumers
+// tell it apart by its message id or by its aggregate_version, which is 1 for
+// an aggregate's first event and then grows without gaps. A failing event holds
+// back the later events of its own aggregate only; other aggregates flow.
+//
+// Not guaranteed: exactly-once delivery (deduplicate on the consumer side), any
+// order across aggregates, and order on the consumer side when several
+// consumers share a queue (route an aggregate to one consumer, or detect gaps
+// by version).
+//
+// # Minimal use
+//
+// Create the tables once, with Migrate or by running Schema in your migration
+// tool. Then, in the transaction that changes the business state:
+//
+//	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+//		if _, err := tx.Exec(ctx, "INSERT INTO orders ...", ...); err != nil {
+//			return err
+//		}
+//		_, err := outbox.Enqueue(ctx, tx, outbox.Message{
+//			AggregateType: "order",
+//			AggregateID:   orderID,
+//			EventType:     "order.created",
+//			Payload:       payload, // JSON
+//			Headers:       map[string]string{"traceparent": traceparent},
+//		})
+//		return err
+//	})
+//	if err == nil {
+//		relay.Wake() // publish now rather than at the next poll
+//	}
+//
+// And run a relay, here with the RabbitMQ publisher of package outboxamqp:
+//
+//	pub, err := outboxamqp.New(outboxamqp.Config{URL: amqpURL, Exchange: "orders.events"})
+//	...
+//	defer pub.Close()
+//	relay, err := outbox.NewRelay(pool, pub, outbox.RelayConfig{Logger: logger})
+//	...
+//	err = relay.Run(ctx) // until ctx is cancelled
+//
+// Any type that keeps the contract of Publisher can replace outboxamqp.
+//
+// # What writers must do
+//
+// Ordering rests on what Enqueue does, so every event must be written through
+// it, inside the transaction that makes the change it describes:
+//
+//   - Enqueue gives each event the next version of its aggregate by updating the
+//     aggregate's row in outbox_aggregates, which locks that row until the
+//     transaction ends. Writers of one aggregate are therefore serialised from
+//     their Enqueue to their commit, and an aggregate's versions, ids and commit
+//     order agree. Enqueue late in the transaction, after the business row is
+//     locked or written, so the lock is held briefly; a long transaction also
+//     delays the relay's marking of that aggregate.
+//   - A transaction that enqueues for several aggregates should do so in a
+//     consistent order (say, sorted by id), like any code that locks several
+//     rows, or concurrent writers can deadlock.
+//   - Never insert, update or delete outbox rows by hand: use Admin for
+//     operator actions. A row inserted without Enqueue has no correct version
+//     and blocked flag.
+//   - Payload must be JSON (it is stored as jsonb: whitespace and key order are
+//     normalised on the way). Headers are strings, e.g. W3C trace context.
+//
+// # How the relay works
+//
+// A relay's workers loop: claim a batch, publish it, record the outcome.
+//
+// Claim. One short statement leases up to BatchSize due rows: it sets their
+// next_attempt_at to now + Lease, increments attempts, and commits. Only the head
+// event of each aggregate can be claimed (see the schema below), FOR UPDATE SKIP
+// LOCKED keeps concurrent relays off each other's rows, and no transaction stays
+// open while talking to the broker. There is no id cursor: ids are allocated at
+// insert and rows commit in another order, so "id > last seen" would skip rows
+// that commit late. Pending is a state of the row, not a range of ids.
+//
+// Publish. The whole batch goes to Publisher.PublishBatch, which pipelines it
+// and returns one verdict per message within PublishTimeout.
+//
+// Record. Confirmed rows are moved to outbox_published in one transaction per
+// batch (two statements, one round trip), which also unblocks the next event of
+// each aggregate. Failed rows keep their error in last_error and get an
+// exponential backoff with jitter in next_attempt_at; after MaxAttempts a row is
+// dead-lettered: kept in the table, visible through Admin, excluded from claims,
+// and holding back its aggregate until an operator retries it. A message the
+// publisher says it never sent (ErrNotSent) gets its attempt back.
+//
+// A relay wakes up on three signals: Wake, called in-process after a commit;
+// LISTEN on RelayConfig.NotifyChannel, matched by WriterConfig.NotifyChannel (off
+// by default: NOTIFY takes a lock at commit and does not pass a
+// transaction-pooling PgBouncer); and a poll every PollInterval, which alone is
+// enough for correctness and also picks up retries and expired leases.
+//
+// # Schema
+//
+// Three tables, created by Migrate (see Schema for the exact SQL):
+//
+//   - outbox holds the rows not published yet: due, in flight (leased), backing
+//     off, blocked behind an earlier event of their aggregate, or
+//     dead-lettered. Published rows leave it, so its size is the backlog, never
+//     the history. Its autovacuum triggers after a fixed number of changes,
+//     not a fraction of its size, so dead index entries do not pile up in front
+//     of the claim on a small, hot table.
+//   - outbox_published keeps confirmed rows with published_at, for audit, until
+//     they are purged (RelayConfig.PublishedRetention or Admin.Purge, in small
+//     batches). The claim never reads it, so the claim's cost does not grow with
+//     history.
+//   - outbox_aggregates holds, per aggregate, the last version handed out and
+//     the last version published.
+//
+// A row is blocked while an earlier event of its aggregate is still in outbox.
+// Enqueue decides it from published_version, read under the aggregate's lock;
+// the relay advances published_version under the same lock (taken with SKIP
+// LOCKED, so it never waits for a business transaction), moves the row and
+// unblocks the next version in the same transaction. Either the writer sees the
+// relay's update or the relay sees the writer's row, so no row stays blocked
+// behind nothing. The claim's index (outbox_due) contains unblocked,
+// non-dead-lettered rows only: its size is the number of aggregates with work,
+// and a long queue behind one aggregate costs the claim nothing.
+//
+// # Failure modes
+//
+//   - Relay killed before publishing: its rows stay leased and are claimed again
+//     when the lease ends, with the attempt counted.
+//   - Relay killed after the broker confirmed, before the mark
+//     (Hooks.AfterPublishBeforeMark marks this window): the rows are published
+//     again after the lease. Consumers see a duplicate with the same message id.
+//   - Broker down, at start or later: Publisher.WaitReady blocks and
+//     reconnects with backoff, nothing is claimed, no attempt is spent, the
+//     outbox grows and drains after recovery. Run does not return.
+//   - Connection lost with confirms outstanding: their outcome is unknown; they
+//     are reported failed, retried after a backoff, and may be duplicates.
+//   - Broker refuses or returns a message (nack, no queue bound): a failed
+//     attempt. Unroutable messages end as dead letters rather than being marked
+//     published.
+//   - PostgreSQL unavailable: claims fail and are retried with backoff; a mark
+//     that fails is retried while the lease lasts, then the batch is published
+//     again after the lease.
+//   - A writer holds an aggregate while its previous event is being marked: the
+//     relay skips that aggregate and marks it a moment later, within the lease.
+//   - A publish slower than the lease: impossible by configuration
+//     (PublishTimeout is at most Lease/2) unless the broker holds a message past
+//     the publisher's own close of the connection; keep the default margins.
+//   - Poison event that always fails: dead-lettered after MaxAttempts, its
+//     aggregate held back, everything else flowing. Watch Status.DeadLettered.
+//
+// # How late a duplicate can come
+//
+// Consumers keep deduplication records for a window; it must cover the longest
+// gap between two publishes of one event. An event is published again after a
+// failed or unknown outcome once its backoff ends (at most RetryBackoffMax), or
+// after a relay died or could not mark once the Lease ends, plus up to
+// PollInterval and PublishTimeout: about 5 minutes with the defaults. If the
+// attempts in between fail too, their backoffs add up, to at most MaxAttempts
+// times RetryBackoffMax (about 100 minutes with the defaults) before the event
+// is dead-lettered. A dead letter that an operator retries can be published
+// any time later: retrying one older than the consumers' window may deliver a
+// duplicate they no longer recognise.
+//
+// # Operating it
+//
+// Admin lists and retries dead letters, reports Status (pending count, dead
+// letters, age of the oldest pending row: alert on the last two) and purges
+// published rows. Metrics receives counters and timings; Hooks let tests and
+// fault injection observe every batch. The relay logs with slog, with the keys
+// event_id, aggregate_id, event_type and attempt on per-event lines.
+//
+// Each relay worker uses a pool connection only while it claims or marks; a
+// relay with NotifyChannel holds one more, outside the pool. Statements are
+// single round trips, so the relay works through a transaction-pooling
+// PgBouncer if LISTEN is off and pgx is configured for it.
+package outbox

@@ -1,0 +1,103 @@
+package outbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outbox-inbox/reference/pkg/outbox"
+)
+
+// brokenPublisher fails every message while broken is set.
+type brokenPublisher struct{ broken atomic.Bool }
+
+func (p *brokenPublisher) WaitReady(ctx context.Context) error { return ctx.Err() }
+
+func (p *brokenPublisher) PublishBatch(ctx context.Context, msgs []outbox.Envelope) []error {
+	errs := make([]error, len(msgs))
+	for i := range msgs {
+		if p.broken.Load() {
+			errs[i] = errors.New("schema registry rejected the payload")
+		}
+	}
+	return errs
+}
+
+// An event that keeps failing is dead-lettered after MaxAttempts and waits,
+// visible, until an operator retries it once the cause is fixed.
+func ExampleAdmin_Retry() {
+	ctx := context.Background()
+	pool, dropSchema := exampleDB()
+	defer dropSchema()
+	if err := outbox.Migrate(ctx, pool); err != nil {
+		log.Fatal(err)
+	}
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		_, err := outbox.Enqueue(ctx, tx, outbox.Message{
+			AggregateType: "order", AggregateID: "o-7", EventType: "order.created", Payload: []byte(`{}`)})
+		return err
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	pub := &brokenPublisher{}
+	pub.broken.Store(true)
+	runRelayUntil(pool, pub, func(r outbox.BatchResult) bool { return len(r.DeadLettered) > 0 })
+
+	admin := outbox.NewAdmin(pool)
+	dead, err := admin.DeadLetters(ctx, 0, 100)
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, d := range dead {
+		fmt.Printf("dead letter id=%d %s/%s v%d attempts=%d last_error=%q\n",
+			d.ID, d.AggregateType, d.AggregateID, d.AggregateVersion, d.Attempts, d.LastError)
+	}
+
+	pub.broken.Store(false) // the cause is fixed
+	if err := admin.Retry(ctx, dead[0].ID); err != nil {
+		log.Fatal(err)
+	}
+	runRelayUntil(pool, pub, func(r outbox.BatchResult) bool { return len(r.Published) > 0 })
+
+	status, err := admin.Status(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("pending=%d dead_lettered=%d\n", status.Pending, status.DeadLettered)
+	// Output:
+	// dead letter id=1 order/o-7 v1 attempts=2 last_error="schema registry rejected the payload"
+	// pending=0 dead_lettered=0
+}
+
+// runRelayUntil runs a relay until a batch satisfies done.
+func runRelayUntil(pool *pgxpool.Pool, pub outbox.Publisher, done func(outbox.BatchResult) bool) {
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	relay, err := outbox.NewRelay(pool, pub, outbox.RelayConfig{
+		MaxAttempts:     2,
+		RetryBackoffMin: 10 * time.Millisecond,
+		RetryBackoffMax: 10 * time.Millisecond,
+		PollInterval:    10 * time.Millisecond,
+		Logger:          slog.New(slog.DiscardHandler),
+		Hooks: outbox.Hooks{BatchDone: func(r outbox.BatchResult) {
+			if done(r) {
+				stop()
+			}
+		}},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := relay.Run(ctx); err != nil {
+		log.Fatal(err)
+	}
+}

@@ -1,0 +1,42 @@
+package outbox
+
+import "time"
+
+// Metrics receives the relay's counters and timings. Wire it to Prometheus or
+// anything else; the package itself imports no metrics library. Methods are
+// called from several goroutines and must be safe for concurrent use and cheap.
+// Gauges that describe the table (pending count, age of the oldest pending row,
+// dead letters) come from Admin.Status, which a collector calls on scrape.
+//
+// Embed NopMetrics to implement only some of the methods.
+type Metrics interface {
+	// Published counts messages the broker confirmed, once per confirm (a
+	// message published twice, after a lost mark, counts twice).
+	Published(n int)
+	// Failed counts publish attempts that did not end in a confirm, for any
+	// reason, returned messages included.
+	Failed(n int)
+	// Returned counts messages the broker returned as unroutable (a subset of
+	// Failed).
+	Returned(n int)
+	// DeadLettered counts rows that reached MaxAttempts.
+	DeadLettered(n int)
+	// BatchDuration observes one batch, from claim to the end of its marking.
+	BatchDuration(d time.Duration)
+	// ConfirmLatency observes how long the publisher took to return the
+	// verdicts of one batch: the broker's confirm latency for its slowest
+	// message.
+	ConfirmLatency(d time.Duration)
+}
+
+// NopMetrics discards everything. It is the relay's default.
+type NopMetrics struct{}
+
+var _ Metrics = NopMetrics{}
+
+func (NopMetrics) Published(int)                {}
+func (NopMetrics) Failed(int)                   {}
+func (NopMetrics) Returned(int)                 {}
+func (NopMetrics) DeadLettered(int)             {}
+func (NopMetrics) BatchDuration(time.Duration)  {}
+func (NopMetrics) ConfirmLatency(time.Duration) {}

@@ -1,0 +1,68 @@
+// Package outboxamqp publishes outbox events to RabbitMQ. Its Publisher
+// implements outbox.Publisher with github.com/rabbitmq/amqp091-go; it lives in
+// its own package so that copying pkg/outbox does not bring in a broker client.
+//
+// # What goes on the wire
+//
+// Each envelope becomes one message on Config.Exchange (a durable exchange,
+// topic by default, declared on every connection), with the event type as
+// routing key unless Config.RoutingKey says otherwise:
+//
+//	MessageId     the outbox row id, in decimal: the consumer's deduplication key
+//	Type          the event type
+//	ContentType   application/json
+//	DeliveryMode  2 (persistent)
+//	Timestamp     when the event was written to the outbox
+//	Headers       aggregate_type, aggregate_id, event_type (strings),
+//	              aggregate_version (int64), plus the row's headers
+//	              (e.g. traceparent, tracestate); the four above win over a
+//	              free header of the same name
+//
+// Messages are published with mandatory set, in confirm mode.
+//
+// # When a message counts as published
+//
+// PublishBatch sends the whole batch before waiting (many messages in flight),
+// and ties each message to its own delivery tag with
+// PublishWithDeferredConfirmWithContext. A message succeeds only with a
+// positive confirm and no basic.return. RabbitMQ sends the return of an
+// unroutable mandatory message before its ack; the client hands returns to a
+// goroutine of the publisher over an unbuffered channel before it processes
+// the following ack, and PublishBatch synchronises with that goroutine after
+// the acks, so a return is never missed or attributed after its ack. Returns
+// are matched to messages by MessageId.
+//
+// Every other outcome is an error for that message: a nack, a return (wrapping
+// outbox.ErrUnroutable), a confirm still missing at the deadline, or a
+// connection or channel that closed with confirms outstanding (their outcome is
+// unknown: the broker may hold the message, so the relay retries it and
+// consumers may see it twice). A message that was never handed to the
+// connection (not connected, broker blocking until the deadline, channel
+// already closed) wraps outbox.ErrNotSent, and the relay retries it without
+// counting an attempt.
+//
+// # Connection management
+//
+// New does not connect. WaitReady dials when there is no live connection, with
+// jittered exponential backoff between failures (Config.ReconnectMin to
+// ReconnectMax), and returns once connected; a broker that is down at start
+// only delays the relay, which claims nothing meanwhile. Any close of the
+// connection or of its channel ends the session: outstanding confirms fail, and
+// the next WaitReady dials again.
+//
+// RabbitMQ blocks publishers (connection.blocked) when it runs low on memory
+// or disk. WaitReady then waits for connection.unblocked, and a batch being
+// sent pauses between messages. If a deadline passes while a write is stuck on
+// a broker that stopped reading, the connection is closed (with a deadline of
+// its own) so PublishBatch returns on time and nothing more is written after
+// the relay gave up on the batch.
+//
+// Every notification channel registered with the client (returns, blocked,
+// channel and connection close) is drained by a goroutine of the session for
+// as long as the client may write to it: the client drops notifications that
+// nobody reads, and a dropped return would be a lost message.
+//
+// One Publisher holds one connection and one channel; it is safe for
+// concurrent use by the relay's workers, whose batches are sent one after the
+// other and confirmed concurrently. Close it when the relay has stopped.
+package outboxamqp

@@ -1,0 +1,369 @@
+package outboxamqp
+
+import (
+	"cmp"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/outbox-inbox/reference/pkg/outbox"
+)
+
+// Config configures a Publisher. The zero value of every optional field means
+// its default.
+type Config struct {
+	// URL is the broker, e.g. amqp://guest:guest@127.0.0.1:5672/vhost. Required.
+	URL string
+	// Exchange receives every message. It is declared (durable, not
+	// auto-deleted) on every connection, so a broker that lost it gets it back;
+	// declaring is idempotent, and fails (logged, retried) if the exchange exists
+	// with another type. Required: the default exchange cannot be declared.
+	Exchange string
+	// ExchangeType is the type of Exchange. Default "topic".
+	ExchangeType string
+	// RoutingKey returns a message's routing key. Default: its event type.
+	RoutingKey func(outbox.Envelope) string
+	// ConnectionName is shown by the broker's management tools. Default
+	// "outbox-relay".
+	ConnectionName string
+	// TLS configures amqps:// connections. Default: the system's roots.
+	TLS *tls.Config
+	// DialTimeout bounds the TCP connect and the AMQP handshake. Default 5s.
+	DialTimeout time.Duration
+	// Heartbeat is the AMQP heartbeat interval, which detects a silent broker.
+	// Default 10s.
+	Heartbeat time.Duration
+	// ReconnectMin and ReconnectMax bound the exponential backoff between
+	// failed connection attempts (with random jitter down to half). Defaults
+	// 100ms and 10s.
+	ReconnectMin time.Duration
+	ReconnectMax time.Duration
+	// Logger receives connection events. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// Publisher publishes outbox envelopes to RabbitMQ with publisher confirms. It
+// implements outbox.Publisher; see that interface for the contract. It holds one
+// connection with one confirm-mode channel, opened by WaitReady and reopened
+// after any failure, and is safe for concurrent use.
+type Publisher struct {
+	cfg    Config
+	uri    amqp.URI
+	log    *slog.Logger
+	dialMu chan struct{} // one dialer at a time; a channel so waiting honours ctx
+
+	sess      atomic.Pointer[session]
+	failures  int // consecutive failed dials, under dialMu
+	closed    atomic.Bool
+	closeOnce sync.Once
+	closing   chan struct{}
+}
+
+var _ outbox.Publisher = (*Publisher)(nil)
+
+// ErrClosed is returned by WaitReady after Close.
+var ErrClosed = errors.New("outboxamqp: publisher closed")
+
+// New validates cfg and returns a Publisher. It does not connect: WaitReady
+// does, so a broker that is down at start only delays publishing.
+func New(cfg Config) (*Publisher, error) {
+	if cfg.URL == "" {
+		return nil, errors.New("outboxamqp: URL is required")
+	}
+	uri, err := amqp.ParseURI(cfg.URL)
+	if err != nil {
+		return nil, fmt.Errorf("outboxamqp: URL: %w", err)
+	}
+	if cfg.Exchange == "" {
+		return nil, errors.New("outboxamqp: Exchange is required")
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"DialTimeout", cfg.DialTimeout}, {"Heartbeat", cfg.Heartbeat}, {"ReconnectMin", cfg.ReconnectMin}, {"ReconnectMax", cfg.ReconnectMax}} {
+		if d.v < 0 {
+			return nil, fmt.Errorf("outboxamqp: %s is negative", d.name)
+		}
+	}
+	cfg.ExchangeType = cmp.Or(cfg.ExchangeType, amqp.ExchangeTopic)
+	if cfg.RoutingKey == nil {
+		cfg.RoutingKey = func(e outbox.Envelope) string { return e.EventType }
+	}
+	cfg.ConnectionName = cmp.Or(cfg.ConnectionName, "outbox-relay")
+	cfg.DialTimeout = cmp.Or(cfg.DialTimeout, 5*time.Second)
+	cfg.Heartbeat = cmp.Or(cfg.Heartbeat, 10*time.Second)
+	cfg.ReconnectMin = cmp.Or(cfg.ReconnectMin, 100*time.Millisecond)
+	cfg.ReconnectMax = cmp.Or(cfg.ReconnectMax, max(10*time.Second, cfg.ReconnectMin))
+	if cfg.ReconnectMin > cfg.ReconnectMax {
+		return nil, fmt.Errorf("outboxamqp: ReconnectMin %v exceeds ReconnectMax %v", cfg.ReconnectMin, cfg.ReconnectMax)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return &Publisher{
+		cfg: cfg,
+		uri: uri,
+		log: cfg.Logger.With(slog.String("broker", net.JoinHostPort(uri.Host, strconv.Itoa(uri.Port))),
+			slog.String("vhost", uri.Vhost), slog.String("exchange", cfg.Exchange)),
+		dialMu:  make(chan struct{}, 1),
+		closing: make(chan struct{}),
+	}, nil
+}
+
+// WaitReady returns nil once the publisher is connected and the broker is not
+// blocking publishers (connection.blocked, e.g. on a memory alarm). It
+// (re)connects with jittered exponential backoff, logging each failure, for as
+// long as ctx lasts.
+func (p *Publisher) WaitReady(ctx context.Context) error {
+	for {
+		s, err := p.session(ctx)
+		if err != nil {
+			return err
+		}
+		if s.waitUnblocked(ctx) == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		// The session died while blocked: connect again.
+	}
+}
+
+// session returns the live session, dialling a new one if needed.
+func (p *Publisher) session(ctx context.Context) (*session, error) {
+	select {
+	case p.dialMu <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-p.closing:
+		return nil, ErrClosed
+	}
+	defer func() { <-p.dialMu }()
+	for {
+		if p.closed.Load() {
+			return nil, ErrClosed
+		}
+		if s := p.sess.Load(); s != nil && !s.isDead() {
+			return s, nil
+		}
+		if p.failures > 0 {
+			d := jitter(backoff(p.failures, p.cfg.ReconnectMin, p.cfg.ReconnectMax))
+			t := time.NewTimer(d)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return nil, ctx.Err()
+			case <-p.closing:
+				t.Stop()
+				return nil, ErrClosed
+			case <-t.C:
+			}
+		}
+		s, err := p.dial(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			p.failures++
+			p.log.WarnContext(ctx, "outboxamqp: connect failed, retrying", slog.Any("error", err), slog.Int("failures", p.failures))
+			continue
+		}
+		if p.failures > 0 {
+			p.log.InfoContext(ctx, "outboxamqp: connected after failures", slog.Int("failures", p.failures))
+		}
+		p.failures = 0
+		p.sess.Store(s)
+		if p.closed.Load() { // Close ran while dialling
+			s.close()
+			return nil, ErrClosed
+		}
+		return s, nil
+	}
+}
+
+func (p *Publisher) dial(ctx context.Context) (*session, error) {
+	props := amqp.NewConnectionProperties()
+	props.SetClientConnectionName(p.cfg.ConnectionName)
+	dialer := &net.Dialer{Timeout: p.cfg.DialTimeout}
+	conn, err := amqp.DialConfig(p.cfg.URL, amqp.Config{
+		Heartbeat:       p.cfg.Heartbeat,
+		TLSClientConfig: p.cfg.TLS,
+		Properties:      props,
+		Dial: func(network, addr string) (net.Conn, error) {
+			c, err := dialer.DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			// Bounds the handshake; the client clears it once connected.
+			if err := c.SetDeadline(time.Now().Add(p.cfg.DialTimeout)); err != nil {
+				_ = c.Close()
+				return nil, err
+			}
+			return c, nil
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("dial: %w", err)
+	}
+	s, err := newSession(conn, p.log)
+	if err != nil {
+		_ = conn.Close()
+		return nil, err
+	}
+	if err := s.ch.ExchangeDeclare(p.cfg.Exchange, p.cfg.ExchangeType, true, false, false, false, nil); err != nil {
+		s.close()
+		return nil, fmt.Errorf("declare exchange %q: %w", p.cfg.Exchange, err)
+	}
+	return s, nil
+}
+
+// PublishBatch publishes msgs, all sent before any confirm is awaited, and
+// returns one error per message: nil only for a message the broker confirmed
+// and did not return. See outbox.Publisher.
+func (p *Publisher) PublishBatch(ctx context.Context, msgs []outbox.Envelope) []error {
+	errs := make([]error, len(msgs))
+	s := p.sess.Load()
+	if s == nil || s.isDead() {
+		fill(errs, 0, fmt.Errorf("outboxamqp: not connected: %w", outbox.ErrNotSent))
+		return errs
+	}
+
+	start := time.Now()
+	flights := make([]*flight, len(msgs))
+	for i, m := range msgs {
+		flights[i] = &flight{id: strconv.FormatInt(m.ID, 10)}
+	}
+	s.track(flights)
+	defer s.untrack(flights)
+
+	// Send everything first: many messages in flight, one confirm each.
+	sent := s.send(ctx, p.cfg.Exchange, msgs, flights, p.cfg.RoutingKey, errs)
+
+	// Then collect the verdicts.
+	for i := range sent {
+		f := flights[i]
+		if f.dc == nil {
+			continue // errs[i] set by send
+		}
+		select {
+		case <-f.dc.Done():
+		case <-ctx.Done():
+		}
+	}
+	timedOut := false
+	for i := range sent {
+		if f := flights[i]; f.dc != nil {
+			select {
+			case <-f.dc.Done():
+			default:
+				timedOut = true
+			}
+		}
+	}
+	if timedOut {
+		// Confirms stuck past the deadline: the connection is not trustworthy.
+		// Closing it fails the other pending confirms and writes nothing more.
+		p.log.WarnContext(ctx, "outboxamqp: confirms timed out, reconnecting", slog.Any("error", ctx.Err()))
+		s.close()
+	}
+	// A basic.return precedes the ack of its message; make sure the drainer has
+	// recorded every return received so far before reading the acks.
+	s.syncReturns()
+
+	for i := range sent {
+		f := flights[i]
+		if f.dc == nil {
+			continue
+		}
+		select {
+		case <-f.dc.Done():
+		default:
+			errs[i] = fmt.Errorf("outboxamqp: no confirm within the publish timeout (outcome unknown): %w", ctx.Err())
+			continue
+		}
+		switch ret := f.returned.Load(); {
+		case ret != nil:
+			errs[i] = fmt.Errorf("outboxamqp: returned by the broker: %d %s (exchange %q, routing key %q): %w",
+				ret.ReplyCode, ret.ReplyText, ret.Exchange, ret.RoutingKey, outbox.ErrUnroutable)
+		case f.dc.Acked():
+			errs[i] = nil
+		case s.isDead():
+			errs[i] = fmt.Errorf("outboxamqp: connection lost before the confirm (outcome unknown): %w", s.cause())
+		default:
+			errs[i] = errors.New("outboxamqp: nacked by the broker")
+		}
+	}
+	p.log.DebugContext(ctx, "outboxamqp: batch published", slog.Int("messages", len(msgs)), slog.Duration("duration", time.Since(start)))
+	return errs
+}
+
+// Close closes the connection. Later WaitReady calls return ErrClosed. Batches
+// in flight get their confirms reported as failed.
+func (p *Publisher) Close() error {
+	p.closeOnce.Do(func() {
+		p.closed.Store(true)
+		close(p.closing)
+	})
+	// Wait for a dial in progress, so its session is closed too.
+	p.dialMu <- struct{}{}
+	defer func() { <-p.dialMu }()
+	if s := p.sess.Load(); s != nil {
+		s.close()
+		s.wg.Wait()
+	}
+	return nil
+}
+
+// publishing builds the AMQP message for e, as docs/events.md specifies.
+func publishing(e outbox.Envelope) amqp.Publishing {
+	h := make(amqp.Table, len(e.Headers)+4)
+	for k, v := range e.Headers {
+		h[k] = v
+	}
+	// Set last: the outbox's own fields win over same-named free headers.
+	h["aggregate_type"] = e.AggregateType
+	h["aggregate_id"] = e.AggregateID
+	h["event_type"] = e.EventType
+	h["aggregate_version"] = e.AggregateVersion
+	return amqp.Publishing{
+		Headers:      h,
+		ContentType:  "application/json",
+		DeliveryMode: amqp.Persistent,
+		MessageId:    strconv.FormatInt(e.ID, 10),
+		Timestamp:    e.CreatedAt,
+		Type:         e.EventType,
+		Body:         e.Payload,
+	}
+}
+
+func fill(errs []error, from int, err error) {
+	for i := from; i < len(errs); i++ {
+		errs[i] = err
+	}
+}
+
+func backoff(n int, base, limit time.Duration) time.Duration {
+	d := base
+	for i := 1; i < n && d < limit; i++ {
+		d *= 2
+	}
+	return min(d, limit)
+}
+
+func jitter(d time.Duration) time.Duration {
+	if d <= 1 {
+		return d
+	}
+	return d/2 + rand.N(d/2+1)
+}

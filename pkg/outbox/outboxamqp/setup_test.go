@@ -1,0 +1,414 @@
+package outboxamqp_test
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/Shopify/toxiproxy/v2"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/rs/zerolog"
+	"go.uber.org/goleak"
+
+	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/pkg/outbox/outboxamqp"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+func testDatabaseURL() string {
+	return cmp.Or(os.Getenv("TEST_DATABASE_URL"), "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable")
+}
+
+func testAMQPURL() string {
+	return cmp.Or(os.Getenv("TEST_AMQP_URL"), "amqp://guest:guest@127.0.0.1:5672/")
+}
+
+func unavailable(t testing.TB, what string, err error) {
+	t.Helper()
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("%s unreachable (required under CI=true): %v", what, err)
+	}
+	t.Skipf("%s unreachable: %v", what, err)
+}
+
+func randomName(prefix string) string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	return prefix + hex.EncodeToString(b)
+}
+
+// newTestPool returns a pool on a fresh schema, dropped in cleanup, with the
+// outbox tables migrated.
+func newTestPool(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	admin, err := pgx.Connect(ctx, testDatabaseURL())
+	if err != nil {
+		unavailable(t, "PostgreSQL at "+testDatabaseURL(), err)
+	}
+	defer admin.Close(ctx)
+	schema := randomName("outboxamqp_test_")
+	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+		t.Fatalf("create schema: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		c, err := pgx.Connect(ctx, testDatabaseURL())
+		if err != nil {
+			t.Errorf("drop schema %s: %v", schema, err)
+			return
+		}
+		defer c.Close(ctx)
+		if _, err := c.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE"); err != nil {
+			t.Errorf("drop schema %s: %v", schema, err)
+		}
+	})
+	cfg, err := pgxpool.ParseConfig(testDatabaseURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.RuntimeParams["search_path"] = schema
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if err := outbox.Migrate(ctx, pool); err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
+	return pool
+}
+
+// broker is a test's own exchange and queue (bound with "#") on the test broker,
+// deleted in cleanup, and a consumer that records every delivery.
+type broker struct {
+	t        testing.TB
+	conn     *amqp.Connection
+	ch       *amqp.Channel
+	exchange string
+	queue    string
+
+	mu       sync.Mutex
+	received []amqp.Delivery
+	changed  chan struct{} // closed and replaced on every delivery
+}
+
+// newBroker declares an exchange, and unless unbound, a durable queue bound to it
+// that the test consumes in the background.
+func newBroker(t testing.TB, bound bool) *broker {
+	t.Helper()
+	conn, err := amqp.Dial(testAMQPURL())
+	if err != nil {
+		unavailable(t, "RabbitMQ at "+testAMQPURL(), err)
+	}
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &broker{t: t, conn: conn, ch: ch, exchange: randomName("outboxamqp-test-"), changed: make(chan struct{})}
+	b.queue = b.exchange + ".q"
+	if err := ch.ExchangeDeclare(b.exchange, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if _, err := ch.QueueDelete(b.queue, false, false, false); err != nil {
+			t.Errorf("delete queue: %v", err)
+		}
+		if err := ch.ExchangeDelete(b.exchange, false, false); err != nil {
+			t.Errorf("delete exchange: %v", err)
+		}
+		_ = conn.Close()
+	})
+	if bound {
+		b.bind("#", nil)
+	}
+	return b
+}
+
+// bind declares the test's queue (with args on first declaration) and binds it
+// with key, then consumes it in the background.
+func (b *broker) bind(key string, args amqp.Table) {
+	b.t.Helper()
+	if _, err := b.ch.QueueDeclare(b.queue, true, false, false, false, args); err != nil {
+		b.t.Fatal(err)
+	}
+	if err := b.ch.QueueBind(b.queue, key, b.exchange, false, nil); err != nil {
+		b.t.Fatal(err)
+	}
+	if args != nil {
+		return // a queue with limits is inspected, not consumed
+	}
+	deliveries, err := b.ch.Consume(b.queue, "", true, false, false, false, nil)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	go func() {
+		for d := range deliveries {
+			b.mu.Lock()
+			b.received = append(b.received, d)
+			close(b.changed)
+			b.changed = make(chan struct{})
+			b.mu.Unlock()
+		}
+	}()
+}
+
+func (b *broker) deliveries() []amqp.Delivery {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]amqp.Delivery(nil), b.received...)
+}
+
+// waitDeliveries waits until cond holds on the deliveries so far.
+func (b *broker) waitDeliveries(what string, timeout time.Duration, cond func([]amqp.Delivery) bool) []amqp.Delivery {
+	b.t.Helper()
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	for {
+		b.mu.Lock()
+		got, changed := append([]amqp.Delivery(nil), b.received...), b.changed
+		b.mu.Unlock()
+		if cond(got) {
+			return got
+		}
+		select {
+		case <-changed:
+		case <-deadline.C:
+			b.t.Fatalf("timed out after %v waiting for %s (%d deliveries)", timeout, what, len(got))
+		}
+	}
+}
+
+// receivedIDs counts deliveries per message id.
+func receivedIDs(ds []amqp.Delivery) map[int64]int {
+	out := map[int64]int{}
+	for _, d := range ds {
+		id, _ := strconv.ParseInt(d.MessageId, 10, 64)
+		out[id]++
+	}
+	return out
+}
+
+func newPublisher(t testing.TB, url, exchange string, log *slog.Logger) *outboxamqp.Publisher {
+	t.Helper()
+	p, err := outboxamqp.New(outboxamqp.Config{
+		URL:          url,
+		Exchange:     exchange,
+		ReconnectMin: 20 * time.Millisecond,
+		ReconnectMax: 200 * time.Millisecond,
+		DialTimeout:  2 * time.Second,
+		Logger:       log,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	return p
+}
+
+func relayConfig(t testing.TB) outbox.RelayConfig {
+	return outbox.RelayConfig{
+		BatchSize:       200,
+		PollInterval:    50 * time.Millisecond,
+		Lease:           20 * time.Second,
+		PublishTimeout:  5 * time.Second,
+		RetryBackoffMin: 10 * time.Millisecond,
+		RetryBackoffMax: 100 * time.Millisecond,
+		Logger:          testLogger(t, nil),
+	}
+}
+
+func startRelay(t testing.TB, pool *pgxpool.Pool, pub outbox.Publisher, cfg outbox.RelayConfig) *outbox.Relay {
+	t.Helper()
+	relay, err := outbox.NewRelay(pool, pub, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- relay.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Errorf("relay did not stop within 30s of cancel")
+		}
+	})
+	return relay
+}
+
+func msg(agg, eventType string) outbox.Message {
+	return outbox.Message{
+		AggregateType: "order",
+		AggregateID:   agg,
+		EventType:     eventType,
+		Payload:       []byte(fmt.Sprintf(`{"order_id":%q}`, agg)),
+		Headers:       map[string]string{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
+	}
+}
+
+func enqueue(t testing.TB, pool *pgxpool.Pool, msgs ...outbox.Message) []outbox.Enqueued {
+	t.Helper()
+	var out []outbox.Enqueued
+	err := pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {
+		var err error
+		out, err = outbox.Enqueue(context.Background(), tx, msgs...)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("enqueue: %v", err)
+	}
+	return out
+}
+
+func waitFor(t testing.TB, what string, timeout time.Duration, cond func() (bool, error)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		ok, err := cond()
+		if err != nil {
+			t.Fatalf("waiting for %s: %v", what, err)
+		}
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func outboxEmpty(pool *pgxpool.Pool) func() (bool, error) {
+	return func() (bool, error) {
+		var n int
+		err := pool.QueryRow(context.Background(), "SELECT count(*) FROM outbox").Scan(&n)
+		return n == 0, err
+	}
+}
+
+func publishedIDs(t testing.TB, pool *pgxpool.Pool) []int64 {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), "SELECT id FROM outbox_published ORDER BY id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ids
+}
+
+// checkMarkedWereReceived fails the test if a row is marked published that the
+// broker never delivered: a mark without a confirm.
+func checkMarkedWereReceived(t testing.TB, pool *pgxpool.Pool, b *broker) {
+	t.Helper()
+	got := receivedIDs(b.deliveries())
+	for _, id := range publishedIDs(t, pool) {
+		if got[id] == 0 {
+			t.Errorf("event %d is marked published but the queue never received it", id)
+		}
+	}
+}
+
+// testLogger logs to the test output under -v, and calls onMsg (if set) with
+// every record's message.
+func testLogger(t testing.TB, onMsg func(string)) *slog.Logger {
+	var w io.Writer = io.Discard
+	if testing.Verbose() {
+		w = tWriter{t}
+	}
+	return slog.New(&hookHandler{Handler: slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}), onMsg: onMsg})
+}
+
+type hookHandler struct {
+	slog.Handler
+	onMsg func(string)
+}
+
+func (h *hookHandler) Handle(ctx context.Context, r slog.Record) error {
+	if h.onMsg != nil {
+		h.onMsg(r.Message)
+	}
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h *hookHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	return &hookHandler{Handler: h.Handler.WithAttrs(as), onMsg: h.onMsg}
+}
+
+func (h *hookHandler) WithGroup(name string) slog.Handler {
+	return &hookHandler{Handler: h.Handler.WithGroup(name), onMsg: h.onMsg}
+}
+
+type tWriter struct{ t testing.TB }
+
+func (w tWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSuffix(string(p), "\n"))
+	return len(p), nil
+}
+
+// proxy is an in-process toxiproxy between a publisher and the broker.
+type proxy struct {
+	*toxiproxy.Proxy
+}
+
+func newProxy(t testing.TB) *proxy {
+	t.Helper()
+	u, err := url.Parse(testAMQPURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	host := u.Host
+	if u.Port() == "" {
+		host = net.JoinHostPort(u.Hostname(), "5672")
+	}
+	srv := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop())
+	p := toxiproxy.NewProxy(srv, randomName("amqp-"), "127.0.0.1:0", host)
+	if err := p.Start(); err != nil {
+		t.Fatalf("start proxy: %v", err)
+	}
+	t.Cleanup(p.Stop)
+	return &proxy{p}
+}
+
+// url is the test broker's URL through the proxy.
+func (p *proxy) url(t testing.TB) string {
+	u, err := url.Parse(testAMQPURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Host = p.Listen
+	return u.String()
+}
+
+func (p *proxy) addToxic(t testing.TB, json string) {
+	t.Helper()
+	if _, err := p.Toxics.AddToxicJson(strings.NewReader(json)); err != nil {
+		t.Fatalf("add toxic: %v", err)
+	}
+}

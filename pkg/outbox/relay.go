@@ -1,0 +1,541 @@
+package outbox
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// RelayConfig configures a Relay. The zero value of every field means its
+// default; NewRelay rejects negative or out-of-range values.
+type RelayConfig struct {
+	// BatchSize is how many rows one claim takes, at most one per aggregate.
+	// Default 500, at most 10,000.
+	BatchSize int
+	// Workers is how many batches one relay keeps in flight at once: while one
+	// batch waits for its confirms, another is claimed and sent. Default 2, at
+	// most 64. Each worker uses a pool connection only while it claims or marks.
+	Workers int
+	// PollInterval is the fallback ticker: the relay looks for due rows at least
+	// this often, whatever the wake-ups. It alone is enough for correctness (rows
+	// committed by other processes, retries whose backoff ended, leases of a dead
+	// relay); wake-ups only cut latency. Default 1s, at least 10ms.
+	PollInterval time.Duration
+	// NotifyChannel, when set, makes the relay LISTEN on that channel and wake up
+	// on every notification: set it to the WriterConfig.NotifyChannel of the
+	// writers. The relay opens one dedicated connection (not from the pool) for
+	// it. Default "" (off): in-process Wake and the ticker only.
+	NotifyChannel string
+	// Lease is how long a claimed row is reserved for this relay. If the relay
+	// dies mid-batch, other relays retry the row when the lease ends. Default 30s.
+	Lease time.Duration
+	// PublishTimeout bounds one batch's publish, from the first send to the last
+	// confirm; messages without a verdict by then count as failed. It must leave
+	// room for the mark inside the lease: at most Lease/2. Default 10s, or
+	// Lease/2 when that is shorter.
+	PublishTimeout time.Duration
+	// MaxAttempts is how many failed attempts dead-letter a row. An attempt is
+	// counted when the row is claimed (so a relay crash counts) and given back
+	// when the publisher says the message was never sent. Default 20.
+	MaxAttempts int
+	// RetryBackoffMin and RetryBackoffMax bound the exponential backoff between
+	// attempts: RetryBackoffMin after the first failure, doubling, capped at
+	// RetryBackoffMax, each with random jitter down to half. Defaults 1s and 5m.
+	RetryBackoffMin time.Duration
+	RetryBackoffMax time.Duration
+	// PublishedRetention, when set, makes the relay delete rows published longer
+	// ago than that, every PurgeInterval, PurgeBatchSize rows per statement.
+	// Default 0 (off: keep published rows forever, or purge with Admin.Purge).
+	PublishedRetention time.Duration
+	// PurgeInterval is the period of the purge. Default 1m.
+	PurgeInterval time.Duration
+	// PurgeBatchSize is the size of each purge statement. Default 1,000, at most
+	// MaxPurgeBatch.
+	PurgeBatchSize int
+	// Logger receives the relay's logs. Default slog.Default().
+	Logger *slog.Logger
+	// Metrics receives counters and timings. Default NopMetrics.
+	Metrics Metrics
+	// Hooks observe the relay's protocol, for fault injection and tests.
+	Hooks Hooks
+}
+
+// Hooks are called synchronously by the relay's workers: they must be safe for
+// concurrent use, and they delay the relay while they run.
+type Hooks struct {
+	// AfterPublishBeforeMark is called with the ids the broker confirmed, sorted,
+	// before they are marked published: the window where a crash makes the relay
+	// publish them again. The e2e suite kills the process here.
+	AfterPublishBeforeMark func(ids []int64)
+	// BatchDone is called after each non-empty batch, once its outcome is
+	// written (or writing it failed). Tests wait on it instead of sleeping.
+	BatchDone func(BatchResult)
+}
+
+// BatchResult is the outcome of one batch. Id slices are sorted.
+type BatchResult struct {
+	// Claimed is how many rows the batch leased.
+	Claimed int
+	// Published are the rows the broker confirmed and the relay marked (or found
+	// already marked by another relay).
+	Published []int64
+	// Unmarked are rows the broker confirmed that could not be marked (database
+	// error): they stay leased and are published again after the lease.
+	Unmarked []int64
+	// Failed are rows whose attempt failed and got a backoff, DeadLettered the
+	// ones that failed their last attempt.
+	Failed       []int64
+	DeadLettered []int64
+	// NotSent are rows the publisher never sent; they are due again at once,
+	// their attempt given back.
+	NotSent []int64
+	// Err is the database error that kept outcomes from being written, if any.
+	Err error
+}
+
+const (
+	defaultBatchSize      = 500
+	maxBatchSize          = 10_000
+	defaultWorkers        = 2
+	maxWorkers            = 64
+	defaultPollInterval   = time.Second
+	minPollInterval       = 10 * time.Millisecond
+	defaultLease          = 30 * time.Second
+	defaultPublishTimeout = 10 * time.Second
+	defaultMaxAttempts    = 20
+	defaultBackoffMin     = time.Second
+	defaultBackoffMax     = 5 * time.Minute
+	defaultPurgeInterval  = time.Minute
+	defaultPurgeBatchSize = 1000
+
+	// dbTimeout bounds each claim and mark statement. They run on a context
+	// detached from Run's, so a shutdown never abandons a confirmed batch
+	// halfway; this keeps that drain bounded.
+	dbTimeout = 10 * time.Second
+	// maxErrorText bounds last_error.
+	maxErrorText = 2000
+)
+
+func (c RelayConfig) withDefaults() (RelayConfig, error) {
+	for _, f := range []struct {
+		name string
+		v    int64
+	}{
+		{"BatchSize", int64(c.BatchSize)}, {"Workers", int64(c.Workers)},
+		{"PollInterval", int64(c.PollInterval)}, {"Lease", int64(c.Lease)},
+		{"PublishTimeout", int64(c.PublishTimeout)}, {"MaxAttempts", int64(c.MaxAttempts)},
+		{"RetryBackoffMin", int64(c.RetryBackoffMin)}, {"RetryBackoffMax", int64(c.RetryBackoffMax)},
+		{"PublishedRetention", int64(c.PublishedRetention)}, {"PurgeInterval", int64(c.PurgeInterval)},
+		{"PurgeBatchSize", int64(c.PurgeBatchSize)},
+	} {
+		if f.v < 0 {
+			return c, fmt.Errorf("outbox relay config: %s is negative", f.name)
+		}
+	}
+	c.BatchSize = cmp.Or(c.BatchSize, defaultBatchSize)
+	c.Workers = cmp.Or(c.Workers, defaultWorkers)
+	c.PollInterval = cmp.Or(c.PollInterval, defaultPollInterval)
+	c.Lease = cmp.Or(c.Lease, defaultLease)
+	c.PublishTimeout = cmp.Or(c.PublishTimeout, min(defaultPublishTimeout, c.Lease/2))
+	c.MaxAttempts = cmp.Or(c.MaxAttempts, defaultMaxAttempts)
+	c.RetryBackoffMin = cmp.Or(c.RetryBackoffMin, defaultBackoffMin)
+	c.RetryBackoffMax = cmp.Or(c.RetryBackoffMax, max(defaultBackoffMax, c.RetryBackoffMin))
+	c.PurgeInterval = cmp.Or(c.PurgeInterval, defaultPurgeInterval)
+	c.PurgeBatchSize = cmp.Or(c.PurgeBatchSize, defaultPurgeBatchSize)
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Metrics == nil {
+		c.Metrics = NopMetrics{}
+	}
+
+	switch {
+	case c.BatchSize > maxBatchSize:
+		return c, fmt.Errorf("outbox relay config: BatchSize %d: at most %d", c.BatchSize, maxBatchSize)
+	case c.Workers > maxWorkers:
+		return c, fmt.Errorf("outbox relay config: Workers %d: at most %d", c.Workers, maxWorkers)
+	case c.PollInterval < minPollInterval:
+		return c, fmt.Errorf("outbox relay config: PollInterval %v: at least %v", c.PollInterval, minPollInterval)
+	case c.Lease < 2*time.Millisecond:
+		return c, fmt.Errorf("outbox relay config: Lease %v: too short", c.Lease)
+	case c.PublishTimeout > c.Lease/2:
+		return c, fmt.Errorf("outbox relay config: PublishTimeout %v must be at most half the Lease %v, so a batch is marked before its lease ends", c.PublishTimeout, c.Lease)
+	case c.RetryBackoffMin > c.RetryBackoffMax:
+		return c, fmt.Errorf("outbox relay config: RetryBackoffMin %v exceeds RetryBackoffMax %v", c.RetryBackoffMin, c.RetryBackoffMax)
+	case c.PurgeBatchSize > MaxPurgeBatch:
+		return c, fmt.Errorf("outbox relay config: PurgeBatchSize %d: at most %d", c.PurgeBatchSize, MaxPurgeBatch)
+	case strings.ContainsRune(c.NotifyChannel, 0) || len(c.NotifyChannel) > 63:
+		return c, fmt.Errorf("outbox relay config: NotifyChannel %q: must be at most 63 bytes without NUL", c.NotifyChannel)
+	}
+	return c, nil
+}
+
+// batchSender is the part of *pgxpool.Pool a mark needs besides DB.
+type batchSender interface {
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// Relay publishes the outbox's rows through a Publisher. Any number of relays,
+// in any number of processes, may run against one database at once.
+type Relay struct {
+	pool    *pgxpool.Pool
+	pub     Publisher
+	cfg     RelayConfig
+	log     *slog.Logger
+	admin   *Admin
+	wake    chan struct{}
+	running atomic.Bool
+}
+
+// NewRelay returns a relay that publishes the outbox in pool's database (in the
+// schema of its search_path) through pub. It validates cfg and does not touch
+// the database or the broker: Run does.
+func NewRelay(pool *pgxpool.Pool, pub Publisher, cfg RelayConfig) (*Relay, error) {
+	if pool == nil {
+		return nil, errors.New("outbox relay: nil pool")
+	}
+	if pub == nil {
+		return nil, errors.New("outbox relay: nil publisher")
+	}
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	return &Relay{
+		pool:  pool,
+		pub:   pub,
+		cfg:   cfg,
+		log:   cfg.Logger,
+		admin: NewAdmin(pool),
+		wake:  make(chan struct{}, 1),
+	}, nil
+}
+
+// Wake tells the relay that rows were just committed, so it claims now instead
+// of at its next tick. Call it after committing a transaction that enqueued. It
+// never blocks and coalesces with other wake-ups; one sent while the relay is
+// not running is kept for its next Run.
+func (r *Relay) Wake() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Run publishes until ctx is cancelled, then finishes the batches in flight
+// (publish within PublishTimeout, then mark) and returns nil. Broker and
+// database outages do not make it return: it logs, backs off and resumes, and
+// the outbox drains after recovery. It returns an error only when called while
+// already running.
+func (r *Relay) Run(ctx context.Context) error {
+	if !r.running.CompareAndSwap(false, true) {
+		return errors.New("outbox relay: Run called while already running")
+	}
+	defer r.running.Store(false)
+
+	ticker := time.NewTicker(r.cfg.PollInterval)
+	defer ticker.Stop()
+
+	var wg sync.WaitGroup
+	for range r.cfg.Workers {
+		wg.Go(func() { r.work(ctx, ticker.C) })
+	}
+	if r.cfg.NotifyChannel != "" {
+		wg.Go(func() { r.listen(ctx) })
+	}
+	if r.cfg.PublishedRetention > 0 {
+		wg.Go(func() { r.purge(ctx) })
+	}
+	r.Wake()
+	r.log.InfoContext(ctx, "outbox relay started",
+		slog.Int("workers", r.cfg.Workers), slog.Int("batch_size", r.cfg.BatchSize),
+		slog.String("notify_channel", r.cfg.NotifyChannel))
+	wg.Wait()
+	r.log.InfoContext(context.WithoutCancel(ctx), "outbox relay stopped")
+	return nil
+}
+
+// work is one worker: it waits for a reason to look, then claims and publishes
+// batches until there is nothing due.
+func (r *Relay) work(ctx context.Context, tick <-chan time.Time) {
+	var dbFailures int
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.wake:
+		case <-tick:
+		}
+		for ctx.Err() == nil {
+			if err := r.pub.WaitReady(ctx); err != nil {
+				if ctx.Err() == nil {
+					r.log.ErrorContext(ctx, "outbox relay: publisher unavailable", slog.Any("error", err))
+					sleep(ctx, r.cfg.PollInterval)
+				}
+				break
+			}
+			res, err := r.runBatch(ctx)
+			if err != nil {
+				// Retry after a backoff rather than wait for the next tick: the
+				// wake-up that brought us here may be the only one for a while.
+				dbFailures++
+				wait := jitter(backoff(dbFailures, 100*time.Millisecond, 5*time.Second))
+				r.log.ErrorContext(ctx, "outbox relay: claim failed, retrying", slog.Any("error", err), slog.Duration("retry_in", wait))
+				sleep(ctx, wait)
+				continue
+			}
+			dbFailures = 0
+			if res.Claimed == 0 {
+				break
+			}
+			if res.Claimed == r.cfg.BatchSize {
+				r.Wake() // more is likely due: let a sibling claim it in parallel
+			}
+			if len(res.NotSent) == res.Claimed {
+				// The publisher said ready but sent nothing: do not spin.
+				sleep(ctx, min(r.cfg.PollInterval, 100*time.Millisecond))
+			}
+		}
+	}
+}
+
+// runBatch claims, publishes and marks one batch. It returns an error only when
+// the claim failed; failures after it are in the result.
+func (r *Relay) runBatch(ctx context.Context) (BatchResult, error) {
+	if ctx.Err() != nil {
+		return BatchResult{}, nil
+	}
+	// From here on the batch is finished even if ctx is cancelled: abandoning
+	// confirmed messages unmarked would only publish them again.
+	detached := context.WithoutCancel(ctx)
+	start := time.Now()
+
+	cctx, cancel := context.WithTimeout(detached, dbTimeout)
+	envs, err := claim(cctx, r.pool, r.cfg.BatchSize, r.cfg.Lease)
+	cancel()
+	if err != nil {
+		return BatchResult{}, err
+	}
+	if len(envs) == 0 {
+		return BatchResult{}, nil
+	}
+	slices.SortFunc(envs, func(a, b Envelope) int { return cmp.Compare(a.ID, b.ID) })
+	leaseEnd := start.Add(r.cfg.Lease)
+
+	pctx, cancel := context.WithTimeout(detached, r.cfg.PublishTimeout)
+	pubStart := time.Now()
+	results := r.pub.PublishBatch(pctx, envs)
+	cancel()
+	r.cfg.Metrics.ConfirmLatency(time.Since(pubStart))
+	if len(results) != len(envs) {
+		err := fmt.Errorf("outbox relay: publisher returned %d results for %d messages", len(results), len(envs))
+		results = make([]error, len(envs))
+		for i := range results {
+			results[i] = err
+		}
+	}
+
+	res := BatchResult{Claimed: len(envs)}
+	var confirmed []Envelope
+	var failures []failure
+	for i, e := range envs {
+		perr := results[i]
+		if perr == nil {
+			confirmed = append(confirmed, e)
+			continue
+		}
+		f := failure{env: e, err: errorText(perr), unroutable: errors.Is(perr, ErrUnroutable)}
+		switch {
+		case errors.Is(perr, ErrNotSent):
+			f.refund = true
+		case e.Attempt >= r.cfg.MaxAttempts:
+			f.dead = true
+		default:
+			f.delay = jitter(backoff(e.Attempt, r.cfg.RetryBackoffMin, r.cfg.RetryBackoffMax))
+		}
+		failures = append(failures, f)
+	}
+
+	// Failures first: a mark can take a while when writers hold aggregates.
+	if len(failures) > 0 {
+		r.recordFailures(detached, failures, &res)
+	}
+	if len(confirmed) > 0 {
+		if h := r.cfg.Hooks.AfterPublishBeforeMark; h != nil {
+			h(ids(confirmed))
+		}
+		marked, unmarked, err := r.mark(detached, confirmed, leaseEnd)
+		res.Published, res.Unmarked = marked, unmarked
+		res.Err = errors.Join(res.Err, err)
+		r.cfg.Metrics.Published(len(confirmed))
+		if r.log.Enabled(ctx, slog.LevelDebug) {
+			isMarked := make(map[int64]bool, len(marked))
+			for _, id := range marked {
+				isMarked[id] = true
+			}
+			for _, e := range confirmed {
+				if isMarked[e.ID] {
+					r.log.DebugContext(ctx, "outbox event published", envAttrs(e)...)
+				}
+			}
+		}
+	}
+
+	r.cfg.Metrics.BatchDuration(time.Since(start))
+	if h := r.cfg.Hooks.BatchDone; h != nil {
+		for _, s := range [][]int64{res.Published, res.Unmarked, res.Failed, res.DeadLettered, res.NotSent} {
+			slices.Sort(s)
+		}
+		h(res)
+	}
+	return res, nil
+}
+
+// mark marks confirmed rows published. Rows whose aggregate a writer holds are
+// retried with a short backoff while the lease leaves time; what remains
+// unmarked is published again after the lease (a duplicate, never a loss).
+func (r *Relay) mark(ctx context.Context, confirmed []Envelope, leaseEnd time.Time) (marked, unmarked []int64, err error) {
+	pending := confirmed
+	for try := 1; ; try++ {
+		mctx, cancel := context.WithTimeout(ctx, dbTimeout)
+		deferred, merr := markPublished(mctx, r.pool, pending)
+		cancel()
+		err = merr
+		if merr != nil {
+			deferred = pending
+		} else {
+			left := make(map[int64]bool, len(deferred))
+			for _, e := range deferred {
+				left[e.ID] = true
+			}
+			for _, e := range pending {
+				if !left[e.ID] {
+					marked = append(marked, e.ID)
+				}
+			}
+		}
+		pending = deferred
+		if len(pending) == 0 {
+			return marked, nil, nil
+		}
+		wait := jitter(backoff(try, 5*time.Millisecond, 500*time.Millisecond))
+		if time.Until(leaseEnd) < r.cfg.Lease/4+wait {
+			if err == nil {
+				err = fmt.Errorf("mark outbox rows published: %d rows still locked by writers", len(pending))
+			}
+			for _, e := range pending {
+				r.log.WarnContext(ctx, "outbox event published but not marked: it will be published again",
+					append(envAttrs(e), slog.Any("error", err))...)
+			}
+			return marked, ids(pending), err
+		}
+		if merr != nil {
+			r.log.WarnContext(ctx, "outbox relay: mark failed, retrying", slog.Any("error", merr), slog.Int("rows", len(pending)))
+		}
+		sleep(ctx, wait)
+	}
+}
+
+func (r *Relay) recordFailures(ctx context.Context, failures []failure, res *BatchResult) {
+	fctx, cancel := context.WithTimeout(ctx, dbTimeout)
+	updated, err := recordFailures(fctx, r.pool, failures)
+	cancel()
+	if err != nil {
+		// The rows stay leased: they are retried when the lease ends, with this
+		// attempt counted.
+		res.Err = errors.Join(res.Err, err)
+		r.log.ErrorContext(ctx, "outbox relay: could not record failed publishes", slog.Any("error", err), slog.Int("rows", len(failures)))
+	}
+	var failed, returned, dead int
+	for _, f := range failures {
+		attrs := append(envAttrs(f.env), slog.String("error", f.err))
+		switch {
+		case f.refund:
+			res.NotSent = append(res.NotSent, f.env.ID)
+			r.log.DebugContext(ctx, "outbox event not sent, retrying", attrs...)
+		case f.dead:
+			if !updated[f.env.ID] {
+				continue
+			}
+			res.DeadLettered = append(res.DeadLettered, f.env.ID)
+			r.log.ErrorContext(ctx, "outbox event dead-lettered after its last attempt", attrs...)
+			failed++
+			dead++
+		default:
+			res.Failed = append(res.Failed, f.env.ID)
+			r.log.WarnContext(ctx, "outbox event publish failed, will retry", append(attrs, slog.Duration("retry_in", f.delay))...)
+			failed++
+		}
+		if f.unroutable {
+			returned++
+		}
+	}
+	r.cfg.Metrics.Failed(failed)
+	r.cfg.Metrics.Returned(returned)
+	r.cfg.Metrics.DeadLettered(dead)
+}
+
+func envAttrs(e Envelope) []any {
+	return []any{
+		slog.Int64("event_id", e.ID),
+		slog.String("aggregate_type", e.AggregateType),
+		slog.String("aggregate_id", e.AggregateID),
+		slog.Int64("aggregate_version", e.AggregateVersion),
+		slog.String("event_type", e.EventType),
+		slog.Int("attempt", e.Attempt),
+	}
+}
+
+// errorText makes err storable as text: valid UTF-8, no NUL, bounded.
+func errorText(err error) string {
+	s := strings.ToValidUTF8(err.Error(), "?")
+	s = strings.ReplaceAll(s, "\x00", "?")
+	if len(s) > maxErrorText {
+		cut := maxErrorText
+		for cut > 0 && !utf8.RuneStart(s[cut]) {
+			cut--
+		}
+		s = s[:cut] + "..."
+	}
+	return s
+}
+
+// backoff is base * 2^(n-1), capped at limit.
+func backoff(n int, base, limit time.Duration) time.Duration {
+	d := base
+	for i := 1; i < n && d < limit; i++ {
+		d *= 2
+	}
+	return min(d, limit)
+}
+
+// jitter spreads d uniformly over [d/2, d], so relays and rows that failed
+// together do not retry together.
+func jitter(d time.Duration) time.Duration {
+	if d <= 1 {
+		return d
+	}
+	return d/2 + rand.N(d/2+1)
+}
+
+// sleep waits d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}

@@ -1,0 +1,121 @@
+package httpapi
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/outbox-inbox/reference/pkg/outbox"
+)
+
+// OutboxAdmin is what the operator endpoints need from the outbox.
+type OutboxAdmin interface {
+	Status(ctx context.Context) (outbox.Status, error)
+	DeadLetters(ctx context.Context, afterID int64, limit int) ([]outbox.DeadLetter, error)
+	Retry(ctx context.Context, id int64) error
+	RetryAll(ctx context.Context) (int64, error)
+}
+
+var _ OutboxAdmin = (*outbox.Admin)(nil)
+
+// mountAdmin adds the operator's endpoints under /admin/outbox, behind the
+// bearer token.
+func (s *Server) mountAdmin(r chi.Router) {
+	r.Route("/admin/outbox", func(r chi.Router) {
+		r.Use(s.requireAdmin)
+		r.Get("/status", s.handle(s.outboxStatus))
+		r.Get("/dead-letters", s.handle(s.listDeadLetters))
+		r.Post("/dead-letters/retry", s.handle(s.retryAllDeadLetters))
+		r.Post("/dead-letters/{id}/retry", s.handle(s.retryDeadLetter))
+	})
+}
+
+func (s *Server) requireAdmin(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok || subtle.ConstantTimeCompare([]byte(token), []byte(s.adminToken)) != 1 {
+			w.Header().Set("WWW-Authenticate", "Bearer")
+			s.writeError(w, r, &apiError{http.StatusUnauthorized, "unauthorized", "a valid bearer token is required"})
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// statusBody is Status with the age in seconds, for humans and scripts.
+type statusBody struct {
+	Pending                 int64   `json:"pending"`
+	DeadLettered            int64   `json:"dead_lettered"`
+	OldestPendingAgeSeconds float64 `json:"oldest_pending_age_seconds"`
+}
+
+func (s *Server) outboxStatus(w http.ResponseWriter, r *http.Request) error {
+	st, err := s.outbox.Status(r.Context())
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, statusBody{st.Pending, st.DeadLettered, st.OldestPendingAge.Seconds()})
+	return nil
+}
+
+func (s *Server) listDeadLetters(w http.ResponseWriter, r *http.Request) error {
+	limit, after := 100, int64(0)
+	q := r.URL.Query()
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > outbox.MaxDeadLettersPage {
+			return badRequest("invalid_limit", fmt.Sprintf("limit must be an integer from 1 to %d", outbox.MaxDeadLettersPage))
+		}
+		limit = n
+	}
+	if v := q.Get("after"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 {
+			return badRequest("invalid_after", "after must be a non-negative id")
+		}
+		after = n
+	}
+	dls, err := s.outbox.DeadLetters(r.Context(), after, limit)
+	if err != nil {
+		return err
+	}
+	if dls == nil {
+		dls = []outbox.DeadLetter{}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"dead_letters": dls})
+	return nil
+}
+
+func (s *Server) retryDeadLetter(w http.ResponseWriter, r *http.Request) error {
+	id, err := strconv.ParseInt(chi.URLParam(r, "id"), 10, 64)
+	if err != nil || id < 1 {
+		return badRequest("invalid_id", "dead letter id must be a positive integer")
+	}
+	if err := s.outbox.Retry(r.Context(), id); err != nil {
+		if errors.Is(err, outbox.ErrNotFound) {
+			return &apiError{http.StatusNotFound, "not_found", fmt.Sprintf("no dead letter with id %d", id)}
+		}
+		return err
+	}
+	s.wake()
+	s.logger.InfoContext(r.Context(), "dead letter retried by operator", "event_id", id)
+	writeJSON(w, http.StatusOK, map[string]any{"retried": 1})
+	return nil
+}
+
+func (s *Server) retryAllDeadLetters(w http.ResponseWriter, r *http.Request) error {
+	n, err := s.outbox.RetryAll(r.Context())
+	if err != nil {
+		return err
+	}
+	s.wake()
+	s.logger.InfoContext(r.Context(), "all dead letters retried by operator", "count", n)
+	writeJSON(w, http.StatusOK, map[string]any{"retried": n})
+	return nil
+}

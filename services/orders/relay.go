@@ -1,0 +1,131 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/outbox-inbox/reference/internal/crashpoint"
+	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/pkg/outbox/outboxamqp"
+	"github.com/outbox-inbox/reference/services/orders/internal/config"
+	"github.com/outbox-inbox/reference/services/orders/internal/metrics"
+	"github.com/outbox-inbox/reference/services/orders/internal/postgres"
+)
+
+// newRelay builds the relay and its RabbitMQ publisher. The caller runs it and
+// closes the publisher after the relay returned.
+func newRelay(cfg config.Config, pool *pgxpool.Pool, reg prometheus.Registerer, crash *crashpoint.Trigger, logger *slog.Logger) (*outbox.Relay, *outboxamqp.Publisher, error) {
+	pub, err := outboxamqp.New(outboxamqp.Config{
+		URL:            cfg.AMQPURL,
+		Exchange:       config.Exchange,
+		ConnectionName: "orders-relay",
+		Logger:         logger,
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	relayCfg := outbox.RelayConfig{
+		BatchSize:          cfg.BatchSize,
+		PollInterval:       cfg.PollInterval,
+		Lease:              cfg.Lease,
+		PublishTimeout:     min(10*time.Second, cfg.Lease/3),
+		MaxAttempts:        cfg.MaxAttempts,
+		RetryBackoffMin:    cfg.BackoffMin,
+		RetryBackoffMax:    cfg.BackoffMax,
+		PublishedRetention: cfg.Retention,
+		Logger:             logger,
+		Metrics:            metrics.NewRelay(reg),
+		Hooks: outbox.Hooks{
+			AfterPublishBeforeMark: func([]int64) { crash.Hit(crashpoint.RelayAfterPublishBeforeMark) },
+		},
+	}
+	if cfg.Notify {
+		relayCfg.NotifyChannel = config.NotifyChannel
+	}
+	relay, err := outbox.NewRelay(pool, pub, relayCfg)
+	if err != nil {
+		_ = pub.Close()
+		return nil, nil, err
+	}
+	return relay, pub, nil
+}
+
+// runRelay runs the relay alone, with /metrics, /healthz and /readyz on
+// HTTP_ADDR when it is set.
+func runRelay(ctx context.Context, getenv func(string) string, logOut io.Writer) error {
+	cfg, err := config.FromEnv(getenv)
+	if err != nil {
+		return err
+	}
+	logger := newLogger(cfg, logOut).With("role", "relay")
+	crash, err := crashpoint.FromEnv(getenv)
+	if err != nil {
+		return err
+	}
+	pool, err := postgres.Open(ctx, cfg.DatabaseURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+
+	reg := newRegistry(pool, logger)
+	relay, pub, err := newRelay(cfg, pool, reg, crash, logger)
+	if err != nil {
+		return err
+	}
+	defer pub.Close()
+
+	tasks := []func(context.Context) error{relay.Run}
+	if getenv("HTTP_ADDR") != "" {
+		tasks = append(tasks, func(ctx context.Context) error {
+			return serveHTTP(ctx, cfg.HTTPAddr, opsHandler(pool, reg), logger)
+		})
+	}
+	logger.InfoContext(ctx, "relay started", "exchange", config.Exchange)
+	return runAll(ctx, tasks...)
+}
+
+// runAll runs every task until ctx ends or one fails; then it cancels the
+// others, waits for all of them, and returns the first failure.
+func runAll(ctx context.Context, tasks ...func(context.Context) error) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, len(tasks))
+	for _, task := range tasks {
+		go func() { errc <- task(ctx) }()
+	}
+	var first error
+	for range tasks {
+		if err := <-errc; err != nil && !errors.Is(err, context.Canceled) && first == nil {
+			first = err
+			cancel()
+		}
+	}
+	return first
+}
+
+func outboxStatus(ctx context.Context, getenv func(string) string, stdout io.Writer) error {
+	cfg, err := config.FromEnv(getenv)
+	if err != nil {
+		return err
+	}
+	pool, err := postgres.Open(ctx, cfg.DatabaseURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	st, err := outbox.NewAdmin(pool).Status(ctx)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "pending=%d dead_lettered=%d oldest_pending_age=%s\n",
+		st.Pending, st.DeadLettered, st.OldestPendingAge.Round(time.Millisecond))
+	return nil
+}
