@@ -1,0 +1,172 @@
+// Package inbox makes a message consumer apply each message's effect once,
+// although the broker delivers it at least once.
+//
+// # The problem
+//
+// A broker with acknowledgements delivers a message again whenever it cannot
+// be sure the consumer finished with it: the consumer crashed after its
+// database write but before its ack, the connection dropped, the ack was lost,
+// the producer's relay published the same outbox row twice (a crash between
+// the publisher confirm and marking the row published), two consumers got
+// copies around a reconnect. Acknowledging before the effect loses the
+// message on a crash; acknowledging after it, which is the only safe order,
+// means duplicates reach the handler. The inbox absorbs them: it remembers,
+// per consumer, the ids of the messages whose effect is done, and skips a
+// message it has seen.
+//
+// The message id must identify the message, not the delivery: the outbox
+// sends the outbox row's id as the AMQP MessageId, the same for every
+// redelivery and republish of that row. A message without an id cannot be
+// deduplicated and must not be processed: Process refuses it
+// (ErrInvalidMessageID); dead-letter it with the reason.
+//
+// # Use
+//
+//	in, err := inbox.New(db, inbox.Config{Consumer: "shipping"})
+//	err = in.EnsureIndexes(ctx)                  // at start
+//	go in.RunPurger(ctx, time.Hour)              // where the server has no TTL index
+//
+//	res, err := in.Process(ctx, delivery.MessageId, func(ctx context.Context) error {
+//		return shipments.Apply(ctx, event)       // use THIS ctx
+//	})
+//	if err == nil {
+//		delivery.Ack(false)                      // res is Processed or Duplicate
+//	}
+//
+// Acknowledge the delivery only after Process returned without error. A
+// record is the inbox's promise that the effect is durable; the ack is the
+// consumer's promise to the broker; the second must follow the first.
+//
+// # Two modes, chosen from the server
+//
+// ModeAuto asks the server (hello) once: a replica set member (setName) or a
+// mongos (msg "isdbgrid") gets ModeTransaction, a standalone server or
+// FerretDB gets ModeStandalone.
+//
+// ModeTransaction. Process inserts the record (_id: consumer + message id)
+// and runs the handler inside one multi-document transaction (snapshot read
+// concern, majority write concern), then commits. Guarantee: the record and
+// the handler's writes commit together or not at all, so a message's effect
+// is applied exactly once within the retention window, whatever the handler
+// does, provided all its writes use the context it is given. A duplicate-key
+// error on the record means the message was committed before (Duplicate); a
+// concurrent duplicate's insert meets a write conflict, is retried, and then
+// sees the committed record. Transient errors (TransientTransactionError) are
+// retried, and an unknown commit outcome (UnknownTransactionCommitResult)
+// re-commits, at most MaxTransactionAttempts times each: Process does not use
+// Session.WithTransaction, which keeps retrying for two minutes and would
+// also retry around a handler that swallowed the error.
+//
+// ModeStandalone (no transactions: a standalone mongod, FerretDB). Process
+// checks the record, runs the handler, then inserts the record. Guarantee,
+// given a handler whose effect is idempotent on its own key (for example an
+// update conditional on the message id not being in the document's list of
+// applied messages, or on the document's version being the one before the
+// message's): the effect is never lost, never applied twice, and a message is
+// never recorded before its effect is durable.
+//   - The record is written only after the handler's writes were
+//     acknowledged: a record always stands for a durable effect.
+//   - A crash between the effect and the record leaves the effect without a
+//     record; the redelivery runs the handler again, and its idempotence makes
+//     that a no-op; then the record is written.
+//   - A handler error leaves no record: the redelivery runs the handler again.
+//   - Two consumers receiving the same message at once may both run the
+//     handler; its idempotence keeps one effect, and both records collapse
+//     into one (the second insert's duplicate key is expected).
+//
+// With Config.Lease, ModeStandalone first claims the message: a "processing"
+// record with an owner and an expiry. A concurrent duplicate then gets
+// ErrInProgress instead of running the handler at the same time (retry it
+// later, e.g. through a delay queue); the handler's success turns the claim
+// into a done record, its failure deletes the claim. A claim whose holder
+// died is taken over once the lease has passed, so a crash delays the
+// redelivery by up to one lease. The lease is an optimisation, not the
+// guarantee: a handler outliving its lease may run concurrently with the
+// taker, and idempotence still keeps one effect. Lease comparisons use the
+// consumers' clocks.
+//
+// Without transactions the inbox cannot make a non-idempotent handler safe:
+// ModeStandalone moves the duplicate check into the handler's own
+// conditional write, and the record turns redeliveries into cheap skips. In
+// ModeTransaction the handler's writes may be plain, but side effects outside
+// the database (an e-mail, an HTTP call) are not rolled back with the
+// transaction and are at-least-once in both modes.
+//
+// # The session-context rule
+//
+// MongoDB's transaction travels in the context (mongo.NewSessionContext), not
+// in an explicit argument as a pgx.Tx does. The handler receives that context
+// and must use it for every read and write that belongs to the message: a
+// write made with another context (a context captured from outside the
+// handler, context.Background()) commits on its own, outside the
+// transaction, even if the transaction later aborts. Do not start goroutines
+// that use the session context either: a session is not safe for concurrent
+// use. In ModeStandalone the context is a plain one, and the same handler
+// works unchanged.
+//
+// # Retention
+//
+// A done record carries expire_at = processed_at + Retention. EnsureIndexes
+// creates a TTL index on expire_at where the server has TTL indexes; FerretDB
+// answers NotImplemented, and then a plain index is created and RunPurger (or
+// Purge) deletes expired records. A duplicate that arrives after its record
+// expired is processed again, so Retention must exceed the longest delay
+// between a message's first delivery and its last possible redelivery:
+//   - the outbox relay's redelivery after a crash between publish and mark
+//     (its claim timeout plus its longest backoff),
+//   - an operator's retry of a dead-lettered outbox row (a row published but
+//     never marked can be dead-lettered and retried days later),
+//   - replays from the consumer's dead-letter or delay queues.
+//
+// The default, 7 days, covers the outbox's automatic redeliveries by orders
+// of magnitude; set it above the window your operators may take to replay
+// dead letters. A consumer whose effect is idempotent by itself (as
+// ModeStandalone requires) stays correct after expiry; only the cost of a
+// late duplicate changes.
+//
+// # Failure modes
+//
+//   - MongoDB unreachable: Process returns the driver's error. Do not ack;
+//     pause consuming and retry when the server is back (nacking with
+//     requeue burns the broker's delivery limit and spins).
+//   - Crash after the effect, before the record (ModeStandalone): the
+//     redelivery re-runs the idempotent handler; one effect.
+//   - Crash after the record, before the ack: the redelivery is a Duplicate,
+//     acked without running the handler.
+//   - Commit outcome unknown (ModeTransaction): retried; if still unknown,
+//     Process returns an error without ack, and the redelivery finds either
+//     the committed record (Duplicate) or nothing (processed again).
+//   - Handler error: ErrHandler; nothing recorded, nothing committed in
+//     ModeTransaction. Retry with a bound and dead-letter after it.
+//   - A record expired by retention: a late duplicate is processed again.
+//   - A consumer that dies inside a transaction (ModeTransaction) leaves it
+//     open until the server aborts it (transactionLifetimeLimitSeconds, 60s
+//     by default): a redelivery meanwhile meets write conflicts, retries a
+//     bounded number of times, and fails without ack until then.
+//
+// # FerretDB
+//
+// FerretDB (the embedded server of this repository's tests and local runs)
+// has no transactions and no TTL indexes, and two more traits shape the
+// standalone protocol. Its updates are read-modify-write without isolation:
+// two concurrent conditional updates of one document can both apply, or one
+// can silently undo the other, so on FerretDB a handler's idempotence must
+// rest on a unique key (insert a document whose _id names the effect; a
+// duplicate-key error means "already applied"), not on an update's filter.
+// And only a filter on _id alone is served from the primary key; any other
+// filter scans the collection. Process therefore looks records up by _id
+// only and relies on nothing but the unique _id on insert for exclusion; a
+// lease takeover is best effort there (two takers may both run the
+// idempotent handler).
+//
+// # Schema
+//
+// One collection (default "inbox"), one document per (consumer, message),
+// whose string _id is "consumer/message id" (a consumer name has no '/'):
+//
+//	{_id, consumer, message_id, state: "done", processed_at, expire_at}
+//	{_id, consumer, message_id, state: "processing", owner, lease_until, expire_at}  // Lease claims
+//
+// The unique _id makes the pair unique without any secondary index, so a
+// missing EnsureIndexes call costs retention, never correctness.
+package inbox

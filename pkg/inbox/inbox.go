@@ -1,0 +1,352 @@
+package inbox
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+)
+
+// Mode selects how Process makes the handler's effect and the inbox record
+// one unit. See the package documentation for each mode's guarantee.
+type Mode string
+
+const (
+	// ModeAuto asks the server once (hello): a replica set member or a mongos
+	// gets ModeTransaction, anything else (a standalone server, FerretDB)
+	// gets ModeStandalone.
+	ModeAuto Mode = "auto"
+	// ModeTransaction commits the inbox record and the handler's writes in one
+	// multi-document transaction. Needs a replica set or a sharded cluster.
+	ModeTransaction Mode = "transaction"
+	// ModeStandalone runs without transactions: the handler first, the record
+	// after it. The handler's effect must be idempotent on its own key.
+	ModeStandalone Mode = "standalone"
+)
+
+// Result says what Process did with a message.
+type Result int
+
+const (
+	// Processed: the handler ran and returned nil, and the message is
+	// recorded as done.
+	Processed Result = iota + 1
+	// Duplicate: the message was already recorded as done; the handler did
+	// not run.
+	Duplicate
+)
+
+func (r Result) String() string {
+	switch r {
+	case Processed:
+		return "processed"
+	case Duplicate:
+		return "duplicate"
+	default:
+		return fmt.Sprintf("Result(%d)", int(r))
+	}
+}
+
+var (
+	// ErrInvalidMessageID is returned for an empty, oversized or non-UTF-8
+	// message id. Nothing is written and the handler does not run: a message
+	// that cannot be deduplicated must not be processed (dead-letter it).
+	ErrInvalidMessageID = errors.New("inbox: invalid message id")
+	// ErrInProgress is returned in ModeStandalone with a Lease when another
+	// consumer holds a live claim on the message: it is being processed right
+	// now, or its claimer died less than a Lease ago. Retry later; the
+	// handler did not run.
+	ErrInProgress = errors.New("inbox: message is being processed by another consumer")
+	// ErrHandler wraps the error the handler returned. No record was kept, so
+	// a redelivery runs the handler again.
+	ErrHandler = errors.New("inbox: handler failed")
+)
+
+// Handler applies a message's effect. It must do its database work with the
+// ctx it is given: in ModeTransaction that context carries the session, and
+// only writes made with it commit together with the inbox record.
+type Handler func(ctx context.Context) error
+
+// Config configures an Inbox.
+type Config struct {
+	// Consumer names the consumer: the same message id is deduplicated
+	// separately for each consumer name, so two services can share the
+	// collection. Required.
+	Consumer string
+	// Collection holds the inbox records. Default: "inbox".
+	Collection string
+	// Retention is how long a done record is kept, and so how late a
+	// redelivery of the same message is still recognised as a duplicate. It
+	// must exceed the longest delay after which the producer may deliver a
+	// message again (see the package documentation). Default: 7 days.
+	Retention time.Duration
+	// Mode is ModeAuto, ModeTransaction or ModeStandalone. Default: ModeAuto.
+	Mode Mode
+	// Lease, in ModeStandalone, makes Process claim a message before running
+	// its handler, so a concurrent duplicate gets ErrInProgress instead of
+	// running the handler at the same time; a claim whose holder died is
+	// taken over once Lease has passed. Set it above the handler's longest
+	// run. Default: 0, no claim: concurrent duplicates may both run the
+	// (idempotent) handler, and recovery after a crash is immediate.
+	Lease time.Duration
+	// MaxTransactionAttempts bounds, in ModeTransaction, how many times a
+	// transaction is tried after TransientTransactionError, and how many
+	// times a commit is retried after UnknownTransactionCommitResult.
+	// Default: 5.
+	MaxTransactionAttempts int
+	// Logger receives the inbox's logs. Default: discard.
+	Logger *slog.Logger
+}
+
+// Maximum length of a message id, in bytes.
+const maxMessageIDLen = 1024
+
+// Inbox deduplicates messages by id for one consumer.
+type Inbox struct {
+	db          *mongo.Database
+	coll        *mongo.Collection
+	consumer    string
+	retention   time.Duration
+	lease       time.Duration
+	maxAttempts int
+	log         *slog.Logger
+
+	modeMu   sync.Mutex
+	mode     Mode // resolved; "" until known
+	ttlIndex atomic.Bool
+}
+
+// New returns an Inbox storing its records in db. It does not talk to the
+// server: ModeAuto is resolved on first use.
+func New(db *mongo.Database, cfg Config) (*Inbox, error) {
+	if db == nil {
+		return nil, errors.New("inbox: nil database")
+	}
+	if cfg.Consumer == "" || len(cfg.Consumer) > 256 || !utf8.ValidString(cfg.Consumer) || strings.ContainsAny(cfg.Consumer, "/\x00") {
+		return nil, fmt.Errorf("inbox: Consumer %q: want 1 to 256 bytes of UTF-8 without NUL or '/'", cfg.Consumer)
+	}
+	coll := cmp.Or(cfg.Collection, "inbox")
+	if strings.ContainsAny(coll, "$\x00") || strings.HasPrefix(coll, ".") || strings.HasPrefix(coll, "system.") || len(coll) > 200 || !utf8.ValidString(coll) {
+		return nil, fmt.Errorf("inbox: Collection %q: not a valid collection name", coll)
+	}
+	if cfg.Retention < 0 || cfg.Retention > 0 && cfg.Retention < time.Second {
+		return nil, fmt.Errorf("inbox: Retention %v: want at least 1s (or 0 for the default)", cfg.Retention)
+	}
+	if cfg.Lease < 0 {
+		return nil, fmt.Errorf("inbox: Lease %v: want 0 (no claim) or a positive duration", cfg.Lease)
+	}
+	if cfg.MaxTransactionAttempts < 0 {
+		return nil, fmt.Errorf("inbox: MaxTransactionAttempts %d: want a positive number (or 0 for the default)", cfg.MaxTransactionAttempts)
+	}
+	in := &Inbox{
+		db:          db,
+		coll:        db.Collection(coll),
+		consumer:    cfg.Consumer,
+		retention:   cmp.Or(cfg.Retention, 7*24*time.Hour),
+		lease:       cfg.Lease,
+		maxAttempts: cmp.Or(cfg.MaxTransactionAttempts, 5),
+		log:         cfg.Logger,
+	}
+	if in.log == nil {
+		in.log = slog.New(slog.DiscardHandler)
+	}
+	if in.lease > in.retention {
+		return nil, fmt.Errorf("inbox: Lease %v exceeds Retention %v", in.lease, in.retention)
+	}
+	switch cmp.Or(cfg.Mode, ModeAuto) {
+	case ModeAuto:
+	case ModeTransaction, ModeStandalone:
+		in.mode = cfg.Mode
+	default:
+		return nil, fmt.Errorf("inbox: Mode %q: want %q, %q or %q", cfg.Mode, ModeAuto, ModeTransaction, ModeStandalone)
+	}
+	if cfg.Mode == ModeTransaction && cfg.Lease > 0 {
+		return nil, errors.New("inbox: Lease applies to ModeStandalone only")
+	}
+	return in, nil
+}
+
+// Collection returns the collection holding the records.
+func (in *Inbox) Collection() *mongo.Collection { return in.coll }
+
+// Mode returns the mode Process uses, asking the server the first time when
+// the Inbox was configured with ModeAuto.
+func (in *Inbox) Mode(ctx context.Context) (Mode, error) {
+	in.modeMu.Lock()
+	defer in.modeMu.Unlock()
+	if in.mode != "" {
+		return in.mode, nil
+	}
+	m, err := detectMode(ctx, in.db.Client())
+	if err != nil {
+		return "", err
+	}
+	in.mode = m
+	in.log.InfoContext(ctx, "inbox mode detected", "mode", string(m), "consumer", in.consumer)
+	return m, nil
+}
+
+// detectMode picks ModeTransaction for a replica set member or a mongos that
+// is not FerretDB, ModeStandalone otherwise.
+func detectMode(ctx context.Context, client *mongo.Client) (Mode, error) {
+	admin := client.Database("admin")
+	var hello struct {
+		SetName string `bson:"setName"`
+		Msg     string `bson:"msg"`
+	}
+	err := admin.RunCommand(ctx, bson.D{{Key: "hello", Value: 1}}).Decode(&hello)
+	var se mongo.ServerError
+	if errors.As(err, &se) && se.HasErrorCode(59) { // CommandNotFound: before MongoDB 4.4.2
+		err = admin.RunCommand(ctx, bson.D{{Key: "isMaster", Value: 1}}).Decode(&hello)
+	}
+	if err != nil {
+		return "", fmt.Errorf("inbox: detect mode: hello: %w", err)
+	}
+	if hello.SetName == "" && hello.Msg != "isdbgrid" {
+		return ModeStandalone, nil
+	}
+	// FerretDB has no transactions whatever it answers to hello.
+	var info bson.M
+	if err := admin.RunCommand(ctx, bson.D{{Key: "buildInfo", Value: 1}}).Decode(&info); err != nil {
+		return "", fmt.Errorf("inbox: detect mode: buildInfo: %w", err)
+	}
+	if _, ok := info["ferretdbVersion"]; ok {
+		return ModeStandalone, nil
+	}
+	if _, ok := info["ferretdb"]; ok {
+		return ModeStandalone, nil
+	}
+	return ModeTransaction, nil
+}
+
+// Process runs handler for the message msgID unless this consumer has already
+// processed it. It returns Processed after the handler returned nil and the
+// message was recorded, Duplicate when it had been recorded before (the
+// handler did not run), or an error:
+//
+//   - ErrInvalidMessageID: msgID cannot be a key; nothing ran.
+//   - ErrInProgress (ModeStandalone with a Lease): another consumer holds a
+//     live claim; nothing ran. Retry later.
+//   - ErrHandler wrapping the handler's error: no record was kept (in
+//     ModeTransaction the handler's writes were rolled back too).
+//   - any other error: the database failed. In ModeStandalone the handler
+//     may have run; a retry runs it again, which its idempotence absorbs.
+//
+// Acknowledge the message to the broker only after Process returned
+// Processed or Duplicate.
+func (in *Inbox) Process(ctx context.Context, msgID string, handler Handler) (Result, error) {
+	if err := validMessageID(msgID); err != nil {
+		return 0, err
+	}
+	if handler == nil {
+		return 0, errors.New("inbox: nil handler")
+	}
+	mode, err := in.Mode(ctx)
+	if err != nil {
+		return 0, err
+	}
+	if mode == ModeTransaction {
+		return in.processTx(ctx, msgID, handler)
+	}
+	if in.lease > 0 {
+		return in.processClaimed(ctx, msgID, handler)
+	}
+	return in.processStandalone(ctx, msgID, handler)
+}
+
+func validMessageID(id string) error {
+	switch {
+	case id == "":
+		return fmt.Errorf("%w: empty", ErrInvalidMessageID)
+	case len(id) > maxMessageIDLen:
+		return fmt.Errorf("%w: %d bytes, want at most %d", ErrInvalidMessageID, len(id), maxMessageIDLen)
+	case !utf8.ValidString(id):
+		return fmt.Errorf("%w: not valid UTF-8", ErrInvalidMessageID)
+	case strings.ContainsRune(id, 0):
+		return fmt.Errorf("%w: contains NUL", ErrInvalidMessageID)
+	}
+	return nil
+}
+
+// Record states.
+const (
+	stateProcessing = "processing"
+	stateDone       = "done"
+)
+
+// key is a record's _id: "consumer/message id", unambiguous since a consumer
+// name has no '/'. A string _id, looked up alone, is the one filter FerretDB's
+// SQLite backend answers from its primary key instead of a full scan.
+func (in *Inbox) key(msgID string) string { return in.consumer + "/" + msgID }
+
+// byKey is the filter selecting msgID's record.
+func (in *Inbox) byKey(msgID string) bson.D { return bson.D{{Key: "_id", Value: in.key(msgID)}} }
+
+// newRecord starts a record document for msgID with fields.
+func (in *Inbox) newRecord(msgID string, fields bson.D) bson.D {
+	return append(bson.D{
+		{Key: "_id", Value: in.key(msgID)},
+		{Key: "consumer", Value: in.consumer},
+		{Key: "message_id", Value: msgID},
+	}, fields...)
+}
+
+// doneFields are the fields of a done record processed at now.
+func (in *Inbox) doneFields(now time.Time) bson.D {
+	return bson.D{
+		{Key: "state", Value: stateDone},
+		{Key: "processed_at", Value: now},
+		{Key: "expire_at", Value: now.Add(in.retention)},
+	}
+}
+
+// IsDone reports whether this consumer has recorded msgID as done.
+func (in *Inbox) IsDone(ctx context.Context, msgID string) (bool, error) {
+	if err := validMessageID(msgID); err != nil {
+		return false, err
+	}
+	rec, err := in.read(ctx, msgID)
+	if err != nil {
+		return false, err
+	}
+	return rec != nil && rec.State == stateDone, nil
+}
+
+// record is the part of a record Process reads.
+type record struct {
+	State      string    `bson:"state"`
+	Owner      string    `bson:"owner"`
+	LeaseUntil time.Time `bson:"lease_until"`
+}
+
+// read returns msgID's record, or nil if there is none.
+func (in *Inbox) read(ctx context.Context, msgID string) (*record, error) {
+	var rec record
+	err := in.coll.FindOne(ctx, in.byKey(msgID)).Decode(&rec)
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("inbox: read record %s: %w", msgID, err)
+	}
+	return &rec, nil
+}
+
+func handlerError(err error) error { return fmt.Errorf("%w: %w", ErrHandler, err) }
+
+func newToken() string {
+	b := make([]byte, 12)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}

@@ -1,0 +1,126 @@
+package inbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+)
+
+// Server error codes EnsureIndexes handles.
+const (
+	codeNotImplemented        = 238
+	codeIndexOptionsConflict  = 85
+	codeIndexKeySpecsConflict = 86
+)
+
+// EnsureIndexes creates the index retention needs: a TTL index on expire_at
+// where the server has TTL indexes, a plain one where it does not (FerretDB
+// answers NotImplemented), in which case run RunPurger (or call Purge) to
+// expire records. Deduplication itself needs no index: the record's _id is
+// the (consumer, message id) pair. Safe to call at every start.
+func (in *Inbox) EnsureIndexes(ctx context.Context) error {
+	_, err := in.coll.Indexes().CreateOne(ctx, mongo.IndexModel{
+		Keys:    bson.D{{Key: "expire_at", Value: 1}},
+		Options: options.Index().SetName("expire_at_ttl").SetExpireAfterSeconds(0),
+	})
+	var se mongo.ServerError
+	switch {
+	case err == nil:
+		in.ttlIndex.Store(true)
+		return nil
+	case errors.As(err, &se) && se.HasErrorCode(codeNotImplemented):
+		// No TTL: a plain index keeps Purge's scan cheap.
+		in.ttlIndex.Store(false)
+		if _, err := in.coll.Indexes().CreateOne(ctx, mongo.IndexModel{
+			Keys:    bson.D{{Key: "expire_at", Value: 1}},
+			Options: options.Index().SetName("expire_at"),
+		}); err != nil {
+			return fmt.Errorf("inbox: create expire_at index: %w", err)
+		}
+		in.log.InfoContext(ctx, "inbox: server has no TTL indexes, records expire through Purge", "collection", in.coll.Name())
+		return nil
+	case errors.As(err, &se) && (se.HasErrorCode(codeIndexOptionsConflict) || se.HasErrorCode(codeIndexKeySpecsConflict)):
+		// An index on expire_at exists with other options (e.g. a plain one
+		// made while the server had no TTL): keep it, and tell whether it
+		// expires records.
+		ttl, lerr := in.hasTTLIndex(ctx)
+		if lerr != nil {
+			return lerr
+		}
+		in.ttlIndex.Store(ttl)
+		if !ttl {
+			in.log.WarnContext(ctx, "inbox: a non-TTL index on expire_at exists; records expire through Purge (drop it to get a TTL index)",
+				"collection", in.coll.Name())
+		}
+		return nil
+	default:
+		return fmt.Errorf("inbox: create TTL index: %w", err)
+	}
+}
+
+func (in *Inbox) hasTTLIndex(ctx context.Context) (bool, error) {
+	cur, err := in.coll.Indexes().List(ctx)
+	if err != nil {
+		return false, fmt.Errorf("inbox: list indexes: %w", err)
+	}
+	var specs []struct {
+		Key         bson.D `bson:"key"`
+		ExpireAfter *int64 `bson:"expireAfterSeconds"`
+	}
+	if err := cur.All(ctx, &specs); err != nil {
+		return false, fmt.Errorf("inbox: list indexes: %w", err)
+	}
+	for _, s := range specs {
+		if len(s.Key) == 1 && s.Key[0].Key == "expire_at" && s.ExpireAfter != nil {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// TTL reports whether the server expires records on its own (known after
+// EnsureIndexes).
+func (in *Inbox) TTL() bool { return in.ttlIndex.Load() }
+
+// Purge deletes the records whose retention ended at or before now, and
+// returns how many it deleted. Records of every consumer in the collection
+// are purged. With a TTL index the server does this by itself.
+func (in *Inbox) Purge(ctx context.Context, now time.Time) (int64, error) {
+	res, err := in.coll.DeleteMany(ctx, bson.D{{Key: "expire_at", Value: bson.D{{Key: "$lte", Value: now}}}})
+	if err != nil {
+		return 0, fmt.Errorf("inbox: purge expired records: %w", err)
+	}
+	return res.DeletedCount, nil
+}
+
+// RunPurger calls Purge every interval until ctx ends, unless EnsureIndexes
+// found a TTL index (then it only waits for ctx). Failures are logged and
+// retried at the next tick. It returns nil when ctx ends.
+func (in *Inbox) RunPurger(ctx context.Context, interval time.Duration) error {
+	if interval <= 0 {
+		return fmt.Errorf("inbox: purge interval %v: want a positive duration", interval)
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		if !in.TTL() {
+			n, err := in.Purge(ctx, time.Now())
+			switch {
+			case err != nil && ctx.Err() == nil:
+				in.log.WarnContext(ctx, "inbox: purge failed, retrying at next tick", "error", err)
+			case n > 0:
+				in.log.InfoContext(ctx, "inbox: purged expired records", "deleted", n)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}

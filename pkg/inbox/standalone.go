@@ -1,0 +1,160 @@
+package inbox
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+)
+
+// The hot path of both standalone protocols selects records by _id alone:
+// that is what FerretDB's SQLite backend serves from its primary key (any
+// other filter is a full scan there), and its conditional updates are not
+// atomic anyway. Only the unique _id on insert is relied on for exclusion.
+
+// processStandalone: check, run the idempotent handler, then record. The
+// record is written only after the handler's writes were acknowledged, so a
+// done record always means a durable effect; a crash in between leaves the
+// effect without a record, and the redelivery runs the handler again, which
+// its idempotence turns into a no-op.
+func (in *Inbox) processStandalone(ctx context.Context, msgID string, handler Handler) (Result, error) {
+	done, err := in.IsDone(ctx, msgID)
+	if err != nil {
+		return 0, err
+	}
+	if done {
+		return Duplicate, nil
+	}
+	if err := handler(ctx); err != nil {
+		return 0, handlerError(err)
+	}
+	if err := in.recordDone(ctx, msgID); err != nil {
+		return 0, err
+	}
+	return Processed, nil
+}
+
+// recordDone inserts the done record. A duplicate key means a concurrent
+// duplicate recorded it first (fine: both handler runs made one effect) or a
+// claim is there (from a Lease-mode consumer): it is turned into done.
+func (in *Inbox) recordDone(ctx context.Context, msgID string) error {
+	now := time.Now()
+	_, err := in.coll.InsertOne(ctx, in.newRecord(msgID, in.doneFields(now)))
+	if err == nil {
+		return nil
+	}
+	if !mongo.IsDuplicateKeyError(err) {
+		return fmt.Errorf("inbox: record message %s done: %w", msgID, err)
+	}
+	rec, err := in.read(ctx, msgID)
+	if err != nil {
+		return err
+	}
+	if rec != nil && rec.State == stateDone {
+		return nil
+	}
+	return in.markDone(ctx, msgID, now)
+}
+
+// markDone turns msgID's record into a done record, whoever claimed it:
+// "done" is only ever written after a handler run finished, and it is final.
+func (in *Inbox) markDone(ctx context.Context, msgID string, now time.Time) error {
+	_, err := in.coll.UpdateOne(ctx, in.byKey(msgID), bson.D{
+		{Key: "$set", Value: in.doneFields(now)},
+		{Key: "$unset", Value: bson.D{{Key: "owner", Value: ""}, {Key: "lease_until", Value: ""}}},
+	})
+	if err != nil {
+		return fmt.Errorf("inbox: record message %s done: %w", msgID, err)
+	}
+	return nil
+}
+
+// processClaimed: claim (a "processing" record with an owner and a lease),
+// run the handler, then turn the claim into a done record. A concurrent
+// duplicate finds the live claim and gets ErrInProgress; a claim whose holder
+// died expires after the lease and is taken over.
+func (in *Inbox) processClaimed(ctx context.Context, msgID string, handler Handler) (Result, error) {
+	token := newToken()
+	res, err := in.claim(ctx, msgID, token)
+	if err != nil || res == Duplicate {
+		return res, err
+	}
+
+	if err := handler(ctx); err != nil {
+		// Release the claim so a retry need not wait for the lease; if this
+		// fails, the claim simply expires. The owner condition keeps a taker's
+		// claim (rare, so the full scan it costs on FerretDB is acceptable).
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		_, derr := in.coll.DeleteOne(rctx, bson.D{
+			{Key: "_id", Value: in.key(msgID)},
+			{Key: "state", Value: stateProcessing},
+			{Key: "owner", Value: token},
+		})
+		cancel()
+		if derr != nil {
+			in.log.WarnContext(ctx, "inbox: release claim after handler error", "message_id", msgID, "error", derr)
+		}
+		return 0, handlerError(err)
+	}
+
+	// If the lease ran out while the handler ran, another consumer may hold
+	// the claim now: our effect is durable and its run is absorbed by the
+	// handler's idempotence, so writing done over its claim is right.
+	if err := in.markDone(ctx, msgID, time.Now()); err != nil {
+		return 0, err
+	}
+	return Processed, nil
+}
+
+// claim takes the message for token, or reports it done (Duplicate) or
+// claimed by someone else (ErrInProgress).
+func (in *Inbox) claim(ctx context.Context, msgID, token string) (Result, error) {
+	for range 3 {
+		now := time.Now()
+		leaseUntil := now.Add(in.lease)
+		claimFields := bson.D{
+			{Key: "state", Value: stateProcessing},
+			{Key: "owner", Value: token},
+			{Key: "lease_until", Value: leaseUntil},
+			// A claim left by a dead consumer for a message never
+			// redelivered is purged like a done record.
+			{Key: "expire_at", Value: leaseUntil.Add(in.retention)},
+		}
+		_, err := in.coll.InsertOne(ctx, in.newRecord(msgID, claimFields))
+		if err == nil {
+			return 0, nil
+		}
+		if !mongo.IsDuplicateKeyError(err) {
+			return 0, fmt.Errorf("inbox: claim message %s: %w", msgID, err)
+		}
+
+		rec, err := in.read(ctx, msgID)
+		switch {
+		case err != nil:
+			return 0, err
+		case rec == nil:
+			continue // released meanwhile: claim again
+		case rec.State == stateDone:
+			return Duplicate, nil
+		case rec.LeaseUntil.After(now):
+			return 0, ErrInProgress
+		}
+
+		// Take over the expired claim. The filter on the old owner makes this
+		// a compare-and-set on MongoDB; on FerretDB it is best effort (two
+		// takers may both run the idempotent handler). Rare path.
+		r, err := in.coll.UpdateOne(ctx,
+			bson.D{{Key: "_id", Value: in.key(msgID)}, {Key: "state", Value: stateProcessing}, {Key: "owner", Value: rec.Owner}},
+			bson.D{{Key: "$set", Value: claimFields}})
+		if err != nil {
+			return 0, fmt.Errorf("inbox: take over claim on message %s: %w", msgID, err)
+		}
+		if r.MatchedCount == 1 {
+			in.log.InfoContext(ctx, "inbox: took over an expired claim", "message_id", msgID, "consumer", in.consumer)
+			return 0, nil
+		}
+	}
+	return 0, ErrInProgress
+}

@@ -1,0 +1,253 @@
+// Package app wires the shipping service: the RabbitMQ consumer, the
+// processor, the inbox and the shipment store on MongoDB, and the HTTP API.
+package app
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+	"go.mongodb.org/mongo-driver/v2/x/mongo/driver/connstring"
+
+	"github.com/outbox-inbox/reference/internal/crashpoint"
+	"github.com/outbox-inbox/reference/pkg/inbox"
+	"github.com/outbox-inbox/reference/services/shipping/internal/httpapi"
+	"github.com/outbox-inbox/reference/services/shipping/internal/metrics"
+	"github.com/outbox-inbox/reference/services/shipping/internal/mongodb"
+	"github.com/outbox-inbox/reference/services/shipping/internal/processor"
+	"github.com/outbox-inbox/reference/services/shipping/internal/rabbitmq"
+	"github.com/outbox-inbox/reference/services/shipping/internal/shipment"
+)
+
+// Config configures the service.
+type Config struct {
+	// AMQPURL is the broker; its path is the vhost. Required.
+	AMQPURL string
+	// MongoURI is the MongoDB server; its path names the database
+	// (default "shipping"). Required.
+	MongoURI string
+	// MongoServerSelectionTimeout bounds how long an operation waits for an
+	// unreachable MongoDB before failing (and the delivery is held). Default: 5s.
+	MongoServerSelectionTimeout time.Duration
+	// HTTPAddr is where the HTTP API listens. Default: "127.0.0.1:8081".
+	HTTPAddr string
+	// Topology names the queues and exchanges (defaults in rabbitmq.Topology).
+	Topology rabbitmq.Topology
+	// Prefetch and Concurrency tune the consumer (defaults in rabbitmq.Config).
+	Prefetch, Concurrency int
+	// MaxAttempts and MaxDeferrals bound retries (defaults in processor.Config).
+	MaxAttempts, MaxDeferrals int
+	// InboxRetention keeps inbox records (default in inbox.Config: 7 days).
+	InboxRetention time.Duration
+	// PurgeInterval is how often expired inbox records are purged where the
+	// server has no TTL index. Default: 10m.
+	PurgeInterval time.Duration
+	// Crash arms the service's crash points. Default: nil (disarmed).
+	Crash *crashpoint.Trigger
+	// WrapStore, when set, wraps the shipment store (tests inject failures).
+	WrapStore func(processor.Store) processor.Store
+	// Logger. Default: discard.
+	Logger *slog.Logger
+}
+
+// App is a configured service; Run runs it.
+type App struct {
+	cfg      Config
+	log      *slog.Logger
+	client   *mongo.Client
+	inbox    *inbox.Inbox
+	store    *mongodb.Store
+	consumer *rabbitmq.Consumer
+	registry *prometheus.Registry
+	metrics  *metrics.Metrics
+	listener net.Listener
+	server   *http.Server
+}
+
+// New builds the service and binds its HTTP listener. It does not need the
+// broker or MongoDB to be up: Run waits for them.
+func New(cfg Config) (*App, error) {
+	if cfg.AMQPURL == "" || cfg.MongoURI == "" {
+		return nil, errors.New("shipping: AMQPURL and MongoURI are required")
+	}
+	cfg.HTTPAddr = cmp.Or(cfg.HTTPAddr, "127.0.0.1:8081")
+	cfg.PurgeInterval = cmp.Or(cfg.PurgeInterval, 10*time.Minute)
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	cs, err := connstring.ParseAndValidate(cfg.MongoURI)
+	if err != nil {
+		return nil, fmt.Errorf("shipping: MONGO_URI: %w", err)
+	}
+	dbName := cmp.Or(cs.Database, "shipping")
+
+	reg := prometheus.NewRegistry()
+	if err := reg.Register(collectors.NewGoCollector()); err != nil {
+		return nil, fmt.Errorf("shipping: register go collector: %w", err)
+	}
+	m, err := metrics.New(reg)
+	if err != nil {
+		return nil, fmt.Errorf("shipping: %w", err)
+	}
+	for _, r := range shipment.Reasons {
+		m.DeadLettered.WithLabelValues(string(r))
+	}
+
+	client, err := mongo.Connect(options.Client().ApplyURI(cfg.MongoURI).
+		SetServerSelectionTimeout(cmp.Or(cfg.MongoServerSelectionTimeout, 5*time.Second)).
+		SetAppName("shipping"))
+	if err != nil {
+		return nil, fmt.Errorf("shipping: MongoDB client: %w", err)
+	}
+	a := &App{cfg: cfg, log: log, client: client, registry: reg, metrics: m}
+	fail := func(err error) (*App, error) {
+		_ = client.Disconnect(context.Background())
+		return nil, err
+	}
+	db := client.Database(dbName)
+	if a.inbox, err = inbox.New(db, inbox.Config{Consumer: "shipping", Retention: cfg.InboxRetention, Logger: log}); err != nil {
+		return fail(fmt.Errorf("shipping: %w", err))
+	}
+	if a.store, err = mongodb.New(db, ""); err != nil {
+		return fail(fmt.Errorf("shipping: %w", err))
+	}
+	var store processor.Store = a.store
+	if cfg.WrapStore != nil {
+		store = cfg.WrapStore(store)
+	}
+	proc, err := processor.New(processor.Config{
+		Inbox: a.inbox, Store: store, Metrics: m,
+		MaxAttempts: cfg.MaxAttempts, MaxDeferrals: cfg.MaxDeferrals,
+		Crash: cfg.Crash, Logger: log,
+	})
+	if err != nil {
+		return fail(fmt.Errorf("shipping: %w", err))
+	}
+	a.consumer, err = rabbitmq.New(rabbitmq.Config{
+		URL: cfg.AMQPURL, Topology: cfg.Topology,
+		Prefetch: cfg.Prefetch, Concurrency: cfg.Concurrency,
+		Metrics: m, Logger: log,
+	}, proc)
+	if err != nil {
+		return fail(fmt.Errorf("shipping: %w", err))
+	}
+	h, err := httpapi.New(httpapi.Config{
+		Shipments: a.store,
+		Checks: map[string]httpapi.Check{
+			"mongodb": a.store.Ping,
+			"broker":  func(context.Context) error { return a.consumer.Ready() },
+		},
+		Gatherer: reg,
+		Logger:   log,
+	})
+	if err != nil {
+		return fail(fmt.Errorf("shipping: %w", err))
+	}
+	a.listener, err = net.Listen("tcp", cfg.HTTPAddr)
+	if err != nil {
+		return fail(fmt.Errorf("shipping: listen on %s: %w", cfg.HTTPAddr, err))
+	}
+	a.server = &http.Server{
+		Handler:           http.MaxBytesHandler(h, 1<<16),
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       10 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       time.Minute,
+	}
+	return a, nil
+}
+
+// HTTPAddr is the address the HTTP API listens on.
+func (a *App) HTTPAddr() string { return a.listener.Addr().String() }
+
+// Topology is the RabbitMQ topology in use.
+func (a *App) Topology() rabbitmq.Topology { return a.consumer.Topology() }
+
+// Ready reports whether the consumer is consuming.
+func (a *App) Ready() error { return a.consumer.Ready() }
+
+// Metrics exposes the service's metrics (tests read them).
+func (a *App) Metrics() *metrics.Metrics { return a.metrics }
+
+// Run serves until ctx ends, then shuts down gracefully: the HTTP server
+// stops, in-flight deliveries finish and are acked, MongoDB is disconnected.
+func (a *App) Run(parent context.Context) error {
+	ctx, stop := context.WithCancel(parent)
+	defer stop()
+	a.log.InfoContext(ctx, "shipping service starting", "http_addr", a.HTTPAddr(),
+		"queue", a.consumer.Topology().Queue, "exchange", a.consumer.Topology().Exchange)
+
+	var wg sync.WaitGroup
+	errc := make(chan error, 1)
+	wg.Go(func() {
+		if err := a.server.Serve(a.listener); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			select {
+			case errc <- fmt.Errorf("http server: %w", err):
+			default:
+			}
+		}
+	})
+	wg.Go(func() { a.maintainInbox(ctx) })
+	consumerDone := make(chan struct{})
+	wg.Go(func() {
+		defer close(consumerDone)
+		_ = a.consumer.Run(ctx) // returns nil when ctx ends
+	})
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+	case runErr = <-errc:
+		stop()
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
+	defer cancel()
+	if err := a.server.Shutdown(sctx); err != nil {
+		a.log.WarnContext(ctx, "http shutdown", "error", err)
+	}
+	wg.Wait()
+	<-consumerDone
+	if err := a.client.Disconnect(sctx); err != nil {
+		a.log.WarnContext(ctx, "MongoDB disconnect", "error", err)
+	}
+	a.log.InfoContext(ctx, "shipping service stopped")
+	return runErr
+}
+
+// maintainInbox creates the inbox's index (retrying until MongoDB answers),
+// then purges expired records where the server has no TTL index.
+func (a *App) maintainInbox(ctx context.Context) {
+	for attempt := 1; ; attempt++ {
+		ictx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := a.inbox.EnsureIndexes(ictx)
+		cancel()
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		a.log.WarnContext(ctx, "inbox indexes not created yet, retrying", "error", err, "attempt", attempt)
+		t := time.NewTimer(min(time.Duration(attempt)*time.Second, 30*time.Second))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+	if !a.inbox.TTL() {
+		_ = a.inbox.RunPurger(ctx, a.cfg.PurgeInterval)
+	}
+}

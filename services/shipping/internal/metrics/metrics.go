@@ -1,0 +1,83 @@
+// Package metrics holds the shipping service's Prometheus metrics.
+package metrics
+
+import (
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics are the service's counters, registered on one registry.
+type Metrics struct {
+	// Processed counts events whose effect was applied.
+	Processed prometheus.Counter
+	// Duplicates counts deliveries acked without a new effect, by the layer
+	// that caught them: "inbox" (message id recorded) or "version" (the
+	// shipment already had the event).
+	Duplicates *prometheus.CounterVec
+	// DeadLettered counts messages moved to the dead-letter queue, by reason.
+	DeadLettered *prometheus.CounterVec
+	// Deferred counts messages sent through the delay queue, by reason:
+	// "gap" (an earlier version is missing), "in_progress", "retry" (the
+	// handler failed).
+	Deferred *prometheus.CounterVec
+	// UnknownType counts acked messages of an event type not handled here.
+	UnknownType prometheus.Counter
+	// HandlerDuration observes the time to handle one delivery.
+	HandlerDuration prometheus.Histogram
+	// MongoUnavailable counts handling attempts paused because MongoDB did
+	// not answer.
+	MongoUnavailable prometheus.Counter
+	// BrokerConnections counts successful connections to the broker
+	// (1 + reconnections).
+	BrokerConnections prometheus.Counter
+	// Consuming is 1 while the consumer is consuming.
+	Consuming prometheus.Gauge
+}
+
+// New creates the metrics and registers them on reg.
+func New(reg prometheus.Registerer) (*Metrics, error) {
+	m := &Metrics{
+		Processed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "shipping_events_processed_total", Help: "Events whose effect was applied.",
+		}),
+		Duplicates: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "shipping_events_duplicate_total", Help: "Deliveries acked without a new effect, by the layer that caught the duplicate (inbox, version).",
+		}, []string{"layer"}),
+		DeadLettered: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "shipping_events_dead_lettered_total", Help: "Messages moved to the dead-letter queue, by reason.",
+		}, []string{"reason"}),
+		Deferred: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "shipping_events_deferred_total", Help: "Messages sent through the delay queue, by reason (gap, in_progress, retry).",
+		}, []string{"reason"}),
+		UnknownType: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "shipping_events_unknown_type_total", Help: "Acked messages of an event type this service does not handle.",
+		}),
+		HandlerDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "shipping_handler_duration_seconds", Help: "Time to handle one delivery, from receipt to verdict.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+		}),
+		MongoUnavailable: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "shipping_mongo_unavailable_total", Help: "Handling attempts paused because MongoDB did not answer.",
+		}),
+		BrokerConnections: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "shipping_broker_connections_total", Help: "Successful connections to the broker (first one and reconnections).",
+		}),
+		Consuming: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "shipping_consumer_up", Help: "1 while the consumer is consuming from the broker.",
+		}),
+	}
+	for _, c := range []prometheus.Collector{m.Processed, m.Duplicates, m.DeadLettered, m.Deferred, m.UnknownType,
+		m.HandlerDuration, m.MongoUnavailable, m.BrokerConnections, m.Consuming} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("register metrics: %w", err)
+		}
+	}
+	for _, l := range []string{"inbox", "version"} {
+		m.Duplicates.WithLabelValues(l)
+	}
+	for _, r := range []string{"gap", "in_progress", "retry"} {
+		m.Deferred.WithLabelValues(r)
+	}
+	return m, nil
+}

@@ -1,0 +1,94 @@
+package mongodb_test
+
+import (
+	"errors"
+	"sync"
+	"testing"
+
+	"go.uber.org/goleak"
+
+	"github.com/outbox-inbox/reference/internal/mongolocal/mongotest"
+	"github.com/outbox-inbox/reference/services/shipping/internal/mongodb"
+	"github.com/outbox-inbox/reference/services/shipping/internal/shipment"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(mongotest.Suite(m)) }
+
+func ev(msgID, typ string, version int64) shipment.Event {
+	e := shipment.Event{MessageID: msgID, Type: typ, OrderID: "o-1", Version: version}
+	if typ == shipment.TypeCreated {
+		e.Created = &shipment.Created{OrderID: "o-1", CustomerID: "c", Currency: "EUR", Total: 10}
+	} else {
+		e.Cancelled = &shipment.Cancelled{OrderID: "o-1"}
+	}
+	return e
+}
+
+func TestApplyChainsVersions(t *testing.T) {
+	t.Parallel()
+	s, err := mongodb.New(mongotest.Database(t), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	if _, err := s.Get(ctx, "o-1"); !errors.Is(err, shipment.ErrNotFound) {
+		t.Fatalf("Get before any event: %v, want ErrNotFound", err)
+	}
+	if _, err := s.Apply(ctx, ev("2", shipment.TypeCancelled, 2)); !errors.Is(err, shipment.ErrGap) {
+		t.Fatalf("cancel before create: %v, want ErrGap", err)
+	}
+	if o, err := s.Apply(ctx, ev("1", shipment.TypeCreated, 1)); err != nil || o != mongodb.Applied {
+		t.Fatalf("create: %v, %v", o, err)
+	}
+	if o, err := s.Apply(ctx, ev("1", shipment.TypeCreated, 1)); err != nil || o != mongodb.AlreadyApplied {
+		t.Fatalf("create again: %v, %v; want AlreadyApplied", o, err)
+	}
+	if _, err := s.Apply(ctx, ev("9", shipment.TypeCreated, 1)); !errors.Is(err, shipment.ErrVersionConflict) {
+		t.Fatalf("another message at version 1: %v, want ErrVersionConflict", err)
+	}
+	if o, err := s.Apply(ctx, ev("2", shipment.TypeCancelled, 2)); err != nil || o != mongodb.Applied {
+		t.Fatalf("cancel: %v, %v", o, err)
+	}
+	sh, err := s.Get(ctx, "o-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sh.Status != shipment.StatusCancelled || sh.Version != 2 || len(sh.Events) != 2 ||
+		sh.Events[0].MessageID != "1" || sh.Events[1].MessageID != "2" || sh.Currency != "EUR" {
+		t.Fatalf("shipment %+v", sh)
+	}
+	if err := s.Ping(ctx); err != nil {
+		t.Fatalf("Ping: %v", err)
+	}
+}
+
+func TestConcurrentCopiesOfAnEventApplyOnce(t *testing.T) {
+	t.Parallel()
+	s, err := mongodb.New(mongotest.Database(t), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		applied int
+	)
+	for range 8 {
+		wg.Go(func() {
+			o, err := s.Apply(t.Context(), ev("1", shipment.TypeCreated, 1))
+			if err != nil {
+				t.Errorf("Apply: %v", err)
+				return
+			}
+			if o == mongodb.Applied {
+				mu.Lock()
+				applied++
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if applied != 1 {
+		t.Fatalf("%d copies reported Applied, want exactly 1", applied)
+	}
+}

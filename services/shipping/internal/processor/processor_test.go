@@ -1,0 +1,158 @@
+package processor_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/outbox-inbox/reference/internal/crashpoint"
+	"github.com/outbox-inbox/reference/pkg/inbox"
+	"github.com/outbox-inbox/reference/services/shipping/internal/metrics"
+	"github.com/outbox-inbox/reference/services/shipping/internal/mongodb"
+	"github.com/outbox-inbox/reference/services/shipping/internal/processor"
+	"github.com/outbox-inbox/reference/services/shipping/internal/rabbitmq"
+	"github.com/outbox-inbox/reference/services/shipping/internal/shipment"
+)
+
+// The verdict logic is pure; the inbox and the store are fakes here (the
+// real ones are exercised end to end in internal/app).
+
+type fakeInbox struct{ duplicate bool }
+
+func (f fakeInbox) Process(ctx context.Context, _ string, h inbox.Handler) (inbox.Result, error) {
+	if f.duplicate {
+		return inbox.Duplicate, nil
+	}
+	if err := h(ctx); err != nil {
+		return 0, fmt.Errorf("%w: %w", inbox.ErrHandler, err)
+	}
+	return inbox.Processed, nil
+}
+
+type fakeStore struct {
+	outcome mongodb.Outcome
+	err     error
+	pingErr error
+	panics  bool
+}
+
+func (f fakeStore) Apply(context.Context, shipment.Event) (mongodb.Outcome, error) {
+	if f.panics {
+		panic("boom")
+	}
+	return f.outcome, f.err
+}
+func (f fakeStore) Ping(context.Context) error { return f.pingErr }
+
+type inProgressInbox struct{}
+
+func (inProgressInbox) Process(context.Context, string, inbox.Handler) (inbox.Result, error) {
+	return 0, inbox.ErrInProgress
+}
+
+func delivery(headers map[string]any) rabbitmq.Delivery {
+	h := map[string]any{"aggregate_id": "o-1", "aggregate_version": int64(1)}
+	for k, v := range headers {
+		h[k] = v
+	}
+	return rabbitmq.Delivery{
+		MessageID: "7", Type: shipment.TypeCreated, RoutingKey: shipment.TypeCreated, Headers: h,
+		Body: []byte(`{"order_id":"o-1","customer_id":"c","currency":"EUR","items":[],"total":0}`),
+	}
+}
+
+func counter(c prometheus.Counter) float64 {
+	var m dto.Metric
+	_ = c.Write(&m)
+	return m.GetCounter().GetValue()
+}
+
+func TestVerdicts(t *testing.T) {
+	for name, tc := range map[string]struct {
+		inbox      processor.Inbox
+		store      fakeStore
+		delivery   rabbitmq.Delivery
+		action     rabbitmq.Action
+		reason     string
+		header     string
+		headerWant int64
+		metric     func(m *metrics.Metrics) prometheus.Counter
+	}{
+		"applied":          {store: fakeStore{outcome: mongodb.Applied}, action: rabbitmq.Ack, metric: func(m *metrics.Metrics) prometheus.Counter { return m.Processed }},
+		"already applied":  {store: fakeStore{outcome: mongodb.AlreadyApplied}, action: rabbitmq.Ack, metric: func(m *metrics.Metrics) prometheus.Counter { return m.Duplicates.WithLabelValues("version") }},
+		"inbox duplicate":  {inbox: fakeInbox{duplicate: true}, action: rabbitmq.Ack, metric: func(m *metrics.Metrics) prometheus.Counter { return m.Duplicates.WithLabelValues("inbox") }},
+		"no message id":    {delivery: func() rabbitmq.Delivery { d := delivery(nil); d.MessageID = ""; return d }(), action: rabbitmq.DeadLetter, reason: "missing_message_id"},
+		"unknown type":     {delivery: func() rabbitmq.Delivery { d := delivery(nil); d.Type = "order.paid"; return d }(), action: rabbitmq.Ack, metric: func(m *metrics.Metrics) prometheus.Counter { return m.UnknownType }},
+		"bad version":      {delivery: delivery(map[string]any{"aggregate_version": "x"}), action: rabbitmq.DeadLetter, reason: "invalid_version"},
+		"gap":              {store: fakeStore{err: shipment.ErrGap}, action: rabbitmq.Defer, reason: "gap", header: processor.HeaderDeferrals, headerWant: 1},
+		"gap, again":       {store: fakeStore{err: shipment.ErrGap}, delivery: delivery(map[string]any{processor.HeaderDeferrals: int64(4)}), action: rabbitmq.Defer, reason: "gap", header: processor.HeaderDeferrals, headerWant: 5},
+		"gap never filled": {store: fakeStore{err: shipment.ErrGap}, delivery: delivery(map[string]any{processor.HeaderDeferrals: int64(10)}), action: rabbitmq.DeadLetter, reason: "gap_not_filled"},
+		"in progress":      {inbox: inProgressInbox{}, action: rabbitmq.Defer, reason: "in_progress", header: processor.HeaderDeferrals, headerWant: 1},
+		"version conflict": {store: fakeStore{err: shipment.ErrVersionConflict}, action: rabbitmq.DeadLetter, reason: "version_conflict"},
+		"mongo down": {store: fakeStore{err: errors.New("server selection timeout"), pingErr: errors.New("down")}, action: rabbitmq.Retry,
+			metric: func(m *metrics.Metrics) prometheus.Counter { return m.MongoUnavailable }},
+		"handler fails":         {store: fakeStore{err: errors.New("bug")}, action: rabbitmq.Defer, reason: "retry", header: processor.HeaderAttempts, headerWant: 1},
+		"handler keeps failing": {store: fakeStore{err: errors.New("bug")}, delivery: delivery(map[string]any{processor.HeaderAttempts: int32(2)}), action: rabbitmq.DeadLetter, reason: "handler_failed"},
+		"handler panics":        {store: fakeStore{panics: true}, action: rabbitmq.Defer, reason: "retry", header: processor.HeaderAttempts, headerWant: 1},
+	} {
+		t.Run(name, func(t *testing.T) {
+			m, err := metrics.New(prometheus.NewRegistry())
+			if err != nil {
+				t.Fatal(err)
+			}
+			in := tc.inbox
+			if in == nil {
+				in = fakeInbox{}
+			}
+			p, err := processor.New(processor.Config{Inbox: in, Store: tc.store, Metrics: m, MaxAttempts: 3, MaxDeferrals: 10})
+			if err != nil {
+				t.Fatal(err)
+			}
+			d := tc.delivery
+			if d.Headers == nil {
+				d = delivery(nil)
+			}
+			v := p.Handle(t.Context(), d)
+			if v.Action != tc.action || v.Reason != tc.reason {
+				t.Fatalf("verdict %v %q (%s), want %v %q", v.Action, v.Reason, v.Detail, tc.action, tc.reason)
+			}
+			if v.Action == rabbitmq.DeadLetter && v.Detail == "" {
+				t.Error("dead letter without an error detail")
+			}
+			if tc.header != "" && v.Headers[tc.header] != tc.headerWant {
+				t.Errorf("header %s = %v, want %d", tc.header, v.Headers[tc.header], tc.headerWant)
+			}
+			if tc.metric != nil && counter(tc.metric(m)) != 1 {
+				t.Errorf("metric not counted")
+			}
+		})
+	}
+}
+
+func TestCrashPointsAreHitInProtocolOrder(t *testing.T) {
+	m, _ := metrics.New(prometheus.NewRegistry())
+	for _, point := range []string{crashpoint.ShippingAfterEffectBeforeInbox, crashpoint.ShippingAfterInboxBeforeAck} {
+		fired := 0
+		p, err := processor.New(processor.Config{
+			Inbox: fakeInbox{}, Store: fakeStore{outcome: mongodb.Applied}, Metrics: m,
+			Crash: crashpoint.New(point, 1, func() { fired++ }),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Handle(t.Context(), delivery(nil))
+		if fired != 1 {
+			t.Errorf("%s fired %d times, want 1", point, fired)
+		}
+	}
+}
+
+func TestNewRequiresItsDependencies(t *testing.T) {
+	if _, err := processor.New(processor.Config{}); err == nil {
+		t.Fatal("New without Inbox/Store/Metrics succeeded")
+	}
+}

@@ -1,0 +1,478 @@
+package rabbitmq
+
+import (
+	"cmp"
+	"context"
+	crand "crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/outbox-inbox/reference/services/shipping/internal/metrics"
+)
+
+// Headers the consumer writes on messages it republishes.
+const (
+	// HeaderReason is the dead-letter reason code, e.g. "malformed_payload".
+	HeaderReason = "x-dead-letter-reason"
+	// HeaderError is the human-readable error that sent the message to the
+	// dead-letter queue.
+	HeaderError = "x-error"
+	// HeaderOriginalExchange and HeaderOriginalRoutingKey keep where the
+	// message was first published (a deferred message comes back through the
+	// default exchange).
+	HeaderOriginalExchange   = "x-original-exchange"
+	HeaderOriginalRoutingKey = "x-original-routing-key"
+	// HeaderDeadLetteredBy names the service that dead-lettered it.
+	HeaderDeadLetteredBy = "x-dead-lettered-by"
+)
+
+// Action is what to do with a delivery.
+type Action int
+
+const (
+	// Ack: done (processed, duplicate, or deliberately ignored).
+	Ack Action = iota + 1
+	// Defer: republish a copy to the delay queue (confirmed), then ack; the
+	// copy comes back after the delay. The delivery limit is not touched.
+	Defer
+	// DeadLetter: republish a copy to the dead-letter exchange with the
+	// reason (confirmed), then ack.
+	DeadLetter
+	// Retry: keep the delivery unacked and handle it again after a backoff
+	// (a dependency such as MongoDB is down). Nothing is acked, nothing is
+	// requeued, so the delivery limit is not burnt.
+	Retry
+)
+
+func (a Action) String() string {
+	switch a {
+	case Ack:
+		return "ack"
+	case Defer:
+		return "defer"
+	case DeadLetter:
+		return "dead_letter"
+	case Retry:
+		return "retry"
+	default:
+		return fmt.Sprintf("Action(%d)", int(a))
+	}
+}
+
+// Verdict is a handler's decision about one delivery.
+type Verdict struct {
+	Action Action
+	// Reason labels Defer ("gap", "in_progress", "retry") and DeadLetter
+	// (a reason code, sent as HeaderReason).
+	Reason string
+	// Detail is the error text sent as HeaderError with a DeadLetter.
+	Detail string
+	// Headers are set on the republished copy (Defer, DeadLetter).
+	Headers map[string]any
+}
+
+// Delivery is the part of an AMQP delivery a handler sees.
+type Delivery struct {
+	MessageID   string
+	Type        string
+	Exchange    string
+	RoutingKey  string
+	Headers     map[string]any
+	Body        []byte
+	Redelivered bool
+}
+
+// Handler decides what happens to each delivery. It is called from several
+// goroutines at once.
+type Handler interface {
+	Handle(ctx context.Context, d Delivery) Verdict
+}
+
+// HandlerFunc adapts a function to Handler.
+type HandlerFunc func(ctx context.Context, d Delivery) Verdict
+
+// Handle calls f.
+func (f HandlerFunc) Handle(ctx context.Context, d Delivery) Verdict { return f(ctx, d) }
+
+// Config configures a Consumer.
+type Config struct {
+	// URL is the broker's AMQP URL; its path is the vhost. Required.
+	URL string
+	// Topology names the exchanges and queues (defaults in Topology).
+	Topology Topology
+	// Prefetch is the channel's QoS prefetch count. Default: 32.
+	Prefetch int
+	// Concurrency is how many deliveries are handled at once. Default: 8.
+	Concurrency int
+	// ReconnectMin and ReconnectMax bound the exponential backoff between
+	// connection attempts. Default: 100ms and 5s.
+	ReconnectMin, ReconnectMax time.Duration
+	// RetryMin and RetryMax bound the backoff before a Retry verdict's
+	// delivery is handled again. Default: 100ms and 5s.
+	RetryMin, RetryMax time.Duration
+	// ShutdownTimeout is how long in-flight deliveries may finish after the
+	// context ends; then their handling is cancelled and they return to the
+	// queue. Default: 10s.
+	ShutdownTimeout time.Duration
+	// ConnectionName is shown in the broker's management tools. Default: "shipping".
+	ConnectionName string
+	// Metrics, when set, counts deferrals, dead letters and connections.
+	Metrics *metrics.Metrics
+	// Logger receives the consumer's logs. Default: discard.
+	Logger *slog.Logger
+}
+
+// Consumer consumes Topology.Queue and applies the Handler's verdicts.
+type Consumer struct {
+	cfg     Config
+	h       Handler
+	log     *slog.Logger
+	ready   atomic.Bool
+	tagBase string
+}
+
+// New returns a Consumer; Run starts it.
+func New(cfg Config, h Handler) (*Consumer, error) {
+	if cfg.URL == "" {
+		return nil, errors.New("rabbitmq: URL is required")
+	}
+	if _, err := amqp.ParseURI(cfg.URL); err != nil {
+		return nil, fmt.Errorf("rabbitmq: URL: %w", err)
+	}
+	if h == nil {
+		return nil, errors.New("rabbitmq: nil handler")
+	}
+	cfg.Topology = cfg.Topology.withDefaults()
+	if err := cfg.Topology.validate(); err != nil {
+		return nil, err
+	}
+	cfg.Prefetch = cmp.Or(cfg.Prefetch, 32)
+	cfg.Concurrency = cmp.Or(cfg.Concurrency, 8)
+	cfg.ReconnectMin = cmp.Or(cfg.ReconnectMin, 100*time.Millisecond)
+	cfg.ReconnectMax = cmp.Or(cfg.ReconnectMax, 5*time.Second)
+	cfg.RetryMin = cmp.Or(cfg.RetryMin, 100*time.Millisecond)
+	cfg.RetryMax = cmp.Or(cfg.RetryMax, 5*time.Second)
+	cfg.ShutdownTimeout = cmp.Or(cfg.ShutdownTimeout, 10*time.Second)
+	cfg.ConnectionName = cmp.Or(cfg.ConnectionName, "shipping")
+	switch {
+	case cfg.Prefetch < 1 || cfg.Prefetch > 65535:
+		return nil, fmt.Errorf("rabbitmq: Prefetch %d: want 1..65535", cfg.Prefetch)
+	case cfg.Concurrency < 1:
+		return nil, fmt.Errorf("rabbitmq: Concurrency %d: want at least 1", cfg.Concurrency)
+	case cfg.ReconnectMin <= 0 || cfg.ReconnectMax < cfg.ReconnectMin:
+		return nil, fmt.Errorf("rabbitmq: reconnect backoff %v..%v: want 0 < min <= max", cfg.ReconnectMin, cfg.ReconnectMax)
+	case cfg.RetryMin <= 0 || cfg.RetryMax < cfg.RetryMin:
+		return nil, fmt.Errorf("rabbitmq: retry backoff %v..%v: want 0 < min <= max", cfg.RetryMin, cfg.RetryMax)
+	case cfg.ShutdownTimeout < 0:
+		return nil, fmt.Errorf("rabbitmq: ShutdownTimeout %v: want >= 0", cfg.ShutdownTimeout)
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Consumer{cfg: cfg, h: h, log: log, tagBase: cfg.ConnectionName + "-" + hex.EncodeToString(randBytes(4))}, nil
+}
+
+// Topology returns the topology with defaults filled in.
+func (c *Consumer) Topology() Topology { return c.cfg.Topology }
+
+// Ready returns nil while the consumer is connected and consuming.
+func (c *Consumer) Ready() error {
+	if c.ready.Load() {
+		return nil
+	}
+	return errors.New("not consuming from the broker")
+}
+
+// Run connects, declares the topology, and consumes until ctx ends,
+// reconnecting with backoff whenever the connection or a channel is lost.
+// On ctx's end it stops taking deliveries, lets in-flight ones finish
+// (within ShutdownTimeout) and returns nil.
+func (c *Consumer) Run(ctx context.Context) error {
+	failures := 0
+	for {
+		connected, err := c.session(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if connected {
+			failures = 0
+		}
+		delay := backoff(c.cfg.ReconnectMin, c.cfg.ReconnectMax, failures)
+		failures++
+		c.log.WarnContext(ctx, "broker session ended, reconnecting", "error", err, "attempt", failures, "backoff", delay)
+		if !sleep(ctx, delay) {
+			return nil
+		}
+	}
+}
+
+// session runs one connection's lifetime. connected reports whether it got
+// as far as consuming.
+func (c *Consumer) session(ctx context.Context) (connected bool, err error) {
+	props := amqp.NewConnectionProperties()
+	props.SetClientConnectionName(c.cfg.ConnectionName)
+	conn, err := amqp.DialConfig(c.cfg.URL, amqp.Config{Properties: props, Heartbeat: 10 * time.Second})
+	if err != nil {
+		return false, fmt.Errorf("dial: %w", err)
+	}
+	defer conn.Close()
+	connClosed := conn.NotifyClose(make(chan *amqp.Error, 1))
+
+	ch, err := conn.Channel()
+	if err != nil {
+		return false, fmt.Errorf("open channel: %w", err)
+	}
+	chClosed := ch.NotifyClose(make(chan *amqp.Error, 1))
+	if err := c.cfg.Topology.Declare(ch); err != nil {
+		return false, err
+	}
+	if err := ch.Qos(c.cfg.Prefetch, 0, false); err != nil {
+		return false, fmt.Errorf("set prefetch: %w", err)
+	}
+	pub, err := newPublisher(conn, c.cfg.Prefetch+c.cfg.Concurrency)
+	if err != nil {
+		return false, err
+	}
+	defer pub.close()
+	tag := c.tagBase + "-" + hex.EncodeToString(randBytes(4))
+	deliveries, err := ch.Consume(c.cfg.Topology.Queue, tag, false, false, false, false, nil)
+	if err != nil {
+		return false, fmt.Errorf("consume %s: %w", c.cfg.Topology.Queue, err)
+	}
+
+	c.ready.Store(true)
+	defer c.ready.Store(false)
+	if m := c.cfg.Metrics; m != nil {
+		m.BrokerConnections.Inc()
+		m.Consuming.Set(1)
+		defer m.Consuming.Set(0)
+	}
+	c.log.InfoContext(ctx, "consuming", "queue", c.cfg.Topology.Queue, "prefetch", c.cfg.Prefetch, "concurrency", c.cfg.Concurrency)
+
+	// Handling outlives ctx (in-flight deliveries finish on shutdown) but not
+	// the connection: once it is lost, no delivery of it can be acked.
+	hctx, hcancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer hcancel()
+	lost := make(chan struct{})
+	s := &sessionState{ch: ch, pub: pub, lost: lost, stop: ctx.Done()}
+
+	var wg sync.WaitGroup
+	for range c.cfg.Concurrency {
+		wg.Go(func() {
+			for d := range deliveries {
+				c.handle(hctx, s, d)
+			}
+		})
+	}
+	workersDone := make(chan struct{})
+	go func() { wg.Wait(); close(workersDone) }()
+
+	var cause error
+	select {
+	case <-ctx.Done():
+		// Stop deliveries, let in-flight ones finish, then close: what was
+		// prefetched but not started returns to the queue.
+		_ = ch.Cancel(tag, false)
+		timer := time.NewTimer(c.cfg.ShutdownTimeout)
+		defer timer.Stop()
+		select {
+		case <-workersDone:
+		case <-timer.C:
+			c.log.WarnContext(ctx, "shutdown timeout: cancelling in-flight deliveries; they return to the queue")
+		}
+		close(lost)
+		hcancel()
+		_ = conn.Close()
+		<-workersDone
+		c.log.InfoContext(ctx, "consumer stopped")
+		return true, nil
+	case e := <-connClosed:
+		cause = fmt.Errorf("connection closed: %v", e)
+	case e := <-chClosed:
+		cause = fmt.Errorf("channel closed: %v", e)
+	case <-pub.done:
+		cause = errPublisherClosed
+	}
+	// Lost: deliveries of this connection are redelivered by the broker;
+	// stop handling them and never ack them.
+	close(lost)
+	hcancel()
+	_ = conn.Close()
+	<-workersDone
+	return true, cause
+}
+
+// sessionState is what workers share within one connection.
+type sessionState struct {
+	ch   *amqp.Channel
+	pub  *publisher
+	lost chan struct{}   // closed when the connection is gone or closing
+	stop <-chan struct{} // closed on shutdown: take no new delivery, stop retrying
+}
+
+func (s *sessionState) isLost() bool {
+	select {
+	case <-s.lost:
+		return true
+	default:
+		return false
+	}
+}
+
+func (c *Consumer) handle(ctx context.Context, s *sessionState, d amqp.Delivery) {
+	select {
+	case <-s.stop:
+		return // shutting down: leave it unacked, it returns to the queue
+	default:
+	}
+	del := Delivery{
+		MessageID: d.MessageId, Type: d.Type, Exchange: d.Exchange, RoutingKey: d.RoutingKey,
+		Headers: d.Headers, Body: d.Body, Redelivered: d.Redelivered,
+	}
+	for attempt := 0; ; attempt++ {
+		v := c.h.Handle(ctx, del)
+		if s.isLost() {
+			return
+		}
+		if v.Action != Retry {
+			err := c.settle(ctx, s, d, v)
+			if err == nil {
+				return
+			}
+			c.log.WarnContext(ctx, "could not settle delivery, will handle it again",
+				"event_id", d.MessageId, "action", v.Action.String(), "error", err, "attempt", attempt+1)
+		}
+		// Keep the delivery (no ack, no requeue) and try again later.
+		delay := backoff(c.cfg.RetryMin, c.cfg.RetryMax, attempt)
+		t := time.NewTimer(delay)
+		select {
+		case <-s.lost:
+			t.Stop()
+			return
+		case <-s.stop:
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// settle carries out a verdict. Republished copies are confirmed before the
+// original is acked, so a message is never only in flight.
+func (c *Consumer) settle(ctx context.Context, s *sessionState, d amqp.Delivery, v Verdict) error {
+	switch v.Action {
+	case Ack:
+	case Defer:
+		if err := s.pub.publish(ctx, "", c.cfg.Topology.DelayQueue, c.copyOf(d, v.Headers)); err != nil {
+			return fmt.Errorf("defer to %s: %w", c.cfg.Topology.DelayQueue, err)
+		}
+		if m := c.cfg.Metrics; m != nil {
+			m.Deferred.WithLabelValues(v.Reason).Inc()
+		}
+	case DeadLetter:
+		h := maps.Clone(v.Headers)
+		if h == nil {
+			h = map[string]any{}
+		}
+		h[HeaderReason] = v.Reason
+		h[HeaderError] = truncate(v.Detail, 1024)
+		h[HeaderDeadLetteredBy] = c.cfg.ConnectionName
+		if err := s.pub.publish(ctx, c.cfg.Topology.DeadLetterExchange, d.RoutingKey, c.copyOf(d, h)); err != nil {
+			return fmt.Errorf("dead-letter to %s: %w", c.cfg.Topology.DeadLetterExchange, err)
+		}
+		if m := c.cfg.Metrics; m != nil {
+			m.DeadLettered.WithLabelValues(v.Reason).Inc()
+		}
+		c.log.WarnContext(ctx, "message dead-lettered", "event_id", d.MessageId, "reason", v.Reason, "error", v.Detail)
+	default:
+		return fmt.Errorf("unknown action %v", v.Action)
+	}
+	// Acks go on the channel the delivery came from, never on a newer one.
+	if s.isLost() {
+		return errors.New("connection lost before ack")
+	}
+	if err := d.Ack(false); err != nil {
+		return fmt.Errorf("ack: %w", err)
+	}
+	return nil
+}
+
+// copyOf is the message to republish for d, with extra headers set.
+func (c *Consumer) copyOf(d amqp.Delivery, extra map[string]any) amqp.Publishing {
+	h := amqp.Table{}
+	for k, v := range d.Headers {
+		switch k {
+		case "x-delivery-count", headerPublishSeq:
+		default:
+			h[k] = v
+		}
+	}
+	if _, ok := h[HeaderOriginalExchange]; !ok {
+		h[HeaderOriginalExchange] = d.Exchange
+		h[HeaderOriginalRoutingKey] = d.RoutingKey
+	}
+	for k, v := range extra {
+		h[k] = v
+	}
+	return amqp.Publishing{
+		Headers:         h,
+		ContentType:     d.ContentType,
+		ContentEncoding: d.ContentEncoding,
+		DeliveryMode:    amqp.Persistent,
+		Priority:        d.Priority,
+		CorrelationId:   d.CorrelationId,
+		ReplyTo:         d.ReplyTo,
+		MessageId:       d.MessageId,
+		Timestamp:       d.Timestamp,
+		Type:            d.Type,
+		AppId:           d.AppId,
+		Body:            d.Body,
+	}
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n]
+}
+
+// backoff is min doubled n times, capped at max, with jitter in [d/2, d].
+func backoff(minD, maxD time.Duration, n int) time.Duration {
+	d := minD
+	for range min(n, 30) {
+		d *= 2
+		if d >= maxD {
+			d = maxD
+			break
+		}
+	}
+	return d/2 + rand.N(d/2+1)
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+func randBytes(n int) []byte {
+	b := make([]byte, n)
+	_, _ = crand.Read(b)
+	return b
+}

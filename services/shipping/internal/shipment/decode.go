@@ -1,0 +1,215 @@
+package shipment
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"strings"
+	"unicode/utf8"
+)
+
+// Reason names why a message was dead-lettered. It travels in the
+// dead-lettered message's x-dead-letter-reason header and labels the
+// dead-letter metric.
+type Reason string
+
+// Dead-letter reasons.
+const (
+	ReasonMissingMessageID Reason = "missing_message_id"
+	ReasonInvalidVersion   Reason = "invalid_version"
+	ReasonMalformedPayload Reason = "malformed_payload"
+	ReasonPayloadTooLarge  Reason = "payload_too_large"
+	ReasonHandlerFailed    Reason = "handler_failed"
+	ReasonGapNotFilled     Reason = "gap_not_filled"
+	ReasonVersionConflict  Reason = "version_conflict"
+)
+
+// Reasons lists every Reason, e.g. to initialise metrics.
+var Reasons = []Reason{
+	ReasonMissingMessageID, ReasonInvalidVersion, ReasonMalformedPayload, ReasonPayloadTooLarge,
+	ReasonHandlerFailed, ReasonGapNotFilled, ReasonVersionConflict,
+}
+
+// InvalidError is a message that can never be applied: it goes to the
+// dead-letter queue with its Reason.
+type InvalidError struct {
+	Reason Reason
+	Err    error
+}
+
+func (e *InvalidError) Error() string { return fmt.Sprintf("%s: %v", e.Reason, e.Err) }
+func (e *InvalidError) Unwrap() error { return e.Err }
+
+func invalid(r Reason, format string, args ...any) error {
+	return &InvalidError{Reason: r, Err: fmt.Errorf(format, args...)}
+}
+
+// Message is what the transport hands over: the AMQP properties and headers
+// that the events contract (docs/events.md) defines, and the body.
+type Message struct {
+	MessageID  string
+	Type       string // AMQP type property
+	RoutingKey string
+	Headers    map[string]any
+	Body       []byte
+}
+
+// MaxBodyBytes bounds an event's body.
+const MaxBodyBytes = 1 << 20
+
+// Decode validates m into an Event. It returns ErrUnknownType for an event
+// type this service does not handle (ack it), and an *InvalidError for a
+// message that can never be applied (dead-letter it).
+func Decode(m Message) (Event, error) {
+	if m.MessageID == "" {
+		return Event{}, invalid(ReasonMissingMessageID, "message has no MessageId: it cannot be deduplicated")
+	}
+	if err := text(m.MessageID, 1024); err != nil {
+		return Event{}, invalid(ReasonMissingMessageID, "MessageId: %v", err)
+	}
+	typ := m.Type
+	if typ == "" {
+		typ, _ = m.Headers["event_type"].(string)
+	}
+	if typ == "" {
+		typ = m.RoutingKey
+	}
+	if typ != TypeCreated && typ != TypeCancelled {
+		return Event{}, fmt.Errorf("%w: %q", ErrUnknownType, typ)
+	}
+	if len(m.Body) > MaxBodyBytes {
+		return Event{}, invalid(ReasonPayloadTooLarge, "body of %d bytes exceeds %d", len(m.Body), MaxBodyBytes)
+	}
+
+	version, err := headerVersion(m.Headers)
+	if err != nil {
+		return Event{}, invalid(ReasonInvalidVersion, "%v", err)
+	}
+	if typ == TypeCreated && version != 1 {
+		return Event{}, invalid(ReasonInvalidVersion, "%s must be version 1, got %d", typ, version)
+	}
+	if typ != TypeCreated && version < 2 {
+		return Event{}, invalid(ReasonInvalidVersion, "%s must follow order.created (version >= 2), got %d", typ, version)
+	}
+
+	ev := Event{MessageID: m.MessageID, Type: typ, Version: version}
+	switch typ {
+	case TypeCreated:
+		var c Created
+		if err := decodeJSON(m.Body, &c); err != nil {
+			return Event{}, err
+		}
+		if err := validateCreated(c); err != nil {
+			return Event{}, err
+		}
+		ev.OrderID, ev.Created = c.OrderID, &c
+	case TypeCancelled:
+		var c Cancelled
+		if err := decodeJSON(m.Body, &c); err != nil {
+			return Event{}, err
+		}
+		if err := text(c.OrderID, 200); err != nil {
+			return Event{}, invalid(ReasonMalformedPayload, "order_id: %v", err)
+		}
+		ev.OrderID, ev.Cancelled = c.OrderID, &c
+	}
+	if agg, ok := m.Headers["aggregate_id"].(string); ok && agg != "" && agg != ev.OrderID {
+		return Event{}, invalid(ReasonMalformedPayload, "payload order_id %q differs from header aggregate_id %q", ev.OrderID, agg)
+	}
+	return ev, nil
+}
+
+// headerVersion reads aggregate_version, an integer header.
+func headerVersion(h map[string]any) (int64, error) {
+	raw, ok := h["aggregate_version"]
+	if !ok {
+		return 0, errors.New("header aggregate_version is missing")
+	}
+	var v int64
+	switch x := raw.(type) {
+	case int64:
+		v = x
+	case int32:
+		v = int64(x)
+	case int16:
+		v = int64(x)
+	case int8:
+		v = int64(x)
+	case int:
+		v = int64(x)
+	case uint8:
+		v = int64(x)
+	case uint16:
+		v = int64(x)
+	case uint32:
+		v = int64(x)
+	case float64:
+		if x != math.Trunc(x) || x < 1 || x > 1<<53 {
+			return 0, fmt.Errorf("header aggregate_version %v is not a positive integer", x)
+		}
+		v = int64(x)
+	default:
+		return 0, fmt.Errorf("header aggregate_version has type %T, want an integer", raw)
+	}
+	if v < 1 {
+		return 0, fmt.Errorf("header aggregate_version %d: want >= 1", v)
+	}
+	return v, nil
+}
+
+// decodeJSON decodes exactly one JSON object. Unknown fields are allowed, so
+// the producer can add some without breaking this consumer.
+func decodeJSON(b []byte, v any) error {
+	if !utf8.Valid(b) {
+		return invalid(ReasonMalformedPayload, "body is not valid UTF-8")
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	if err := dec.Decode(v); err != nil {
+		return invalid(ReasonMalformedPayload, "body is not the expected JSON object: %v", err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return invalid(ReasonMalformedPayload, "body has data after the JSON object")
+	}
+	return nil
+}
+
+func validateCreated(c Created) error {
+	if err := text(c.OrderID, 200); err != nil {
+		return invalid(ReasonMalformedPayload, "order_id: %v", err)
+	}
+	if err := text(c.CustomerID, 200); err != nil {
+		return invalid(ReasonMalformedPayload, "customer_id: %v", err)
+	}
+	if err := text(c.Currency, 16); err != nil {
+		return invalid(ReasonMalformedPayload, "currency: %v", err)
+	}
+	for i, it := range c.Items {
+		if it.Quantity < 0 || it.UnitPrice < 0 {
+			return invalid(ReasonMalformedPayload, "items[%d]: negative quantity or unit_price", i)
+		}
+		if err := text(it.SKU, 200); err != nil {
+			return invalid(ReasonMalformedPayload, "items[%d].sku: %v", i, err)
+		}
+	}
+	if c.Total < 0 {
+		return invalid(ReasonMalformedPayload, "negative total")
+	}
+	return nil
+}
+
+func text(s string, maxLen int) error {
+	switch {
+	case s == "":
+		return errors.New("empty")
+	case len(s) > maxLen:
+		return fmt.Errorf("%d bytes, want at most %d", len(s), maxLen)
+	case !utf8.ValidString(s):
+		return errors.New("not valid UTF-8")
+	case strings.ContainsRune(s, 0):
+		return errors.New("contains NUL")
+	}
+	return nil
+}

@@ -1,0 +1,122 @@
+// Package shipment is the shipping service's domain: the order events it
+// consumes, how they are validated, and the shipment they build.
+//
+// A shipment is the ordered chain of the order events applied to it: version
+// 1 is order.created, each later event has the next version, without gaps.
+// An event applies only on top of the version before it, so a cancel that
+// overtook its create waits (it is deferred), and a second copy of an
+// applied event is recognised by its version.
+package shipment
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Event types consumed.
+const (
+	TypeCreated   = "order.created"
+	TypeCancelled = "order.cancelled"
+)
+
+// Shipment statuses.
+const (
+	StatusPending   = "pending"
+	StatusCancelled = "cancelled"
+)
+
+var (
+	// ErrNotFound: no shipment for that order (its create was not applied).
+	ErrNotFound = errors.New("shipment not found")
+	// ErrGap: the event's previous version is not applied yet; retry later.
+	ErrGap = errors.New("shipment: previous version not applied yet")
+	// ErrVersionConflict: another message was applied at the event's version.
+	// The producer broke its versioning; the message needs a human.
+	ErrVersionConflict = errors.New("shipment: another message holds this version")
+	// ErrUnknownType: an event type this service does not handle.
+	ErrUnknownType = errors.New("shipment: unknown event type")
+)
+
+// Item is one order line. Amounts are integer minor units of the currency.
+type Item struct {
+	SKU       string `json:"sku" bson:"sku"`
+	Quantity  int64  `json:"quantity" bson:"quantity"`
+	UnitPrice int64  `json:"unit_price" bson:"unit_price"`
+}
+
+// Created is the payload of order.created.
+type Created struct {
+	OrderID    string    `json:"order_id" bson:"order_id"`
+	CustomerID string    `json:"customer_id" bson:"customer_id"`
+	Currency   string    `json:"currency" bson:"currency"`
+	Items      []Item    `json:"items" bson:"items"`
+	Total      int64     `json:"total" bson:"total"`
+	CreatedAt  time.Time `json:"created_at" bson:"created_at"`
+}
+
+// Cancelled is the payload of order.cancelled.
+type Cancelled struct {
+	OrderID     string    `json:"order_id" bson:"order_id"`
+	CancelledAt time.Time `json:"cancelled_at" bson:"cancelled_at"`
+}
+
+// Event is a validated order event.
+type Event struct {
+	MessageID string
+	Type      string
+	OrderID   string
+	Version   int64
+	Created   *Created   // set for TypeCreated
+	Cancelled *Cancelled // set for TypeCancelled
+}
+
+// Applied is an event as recorded on its shipment.
+type Applied struct {
+	MessageID string    `json:"message_id"`
+	EventType string    `json:"event_type"`
+	Version   int64     `json:"version"`
+	AppliedAt time.Time `json:"applied_at"`
+}
+
+// Shipment is the state built from an order's applied events.
+type Shipment struct {
+	OrderID    string    `json:"order_id"`
+	Status     string    `json:"status"`
+	Version    int64     `json:"version"`
+	CustomerID string    `json:"customer_id,omitempty"`
+	Currency   string    `json:"currency,omitempty"`
+	Items      []Item    `json:"items,omitempty"`
+	Total      int64     `json:"total"`
+	Events     []Applied `json:"events"`
+}
+
+// Record is one applied event with its data, as a store keeps it.
+type Record struct {
+	Applied
+	Created   *Created
+	Cancelled *Cancelled
+}
+
+// Build folds an order's records, in version order, into its shipment.
+func Build(orderID string, records []Record) (Shipment, error) {
+	if len(records) == 0 {
+		return Shipment{}, ErrNotFound
+	}
+	s := Shipment{OrderID: orderID, Events: make([]Applied, 0, len(records))}
+	for i, r := range records {
+		if r.Version != int64(i+1) {
+			return Shipment{}, fmt.Errorf("shipment %s: record %d has version %d", orderID, i, r.Version)
+		}
+		switch {
+		case r.EventType == TypeCreated && r.Created != nil:
+			s.Status = StatusPending
+			s.CustomerID, s.Currency, s.Items, s.Total = r.Created.CustomerID, r.Created.Currency, r.Created.Items, r.Created.Total
+		case r.EventType == TypeCancelled:
+			s.Status = StatusCancelled
+		}
+		s.Version = r.Version
+		s.Events = append(s.Events, r.Applied)
+	}
+	return s, nil
+}

@@ -1,0 +1,94 @@
+// Command shipping consumes the order events and keeps one shipment per
+// order, applying each event exactly once in effect and in order.
+//
+//	go run ./services/shipping
+//
+// Environment (defaults work against this machine's local services):
+//
+//	AMQP_URL     amqp://guest:guest@127.0.0.1:5672/   (the path is the vhost)
+//	MONGO_URI    mongodb://127.0.0.1:27017            (the path is the database, default "shipping")
+//	HTTP_ADDR    127.0.0.1:8081
+//	LOG_LEVEL    info (debug, info, warn, error)
+//	CRASH_POINT, CRASH_AFTER  arm a crash point (internal/crashpoint), for the e2e suite
+//
+// Flags override the topology names and tuning; see -h. Without a MongoDB
+// server, `go run ./cmd/mongolocal` serves an embedded FerretDB on MONGO_URI.
+// SIGINT or SIGTERM stops it gracefully: in-flight deliveries finish and are
+// acked, the rest return to the queue.
+package main
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/outbox-inbox/reference/internal/crashpoint"
+	"github.com/outbox-inbox/reference/services/shipping/internal/app"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "shipping:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	cfg := app.Config{
+		AMQPURL:  cmp.Or(getenv("AMQP_URL"), "amqp://guest:guest@127.0.0.1:5672/"),
+		MongoURI: cmp.Or(getenv("MONGO_URI"), "mongodb://127.0.0.1:27017"),
+		HTTPAddr: cmp.Or(getenv("HTTP_ADDR"), "127.0.0.1:8081"),
+	}
+	fs := flag.NewFlagSet("shipping", flag.ContinueOnError)
+	fs.SetOutput(stdout)
+	t := &cfg.Topology
+	fs.StringVar(&t.Exchange, "exchange", "", "topic exchange of the order events (default orders.events)")
+	fs.StringVar(&t.Queue, "queue", "", "quorum queue consumed (default shipping.order-events)")
+	fs.StringVar(&t.BindingKey, "binding-key", "", "binding of the queue to the exchange (default order.*)")
+	fs.StringVar(&t.DeadLetterExchange, "dead-letter-exchange", "", "dead-letter exchange (default shipping.dlx)")
+	fs.StringVar(&t.DeadLetterQueue, "dead-letter-queue", "", "dead-letter queue (default <queue>.dlq)")
+	fs.StringVar(&t.DelayQueue, "delay-queue", "", "delay queue for deferred messages (default <queue>.delay)")
+	fs.DurationVar(&t.Delay, "delay", 0, "how long a deferred message waits (default 1s)")
+	fs.IntVar(&t.DeliveryLimit, "delivery-limit", 0, "x-delivery-limit of the queue (default 20)")
+	fs.IntVar(&cfg.Prefetch, "prefetch", 0, "consumer prefetch (default 32)")
+	fs.IntVar(&cfg.Concurrency, "concurrency", 0, "deliveries handled at once (default 8)")
+	fs.IntVar(&cfg.MaxAttempts, "max-attempts", 0, "handler failures before dead-lettering (default 5)")
+	fs.IntVar(&cfg.MaxDeferrals, "max-deferrals", 0, "waits for an earlier version before dead-lettering (default 300)")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(cmp.Or(getenv("LOG_LEVEL"), "info"))); err != nil {
+		return fmt.Errorf("LOG_LEVEL: %w", err)
+	}
+	cfg.Logger = slog.New(slog.NewJSONHandler(stdout, &slog.HandlerOptions{Level: level})).With("service", "shipping")
+
+	crash, err := crashpoint.FromEnv(getenv)
+	if err != nil {
+		return err
+	}
+	cfg.Crash = crash
+
+	a, err := app.New(cfg)
+	if err != nil {
+		return err
+	}
+	cfg.Logger.InfoContext(ctx, "listening", "http_addr", a.HTTPAddr())
+	return a.Run(ctx)
+}
