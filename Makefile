@@ -21,6 +21,9 @@ fmt-check:
 services:
 	bash deploy/local/ensure-services.sh
 
-## demo: run the orders service against the local services.
-demo: services
-	$(GO) run ./services/orders
+## demo: the whole system (guided tour: docs/demo.md). With a Docker engine:
+## docker compose up --build (deploy/docker-compose.yml); without one: local
+## processes against this machine's PostgreSQL and RabbitMQ and an embedded
+## FerretDB. Ctrl-C stops it; DEMO_LOAD=1 adds a load generator.
+demo:
+	GO=$(GO) bash deploy/demo.sh

@@ -1,0 +1,312 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"time"
+)
+
+// demo starts, watches and stops the processes.
+type demo struct {
+	cfg    config
+	term   *terminal
+	failed chan error
+
+	procs []*proc // in start order
+}
+
+func newDemo(cfg config, out io.Writer) *demo {
+	return &demo{cfg: cfg, term: &terminal{w: out}, failed: make(chan error, 8)}
+}
+
+const nameWidth = len("mongolocal")
+
+func (d *demo) say(format string, args ...any) {
+	d.term.println(fmt.Sprintf("%-*s | ", nameWidth, "demo") + fmt.Sprintf(format, args...))
+}
+
+// run starts everything, waits for ctx to end or a process to fail for good,
+// then stops everything.
+func (d *demo) run(ctx context.Context) (err error) {
+	if err := d.checkPortsFree(); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Join(d.cfg.StateDir, "run"), 0o755); err != nil {
+		return fmt.Errorf("create state directory: %w", err)
+	}
+	defer func() { err = errors.Join(err, d.stopAll()) }()
+
+	if err := d.startAll(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil // interrupted while starting: not a failure
+		}
+		return err
+	}
+	d.banner()
+	select {
+	case <-ctx.Done():
+		d.say("stopping (applications first, then the embedded MongoDB)")
+		return nil
+	case err := <-d.failed:
+		d.say("giving up: %v", err)
+		return err
+	}
+}
+
+// checkPortsFree fails early, with a clear message, when a previous demo (or
+// anything else) still holds one of the addresses.
+func (d *demo) checkPortsFree() error {
+	mongo, _ := mongoAddr(d.cfg.MongoURI)
+	for _, a := range []struct{ what, addr string }{
+		{"orders API", d.cfg.OrdersAddr}, {"shipping API", d.cfg.ShippingAddr},
+		{"standalone relay", d.cfg.RelayAddr}, {"embedded MongoDB", mongo},
+	} {
+		ln, err := net.Listen("tcp", a.addr)
+		if err != nil {
+			return fmt.Errorf("%s address %s is taken (is a demo already running? stop it with Ctrl-C): %w", a.what, a.addr, err)
+		}
+		_ = ln.Close()
+	}
+	return nil
+}
+
+func (d *demo) startAll(ctx context.Context) error {
+	bin := func(name string) string { return filepath.Join(d.cfg.BinDir, name) }
+	mongo, _ := mongoAddr(d.cfg.MongoURI)
+	ordersEnv := []string{
+		"DATABASE_URL=" + d.cfg.DatabaseURL,
+		"AMQP_URL=" + d.cfg.AMQPURL,
+	}
+
+	// The embedded MongoDB first: the shipping service needs it to start.
+	if err := d.startAndWait(ctx, procSpec{
+		name:    "mongolocal",
+		path:    bin("mongolocal"),
+		args:    []string{"-data-dir", filepath.Join(d.cfg.StateDir, "mongolocal")},
+		env:     []string{"MONGO_URI=" + d.cfg.MongoURI},
+		ready:   tcpReady(mongo),
+		restart: true,
+	}); err != nil {
+		return err
+	}
+
+	// Create the database and schema once, before two processes race to.
+	d.say("orders migrate: creating the database and schema if needed")
+	migrate := exec.CommandContext(ctx, bin("orders"), "migrate")
+	migrate.Env = append(os.Environ(), ordersEnv...)
+	migrate.Stdout = newPrefixer(d.term, "orders", nameWidth)
+	migrate.Stderr = migrate.Stdout
+	if err := migrate.Run(); err != nil {
+		return fmt.Errorf("orders migrate: %w", err)
+	}
+
+	// Shipping before orders: it declares the queue the relay's events are
+	// routed to (an event published before any queue exists is unroutable,
+	// and the relay retries it with backoff).
+	specs := []procSpec{
+		{
+			name:    "shipping",
+			path:    bin("shipping"),
+			env:     []string{"AMQP_URL=" + d.cfg.AMQPURL, "MONGO_URI=" + d.cfg.MongoURI, "HTTP_ADDR=" + d.cfg.ShippingAddr},
+			ready:   httpReady("http://" + d.cfg.ShippingAddr + "/readyz"),
+			restart: true,
+		},
+		{
+			name:    "orders",
+			path:    bin("orders"),
+			env:     append(slicesClone(ordersEnv), "HTTP_ADDR="+d.cfg.OrdersAddr),
+			ready:   httpReady("http://" + d.cfg.OrdersAddr + "/readyz"),
+			restart: true,
+		},
+		{
+			name:    "relay",
+			path:    bin("orders"),
+			args:    []string{"relay"},
+			env:     append(slicesClone(ordersEnv), "HTTP_ADDR="+d.cfg.RelayAddr),
+			ready:   httpReady("http://" + d.cfg.RelayAddr + "/readyz"),
+			restart: true,
+		},
+	}
+	for _, s := range specs {
+		if err := d.startAndWait(ctx, s); err != nil {
+			return err
+		}
+	}
+	if d.cfg.Load {
+		return d.startAndWait(ctx, procSpec{
+			name: "loadgen",
+			path: bin("loadgen"),
+			args: []string{"-url", "http://" + d.cfg.OrdersAddr, "-rate", fmt.Sprint(d.cfg.LoadRate), "-duration", "10m"},
+		})
+	}
+	return nil
+}
+
+func slicesClone(s []string) []string { return append([]string(nil), s...) }
+
+// startAndWait starts a process and waits until it is ready, it dies, or
+// ReadyTimeout passes.
+func (d *demo) startAndWait(ctx context.Context, s procSpec) error {
+	p := &proc{
+		spec:    s,
+		out:     newPrefixer(d.term, s.name, nameWidth),
+		pidFile: pidFilePath(d.cfg.StateDir, s.name),
+		failed:  d.failed,
+	}
+	if err := p.start(); err != nil {
+		return err
+	}
+	d.procs = append(d.procs, p)
+	if s.ready == nil {
+		return nil
+	}
+	rctx, cancel := context.WithTimeout(ctx, d.cfg.ReadyTimeout)
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() { errc <- s.ready(rctx) }()
+	select {
+	case err := <-errc:
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return fmt.Errorf("%s did not become ready within %s: %w", s.name, d.cfg.ReadyTimeout, err)
+		}
+		return nil
+	case <-p.running():
+		cancel()
+		<-errc
+		return fmt.Errorf("%s exited while starting (its output is above)", s.name)
+	}
+}
+
+// stopAll stops the load generator, then the services together, then the
+// embedded MongoDB they write to.
+func (d *demo) stopAll() error {
+	tiers := make([][]*proc, 3)
+	for _, p := range d.procs {
+		switch p.spec.name {
+		case "loadgen":
+			tiers[0] = append(tiers[0], p)
+		case "mongolocal":
+			tiers[2] = append(tiers[2], p)
+		default:
+			tiers[1] = append(tiers[1], p)
+		}
+	}
+	var mu sync.Mutex
+	var errs []error
+	for _, tier := range tiers {
+		var wg sync.WaitGroup
+		for _, p := range tier {
+			wg.Go(func() {
+				if err := p.stop(d.cfg.StopTimeout); err != nil {
+					mu.Lock()
+					errs = append(errs, err)
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+	}
+	if len(d.procs) > 0 {
+		d.say("all processes stopped")
+	}
+	return errors.Join(errs...)
+}
+
+func (d *demo) banner() {
+	pids := map[string]int{}
+	for _, p := range d.procs {
+		pids[p.spec.name] = p.pid()
+	}
+	run := filepath.Join(d.cfg.StateDir, "run")
+	lines := []string{
+		"",
+		"everything is up; Ctrl-C stops it all",
+		fmt.Sprintf("  orders API    http://%s        (API + relay, pid %d)", d.cfg.OrdersAddr, pids["orders"]),
+		fmt.Sprintf("  relay         http://%s        (standalone relay, pid %d)", d.cfg.RelayAddr, pids["relay"]),
+		fmt.Sprintf("  shipping API  http://%s        (pid %d)", d.cfg.ShippingAddr, pids["shipping"]),
+		fmt.Sprintf("  PostgreSQL    %s", redacted(d.cfg.DatabaseURL)),
+		fmt.Sprintf("  RabbitMQ      %s", redacted(d.cfg.AMQPURL)),
+		fmt.Sprintf("  MongoDB       %s  (embedded FerretDB, pid %d, data in %s)", d.cfg.MongoURI, pids["mongolocal"], filepath.Join(d.cfg.StateDir, "mongolocal")),
+		fmt.Sprintf("  pid files     %s", run),
+	}
+	if d.cfg.Load {
+		lines = append(lines, fmt.Sprintf("  load          %v orders/s for 10m (pid %d)", d.cfg.LoadRate, pids["loadgen"]))
+	}
+	lines = append(lines,
+		"",
+		"  try it:  curl -s -X POST http://"+d.cfg.OrdersAddr+"/orders -H 'Content-Type: application/json' \\",
+		`             -d '{"customer_id": "c-42", "currency": "EUR", "items": [{"sku": "sku-1", "quantity": 2, "unit_price": 1250}]}'`,
+		"  then:    curl -s http://"+d.cfg.ShippingAddr+"/shipments/ORDER_ID",
+		"  guided tour: docs/demo.md",
+		"",
+	)
+	for _, l := range lines {
+		d.say("%s", l)
+	}
+}
+
+// tcpReady waits until addr accepts TCP connections.
+func tcpReady(addr string) func(context.Context) error {
+	return func(ctx context.Context) error {
+		var dialer net.Dialer
+		return poll(ctx, func() error {
+			c, err := dialer.DialContext(ctx, "tcp", addr)
+			if err == nil {
+				_ = c.Close()
+			}
+			return err
+		})
+	}
+}
+
+// httpReady waits until url answers 2xx.
+func httpReady(url string) func(context.Context) error {
+	return func(ctx context.Context) error {
+		// No keep-alive: a probe leaves no idle connection (and goroutine) behind.
+		client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+		return poll(ctx, func() error {
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+			if err != nil {
+				return err
+			}
+			resp, err := client.Do(req)
+			if err != nil {
+				return err
+			}
+			_ = resp.Body.Close()
+			if resp.StatusCode/100 != 2 {
+				return fmt.Errorf("GET %s: %s", url, resp.Status)
+			}
+			return nil
+		})
+	}
+}
+
+// poll calls try every 100ms until it succeeds or ctx ends, and returns the
+// last error then.
+func poll(ctx context.Context, try func() error) error {
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		err := try()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (last: %v)", ctx.Err(), err)
+		case <-t.C:
+		}
+	}
+}

@@ -1,0 +1,202 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// The test binary doubles as the supervised process: with DEMO_TEST_CHILD set
+// it behaves as the named child instead of running the tests.
+func init() {
+	switch os.Getenv("DEMO_TEST_CHILD") {
+	case "":
+		return
+	case "graceful": // a service: runs until SIGTERM, then exits 0
+		sig := make(chan os.Signal, 1)
+		signal.Notify(sig, syscall.SIGTERM, os.Interrupt)
+		fmt.Println("child: serving")
+		<-sig
+		fmt.Println("child: stopped")
+		os.Exit(0)
+	case "stubborn": // ignores SIGTERM
+		signal.Ignore(syscall.SIGTERM)
+		fmt.Println("child: ignoring SIGTERM")
+		time.Sleep(time.Minute)
+		os.Exit(0)
+	case "crash": // dies at once
+		fmt.Println("child: crashing")
+		os.Exit(3)
+	}
+}
+
+// syncBuffer is an io.Writer several goroutines write to.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func newTestProc(t *testing.T, child string, restart bool) (*proc, *syncBuffer, chan error) {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := &syncBuffer{}
+	failed := make(chan error, 1)
+	p := &proc{
+		spec: procSpec{
+			name:    child,
+			path:    exe,
+			args:    []string{"-test.run=^$"},
+			env:     []string{"DEMO_TEST_CHILD=" + child},
+			restart: restart,
+		},
+		out:     out,
+		pidFile: t.TempDir() + "/" + child + ".pid",
+		failed:  failed,
+	}
+	return p, out, failed
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func readPid(t *testing.T, path string) int {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	return pid
+}
+
+func alive(pid int) bool { return syscall.Kill(pid, 0) == nil }
+
+// A process killed with SIGKILL comes back with a new pid (and pid file);
+// stop then ends it with SIGTERM, cleanly, and removes the pid file.
+func TestProcRestartsAKilledProcessAndStopsGracefully(t *testing.T) {
+	t.Parallel()
+	p, out, failed := newTestProc(t, "graceful", true)
+	if err := p.start(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "first start", func() bool { return strings.Contains(out.String(), "child: serving") })
+	first := p.pid()
+	if got := readPid(t, p.pidFile); got != first {
+		t.Fatalf("pid file says %d, process is %d", got, first)
+	}
+
+	if err := syscall.Kill(first, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "restart", func() bool { return p.pid() != first && strings.Count(out.String(), "child: serving") == 2 })
+	second := p.pid()
+	if got := readPid(t, p.pidFile); got != second {
+		t.Fatalf("pid file says %d after restart, process is %d", got, second)
+	}
+	if !strings.Contains(out.String(), "died: signal: killed; restarting") {
+		t.Fatalf("the restart was not reported:\n%s", out.String())
+	}
+
+	if err := p.stop(10 * time.Second); err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+	if !strings.Contains(out.String(), "child: stopped") {
+		t.Fatalf("the child did not get SIGTERM:\n%s", out.String())
+	}
+	if alive(second) {
+		t.Fatalf("pid %d still alive after stop", second)
+	}
+	if _, err := os.Stat(p.pidFile); !os.IsNotExist(err) {
+		t.Fatalf("pid file left behind: %v", err)
+	}
+	select {
+	case err := <-failed:
+		t.Fatalf("unexpected failure: %v", err)
+	default:
+	}
+}
+
+func TestProcKillsAProcessThatIgnoresSIGTERM(t *testing.T) {
+	t.Parallel()
+	p, out, _ := newTestProc(t, "stubborn", true)
+	if err := p.start(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "start", func() bool { return strings.Contains(out.String(), "ignoring SIGTERM") })
+	pid := p.pid()
+	err := p.stop(300 * time.Millisecond)
+	if err == nil || !strings.Contains(err.Error(), "did not stop within 300ms of SIGTERM; killed") {
+		t.Fatalf("stop = %v, want the kill reported", err)
+	}
+	if alive(pid) {
+		t.Fatalf("pid %d still alive", pid)
+	}
+}
+
+func TestProcGivesUpOnACrashLoop(t *testing.T) {
+	t.Parallel()
+	p, out, failed := newTestProc(t, "crash", true)
+	if err := p.start(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-failed:
+		if !strings.Contains(err.Error(), "died 3 times in a row") || !strings.Contains(err.Error(), "exit status 3") {
+			t.Fatalf("failure = %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("no failure reported for a crash loop:\n%s", out.String())
+	}
+	if err := p.stop(time.Second); err != nil {
+		t.Fatalf("stop after giving up: %v", err)
+	}
+}
+
+// A process that is not restarted (the load generator) is reported when it
+// exits, and its exit is not a failure of the demo.
+func TestProcNotRestartedIsReportedOnly(t *testing.T) {
+	t.Parallel()
+	p, out, failed := newTestProc(t, "crash", false)
+	if err := p.start(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "exit report", func() bool { return strings.Contains(out.String(), "exit status 3; not restarted") })
+	if err := p.stop(time.Second); err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+	select {
+	case err := <-failed:
+		t.Fatalf("unexpected failure: %v", err)
+	default:
+	}
+}
