@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/outbox-inbox/reference/internal/crashpoint"
+	"github.com/outbox-inbox/reference/internal/logfmt"
 	"github.com/outbox-inbox/reference/pkg/outbox"
 	"github.com/outbox-inbox/reference/services/orders/internal/config"
 	"github.com/outbox-inbox/reference/services/orders/internal/httpapi"
@@ -24,7 +25,7 @@ import (
 )
 
 func newLogger(cfg config.Config, w io.Writer) *slog.Logger {
-	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: cfg.LogLevel})).With("service", "orders")
+	return logfmt.New(w, cfg.LogLevel, "orders")
 }
 
 func migrate(ctx context.Context, getenv func(string) string, stdout io.Writer) error {

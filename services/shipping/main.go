@@ -30,6 +30,7 @@ import (
 	"syscall"
 
 	"github.com/outbox-inbox/reference/internal/crashpoint"
+	"github.com/outbox-inbox/reference/internal/logfmt"
 	"github.com/outbox-inbox/reference/services/shipping/internal/app"
 )
 
@@ -77,7 +78,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	if err := level.UnmarshalText([]byte(cmp.Or(getenv("LOG_LEVEL"), "info"))); err != nil {
 		return fmt.Errorf("LOG_LEVEL: %w", err)
 	}
-	cfg.Logger = slog.New(slog.NewJSONHandler(stdout, &slog.HandlerOptions{Level: level})).With("service", "shipping")
+	cfg.Logger = logfmt.New(stdout, level, "shipping")
 
 	crash, err := crashpoint.FromEnv(getenv)
 	if err != nil {
