@@ -1,0 +1,474 @@
+package chaos
+
+import (
+	"cmp"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Event types of the orders service (docs/events.md).
+const (
+	EventCreated   = "order.created"
+	EventCancelled = "order.cancelled"
+)
+
+// Order statuses (the orders API's `status`).
+const (
+	StatusCreated   = "created"
+	StatusCancelled = "cancelled"
+)
+
+// CommittedOrder is an order row found in PostgreSQL after the run.
+type CommittedOrder struct {
+	ID string `json:"id"`
+	// Key is the order's customer_id, which the workload sets to the create's
+	// Idempotency-Key.
+	Key     string `json:"key"`
+	Status  string `json:"status"`
+	Version int64  `json:"version"`
+}
+
+// CommittedEvent is an outbox row (pending, published or dead-lettered)
+// found in PostgreSQL after the run.
+type CommittedEvent struct {
+	// MessageID is the outbox id in decimal, the message's AMQP MessageId.
+	MessageID string `json:"message_id"`
+	OrderID   string `json:"order_id"`
+	Version   int64  `json:"version"`
+	Type      string `json:"type"`
+	// DeadLettered: the relay gave up on the row. The suite never asks for
+	// that, so such an event counts as lost.
+	DeadLettered bool `json:"dead_lettered,omitempty"`
+}
+
+// AppliedEvent is one entry of a shipment's `events`, in applied order.
+type AppliedEvent struct {
+	MessageID string `json:"message_id"`
+	EventType string `json:"event_type"`
+	Version   int64  `json:"version"`
+}
+
+// Shipment is what the shipping service reports for an order.
+type Shipment struct {
+	OrderID string         `json:"order_id"`
+	Status  string         `json:"status"`
+	Events  []AppliedEvent `json:"events"`
+}
+
+// DeadLetter is a message found in the shipping consumer's dead-letter queue.
+type DeadLetter struct {
+	// PoisonID is the message's PoisonHeader, empty for a message the suite
+	// did not inject.
+	PoisonID   string `json:"poison_id,omitempty"`
+	MessageID  string `json:"message_id,omitempty"`
+	RoutingKey string `json:"routing_key,omitempty"`
+	// Reason is why the consumer dead-lettered the message.
+	Reason string `json:"reason"`
+}
+
+// FinalState is what the system holds after the run was healed and drained.
+type FinalState struct {
+	Orders      []CommittedOrder
+	Events      []CommittedEvent
+	Shipments   []Shipment
+	DeadLetters []DeadLetter
+	// DuplicatesDelivered counts messages the consumers received again after
+	// their effect was recorded, and skipped (the inbox's duplicates).
+	DuplicatesDelivered int64
+}
+
+// RunInfo is what the checker needs to know about the run besides its
+// history and final state.
+type RunInfo struct {
+	Seed     int64
+	Profile  string
+	Provider string
+	// Drained: every committed event reached shipping before the deadline.
+	Drained bool
+	// DrainTime is the time from the end of the last fault to the drain.
+	DrainTime   time.Duration
+	DrainBudget time.Duration
+	// RequireKinds are the fault kinds that must have been injected.
+	RequireKinds []FaultKind
+	// RequireDuplicates makes I4 require at least one absorbed duplicate.
+	RequireDuplicates bool
+}
+
+// Violation is one broken invariant.
+type Violation struct {
+	Invariant string `json:"invariant"` // I1 ... I6, or "coverage"
+	Kind      string `json:"kind"`
+	OrderID   string `json:"order_id,omitempty"`
+	MessageID string `json:"message_id,omitempty"`
+	Detail    string `json:"detail"`
+}
+
+func (v Violation) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s %s", v.Invariant, v.Kind)
+	if v.OrderID != "" {
+		fmt.Fprintf(&b, " order=%s", v.OrderID)
+	}
+	if v.MessageID != "" {
+		fmt.Fprintf(&b, " message=%s", v.MessageID)
+	}
+	return b.String() + ": " + v.Detail
+}
+
+// MaxReportedViolations bounds Report.Violations; ViolationCount has them all.
+const MaxReportedViolations = 200
+
+// Report is the checker's verdict, written as JSON.
+type Report struct {
+	Seed     int64  `json:"seed"`
+	Profile  string `json:"profile"`
+	Provider string `json:"provider"`
+	OK       bool   `json:"ok"`
+
+	OrdersAcknowledged  int `json:"orders_acknowledged"`
+	OrdersFailed        int `json:"orders_failed"`
+	OrdersUnknown       int `json:"orders_unknown"`
+	CancelsAcknowledged int `json:"cancels_acknowledged"`
+	CancelsFailed       int `json:"cancels_failed"`
+	CancelsUnknown      int `json:"cancels_unknown"`
+	OrdersCommitted     int `json:"orders_committed"`
+	EventsCommitted     int `json:"events_committed"`
+	EffectsApplied      int `json:"effects_applied"`
+
+	// I1
+	AcknowledgedNotCommitted int `json:"acknowledged_not_committed"`
+	FailedButCommitted       int `json:"failed_but_committed"`
+	// I2
+	Lost             int `json:"lost"`
+	DuplicateEffects int `json:"duplicate_effects"`
+	UnknownEffects   int `json:"unknown_effects"`
+	// I3
+	OutOfOrder int `json:"out_of_order"`
+	// I4
+	DuplicatesDelivered int64 `json:"duplicates_delivered"`
+	// I5
+	Drained            bool    `json:"drained"`
+	DrainSeconds       float64 `json:"drain_seconds"`
+	DrainBudgetSeconds float64 `json:"drain_budget_seconds"`
+	// I6
+	DeadLetters           int `json:"dead_letters"`
+	DeadLettersExpected   int `json:"dead_letters_expected"`
+	UnexpectedDeadLetters int `json:"unexpected_dead_letters"`
+	MissingDeadLetters    int `json:"missing_dead_letters"`
+	// DeadLetterCopies counts extra copies of an expected dead letter:
+	// dead-lettering is at-least-once, so a consumer killed between the
+	// dead-letter publish and its ack may dead-letter a poison message twice.
+	DeadLetterCopies int `json:"dead_letter_copies"`
+
+	FaultsInjected    map[FaultKind]int `json:"faults_injected"`
+	FaultsTotal       int               `json:"faults_total"`
+	MissingFaultKinds []FaultKind       `json:"missing_fault_kinds,omitempty"`
+
+	ViolationCount int         `json:"violation_count"`
+	Violations     []Violation `json:"violations"`
+}
+
+// Check verifies invariants I1-I6 (GUIDE section 5) over a run's history and
+// final state. It is pure: same input, same report.
+func Check(h History, s FinalState, run RunInfo) Report {
+	c := checker{r: Report{
+		Seed: run.Seed, Profile: run.Profile, Provider: run.Provider,
+		OrdersCommitted: len(s.Orders), EventsCommitted: len(s.Events),
+		DuplicatesDelivered: s.DuplicatesDelivered,
+		Drained:             run.Drained,
+		DrainSeconds:        run.DrainTime.Seconds(),
+		DrainBudgetSeconds:  run.DrainBudget.Seconds(),
+		FaultsInjected:      h.FaultCounts(),
+		FaultsTotal:         len(h.Faults),
+		Violations:          []Violation{},
+	}}
+	c.ordersAcknowledged(h, s) // I1
+	c.eventsApplied(h, s)      // I2, I3
+	c.duplicates(run)          // I4
+	c.drain(run)               // I5
+	c.deadLetters(h, s)        // I6
+	c.coverage(h, run)
+	c.r.OK = c.r.ViolationCount == 0
+	return c.r
+}
+
+type checker struct{ r Report }
+
+func (c *checker) violate(v Violation) {
+	c.r.ViolationCount++
+	if len(c.r.Violations) < MaxReportedViolations {
+		c.r.Violations = append(c.r.Violations, v)
+	}
+}
+
+// I1: every acknowledged order (and cancel) is committed; nothing reported
+// failed was committed. Also: each committed order carries exactly the events
+// its state implies, written in the same transaction.
+func (c *checker) ordersAcknowledged(h History, s FinalState) {
+	byID := make(map[string]CommittedOrder, len(s.Orders))
+	byKey := make(map[string][]CommittedOrder, len(s.Orders))
+	for _, o := range s.Orders {
+		byID[o.ID] = o
+		byKey[o.Key] = append(byKey[o.Key], o)
+	}
+	for _, key := range slices.Sorted(maps.Keys(byKey)) {
+		if os := byKey[key]; key != "" && len(os) > 1 {
+			c.violate(Violation{Invariant: "I1", Kind: "idempotency_broken", OrderID: os[0].ID,
+				Detail: fmt.Sprintf("%d orders committed for Idempotency-Key %q", len(os), key)})
+		}
+	}
+	for _, op := range h.Ops {
+		switch op.Kind {
+		case OpCreate:
+			c.checkCreate(op, byID, byKey)
+		case OpCancel:
+			c.checkCancel(op, byID)
+		}
+	}
+
+	events := make(map[string][]CommittedEvent)
+	for _, e := range s.Events {
+		events[e.OrderID] = append(events[e.OrderID], e)
+	}
+	for _, o := range s.Orders {
+		want := []string{EventCreated}
+		if o.Status == StatusCancelled {
+			want = append(want, EventCancelled)
+		}
+		got := events[o.ID]
+		slices.SortFunc(got, func(a, b CommittedEvent) int { return cmp.Compare(a.Version, b.Version) })
+		var desc []string
+		ok := len(got) == len(want) && int64(len(want)) == o.Version
+		for i, e := range got {
+			desc = append(desc, fmt.Sprintf("v%d %s", e.Version, e.Type))
+			ok = ok && i < len(want) && e.Type == want[i] && e.Version == int64(i+1)
+		}
+		if !ok {
+			c.violate(Violation{Invariant: "I1", Kind: "order_events_mismatch", OrderID: o.ID,
+				Detail: fmt.Sprintf("order is %s at version %d but its outbox holds [%s]", o.Status, o.Version, strings.Join(desc, ", "))})
+		}
+		delete(events, o.ID)
+	}
+	for _, id := range slices.Sorted(maps.Keys(events)) {
+		c.violate(Violation{Invariant: "I1", Kind: "event_without_order", OrderID: id,
+			Detail: fmt.Sprintf("%d outbox events for an order that was never committed", len(events[id]))})
+	}
+}
+
+func (c *checker) checkCreate(op Op, byID map[string]CommittedOrder, byKey map[string][]CommittedOrder) {
+	switch op.Outcome {
+	case OutcomeOK:
+		c.r.OrdersAcknowledged++
+		o, ok := byID[op.OrderID]
+		switch {
+		case !ok:
+			c.r.AcknowledgedNotCommitted++
+			c.violate(Violation{Invariant: "I1", Kind: "acknowledged_not_committed", OrderID: op.OrderID,
+				Detail: fmt.Sprintf("create %q was answered %d but no such order is committed", op.Key, op.Status)})
+		case o.Key != op.Key:
+			c.violate(Violation{Invariant: "I1", Kind: "wrong_order_returned", OrderID: op.OrderID,
+				Detail: fmt.Sprintf("create %q was answered with the order of %q", op.Key, o.Key)})
+		}
+	case OutcomeFailed:
+		c.r.OrdersFailed++
+		if os := byKey[op.Key]; len(os) > 0 {
+			c.r.FailedButCommitted++
+			c.violate(Violation{Invariant: "I1", Kind: "failed_but_committed", OrderID: os[0].ID,
+				Detail: fmt.Sprintf("create %q was refused (HTTP %d: %s) but its order is committed", op.Key, op.Status, op.Err)})
+		}
+	default:
+		c.r.OrdersUnknown++
+	}
+}
+
+func (c *checker) checkCancel(op Op, byID map[string]CommittedOrder) {
+	o, committed := byID[op.OrderID]
+	cancelled := committed && o.Status == StatusCancelled
+	switch op.Outcome {
+	case OutcomeOK:
+		c.r.CancelsAcknowledged++
+		if !cancelled {
+			c.r.AcknowledgedNotCommitted++
+			c.violate(Violation{Invariant: "I1", Kind: "acknowledged_cancel_not_committed", OrderID: op.OrderID,
+				Detail: fmt.Sprintf("cancel was answered %d but the order is %q", op.Status, o.Status)})
+		}
+	case OutcomeFailed:
+		c.r.CancelsFailed++
+		if cancelled {
+			c.r.FailedButCommitted++
+			c.violate(Violation{Invariant: "I1", Kind: "failed_but_committed", OrderID: op.OrderID,
+				Detail: fmt.Sprintf("cancel was refused (HTTP %d: %s) but the order is cancelled", op.Status, op.Err)})
+		}
+	default:
+		c.r.CancelsUnknown++
+	}
+}
+
+// I2: each committed event has exactly one effect. I3: per order, effects in
+// version order, from 1, without gaps.
+func (c *checker) eventsApplied(h History, s FinalState) {
+	type applied struct {
+		orderID string
+		event   AppliedEvent
+	}
+	times := make(map[string]int)
+	var firsts []applied
+	shipments := slices.Clone(s.Shipments)
+	slices.SortFunc(shipments, func(a, b Shipment) int { return cmp.Compare(a.OrderID, b.OrderID) })
+	for _, sh := range shipments {
+		for _, e := range sh.Events {
+			c.r.EffectsApplied++
+			times[e.MessageID]++
+			if times[e.MessageID] == 1 {
+				firsts = append(firsts, applied{sh.OrderID, e})
+			}
+		}
+	}
+
+	committed := make(map[string]CommittedEvent, len(s.Events))
+	events := slices.Clone(s.Events)
+	slices.SortFunc(events, func(a, b CommittedEvent) int {
+		return cmp.Or(cmp.Compare(a.OrderID, b.OrderID), cmp.Compare(a.Version, b.Version))
+	})
+	for _, e := range events {
+		committed[e.MessageID] = e
+		n := times[e.MessageID]
+		switch {
+		case e.DeadLettered:
+			c.r.Lost++
+			c.violate(Violation{Invariant: "I2", Kind: "lost", OrderID: e.OrderID, MessageID: e.MessageID,
+				Detail: fmt.Sprintf("v%d %s was dead-lettered by the relay", e.Version, e.Type)})
+		case n == 0:
+			c.r.Lost++
+			c.violate(Violation{Invariant: "I2", Kind: "lost", OrderID: e.OrderID, MessageID: e.MessageID,
+				Detail: fmt.Sprintf("v%d %s was committed but never applied by shipping", e.Version, e.Type)})
+		case n > 1:
+			c.r.DuplicateEffects += n - 1
+			c.violate(Violation{Invariant: "I2", Kind: "duplicate_effect", OrderID: e.OrderID, MessageID: e.MessageID,
+				Detail: fmt.Sprintf("v%d %s was applied %d times", e.Version, e.Type, n)})
+		}
+	}
+	for _, a := range firsts {
+		e, ok := committed[a.event.MessageID]
+		switch {
+		case !ok:
+			c.r.UnknownEffects++
+			c.violate(Violation{Invariant: "I2", Kind: "unknown_effect", OrderID: a.orderID, MessageID: a.event.MessageID,
+				Detail: fmt.Sprintf("shipping applied %s v%d, which is no committed event", a.event.EventType, a.event.Version)})
+		case e.OrderID != a.orderID || e.Type != a.event.EventType || e.Version != a.event.Version:
+			c.r.UnknownEffects++
+			c.violate(Violation{Invariant: "I2", Kind: "corrupted_effect", OrderID: a.orderID, MessageID: a.event.MessageID,
+				Detail: fmt.Sprintf("applied as %s v%d on order %s, committed as %s v%d on order %s",
+					a.event.EventType, a.event.Version, a.orderID, e.Type, e.Version, e.OrderID)})
+		}
+	}
+
+	// I3, on each shipment's first application of each message.
+	for _, sh := range shipments {
+		seen := make(map[string]bool)
+		var versions []string
+		inOrder := true
+		next := int64(1)
+		for _, e := range sh.Events {
+			if seen[e.MessageID] {
+				continue // a duplicate, counted by I2
+			}
+			seen[e.MessageID] = true
+			versions = append(versions, fmt.Sprintf("v%d %s", e.Version, e.EventType))
+			inOrder = inOrder && e.Version == next && (e.Version != 1 || e.EventType == EventCreated)
+			next++
+		}
+		if !inOrder {
+			c.r.OutOfOrder++
+			c.violate(Violation{Invariant: "I3", Kind: "out_of_order", OrderID: sh.OrderID,
+				Detail: "applied " + strings.Join(versions, ", ") + "; want versions 1, 2, ... starting with " + EventCreated})
+		}
+	}
+}
+
+// I4: the run made the inbox work.
+func (c *checker) duplicates(run RunInfo) {
+	if run.RequireDuplicates && c.r.DuplicatesDelivered == 0 {
+		c.violate(Violation{Invariant: "I4", Kind: "no_duplicates",
+			Detail: "no duplicate delivery was absorbed: the run did not exercise the inbox"})
+	}
+}
+
+// I5: the system drained within the budget after the last fault.
+func (c *checker) drain(run RunInfo) {
+	switch {
+	case !run.Drained:
+		c.violate(Violation{Invariant: "I5", Kind: "not_drained",
+			Detail: fmt.Sprintf("committed events still without effect %.1fs after the last fault", run.DrainTime.Seconds())})
+	case run.DrainTime > run.DrainBudget:
+		c.violate(Violation{Invariant: "I5", Kind: "drain_too_slow",
+			Detail: fmt.Sprintf("drained in %.1fs, budget %.1fs", run.DrainTime.Seconds(), run.DrainBudget.Seconds())})
+	}
+}
+
+// I6: the dead letters are exactly the injected poison messages, each with a
+// reason; an unknown event type is not among them.
+func (c *checker) deadLetters(h History, s FinalState) {
+	c.r.DeadLetters = len(s.DeadLetters)
+	poison := make(map[string]Poison, len(h.Poison))
+	for _, p := range h.Poison {
+		poison[p.ID] = p
+		if p.Kind.ExpectDeadLetter() {
+			c.r.DeadLettersExpected++
+		}
+	}
+	found := make(map[string]int)
+	for _, d := range s.DeadLetters {
+		p, injected := poison[d.PoisonID]
+		switch {
+		case !injected:
+			c.r.UnexpectedDeadLetters++
+			c.violate(Violation{Invariant: "I6", Kind: "unexpected_dead_letter", MessageID: d.MessageID,
+				Detail: fmt.Sprintf("%q was dead-lettered (reason %q) but is no injected poison", d.RoutingKey, d.Reason)})
+			continue
+		case !p.Kind.ExpectDeadLetter():
+			c.r.UnexpectedDeadLetters++
+			c.violate(Violation{Invariant: "I6", Kind: "unexpected_dead_letter", MessageID: d.MessageID,
+				Detail: fmt.Sprintf("poison %s (%s) must be acknowledged and logged, not dead-lettered (reason %q)", p.ID, p.Kind, d.Reason)})
+			continue
+		case strings.TrimSpace(d.Reason) == "":
+			c.violate(Violation{Invariant: "I6", Kind: "dead_letter_without_reason", MessageID: d.MessageID,
+				Detail: fmt.Sprintf("poison %s (%s) was dead-lettered without a reason", p.ID, p.Kind)})
+		}
+		if found[p.ID]++; found[p.ID] > 1 {
+			c.r.DeadLetterCopies++
+		}
+	}
+	for _, p := range h.Poison {
+		if p.Kind.ExpectDeadLetter() && found[p.ID] == 0 {
+			c.r.MissingDeadLetters++
+			c.violate(Violation{Invariant: "I6", Kind: "missing_dead_letter", MessageID: p.MessageID,
+				Detail: fmt.Sprintf("poison %s (%s) is not in the dead-letter queue", p.ID, p.Kind)})
+		}
+	}
+}
+
+// coverage: the run injected what it was asked to.
+func (c *checker) coverage(h History, run RunInfo) {
+	c.r.MissingFaultKinds = h.MissingFaultKinds(run.RequireKinds)
+	for _, k := range c.r.MissingFaultKinds {
+		c.violate(Violation{Invariant: "coverage", Kind: "fault_not_injected", Detail: string(k) + " was never injected"})
+	}
+}
+
+// Summary is the report in one line.
+func (r Report) Summary() string {
+	verdict := "PASS"
+	if !r.OK {
+		verdict = "FAIL(" + strconv.Itoa(r.ViolationCount) + " violations)"
+	}
+	return fmt.Sprintf("chaos %s: seed=%d profile=%s provider=%q acknowledged=%d committed=%d events=%d effects=%d "+
+		"lost=%d duplicate_effects=%d out_of_order=%d duplicates_delivered=%d dead_letters=%d/%d faults=%d drain=%.1fs/%.0fs",
+		verdict, r.Seed, r.Profile, r.Provider, r.OrdersAcknowledged, r.OrdersCommitted, r.EventsCommitted, r.EffectsApplied,
+		r.Lost, r.DuplicateEffects, r.OutOfOrder, r.DuplicatesDelivered, r.DeadLetters, r.DeadLettersExpected,
+		r.FaultsTotal, r.DrainSeconds, r.DrainBudgetSeconds)
+}

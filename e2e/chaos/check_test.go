@@ -1,0 +1,338 @@
+package chaos
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// baseline is a correct run: three orders (one cancelled, one created by a
+// create whose outcome stayed unknown), a refused create, four poison
+// messages, a duplicate absorbed, every required fault injected.
+func baseline() (History, FinalState, RunInfo) {
+	t0 := time.Date(2026, 11, 29, 22, 0, 0, 0, time.UTC)
+	h := History{
+		Ops: []Op{
+			{Kind: OpCreate, Key: "k1", OrderID: "o1", Outcome: OutcomeOK, Status: 201},
+			{Kind: OpCreate, Key: "k2", OrderID: "o2", Outcome: OutcomeOK, Status: 201},
+			{Kind: OpCancel, OrderID: "o2", Outcome: OutcomeOK, Status: 200},
+			{Kind: OpCreate, Key: "k3", Outcome: OutcomeUnknown},
+			{Kind: OpCreate, Key: "k4", Outcome: OutcomeFailed, Status: 422},
+			{Kind: OpCreate, Key: "k5", Outcome: OutcomeUnknown}, // never committed: fine too
+		},
+		Faults: []Fault{
+			{Kind: FaultKillRelay, Target: "relay-1", Start: t0, End: t0},
+			{Kind: FaultBrokerProxyDown, Target: TargetAMQPShipping, Start: t0, End: t0.Add(2 * time.Second)},
+		},
+		Poison: []Poison{
+			{ID: "p1", Kind: PoisonMalformed, MessageID: "poison-p1"},
+			{ID: "p2", Kind: PoisonMissingMessageID},
+			{ID: "p3", Kind: PoisonUnknownType, MessageID: "poison-p3"},
+			{ID: "p4", Kind: PoisonOversize, MessageID: "poison-p4"},
+		},
+	}
+	s := FinalState{
+		Orders: []CommittedOrder{
+			{ID: "o1", Key: "k1", Status: StatusCreated, Version: 1},
+			{ID: "o2", Key: "k2", Status: StatusCancelled, Version: 2},
+			{ID: "o3", Key: "k3", Status: StatusCreated, Version: 1},
+		},
+		Events: []CommittedEvent{
+			{MessageID: "1", OrderID: "o1", Version: 1, Type: EventCreated},
+			{MessageID: "2", OrderID: "o2", Version: 1, Type: EventCreated},
+			{MessageID: "3", OrderID: "o3", Version: 1, Type: EventCreated},
+			{MessageID: "4", OrderID: "o2", Version: 2, Type: EventCancelled},
+		},
+		Shipments: []Shipment{
+			{OrderID: "o1", Status: "pending", Events: []AppliedEvent{{"1", EventCreated, 1}}},
+			{OrderID: "o2", Status: "cancelled", Events: []AppliedEvent{{"2", EventCreated, 1}, {"4", EventCancelled, 2}}},
+			{OrderID: "o3", Status: "pending", Events: []AppliedEvent{{"3", EventCreated, 1}}},
+		},
+		DeadLetters: []DeadLetter{
+			{PoisonID: "p1", MessageID: "poison-p1", Reason: "malformed payload"},
+			{PoisonID: "p2", Reason: "missing message id"},
+			{PoisonID: "p4", MessageID: "poison-p4", Reason: "message too large"},
+		},
+		DuplicatesDelivered: 3,
+	}
+	run := RunInfo{
+		Seed: 42, Profile: "short", Provider: "test",
+		Drained: true, DrainTime: 3 * time.Second, DrainBudget: time.Minute,
+		RequireKinds:      []FaultKind{FaultKillRelay, FaultBrokerProxyDown},
+		RequireDuplicates: true,
+	}
+	return h, s, run
+}
+
+func TestCheckPassesACorrectRun(t *testing.T) {
+	h, s, run := baseline()
+	r := Check(h, s, run)
+	if !r.OK || r.ViolationCount != 0 {
+		t.Fatalf("Check of a correct run: %d violations: %v", r.ViolationCount, r.Violations)
+	}
+	want := Report{
+		OrdersAcknowledged: 2, OrdersFailed: 1, OrdersUnknown: 2, CancelsAcknowledged: 1,
+		OrdersCommitted: 3, EventsCommitted: 4, EffectsApplied: 4,
+		DuplicatesDelivered: 3, DeadLetters: 3, DeadLettersExpected: 3, FaultsTotal: 2,
+	}
+	got := Report{
+		OrdersAcknowledged: r.OrdersAcknowledged, OrdersFailed: r.OrdersFailed, OrdersUnknown: r.OrdersUnknown,
+		CancelsAcknowledged: r.CancelsAcknowledged, OrdersCommitted: r.OrdersCommitted,
+		EventsCommitted: r.EventsCommitted, EffectsApplied: r.EffectsApplied,
+		DuplicatesDelivered: r.DuplicatesDelivered, DeadLetters: r.DeadLetters,
+		DeadLettersExpected: r.DeadLettersExpected, FaultsTotal: r.FaultsTotal,
+	}
+	gotJSON, _ := json.Marshal(got)
+	wantJSON, _ := json.Marshal(want)
+	if string(gotJSON) != string(wantJSON) {
+		t.Errorf("counts:\n got %s\nwant %s", gotJSON, wantJSON)
+	}
+	if r.FaultsInjected[FaultBrokerProxyDown] != 1 || r.FaultsInjected[FaultKillRelay] != 1 {
+		t.Errorf("FaultsInjected = %v", r.FaultsInjected)
+	}
+	if !strings.HasPrefix(r.Summary(), "chaos PASS: seed=42 ") {
+		t.Errorf("Summary() = %q", r.Summary())
+	}
+}
+
+// TestCheckCatchesEachBug breaks a correct run in one way per case and checks
+// the checker reports exactly that, in the right invariant and counter.
+func TestCheckCatchesEachBug(t *testing.T) {
+	tests := []struct {
+		name      string
+		break_    func(h *History, s *FinalState, run *RunInfo)
+		invariant string
+		kind      string
+		counter   func(Report) int
+	}{
+		{
+			name: "lost event",
+			break_: func(_ *History, s *FinalState, _ *RunInfo) {
+				s.Shipments[0].Events = nil // o1's created never applied
+			},
+			invariant: "I2", kind: "lost", counter: func(r Report) int { return r.Lost },
+		},
+		{
+			name: "event dead-lettered by the relay",
+			break_: func(_ *History, s *FinalState, _ *RunInfo) {
+				s.Events[0].DeadLettered = true
+				s.Shipments[0].Events = nil
+			},
+			invariant: "I2", kind: "lost", counter: func(r Report) int { return r.Lost },
+		},
+		{
+			name: "doubled effect",
+			break_: func(_ *History, s *FinalState, _ *RunInfo) {
+				s.Shipments[2].Events = append(s.Shipments[2].Events, AppliedEvent{"3", EventCreated, 1})
+			},
+			invariant: "I2", kind: "duplicate_effect", counter: func(r Report) int { return r.DuplicateEffects },
+		},
+		{
+			name: "effect of no committed event",
+			break_: func(_ *History, s *FinalState, _ *RunInfo) {
+				s.Shipments[0].Events = append(s.Shipments[0].Events, AppliedEvent{"poison-p3", "order.shipped", 2})
+			},
+			invariant: "I2", kind: "unknown_effect", counter: func(r Report) int { return r.UnknownEffects },
+		},
+		{
+			name: "cancel applied before create",
+			break_: func(_ *History, s *FinalState, _ *RunInfo) {
+				e := s.Shipments[1].Events
+				e[0], e[1] = e[1], e[0]
+			},
+			invariant: "I3", kind: "out_of_order", counter: func(r Report) int { return r.OutOfOrder },
+		},
+		{
+			name: "acknowledged but not committed",
+			break_: func(_ *History, s *FinalState, _ *RunInfo) {
+				s.Orders = s.Orders[1:] // o1 answered 201, then vanished with its event and shipment
+				s.Events = s.Events[1:]
+				s.Shipments = s.Shipments[1:]
+			},
+			invariant: "I1", kind: "acknowledged_not_committed", counter: func(r Report) int { return r.AcknowledgedNotCommitted },
+		},
+		{
+			name: "acknowledged cancel not committed",
+			break_: func(_ *History, s *FinalState, _ *RunInfo) {
+				s.Orders[1].Status, s.Orders[1].Version = StatusCreated, 1
+				s.Events = slices.Delete(s.Events, 3, 4)
+				s.Shipments[1].Events = s.Shipments[1].Events[:1]
+			},
+			invariant: "I1", kind: "acknowledged_cancel_not_committed", counter: func(r Report) int { return r.AcknowledgedNotCommitted },
+		},
+		{
+			name: "refused but committed",
+			break_: func(_ *History, s *FinalState, _ *RunInfo) {
+				s.Orders = append(s.Orders, CommittedOrder{ID: "o4", Key: "k4", Status: StatusCreated, Version: 1})
+				s.Events = append(s.Events, CommittedEvent{MessageID: "5", OrderID: "o4", Version: 1, Type: EventCreated})
+				s.Shipments = append(s.Shipments, Shipment{OrderID: "o4", Events: []AppliedEvent{{"5", EventCreated, 1}}})
+			},
+			invariant: "I1", kind: "failed_but_committed", counter: func(r Report) int { return r.FailedButCommitted },
+		},
+		{
+			name: "order committed without its event",
+			break_: func(_ *History, s *FinalState, _ *RunInfo) {
+				s.Events = s.Events[:3] // o2 is cancelled but its order.cancelled is not in the outbox
+				s.Shipments[1].Events = s.Shipments[1].Events[:1]
+			},
+			invariant: "I1", kind: "order_events_mismatch", counter: func(r Report) int { return r.ViolationCount },
+		},
+		{
+			name: "one key, two orders",
+			break_: func(_ *History, s *FinalState, _ *RunInfo) {
+				s.Orders = append(s.Orders, CommittedOrder{ID: "o9", Key: "k3", Status: StatusCreated, Version: 1})
+				s.Events = append(s.Events, CommittedEvent{MessageID: "9", OrderID: "o9", Version: 1, Type: EventCreated})
+				s.Shipments = append(s.Shipments, Shipment{OrderID: "o9", Events: []AppliedEvent{{"9", EventCreated, 1}}})
+			},
+			invariant: "I1", kind: "idempotency_broken", counter: func(r Report) int { return r.ViolationCount },
+		},
+		{
+			name: "no duplicate delivered",
+			break_: func(_ *History, s *FinalState, _ *RunInfo) {
+				s.DuplicatesDelivered = 0
+			},
+			invariant: "I4", kind: "no_duplicates", counter: func(r Report) int { return r.ViolationCount },
+		},
+		{
+			name: "drain over budget",
+			break_: func(_ *History, _ *FinalState, run *RunInfo) {
+				run.DrainTime = 2 * time.Minute
+			},
+			invariant: "I5", kind: "drain_too_slow", counter: func(r Report) int { return r.ViolationCount },
+		},
+		{
+			name: "never drained",
+			break_: func(_ *History, _ *FinalState, run *RunInfo) {
+				run.Drained = false
+			},
+			invariant: "I5", kind: "not_drained", counter: func(r Report) int { return r.ViolationCount },
+		},
+		{
+			name: "real event wrongly dead-lettered",
+			break_: func(_ *History, s *FinalState, _ *RunInfo) {
+				s.DeadLetters = append(s.DeadLetters, DeadLetter{MessageID: "3", RoutingKey: EventCreated, Reason: "handler failed"})
+			},
+			invariant: "I6", kind: "unexpected_dead_letter", counter: func(r Report) int { return r.UnexpectedDeadLetters },
+		},
+		{
+			name: "unknown event type dead-lettered",
+			break_: func(_ *History, s *FinalState, _ *RunInfo) {
+				s.DeadLetters = append(s.DeadLetters, DeadLetter{PoisonID: "p3", MessageID: "poison-p3", Reason: "unknown type"})
+			},
+			invariant: "I6", kind: "unexpected_dead_letter", counter: func(r Report) int { return r.UnexpectedDeadLetters },
+		},
+		{
+			name: "poison not dead-lettered",
+			break_: func(_ *History, s *FinalState, _ *RunInfo) {
+				s.DeadLetters = s.DeadLetters[1:]
+			},
+			invariant: "I6", kind: "missing_dead_letter", counter: func(r Report) int { return r.MissingDeadLetters },
+		},
+		{
+			name: "dead letter without a reason",
+			break_: func(_ *History, s *FinalState, _ *RunInfo) {
+				s.DeadLetters[2].Reason = " "
+			},
+			invariant: "I6", kind: "dead_letter_without_reason", counter: func(r Report) int { return r.ViolationCount },
+		},
+		{
+			name: "required fault never injected",
+			break_: func(_ *History, _ *FinalState, run *RunInfo) {
+				run.RequireKinds = append(run.RequireKinds, FaultMongoRestart)
+			},
+			invariant: "coverage", kind: "fault_not_injected", counter: func(r Report) int { return len(r.MissingFaultKinds) },
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h, s, run := baseline()
+			tt.break_(&h, &s, &run)
+			r := Check(h, s, run)
+			if r.OK {
+				t.Fatal("Check reported OK")
+			}
+			if tt.counter(r) == 0 {
+				t.Errorf("counter for %s is 0", tt.kind)
+			}
+			found := false
+			for _, v := range r.Violations {
+				if v.Invariant == tt.invariant && v.Kind == tt.kind {
+					found = true
+				}
+			}
+			if !found {
+				t.Errorf("no %s %s violation in %v", tt.invariant, tt.kind, r.Violations)
+			}
+			if !strings.HasPrefix(r.Summary(), "chaos FAIL(") {
+				t.Errorf("Summary() = %q", r.Summary())
+			}
+		})
+	}
+}
+
+func TestCheckToleratesWhatIsCorrect(t *testing.T) {
+	tests := []struct {
+		name   string
+		change func(h *History, s *FinalState)
+	}{
+		{"a poison dead-lettered twice (at-least-once dead-lettering)", func(_ *History, s *FinalState) {
+			s.DeadLetters = append(s.DeadLetters, s.DeadLetters[0])
+		}},
+		{"an unknown create never committed", func(h *History, s *FinalState) {
+			h.Ops = append(h.Ops, Op{Kind: OpCreate, Key: "k6", Outcome: OutcomeUnknown})
+		}},
+		{"an unknown cancel that did commit", func(h *History, s *FinalState) {
+			h.Ops[2].Outcome = OutcomeUnknown
+		}},
+		{"an unknown cancel that did not commit", func(h *History, s *FinalState) {
+			h.Ops = append(h.Ops, Op{Kind: OpCancel, OrderID: "o1", Outcome: OutcomeUnknown})
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h, s, run := baseline()
+			tt.change(&h, &s)
+			if r := Check(h, s, run); !r.OK {
+				t.Errorf("Check: %v", r.Violations)
+			}
+		})
+	}
+}
+
+func TestCheckBoundsReportedViolations(t *testing.T) {
+	h, s, run := baseline()
+	for i := range MaxReportedViolations + 10 {
+		s.DeadLetters = append(s.DeadLetters, DeadLetter{MessageID: string(rune('a' + i%26)), Reason: "x"})
+	}
+	r := Check(h, s, run)
+	if len(r.Violations) != MaxReportedViolations || r.ViolationCount != MaxReportedViolations+10 {
+		t.Errorf("got %d reported of %d; want %d of %d", len(r.Violations), r.ViolationCount, MaxReportedViolations, MaxReportedViolations+10)
+	}
+}
+
+func TestWriteReport(t *testing.T) {
+	h, s, run := baseline()
+	path := filepath.Join(t.TempDir(), "sub", "report.json")
+	if err := WriteReport(path, Check(h, s, run)); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatalf("report is not JSON: %v", err)
+	}
+	for _, key := range []string{"orders_acknowledged", "orders_committed", "events_committed", "effects_applied",
+		"lost", "duplicate_effects", "out_of_order", "duplicates_delivered", "dead_letters", "faults_injected",
+		"drain_seconds", "seed"} {
+		if _, ok := m[key]; !ok {
+			t.Errorf("report has no %q", key)
+		}
+	}
+}

@@ -1,0 +1,219 @@
+package chaos
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// fakeOrders is an orders API that keeps orders in memory, honours
+// Idempotency-Key, and misbehaves on purpose: it answers some requests with a
+// 503 before doing anything, commits some and then drops the connection (the
+// client cannot know), and answers the rest.
+type fakeOrders struct {
+	mu       sync.Mutex
+	n        int
+	byKey    map[string]string // key -> order id
+	status   map[string]string // order id -> status
+	requests int
+}
+
+func newFakeOrders() *fakeOrders {
+	return &fakeOrders{byKey: map[string]string{}, status: map[string]string{}}
+}
+
+func (f *fakeOrders) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.requests++
+	mode := f.requests % 3 // 0: 503 before commit, 1: commit then drop, 2: answer
+	if mode == 0 {
+		http.Error(w, `{"error":{"code":"unavailable"}}`, http.StatusServiceUnavailable)
+		return
+	}
+	var id string
+	code := http.StatusOK
+	switch {
+	case r.Method == http.MethodPost && r.URL.Path == "/orders":
+		var body createBody
+		if err := json.NewDecoder(r.Body).Decode(&body); err != nil || body.CustomerID != r.Header.Get("Idempotency-Key") {
+			http.Error(w, "bad body", http.StatusBadRequest)
+			return
+		}
+		key := r.Header.Get("Idempotency-Key")
+		if id = f.byKey[key]; id == "" {
+			f.n++
+			id = fmt.Sprintf("order-%d", f.n)
+			f.byKey[key], f.status[id] = id, StatusCreated
+		}
+		code = http.StatusCreated
+	case r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/cancel"):
+		id = strings.TrimSuffix(strings.TrimPrefix(r.URL.Path, "/orders/"), "/cancel")
+		if f.status[id] == "" {
+			http.Error(w, "not found", http.StatusNotFound)
+			return
+		}
+		f.status[id] = StatusCancelled
+	default:
+		http.Error(w, "no route", http.StatusNotFound)
+		return
+	}
+	if mode == 1 {
+		panic(http.ErrAbortHandler) // committed, but the client sees the connection drop
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(map[string]string{"id": id, "status": f.status[id]})
+}
+
+func TestWorkloadRetriesUntilAcknowledged(t *testing.T) {
+	fake := newFakeOrders()
+	srv := httptest.NewServer(fake)
+	defer srv.Close()
+
+	var rec Recorder
+	w, err := NewWorkload(WorkloadConfig{
+		BaseURL: srv.URL, Recorder: &rec, KeyPrefix: "t", Clients: 3, Rate: 200, CancelRatio: 1, Seed: 1,
+		AttemptTimeout: time.Second, OpTimeout: 10 * time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
+	defer cancel()
+	if err := w.Run(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	h := rec.History()
+	fake.mu.Lock()
+	defer fake.mu.Unlock()
+	var creates, cancels, retried int
+	for _, op := range h.Ops {
+		if op.Outcome != OutcomeOK {
+			t.Errorf("%+v: want ok, the fake answers every third attempt", op)
+			continue
+		}
+		if op.Attempts > 1 {
+			retried++
+		}
+		switch op.Kind {
+		case OpCreate:
+			creates++
+			if fake.byKey[op.Key] != op.OrderID {
+				t.Errorf("create %s acknowledged as %s, the server holds %q", op.Key, op.OrderID, fake.byKey[op.Key])
+			}
+		case OpCancel:
+			cancels++
+			if fake.status[op.OrderID] != StatusCancelled {
+				t.Errorf("cancel of %s acknowledged, the server has it %q", op.OrderID, fake.status[op.OrderID])
+			}
+		}
+	}
+	if creates < 5 || cancels == 0 || retried == 0 {
+		t.Errorf("got %d creates, %d cancels, %d retried; want several of each", creates, cancels, retried)
+	}
+	if len(fake.byKey) != creates {
+		t.Errorf("server holds %d orders for %d acknowledged creates: a retry made a second order", len(fake.byKey), creates)
+	}
+}
+
+func TestWorkloadOutcomes(t *testing.T) {
+	tests := []struct {
+		name    string
+		handler http.HandlerFunc
+		want    Outcome
+	}{
+		{"refused", func(w http.ResponseWriter, _ *http.Request) {
+			http.Error(w, `{"error":{"code":"invalid_field"}}`, http.StatusUnprocessableEntity)
+		}, OutcomeFailed},
+		{"always unavailable", func(w http.ResponseWriter, _ *http.Request) {
+			http.Error(w, "down", http.StatusServiceUnavailable)
+		}, OutcomeUnknown},
+		{"too many requests", func(w http.ResponseWriter, _ *http.Request) {
+			http.Error(w, "slow down", http.StatusTooManyRequests)
+		}, OutcomeUnknown},
+		{"created without an id", func(w http.ResponseWriter, _ *http.Request) {
+			w.WriteHeader(http.StatusCreated)
+			_, _ = w.Write([]byte(`{}`))
+		}, OutcomeUnknown},
+		{"hangs", func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.Copy(io.Discard, r.Body) // so the server notices the client hanging up
+			select {
+			case <-r.Context().Done():
+			case <-time.After(5 * time.Second):
+			}
+		}, OutcomeUnknown},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			srv := httptest.NewServer(tt.handler)
+			defer srv.Close()
+			var rec Recorder
+			w, err := NewWorkload(WorkloadConfig{
+				BaseURL: srv.URL, Recorder: &rec, KeyPrefix: "t", Clients: 1, Rate: 20,
+				AttemptTimeout: 50 * time.Millisecond, OpTimeout: 300 * time.Millisecond,
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+			defer cancel()
+			_ = w.Run(ctx)
+			h := rec.History()
+			if len(h.Ops) == 0 {
+				t.Fatal("no operation recorded")
+			}
+			for _, op := range h.Ops {
+				if op.Outcome != tt.want || op.Kind != OpCreate || op.End.Before(op.Start) {
+					t.Errorf("%+v: want a create with outcome %s", op, tt.want)
+				}
+				if tt.want == OutcomeUnknown && op.Attempts < 2 {
+					t.Errorf("%+v: gave up without retrying", op)
+				}
+			}
+		})
+	}
+}
+
+func TestNewWorkloadRejectsBadConfig(t *testing.T) {
+	var rec Recorder
+	ok := WorkloadConfig{BaseURL: "http://127.0.0.1:1", Recorder: &rec, KeyPrefix: "run-1"}
+	tests := []struct {
+		name   string
+		change func(*WorkloadConfig)
+	}{
+		{"no URL", func(c *WorkloadConfig) { c.BaseURL = "" }},
+		{"not http", func(c *WorkloadConfig) { c.BaseURL = "ftp://x" }},
+		{"no recorder", func(c *WorkloadConfig) { c.Recorder = nil }},
+		{"no prefix", func(c *WorkloadConfig) { c.KeyPrefix = "" }},
+		{"prefix with a space", func(c *WorkloadConfig) { c.KeyPrefix = "a b" }},
+		{"prefix too long", func(c *WorkloadConfig) { c.KeyPrefix = strings.Repeat("k", 65) }},
+		{"negative clients", func(c *WorkloadConfig) { c.Clients = -1 }},
+		{"cancel ratio above one", func(c *WorkloadConfig) { c.CancelRatio = 1.5 }},
+		{"op timeout below attempt timeout", func(c *WorkloadConfig) { c.AttemptTimeout, c.OpTimeout = time.Second, time.Millisecond }},
+	}
+	if _, err := NewWorkload(ok); err != nil {
+		t.Fatalf("valid config: %v", err)
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := ok
+			tt.change(&cfg)
+			if _, err := NewWorkload(cfg); err == nil || !strings.HasPrefix(err.Error(), "workload: ") {
+				t.Errorf("err = %v, want a workload: error", err)
+			}
+		})
+	}
+}

@@ -1,0 +1,140 @@
+// Package e2e is the end-to-end chaos suite: it runs the real services as
+// processes, breaks everything they depend on while clients use them, and
+// checks afterwards that no order and no event was lost, duplicated or
+// reordered (invariants I1-I6 of GUIDE section 5).
+//
+// # What runs
+//
+// TestChaos builds the service binaries once per test binary (go build of
+// ./services/orders, ./services/shipping and ./cmd/mongolocal into a
+// temporary directory) and starts, for one run:
+//
+//   - the orders API (RELAY=false) and two standalone relays (`orders
+//     relay`, woken across processes by LISTEN/NOTIFY), against the run's
+//     own PostgreSQL database, on a PostgreSQL cluster of the run's own
+//     (initdb in a temporary directory, postgres as a child process run as
+//     the postgres user) so that a fault can restart it, or on
+//     TEST_DATABASE_URL's server where that cannot be done (no initdb, no
+//     postgres user, CHAOS_OWN_POSTGRES=false; the restart fault is then
+//     left out and the log says so);
+//   - two shipping consumers, against the run's own MongoDB database;
+//   - MongoDB: cmd/mongolocal (embedded FerretDB, SQLite backend, no
+//     transactions: the inbox's standalone mode) as a process that a fault
+//     can kill and start again on the same port and data; or, where a Docker
+//     engine answers, a single-node MongoDB replica set in a container
+//     (testcontainers-go; the inbox's transaction mode);
+//   - an embedded toxiproxy (github.com/Shopify/toxiproxy/v2, inside the test
+//     process, on 127.0.0.1) between the orders side and RabbitMQ, between
+//     shipping and RabbitMQ, and between shipping and MongoDB.
+//
+// Each run has its own PostgreSQL database (and cluster), RabbitMQ vhost
+// (rabbitmqctl add_vhost and set_permissions, delete_vhost in cleanup) and
+// MongoDB database, all named chaos_<random>, so runs and other packages'
+// tests never see each other's data.
+//
+// # What it does
+//
+// A workload of concurrent clients creates orders with an Idempotency-Key
+// (sent again on every retry, and also used as the order's customer_id so a
+// committed order names the request that made it) and cancels some of them,
+// at once or a little later. Each operation is retried on transport errors,
+// timeouts and 5xx until it gets an answer or gives up, and is recorded as
+// ok, failed (a 4xx) or unknown.
+//
+// Meanwhile a fault plan, drawn from the seed (chaos.NewPlan), injects every
+// fault kind at least once at random times:
+//
+//   - SIGKILL of the orders API, a relay or a shipping consumer, restarted
+//     after a pause;
+//   - deterministic crash points (CRASH_POINT, internal/crashpoint): the
+//     target is restarted armed and kills itself at
+//     orders.after_commit_before_response, relay.after_publish_before_mark,
+//     shipping.after_effect_before_inbox or shipping.after_inbox_before_ack,
+//     then runs unarmed again;
+//   - broker outages through toxiproxy: proxy disabled, reset_peer, latency,
+//     timeout (bytes swallowed until removed);
+//   - rabbitmqctl close_all_connections --vhost V: the broker itself cuts the
+//     run's connections;
+//   - rabbitmqctl stop_app / start_app, long profile only (see below);
+//   - pg_terminate_backend of every session on the run's database;
+//   - the run's PostgreSQL cluster stopped immediately (SIGQUIT to the
+//     postmaster, which is what pg_ctl -m immediate sends: no checkpoint,
+//     crash recovery at the next start) and started again;
+//   - MongoDB outage: the FerretDB process (or the container) killed and
+//     started again, and a toxiproxy cut in front of it;
+//   - poison messages published straight to the exchange: malformed JSON,
+//     no MessageId, an unknown event type, a body over shipping's limit.
+//     All but the unknown type must end in shipping's dead-letter queue with
+//     a reason; the unknown type is acknowledged and logged.
+//
+// Then it heals everything and waits for the drain: nothing pending in the
+// outbox and no message ready or unacknowledged in shipping's queues (main
+// and delay), on two polls in a row. Nothing can reach shipping after that,
+// so a committed event without its effect is lost, not late; the drain time
+// (invariant I5) runs from the end of the load or of the last fault,
+// whichever is later. It then reads the final state: orders and outbox rows
+// from PostgreSQL; every applied event from shipping's MongoDB collection in
+// one query (asking GET /shipments/{id} for each of thousands of orders takes
+// minutes on FerretDB), cross-checked against the API for a sample of orders
+// and for every poison message's fake order; the dead-letter queue's
+// contents; and the duplicates shipping absorbed (its
+// shipping_events_duplicate_total counter, scraped every second from each
+// consumer and summed over restarts). chaos.Check turns history and state
+// into the report, written as JSON and summed up in one line.
+//
+// TestChaosCheckerSeesTampering proves the suite can fail: after a calm run
+// it deletes an applied event from MongoDB, adds an effect of no committed
+// event, copies a real event into the dead-letter queue and deletes an
+// acknowledged order from PostgreSQL, and requires the report to show each.
+//
+// # Restoring the machine
+//
+// Every fault is healed by the step that injected it, again by a deferred
+// heal in the test, and again in t.Cleanup (broker app started, proxies
+// closed, processes stopped, database dropped or the run's own cluster
+// removed, vhost deleted). The test also stops itself 90 seconds before go
+// test's -timeout, whose panic would skip all cleanups; and while the broker
+// app is stopped, an interrupt (SIGINT, SIGTERM) starts it before the test
+// binary exits. Service processes (PostgreSQL and FerretDB included) run in
+// their own process group with Pdeathsig, so a crashed test binary leaves
+// none behind.
+//
+// The broker app restart stops the broker for every client on this machine,
+// and `make test` runs other packages' tests against the same broker at the
+// same time. So the short profile leaves it out and breaks the broker only
+// for the run's own connections (toxiproxy, and close_all_connections on
+// its vhost); the long profile (make chaos, run alone) includes it, as does
+// CHAOS_BROKER_RESTART=true.
+//
+// # Running
+//
+//	go test -race -count=1 -v ./e2e/...                                            # short profile, ~2.5 min
+//	CHAOS_PROFILE=long go test -race -count=1 -v -run '^TestChaos$' -timeout 60m ./e2e/  # make chaos, ~15 min
+//
+// Environment:
+//
+//	CHAOS_PROFILE        short (default) or long
+//	CHAOS_SEED           the plan's seed; random when unset, always logged and reported
+//	CHAOS_DURATION       load duration, overriding the profile's (e.g. 3m)
+//	CHAOS_FAULTS         number of faults, at least one per kind
+//	CHAOS_BROKER_RESTART true/false: add or remove the broker app restart
+//	CHAOS_PROVIDER       auto (default), local or testcontainers
+//	CHAOS_REPORT         report path (default e2e/chaos-report.json)
+//	CHAOS_RACE_SERVICES  true builds the services with -race too
+//	CHAOS_KEEP_LOGS      true keeps the process logs (kept anyway on failure)
+//	CHAOS_OWN_POSTGRES   false runs on TEST_DATABASE_URL's server, without the restart fault
+//	TEST_DATABASE_URL, TEST_AMQP_URL   as for every test of the repository
+//
+// Requirements: RabbitMQ at TEST_AMQP_URL managed by this machine's
+// rabbitmqctl (vhosts, close_all_connections, stop_app act on the local
+// node), and PostgreSQL's initdb and postgres binaries with a postgres user,
+// or TEST_DATABASE_URL's server. Without RabbitMQ or PostgreSQL the tests
+// skip, and fail under CI=true.
+//
+// The first lines of the test's log name the seed and the provider
+// ("provider: local processes + embedded FerretDB" or "provider:
+// testcontainers"); the last one is the report's one-line summary.
+//
+// The pure parts (history, fault plan, workload client, checker, report)
+// live in package chaos, unit-tested without any service.
+package e2e

@@ -1,0 +1,375 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-inbox/reference/e2e/chaos"
+)
+
+// injector carries out a fault plan against a cluster and records each fault
+// it injected. Faults on one resource (a process, a proxy, the broker, the
+// database, MongoDB) never overlap; faults on different ones may.
+type injector struct {
+	c      *cluster
+	rec    *chaos.Recorder
+	poison *poisoner
+	logf   func(format string, args ...any)
+
+	mu    sync.Mutex
+	locks map[string]*sync.Mutex
+}
+
+func newInjector(c *cluster, rec *chaos.Recorder, poison *poisoner, logf func(string, ...any)) *injector {
+	return &injector{c: c, rec: rec, poison: poison, logf: logf, locks: make(map[string]*sync.Mutex)}
+}
+
+func (in *injector) lock(resource string) func() {
+	in.mu.Lock()
+	m, ok := in.locks[resource]
+	if !ok {
+		m = new(sync.Mutex)
+		in.locks[resource] = m
+	}
+	in.mu.Unlock()
+	m.Lock()
+	return m.Unlock
+}
+
+// resource is what a step disturbs, for serialising steps.
+func resource(s chaos.Step) string {
+	switch s.Kind {
+	case chaos.FaultBrokerCloseConnections, chaos.FaultBrokerAppRestart:
+		return "broker"
+	case chaos.FaultPostgresKillSessions, chaos.FaultPostgresRestart:
+		return "postgres"
+	case chaos.FaultMongoRestart, chaos.FaultMongoProxyDown:
+		return "mongo"
+	}
+	if _, ok := s.Kind.PoisonKind(); ok {
+		return "poison"
+	}
+	return s.Target
+}
+
+// run carries out plan, each step at start+At, and returns when all are done
+// (or ctx ended). Errors are logged and returned joined: a fault that could
+// not be injected is a harness failure, not a system one.
+func (in *injector) run(ctx context.Context, start time.Time, plan []chaos.Step) error {
+	var wg sync.WaitGroup
+	errs := make([]error, len(plan))
+	for i, s := range plan {
+		wg.Go(func() {
+			t := time.NewTimer(time.Until(start.Add(s.At)))
+			defer t.Stop()
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			unlock := in.lock(resource(s))
+			defer unlock()
+			if ctx.Err() != nil {
+				return
+			}
+			if err := in.inject(ctx, s); err != nil && ctx.Err() == nil {
+				errs[i] = fmt.Errorf("%v: %w", s, err)
+				in.logf("fault %v: %v", s, err)
+			}
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// inject carries out one step, holding an outage for s.Hold, and records it.
+func (in *injector) inject(ctx context.Context, s chaos.Step) error {
+	f := chaos.Fault{Kind: s.Kind, Target: s.Target, Start: time.Now()}
+	record := func(detail string) {
+		f.End, f.Detail = time.Now(), detail
+		in.rec.Fault(f)
+		in.logf("fault %s%s %s (%.1fs)", s.Kind, onTarget(s.Target), detail, f.End.Sub(f.Start).Seconds())
+	}
+	if point, ok := s.Kind.CrashPoint(); ok {
+		return in.crashPoint(ctx, s, point, &f, record)
+	}
+	if kind, ok := s.Kind.PoisonKind(); ok {
+		p, err := in.poison.publish(ctx, kind)
+		if err != nil {
+			return err
+		}
+		in.rec.Poison(p)
+		record("published " + p.ID)
+		return nil
+	}
+	switch s.Kind {
+	case chaos.FaultKillOrders, chaos.FaultKillRelay, chaos.FaultKillShipping:
+		p, ok := in.c.procs[s.Target]
+		if !ok {
+			return fmt.Errorf("no process %q", s.Target)
+		}
+		inc := p.kill()
+		if inc == nil {
+			// Between a crash of its own and the supervisor's restart.
+			if err := p.ensureRunning(); err != nil {
+				return err
+			}
+			if inc = p.kill(); inc == nil {
+				return fmt.Errorf("%s was not running", s.Target)
+			}
+		}
+		sleep(ctx, s.Hold)
+		if err := p.ensureRunning(); err != nil {
+			return err
+		}
+		record(fmt.Sprintf("SIGKILL #%d, down %v", inc.n, s.Hold.Round(time.Millisecond)))
+	case chaos.FaultBrokerProxyDown, chaos.FaultMongoProxyDown:
+		name := s.Target
+		if s.Kind == chaos.FaultMongoProxyDown {
+			name = proxyMongo
+		}
+		if err := in.c.toxi.disable(name); err != nil {
+			return err
+		}
+		sleep(ctx, s.Hold)
+		if err := in.c.toxi.enable(name); err != nil {
+			return err
+		}
+		record("proxy disabled")
+	case chaos.FaultBrokerProxyResetPeer:
+		return in.toxic(ctx, s, "reset_peer", map[string]any{"timeout": 0}, record)
+	case chaos.FaultBrokerProxyLatency:
+		return in.toxic(ctx, s, "latency", map[string]any{"latency": 400, "jitter": 200}, record)
+	case chaos.FaultBrokerProxyTimeout:
+		return in.toxic(ctx, s, "timeout", map[string]any{"timeout": 0}, record)
+	case chaos.FaultBrokerCloseConnections:
+		if err := rabbitmqctl(ctx, "close_all_connections", "--vhost", in.c.vhost, "chaos: broker_close_connections"); err != nil {
+			return err
+		}
+		record("every connection of vhost " + in.c.vhost + " closed by the broker")
+	case chaos.FaultBrokerAppRestart:
+		return in.brokerAppRestart(ctx, s, record)
+	case chaos.FaultPostgresKillSessions:
+		n, err := in.killSessions(ctx)
+		if err != nil {
+			return err
+		}
+		record(strconv.Itoa(n) + " sessions terminated")
+	case chaos.FaultPostgresRestart:
+		if in.c.pg == nil {
+			return errors.New("the run has no PostgreSQL cluster of its own to restart")
+		}
+		if in.c.pg.stopImmediately() == nil {
+			return errors.New("own PostgreSQL was not running")
+		}
+		sleep(ctx, s.Hold)
+		startCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+		defer cancel()
+		if err := in.c.pg.start(startCtx); err != nil {
+			return err
+		}
+		record("stopped immediately (SIGQUIT, like pg_ctl -m immediate), started again after crash recovery")
+	case chaos.FaultMongoRestart:
+		if err := in.c.mongo.stop(ctx); err != nil {
+			return err
+		}
+		sleep(ctx, s.Hold)
+		// Restart with a context of its own: a fault is always healed.
+		startCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+		defer cancel()
+		if err := in.c.mongo.start(startCtx); err != nil {
+			return err
+		}
+		if err := in.c.toxi.setUpstream(proxyMongo, in.c.mongo.addr()); err != nil {
+			return err
+		}
+		record("server killed and started again on the same data")
+	default:
+		return fmt.Errorf("unknown fault kind %q", s.Kind)
+	}
+	return nil
+}
+
+func onTarget(target string) string {
+	if target == "" {
+		return ""
+	}
+	return " on " + target
+}
+
+// toxic adds a toxic to both directions of the target proxy for s.Hold.
+func (in *injector) toxic(ctx context.Context, s chaos.Step, typ string, attrs map[string]any, record func(string)) error {
+	name := fmt.Sprintf("chaos_%s_%d", typ, time.Now().UnixNano())
+	for _, stream := range []string{"upstream", "downstream"} {
+		if err := in.c.toxi.addToxic(s.Target, name+"_"+stream, typ, stream, attrs); err != nil {
+			return err
+		}
+	}
+	sleep(ctx, s.Hold)
+	var errs []error
+	for _, stream := range []string{"upstream", "downstream"} {
+		errs = append(errs, in.c.toxi.removeToxic(context.WithoutCancel(ctx), s.Target, name+"_"+stream))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	record(fmt.Sprintf("%s toxic %v", typ, attrs))
+	return nil
+}
+
+// crashPoint restarts the target with CRASH_POINT armed and waits for it to
+// die there; the supervisor then restarts it unarmed. A point not reached in
+// time is disarmed and reported, not recorded.
+func (in *injector) crashPoint(ctx context.Context, s chaos.Step, point string, f *chaos.Fault, record func(string)) error {
+	p, ok := in.c.procs[s.Target]
+	if !ok {
+		return fmt.Errorf("no process %q", s.Target)
+	}
+	var (
+		inc *incarnation
+		err error
+	)
+	for range 3 { // the supervisor may restart it between our stop and start
+		p.stop()
+		if inc, err = p.start("CRASH_POINT="+point, "CRASH_AFTER="+strconv.Itoa(s.CrashAfter)); err == nil {
+			break
+		}
+	}
+	if err != nil {
+		return err
+	}
+	f.Start = time.Now()
+	const reach = 45 * time.Second
+	t := time.NewTimer(reach)
+	defer t.Stop()
+	// The armed incarnation, or one restarted armed after it failed for
+	// another reason (a dependency down at its start), fires.
+	fired := func() *incarnation {
+		for cur := inc; ; {
+			select {
+			case <-cur.fired:
+				return cur
+			case <-ctx.Done():
+				return nil
+			case <-t.C:
+				return nil
+			case <-cur.done:
+				if isDone(cur.fired) {
+					return cur
+				}
+				// Died otherwise: follow the supervisor's armed restart.
+				time.Sleep(50 * time.Millisecond)
+				if next := p.current(); next != nil && next.point == point {
+					cur = next
+				} else if next != nil {
+					return nil
+				}
+			}
+		}
+	}()
+	if fired == nil {
+		// Disarm: whatever happens, the process runs unarmed after this step.
+		p.stop()
+		if err := p.ensureRunning(); err != nil {
+			return err
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		return fmt.Errorf("crash point %s not reached %d times in %v on %s", point, s.CrashAfter, reach, s.Target)
+	}
+	// The supervisor restarts it after its restart delay.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if cur := p.current(); cur != nil && cur.n > fired.n {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s not restarted after its crash point", s.Target)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	record(fmt.Sprintf("died at %s (CRASH_AFTER=%d), restarted", point, s.CrashAfter))
+	return nil
+}
+
+// brokerAppRestart stops the whole broker application and starts it again.
+// The restoration is deferred and also in the cluster's cleanup.
+func (in *injector) brokerAppRestart(ctx context.Context, s chaos.Step, record func(string)) error {
+	c := in.c
+	// An interrupt (Ctrl-C, go test's own signal) would end the test binary
+	// without any cleanup while the broker is down: while it is, the signal
+	// starts the broker app first, then exits.
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	restored := make(chan struct{})
+	var watcher sync.WaitGroup
+	watcher.Go(func() {
+		select {
+		case sig := <-sigs:
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			c.restoreBroker(ctx)
+			fmt.Fprintf(os.Stderr, "e2e: %v during a broker app restart: broker app started again, exiting\n", sig)
+			os.Exit(2)
+		case <-restored:
+		}
+	})
+	defer func() {
+		signal.Stop(sigs)
+		close(restored)
+		watcher.Wait()
+	}()
+
+	c.brokerM.Lock()
+	c.stopped = true
+	err := rabbitmqctl(ctx, "stop_app")
+	c.brokerM.Unlock()
+	defer c.restoreBroker(context.WithoutCancel(ctx))
+	if err != nil {
+		return err
+	}
+	sleep(ctx, s.Hold)
+	restoreCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+	defer cancel()
+	c.restoreBroker(restoreCtx)
+	record("rabbitmqctl stop_app, start_app")
+	return nil
+}
+
+// killSessions terminates every session on the run's database, from a
+// connection to the maintenance database.
+func (in *injector) killSessions(ctx context.Context) (int, error) {
+	conn, err := pgx.Connect(ctx, in.c.adminURL)
+	if err != nil {
+		return 0, fmt.Errorf("connect to terminate sessions: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var n int
+	err = conn.QueryRow(ctx, `
+		SELECT count(*) FILTER (WHERE pg_terminate_backend(pid))
+		FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()`, in.c.id).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("terminate sessions: %w", err)
+	}
+	return n, nil
+}
+
+// sleep waits for d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
