@@ -4,11 +4,21 @@
 GO ?= go
 TEST_FLAGS ?=
 
-.PHONY: test vet fmt-check demo services
+SHELL := /bin/bash
 
-## test: gofmt check, go vet, and every test with the race detector.
+.PHONY: test vet fmt-check demo services chaos
+
+## test: gofmt check, go vet, and every test with the race detector. The
+## end-to-end suite (short chaos profile) runs last and alone: it stops and
+## starts the whole RabbitMQ application, which other packages' tests use.
 test: fmt-check vet
-	$(GO) test -race -count=1 -timeout 40m $(TEST_FLAGS) ./...
+	$(GO) test -race -count=1 -timeout 30m $(TEST_FLAGS) $$($(GO) list ./... | grep -v '/e2e$$')
+	CHAOS_BROKER_RESTART=true $(GO) test -race -count=1 -v -timeout 20m $(TEST_FLAGS) ./e2e/ 2>&1 | grep -v '^=== \(RUN\|PAUSE\|CONT\)'; exit $${PIPESTATUS[0]}
+
+## chaos: the long end-to-end profile (about 15 minutes, ~150 faults of every
+## kind). The report goes to $$CHAOS_REPORT (default e2e/chaos-report.json).
+chaos: services
+	CHAOS_PROFILE=long CHAOS_BROKER_RESTART=true $(GO) test -race -count=1 -v -run '^TestChaos$$' -timeout 60m ./e2e/
 
 vet:
 	$(GO) vet ./...

@@ -55,7 +55,7 @@
 //     timeout (bytes swallowed until removed);
 //   - rabbitmqctl close_all_connections --vhost V: the broker itself cuts the
 //     run's connections;
-//   - rabbitmqctl stop_app / start_app, long profile only (see below);
+//   - rabbitmqctl stop_app / start_app (see "Restoring the machine");
 //   - pg_terminate_backend of every session on the run's database;
 //   - the run's PostgreSQL cluster stopped immediately (SIGQUIT to the
 //     postmaster, which is what pg_ctl -m immediate sends: no checkpoint,
@@ -99,12 +99,13 @@
 // their own process group with Pdeathsig, so a crashed test binary leaves
 // none behind.
 //
-// The broker app restart stops the broker for every client on this machine,
-// and `make test` runs other packages' tests against the same broker at the
-// same time. So the short profile leaves it out and breaks the broker only
-// for the run's own connections (toxiproxy, and close_all_connections on
-// its vhost); the long profile (make chaos, run alone) includes it, as does
-// CHAOS_BROKER_RESTART=true.
+// The broker app restart stops the broker for every client on this machine.
+// So the short profile leaves it out unless CHAOS_BROKER_RESTART=true, and
+// breaks the broker only for the run's own connections (toxiproxy, and
+// close_all_connections on its vhost). `make test` runs this package last
+// and alone, after every other package, with CHAOS_BROKER_RESTART=true, so
+// its short profile injects every fault kind; the long profile (make chaos)
+// always includes it.
 //
 // # Running
 //
