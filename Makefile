@@ -6,7 +6,7 @@ TEST_FLAGS ?=
 
 SHELL := /bin/bash
 
-.PHONY: test vet fmt-check demo services chaos
+.PHONY: test vet fmt-check demo services chaos bench
 
 ## test: gofmt check, go vet, and every test with the race detector. The
 ## end-to-end suite (short chaos profile) runs last and alone: it stops and
@@ -15,10 +15,15 @@ test: fmt-check vet
 	$(GO) test -race -count=1 -timeout 30m $(TEST_FLAGS) $$($(GO) list ./... | grep -v '/e2e$$')
 	CHAOS_BROKER_RESTART=true $(GO) test -race -count=1 -v -timeout 20m $(TEST_FLAGS) ./e2e/ 2>&1 | grep -v '^=== \(RUN\|PAUSE\|CONT\)'; exit $${PIPESTATUS[0]}
 
-## chaos: the long end-to-end profile (about 15 minutes, ~150 faults of every
+## chaos: the long end-to-end profile (about 10 minutes, ~150 faults of every
 ## kind). The report goes to $$CHAOS_REPORT (default e2e/chaos-report.json).
 chaos: services
 	CHAOS_PROFILE=long CHAOS_BROKER_RESTART=true $(GO) test -race -count=1 -v -run '^TestChaos$$' -timeout 60m ./e2e/
+
+## bench: measure the figures of GUIDE section 7 against their baselines
+## (6 to 10 minutes; not part of test). See docs/benchmarks.md.
+bench: services
+	$(GO) run ./bench
 
 vet:
 	$(GO) vet ./...

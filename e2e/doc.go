@@ -110,7 +110,7 @@
 // # Running
 //
 //	go test -race -count=1 -v ./e2e/...                                            # short profile, ~2.5 min
-//	CHAOS_PROFILE=long go test -race -count=1 -v -run '^TestChaos$' -timeout 60m ./e2e/  # make chaos, ~15 min
+//	CHAOS_PROFILE=long go test -race -count=1 -v -run '^TestChaos$' -timeout 60m ./e2e/  # make chaos, ~10 min
 //
 // Environment:
 //

@@ -1,0 +1,383 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/pkg/outbox/outboxamqp"
+)
+
+// declareDrainTopology declares the exchange the relay publishes to and one
+// durable queue bound to every routing key, with no consumer, so every
+// publish is routed and stored.
+func declareDrainTopology(url, queueType string) error {
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		return fmt.Errorf("dial broker: %w", err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("open channel: %w", err)
+	}
+	if err := ch.ExchangeDeclare(exchange, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
+		return fmt.Errorf("declare exchange: %w", err)
+	}
+	if _, err := ch.QueueDeclare(drainQueueName, true, false, false, false, amqp.Table{"x-queue-type": queueType}); err != nil {
+		return fmt.Errorf("declare queue: %w", err)
+	}
+	if err := ch.QueueBind(drainQueueName, "order.*", exchange, false, nil); err != nil {
+		return fmt.Errorf("bind queue: %w", err)
+	}
+	return nil
+}
+
+// takeQueue returns how many messages the queue holds, then purges it.
+func takeQueue(url, queue string) (int, error) {
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		return 0, fmt.Errorf("dial broker: %w", err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return 0, fmt.Errorf("open channel: %w", err)
+	}
+	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	if err != nil {
+		return 0, fmt.Errorf("inspect queue %s: %w", queue, err)
+	}
+	if _, err := ch.QueuePurge(queue, false); err != nil {
+		return 0, fmt.Errorf("purge queue %s: %w", queue, err)
+	}
+	return q.Messages, nil
+}
+
+// rawPublish is the baseline: amqp091-go alone publishing msgs (persistent,
+// mandatory) on one confirm-mode channel with up to window confirms in
+// flight. It returns the time from the first publish to the last confirm.
+func rawPublish(ctx context.Context, url string, msgs []amqp.Publishing, window int) (time.Duration, error) {
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		return 0, fmt.Errorf("dial broker: %w", err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return 0, fmt.Errorf("open channel: %w", err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		return 0, fmt.Errorf("confirm mode: %w", err)
+	}
+	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, window))
+	var returned atomic.Int64
+	returns := ch.NotifyReturn(make(chan amqp.Return, 64))
+	returnsDone := make(chan struct{})
+	go func() {
+		defer close(returnsDone)
+		for range returns {
+			returned.Add(1)
+		}
+	}()
+
+	timeout := time.NewTimer(2 * time.Minute)
+	defer timeout.Stop()
+	var nacked int
+	await := func() error {
+		select {
+		case c, ok := <-confirms:
+			if !ok {
+				return errors.New("channel closed while awaiting confirms")
+			}
+			if !c.Ack {
+				nacked++
+			}
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-timeout.C:
+			return errors.New("confirms did not arrive within 2 minutes")
+		}
+	}
+
+	start := time.Now()
+	inflight := 0
+	for _, m := range msgs {
+		for inflight >= window {
+			if err := await(); err != nil {
+				return 0, err
+			}
+			inflight--
+		}
+		if err := ch.PublishWithContext(ctx, exchange, m.Type, true, false, m); err != nil {
+			return 0, fmt.Errorf("publish: %w", err)
+		}
+		inflight++
+	}
+	for ; inflight > 0; inflight-- {
+		if err := await(); err != nil {
+			return 0, err
+		}
+	}
+	elapsed := time.Since(start)
+	_ = ch.Close()
+	<-returnsDone
+	if nacked > 0 || returned.Load() > 0 {
+		return 0, fmt.Errorf("baseline publish: %d nacked, %d returned", nacked, returned.Load())
+	}
+	return elapsed, nil
+}
+
+// drainResult is what a relay drain observed.
+type drainResult struct {
+	elapsed time.Duration
+	batches int
+	claims  []time.Duration
+	marks   []time.Duration
+}
+
+// drainWithRelays runs relays relays (each with its own pool and broker
+// connection, as separate processes would have) against a backlog of n rows
+// and returns the time from their start until the n-th row was marked
+// published.
+func drainWithRelays(ctx context.Context, poolCfg *pgxpool.Config, url string, n, relays int, cfg outbox.RelayConfig, log *slog.Logger) (drainResult, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	var (
+		published atomic.Int64
+		batches   atomic.Int64
+		doneAt    atomic.Int64 // unix nanos
+		done      = make(chan struct{})
+		doneOnce  sync.Once
+		failMu    sync.Mutex
+		failure   error
+	)
+	cfg.Logger = log
+	cfg.Hooks.BatchDone = func(r outbox.BatchResult) {
+		batches.Add(1)
+		if r.Err != nil || len(r.Failed)+len(r.DeadLettered)+len(r.Unmarked) > 0 {
+			failMu.Lock()
+			failure = errors.Join(failure, fmt.Errorf("batch: err=%v failed=%d dead=%d unmarked=%d",
+				r.Err, len(r.Failed), len(r.DeadLettered), len(r.Unmarked)))
+			failMu.Unlock()
+		}
+		if published.Add(int64(len(r.Published))) >= int64(n) {
+			doneOnce.Do(func() {
+				doneAt.Store(time.Now().UnixNano())
+				close(done)
+			})
+		}
+	}
+
+	timer := newSQLTimer()
+	type instance struct {
+		pool  *pgxpool.Pool
+		pub   *outboxamqp.Publisher
+		relay *outbox.Relay
+	}
+	var insts []instance
+	defer func() {
+		for _, in := range insts {
+			_ = in.pub.Close()
+			in.pool.Close()
+		}
+	}()
+	for i := range relays {
+		pc := poolCfg.Copy()
+		pc.ConnConfig.Tracer = timer
+		pool, err := pgxpool.NewWithConfig(ctx, pc)
+		if err != nil {
+			return drainResult{}, fmt.Errorf("relay %d pool: %w", i, err)
+		}
+		pub, err := outboxamqp.New(outboxamqp.Config{URL: url, Exchange: exchange, ConnectionName: fmt.Sprintf("bench-relay-%d", i), Logger: log})
+		if err != nil {
+			pool.Close()
+			return drainResult{}, err
+		}
+		relay, err := outbox.NewRelay(pool, pub, cfg)
+		if err != nil {
+			_ = pub.Close()
+			pool.Close()
+			return drainResult{}, err
+		}
+		insts = append(insts, instance{pool, pub, relay})
+		// Connect before the clock starts, as the baseline does.
+		rctx, rcancel := context.WithTimeout(ctx, 30*time.Second)
+		err = pub.WaitReady(rctx)
+		rcancel()
+		if err != nil {
+			return drainResult{}, fmt.Errorf("relay %d connect: %w", i, err)
+		}
+		if err := pool.Ping(ctx); err != nil {
+			return drainResult{}, fmt.Errorf("relay %d ping: %w", i, err)
+		}
+	}
+
+	timer.start()
+	start := time.Now()
+	var wg sync.WaitGroup
+	for _, in := range insts {
+		wg.Go(func() { _ = in.relay.Run(ctx) })
+	}
+	select {
+	case <-done:
+	case <-ctx.Done():
+	case <-time.After(5 * time.Minute):
+	}
+	cancel()
+	wg.Wait()
+	recorded := timer.stop()
+	claims, marks := recorded["claim"], recorded["batch"]
+	if published.Load() < int64(n) {
+		return drainResult{}, fmt.Errorf("only %d of %d events published before the deadline (%v)", published.Load(), n, errors.Join(failure, ctx.Err()))
+	}
+	if failure != nil {
+		return drainResult{}, failure
+	}
+	return drainResult{
+		elapsed: time.Duration(doneAt.Load() - start.UnixNano()),
+		batches: int(batches.Load()),
+		claims:  claims,
+		marks:   marks,
+	}, nil
+}
+
+// runRelayDrain measures relay_drain: a backlog of backlog events drained by
+// one relay and by three, against amqp091-go publishing the same messages.
+func (b *bench) runRelayDrain(ctx context.Context) ([]Figure, error) {
+	poolCfg, err := b.env.newDatabase(ctx, "drain")
+	if err != nil {
+		return nil, err
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
+	if err != nil {
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	defer pool.Close()
+	if err := outbox.Migrate(ctx, pool); err != nil {
+		return nil, err
+	}
+	url, err := b.env.newVhost(ctx, "drain")
+	if err != nil {
+		return nil, err
+	}
+	if err := declareDrainTopology(url, b.cfg.queueType); err != nil {
+		return nil, err
+	}
+
+	n := b.cfg.drainBacklog
+	seed := func() error {
+		if err := resetOutbox(ctx, pool); err != nil {
+			return err
+		}
+		if err := seedBacklog(ctx, pool, n); err != nil {
+			return err
+		}
+		_, err := pool.Exec(ctx, "ANALYZE outbox, outbox_aggregates")
+		return err
+	}
+	check := func(what string) error {
+		var pending, moved int
+		if err := pool.QueryRow(ctx, "SELECT (SELECT count(*) FROM outbox), (SELECT count(*) FROM outbox_published)").Scan(&pending, &moved); err != nil {
+			return err
+		}
+		inQueue, err := takeQueue(url, drainQueueName)
+		if err != nil {
+			return err
+		}
+		if what == "baseline" {
+			pending, moved = 0, n
+		}
+		if pending != 0 || moved != n || inQueue != n {
+			return fmt.Errorf("%s: after the drain outbox=%d published=%d queue=%d, want 0, %d, %d", what, pending, moved, inQueue, n, n)
+		}
+		return nil
+	}
+
+	var raw, one, three []float64
+	details := map[string]any{}
+	for rep := range b.cfg.reps {
+		// Baseline: the same messages, read back from the seeded outbox.
+		if err := seed(); err != nil {
+			return nil, err
+		}
+		envs, err := loadEnvelopes(ctx, pool)
+		if err != nil {
+			return nil, err
+		}
+		msgs := make([]amqp.Publishing, len(envs))
+		size := 0
+		for i, e := range envs {
+			msgs[i] = publishing(e)
+			size += len(e.Payload)
+		}
+		details["message_body_bytes_avg"] = size / max(1, len(envs))
+		cpu0 := readCPUTimes()
+		d, err := rawPublish(ctx, url, msgs, b.cfg.rawWindow)
+		if err != nil {
+			return nil, fmt.Errorf("baseline: %w", err)
+		}
+		details[fmt.Sprintf("baseline_rep_%d", rep)] = map[string]any{"events_per_s": int(rate(n, d)), "cpu_per_event": cpuPerEvent(cpu0, readCPUTimes(), n)}
+		if err := check("baseline"); err != nil {
+			return nil, err
+		}
+		raw = append(raw, rate(n, d))
+		b.log.Info("relay_drain baseline", "rep", rep, "events_per_s", int(rate(n, d)))
+
+		for _, relays := range []int{1, 3} {
+			if err := seed(); err != nil {
+				return nil, err
+			}
+			cpu0 := readCPUTimes()
+			res, err := drainWithRelays(ctx, poolCfg, url, n, relays, b.relayConfig(), b.quiet)
+			if err != nil {
+				return nil, fmt.Errorf("%d relay(s): %w", relays, err)
+			}
+			cpu := cpuPerEvent(cpu0, readCPUTimes(), n)
+			if err := check(fmt.Sprintf("%d relay(s)", relays)); err != nil {
+				return nil, err
+			}
+			r := rate(n, res.elapsed)
+			claims, _ := summarize(res.claims)
+			marks, _ := summarize(res.marks)
+			key := fmt.Sprintf("relays_%d_rep_%d", relays, rep)
+			details[key] = map[string]any{
+				"events_per_s": int(r), "batches": res.batches,
+				"claim_ms_p50": ms(claims.P50), "claim_ms_p99": ms(claims.P99),
+				"mark_ms_p50": ms(marks.P50), "mark_ms_p99": ms(marks.P99),
+				"cpu_per_event": cpu,
+			}
+			if relays == 1 {
+				one = append(one, r)
+			} else {
+				three = append(three, r)
+			}
+			b.log.Info("relay_drain", "relays", relays, "rep", rep, "events_per_s", int(r), "batches", res.batches)
+		}
+	}
+	details["baseline_events_per_s"] = raw
+	details["relays_1_events_per_s"] = one
+	details["relays_3_events_per_s"] = three
+	details["backlog"] = n
+	details["repetitions"] = b.cfg.reps
+	details["queue_type"] = b.cfg.queueType
+	details["relay_config"] = b.relayConfigText()
+
+	base := median(raw)
+	measures := fmt.Sprintf("events/s draining a backlog of %d order.created events (median of %d runs)", n, b.cfg.reps)
+	baseIs := fmt.Sprintf("amqp091-go alone publishing the same %d messages (persistent, mandatory, same headers) with %d confirms in flight, to the same exchange and %s queue", n, b.cfg.rawWindow, b.cfg.queueType)
+	return []Figure{
+		newFigure("relay_drain_1_relay", "events/s", median(one), base, Goal{RatioAtLeast, 0.8}, "one relay: "+measures, baseIs, details),
+		newFigure("relay_drain_3_relays", "events/s", median(three), base, Goal{RatioAtLeast, 0.8}, "three relays: "+measures, baseIs, nil),
+	}, nil
+}

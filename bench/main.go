@@ -1,0 +1,275 @@
+// Command bench measures the figures of GUIDE section 7 on this machine, each
+// against a baseline measured in the same run, prints them as a table and
+// writes them to a JSON file (BENCH_OUT, default bench-results.json).
+//
+//	go run ./bench                     every figure (6 to 10 minutes here)
+//	go run ./bench -only relay_drain   some figures, comma-separated
+//	go run ./bench -quick              smaller sizes, to check the harness
+//
+// Figures: relay_drain, write_overhead, e2e_latency, claim_flat,
+// inbox_throughput. See docs/benchmarks.md for what each measures and the
+// latest numbers.
+//
+// Every run works in resources of its own, removed at the end: one PostgreSQL
+// database per figure, RabbitMQ vhosts (created with rabbitmqctl), and
+// databases on an embedded FerretDB. Connection settings:
+//
+//	BENCH_DATABASE_URL  any database of the server (default TEST_DATABASE_URL, else postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable)
+//	BENCH_AMQP_URL      the broker (default TEST_AMQP_URL, else amqp://guest:guest@127.0.0.1:5672/)
+//	BENCH_OUT           where the JSON goes (default bench-results.json)
+//	BENCH_REPS          repetitions of the throughput figures (default 3)
+//	BENCH_RELAY_BATCH_SIZE, BENCH_RELAY_WORKERS  relay tuning (default: the orders service's)
+//	BENCH_KEEP=1        keep the PostgreSQL databases and vhosts for inspection
+package main
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/outbox-inbox/reference/pkg/outbox"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+// figureOrder is the order figures run in: those that need the shipping
+// service and pkg/inbox last.
+var figureOrder = []string{"relay_drain", "write_overhead", "claim_flat", "inbox_throughput", "e2e_latency"}
+
+// config holds the sizes of one run.
+type config struct {
+	reps          int
+	drainBacklog  int
+	rawWindow     int
+	queueType     string
+	writeOrders   int
+	e2eRate       int
+	e2eDuration   time.Duration
+	e2eWarmup     time.Duration
+	e2eDrainWait  time.Duration
+	claimRetained int
+	claimChurn    int
+	claimMeasure  time.Duration
+	claimRate     int
+	inboxMessages int
+	inboxClients  int
+	relayBatch    int
+	relayWorkers  int
+}
+
+func defaultConfig() config {
+	return config{
+		reps:          3,
+		drainBacklog:  100_000,
+		rawWindow:     1000,
+		queueType:     "quorum",
+		writeOrders:   4000,
+		e2eRate:       150,
+		e2eDuration:   20 * time.Second,
+		e2eWarmup:     2 * time.Second,
+		e2eDrainWait:  30 * time.Second,
+		claimRetained: 1_000_000,
+		claimChurn:    200_000,
+		claimMeasure:  10 * time.Second,
+		claimRate:     500,
+		inboxMessages: 1000,
+		inboxClients:  8,
+	}
+}
+
+// quickConfig shrinks every size, to check the harness in a minute.
+func quickConfig() config {
+	c := defaultConfig()
+	c.reps = 1
+	c.drainBacklog = 10_000
+	c.writeOrders = 500
+	c.e2eDuration = 5 * time.Second
+	c.e2eWarmup = time.Second
+	c.e2eDrainWait = 15 * time.Second
+	c.claimRetained = 100_000
+	c.claimChurn = 20_000
+	c.claimMeasure = 3 * time.Second
+	c.inboxMessages = 500
+	return c
+}
+
+// bench is one run.
+type bench struct {
+	cfg   config
+	env   *env
+	log   *slog.Logger // the benchmark's progress
+	quiet *slog.Logger // the libraries' logs: warnings and errors only
+}
+
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	only := fs.String("only", "", "comma-separated figures to run (default all): "+strings.Join(figureOrder, ","))
+	quick := fs.Bool("quick", false, "small sizes, to check the harness quickly")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	selected, err := selectFigures(*only)
+	if err != nil {
+		return err
+	}
+	cfg := defaultConfig()
+	if *quick {
+		cfg = quickConfig()
+	}
+	if v := getenv("BENCH_REPS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 20 {
+			return fmt.Errorf("BENCH_REPS=%q: want 1 to 20", v)
+		}
+		cfg.reps = n
+	}
+	for _, v := range []struct {
+		name string
+		dst  *int
+	}{{"BENCH_RELAY_BATCH_SIZE", &cfg.relayBatch}, {"BENCH_RELAY_WORKERS", &cfg.relayWorkers}} {
+		if s := getenv(v.name); s != "" {
+			n, err := strconv.Atoi(s)
+			if err != nil || n < 1 {
+				return fmt.Errorf("%s=%q: want a positive integer", v.name, s)
+			}
+			*v.dst = n
+		}
+	}
+	out := cmp.Or(getenv("BENCH_OUT"), "bench-results.json")
+	databaseURL := cmp.Or(getenv("BENCH_DATABASE_URL"), getenv("TEST_DATABASE_URL"), "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable")
+	amqpURL := cmp.Or(getenv("BENCH_AMQP_URL"), getenv("TEST_AMQP_URL"), "amqp://guest:guest@127.0.0.1:5672/")
+
+	root, err := moduleRoot()
+	if err != nil {
+		return err
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	e := newEnv(databaseURL, amqpURL, root, log)
+	e.keep = getenv("BENCH_KEEP") == "1"
+	b := &bench{
+		cfg:   cfg,
+		env:   e,
+		log:   log,
+		quiet: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	}
+
+	report := Report{StartedAt: time.Now().UTC()}
+	report.Machine = describeMachine(ctx, databaseURL, amqpURL)
+	runErr := b.runFigures(ctx, selected, &report)
+	if err := b.env.close(); err != nil {
+		runErr = errors.Join(runErr, err)
+	}
+	if m, err := b.env.ferretVersion(); err == nil && m != "" {
+		report.Machine.FerretDB = m
+	}
+	report.DurationSeconds = round(time.Since(report.StartedAt).Seconds())
+
+	fmt.Fprintf(stdout, "\nmachine: %s\n\n", report.Machine.summary())
+	if err := writeTable(stdout, report); err != nil {
+		return err
+	}
+	if err := writeJSON(out, report); err != nil {
+		return errors.Join(runErr, err)
+	}
+	fmt.Fprintf(stdout, "\nwrote %s (%.0fs)\n", out, report.DurationSeconds)
+	return runErr
+}
+
+// runFigures runs the selected figures in order. A figure that fails is
+// recorded in the report's errors and the run goes on with the next one.
+func (b *bench) runFigures(ctx context.Context, selected []string, report *Report) error {
+	runners := map[string]func(context.Context) ([]Figure, error){
+		"relay_drain":      b.runRelayDrain,
+		"write_overhead":   b.runWriteOverhead,
+		"claim_flat":       b.runClaimFlat,
+		"inbox_throughput": b.runInboxThroughput,
+		"e2e_latency":      b.runE2ELatency,
+	}
+	var failed []string
+	for _, name := range selected {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		start := time.Now()
+		b.log.Info("figure started", "figure", name)
+		figs, err := runners[name](ctx)
+		if err != nil {
+			b.log.Error("figure failed", "figure", name, "error", err)
+			report.Errors = append(report.Errors, name+": "+err.Error())
+			failed = append(failed, name)
+			continue
+		}
+		b.log.Info("figure done", "figure", name, "seconds", int(time.Since(start).Seconds()))
+		report.Figures = append(report.Figures, figs...)
+	}
+	if len(failed) > 0 {
+		return fmt.Errorf("figures failed: %s", strings.Join(failed, ", "))
+	}
+	return nil
+}
+
+func selectFigures(only string) ([]string, error) {
+	if only == "" {
+		return figureOrder, nil
+	}
+	want := map[string]bool{}
+	for _, s := range strings.Split(only, ",") {
+		s = strings.TrimSpace(s)
+		if !slices.Contains(figureOrder, s) {
+			return nil, fmt.Errorf("-only: unknown figure %q (have %s)", s, strings.Join(figureOrder, ", "))
+		}
+		want[s] = true
+	}
+	var out []string
+	for _, s := range figureOrder {
+		if want[s] {
+			out = append(out, s)
+		}
+	}
+	return out, nil
+}
+
+// relayConfig is the relay as the orders service configures it by default
+// (services/orders/relay.go with internal/config's defaults), with the
+// batch size and worker count overridable for tuning.
+func (b *bench) relayConfig() outbox.RelayConfig {
+	return outbox.RelayConfig{
+		BatchSize:       cmp.Or(b.cfg.relayBatch, 500),
+		Workers:         b.cfg.relayWorkers, // 0: the library's default
+		PollInterval:    time.Second,
+		Lease:           30 * time.Second,
+		PublishTimeout:  10 * time.Second,
+		MaxAttempts:     10,
+		RetryBackoffMin: time.Second,
+		RetryBackoffMax: 5 * time.Minute,
+		Logger:          b.quiet,
+	}
+}
+
+func (b *bench) relayConfigText() string {
+	c := b.relayConfig()
+	workers := "default"
+	if c.Workers > 0 {
+		workers = strconv.Itoa(c.Workers)
+	}
+	return fmt.Sprintf("BatchSize=%d Workers=%s PollInterval=%v", c.BatchSize, workers, c.PollInterval)
+}
