@@ -193,6 +193,12 @@
 // any time later: retrying one older than the consumers' window may deliver a
 // duplicate they no longer recognise.
 //
+// The message id is the row's identity value, unique within one outbox table
+// only. Consumers that read events from several outboxes must deduplicate on
+// the source and the id together, and an outbox recreated from scratch starts
+// its ids again at 1: reset the consumers' deduplication records with it, or
+// they take the new events for duplicates of the old ones.
+//
 // # Operating it
 //
 // Admin lists and retries dead letters, reports Status (pending count, dead
