@@ -300,6 +300,11 @@ func TestStandaloneRelayDeadLettersAndOperatorRetry(t *testing.T) {
 	if status != 200 || len(dls) != 2 {
 		t.Fatalf("dead letters: %d %v", status, body)
 	}
+	sreq, _ := http.NewRequest("GET", base+"/admin/outbox/status", nil)
+	sreq.Header.Set("Authorization", "Bearer s3cret")
+	if status, st := doJSON(t, sreq); status != 200 || st["dead_lettered"] != float64(2) || st["pending"] != float64(0) {
+		t.Fatalf("status: %d %v, want 2 dead letters and nothing pending", status, st)
+	}
 	first := dls[0].(map[string]any)
 	firstID := strconv.FormatInt(int64(first["id"].(float64)), 10)
 
