@@ -318,7 +318,7 @@ func (b *bench) runRelayDrain(ctx context.Context) ([]Figure, error) {
 		msgs := make([]amqp.Publishing, len(envs))
 		size := 0
 		for i, e := range envs {
-			msgs[i] = publishing(e)
+			msgs[i] = outboxamqp.Publishing(e)
 			size += len(e.Payload)
 		}
 		details["message_body_bytes_avg"] = size / max(1, len(envs))

@@ -11,7 +11,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outbox-inbox/reference/pkg/outbox"
 )
@@ -120,26 +119,4 @@ FROM outbox ORDER BY id`)
 			&e.Payload, &e.Headers, &e.CreatedAt, &e.Attempt)
 		return e, err
 	})
-}
-
-// publishing builds the AMQP message of e exactly as outboxamqp does
-// (docs/events.md): same properties, same headers, same body bytes.
-func publishing(e outbox.Envelope) amqp.Publishing {
-	h := make(amqp.Table, len(e.Headers)+4)
-	for k, v := range e.Headers {
-		h[k] = v
-	}
-	h["aggregate_type"] = e.AggregateType
-	h["aggregate_id"] = e.AggregateID
-	h["event_type"] = e.EventType
-	h["aggregate_version"] = e.AggregateVersion
-	return amqp.Publishing{
-		Headers:      h,
-		ContentType:  "application/json",
-		DeliveryMode: amqp.Persistent,
-		MessageId:    strconv.FormatInt(e.ID, 10),
-		Timestamp:    e.CreatedAt,
-		Type:         e.EventType,
-		Body:         e.Payload,
-	}
 }

@@ -325,8 +325,12 @@ func (p *Publisher) Close() error {
 	return nil
 }
 
-// publishing builds the AMQP message for e, as docs/events.md specifies.
-func publishing(e outbox.Envelope) amqp.Publishing {
+// Publishing returns the AMQP message the Publisher sends for e: persistent,
+// JSON, MessageId the outbox id, Type the event type, Timestamp the outbox
+// row's creation, and the headers aggregate_type, aggregate_id, event_type and
+// aggregate_version over e's own headers. Use it to publish an envelope by
+// other means (a replay tool, a benchmark's baseline) in exactly the same form.
+func Publishing(e outbox.Envelope) amqp.Publishing {
 	h := make(amqp.Table, len(e.Headers)+4)
 	for k, v := range e.Headers {
 		h[k] = v

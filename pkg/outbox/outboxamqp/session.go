@@ -260,7 +260,7 @@ func (s *session) send(ctx context.Context, exchange string, msgs []outbox.Envel
 			return i
 		}
 		s.writing.Store(true)
-		dc, err := s.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, routingKey(m), true, false, publishing(m))
+		dc, err := s.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, routingKey(m), true, false, Publishing(m))
 		s.writing.Store(false)
 		switch {
 		case err == nil && dc != nil:
