@@ -120,47 +120,6 @@ func startRelay(t testing.TB, pool *pgxpool.Pool, pub outbox.Publisher, cfg outb
 	return relay, cancel
 }
 
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t testing.TB, what string, timeout time.Duration, cond func() (bool, error)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		ok, err := cond()
-		if err != nil {
-			t.Fatalf("waiting for %s: %v", what, err)
-		}
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-func outboxEmpty(pool *pgxpool.Pool) func() (bool, error) {
-	return func() (bool, error) {
-		var n int
-		err := pool.QueryRow(context.Background(), "SELECT count(*) FROM outbox").Scan(&n)
-		return n == 0, err
-	}
-}
-
-func enqueue(t testing.TB, pool *pgxpool.Pool, msgs ...outbox.Message) []outbox.Enqueued {
-	t.Helper()
-	var out []outbox.Enqueued
-	err := pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {
-		var err error
-		out, err = outbox.Enqueue(context.Background(), tx, msgs...)
-		return err
-	})
-	if err != nil {
-		t.Fatalf("enqueue: %v", err)
-	}
-	return out
-}
-
 // checkOrder fails the test unless, for every aggregate, the versions in envs
 // never go back (duplicates allowed when allowDup), and returns the highest
 // version seen per aggregate.

@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -25,77 +24,34 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/pkg/outbox/internal/outboxtest"
 	"github.com/outbox-inbox/reference/pkg/outbox/outboxamqp"
+)
+
+// Helpers shared with pkg/outbox's tests: a migrated schema of each test's
+// own, enqueueing, waiting on a condition.
+var (
+	testDatabaseURL = outboxtest.DatabaseURL
+	unavailable     = outboxtest.Unavailable
+	newTestPool     = outboxtest.Pool
+	msg             = outboxtest.Msg
+	enqueue         = outboxtest.Enqueue
+	waitFor         = outboxtest.WaitFor
+	outboxEmpty     = outboxtest.OutboxEmpty
 )
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-func testDatabaseURL() string {
-	return cmp.Or(os.Getenv("TEST_DATABASE_URL"), "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable")
-}
-
 func testAMQPURL() string {
 	return cmp.Or(os.Getenv("TEST_AMQP_URL"), "amqp://guest:guest@127.0.0.1:5672/")
-}
-
-func unavailable(t testing.TB, what string, err error) {
-	t.Helper()
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("%s unreachable (required under CI=true): %v", what, err)
-	}
-	t.Skipf("%s unreachable: %v", what, err)
 }
 
 func randomName(prefix string) string {
 	b := make([]byte, 6)
 	_, _ = rand.Read(b)
 	return prefix + hex.EncodeToString(b)
-}
-
-// newTestPool returns a pool on a fresh schema, dropped in cleanup, with the
-// outbox tables migrated.
-func newTestPool(t testing.TB) *pgxpool.Pool {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	admin, err := pgx.Connect(ctx, testDatabaseURL())
-	if err != nil {
-		unavailable(t, "PostgreSQL at "+testDatabaseURL(), err)
-	}
-	defer admin.Close(ctx)
-	schema := randomName("outboxamqp_test_")
-	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
-		t.Fatalf("create schema: %v", err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		c, err := pgx.Connect(ctx, testDatabaseURL())
-		if err != nil {
-			t.Errorf("drop schema %s: %v", schema, err)
-			return
-		}
-		defer c.Close(ctx)
-		if _, err := c.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE"); err != nil {
-			t.Errorf("drop schema %s: %v", schema, err)
-		}
-	})
-	cfg, err := pgxpool.ParseConfig(testDatabaseURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = schema
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	if err := outbox.Migrate(ctx, pool); err != nil {
-		t.Fatalf("migrate: %v", err)
-	}
-	return pool
 }
 
 // broker is a test's own exchange and queue (bound with "#") on the test broker,
@@ -258,56 +214,6 @@ func startRelay(t testing.TB, pool *pgxpool.Pool, pub outbox.Publisher, cfg outb
 		}
 	})
 	return relay
-}
-
-func msg(agg, eventType string) outbox.Message {
-	return outbox.Message{
-		AggregateType: "order",
-		AggregateID:   agg,
-		EventType:     eventType,
-		Payload:       []byte(fmt.Sprintf(`{"order_id":%q}`, agg)),
-		Headers:       map[string]string{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
-	}
-}
-
-func enqueue(t testing.TB, pool *pgxpool.Pool, msgs ...outbox.Message) []outbox.Enqueued {
-	t.Helper()
-	var out []outbox.Enqueued
-	err := pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {
-		var err error
-		out, err = outbox.Enqueue(context.Background(), tx, msgs...)
-		return err
-	})
-	if err != nil {
-		t.Fatalf("enqueue: %v", err)
-	}
-	return out
-}
-
-func waitFor(t testing.TB, what string, timeout time.Duration, cond func() (bool, error)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		ok, err := cond()
-		if err != nil {
-			t.Fatalf("waiting for %s: %v", what, err)
-		}
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-func outboxEmpty(pool *pgxpool.Pool) func() (bool, error) {
-	return func() (bool, error) {
-		var n int
-		err := pool.QueryRow(context.Background(), "SELECT count(*) FROM outbox").Scan(&n)
-		return n == 0, err
-	}
 }
 
 func publishedIDs(t testing.TB, pool *pgxpool.Pool) []int64 {

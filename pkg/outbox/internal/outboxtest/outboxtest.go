@@ -1,0 +1,169 @@
+// Package outboxtest holds the test helpers shared by pkg/outbox and
+// pkg/outbox/outboxamqp: a PostgreSQL schema of each test's own, enqueueing,
+// and waiting on a condition. It lives under pkg/outbox, so copying that
+// directory copies it too.
+package outboxtest
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outbox-inbox/reference/pkg/outbox"
+)
+
+// DatabaseURL is where tests find PostgreSQL: TEST_DATABASE_URL, or the local
+// server.
+func DatabaseURL() string {
+	return cmp.Or(os.Getenv("TEST_DATABASE_URL"), "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable")
+}
+
+// Unavailable skips t because what is unreachable, or fails it under CI=true,
+// where every service must be there.
+func Unavailable(t testing.TB, what string, err error) {
+	t.Helper()
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("%s unreachable (required under CI=true): %v", what, err)
+	}
+	t.Skipf("%s unreachable: %v", what, err)
+}
+
+// NewSchema creates a fresh, empty schema named prefix_<random> and returns a
+// pool whose connections use it, and a function that closes the pool and
+// drops the schema.
+func NewSchema(ctx context.Context, prefix string) (*pgxpool.Pool, func() error, error) {
+	admin, err := pgx.Connect(ctx, DatabaseURL())
+	if err != nil {
+		return nil, nil, fmt.Errorf("connect to %s: %w", DatabaseURL(), err)
+	}
+	defer admin.Close(ctx)
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	schema := prefix + "_" + hex.EncodeToString(b)
+	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+		return nil, nil, fmt.Errorf("create schema: %w", err)
+	}
+	drop := func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		c, err := pgx.Connect(ctx, DatabaseURL())
+		if err != nil {
+			return fmt.Errorf("drop schema %s: %w", schema, err)
+		}
+		defer c.Close(ctx)
+		if _, err := c.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE"); err != nil {
+			return fmt.Errorf("drop schema %s: %w", schema, err)
+		}
+		return nil
+	}
+	cfg, err := pgxpool.ParseConfig(DatabaseURL())
+	if err != nil {
+		return nil, nil, errors.Join(err, drop())
+	}
+	cfg.ConnConfig.RuntimeParams["search_path"] = schema
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, nil, errors.Join(err, drop())
+	}
+	return pool, func() error { pool.Close(); return drop() }, nil
+}
+
+// SchemaPool returns a pool on a fresh schema without the outbox tables,
+// dropped when the test ends.
+func SchemaPool(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if conn, err := pgx.Connect(ctx, DatabaseURL()); err != nil {
+		Unavailable(t, "PostgreSQL at "+DatabaseURL(), err)
+	} else {
+		_ = conn.Close(ctx)
+	}
+	pool, drop, err := NewSchema(ctx, "outbox_test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := drop(); err != nil {
+			t.Error(err)
+		}
+	})
+	return pool
+}
+
+// Pool returns a pool on a fresh schema with the outbox tables migrated.
+func Pool(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	pool := SchemaPool(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := outbox.Migrate(ctx, pool); err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
+	return pool
+}
+
+// Msg is an event of the order aggregateID, with a JSON payload naming it and a
+// trace header.
+func Msg(aggregateID, eventType string) outbox.Message {
+	return outbox.Message{
+		AggregateType: "order",
+		AggregateID:   aggregateID,
+		EventType:     eventType,
+		Payload:       []byte(fmt.Sprintf(`{"order_id":%q}`, aggregateID)),
+		Headers:       map[string]string{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
+	}
+}
+
+// Enqueue writes msgs in a transaction of their own.
+func Enqueue(t testing.TB, pool *pgxpool.Pool, msgs ...outbox.Message) []outbox.Enqueued {
+	t.Helper()
+	var out []outbox.Enqueued
+	err := pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {
+		var err error
+		out, err = outbox.Enqueue(context.Background(), tx, msgs...)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("enqueue: %v", err)
+	}
+	return out
+}
+
+// WaitFor polls cond until it holds, failing the test on an error or after
+// timeout.
+func WaitFor(t testing.TB, what string, timeout time.Duration, cond func() (bool, error)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		ok, err := cond()
+		if err != nil {
+			t.Fatalf("waiting for %s: %v", what, err)
+		}
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// OutboxEmpty is a WaitFor condition: no row left in the outbox table.
+func OutboxEmpty(pool *pgxpool.Pool) func() (bool, error) {
+	return func() (bool, error) {
+		var n int
+		err := pool.QueryRow(context.Background(), "SELECT count(*) FROM outbox").Scan(&n)
+		return n == 0, err
+	}
+}
