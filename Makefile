@@ -21,7 +21,7 @@ chaos: services
 	CHAOS_PROFILE=long CHAOS_BROKER_RESTART=true $(GO) test -race -count=1 -v -run '^TestChaos$$' -timeout 60m ./e2e/
 
 ## bench: measure the figures of GUIDE section 7 against their baselines
-## (6 to 10 minutes; not part of test). See docs/benchmarks.md.
+## (5 to 10 minutes; not part of test). See docs/benchmarks.md.
 bench: services
 	$(GO) run ./bench
 

@@ -14,6 +14,7 @@ package crashpoint
 import (
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"syscall"
@@ -27,12 +28,14 @@ const (
 	ShippingAfterInboxBeforeAck     = "shipping.after_inbox_before_ack"
 )
 
-// Points lists every named point, for validation and for the e2e suite.
-var Points = []string{
-	OrdersAfterCommitBeforeResponse,
-	RelayAfterPublishBeforeMark,
-	ShippingAfterEffectBeforeInbox,
-	ShippingAfterInboxBeforeAck,
+// Points lists every named point.
+func Points() []string {
+	return []string{
+		OrdersAfterCommitBeforeResponse,
+		RelayAfterPublishBeforeMark,
+		ShippingAfterEffectBeforeInbox,
+		ShippingAfterInboxBeforeAck,
+	}
 }
 
 // Trigger kills the process at its armed point. The zero value (and nil) never
@@ -52,12 +55,8 @@ func FromEnv(getenv func(string) string) (*Trigger, error) {
 	if point == "" {
 		return nil, nil
 	}
-	known := false
-	for _, p := range Points {
-		known = known || p == point
-	}
-	if !known {
-		return nil, fmt.Errorf("CRASH_POINT %q: unknown point (known: %v)", point, Points)
+	if !slices.Contains(Points(), point) {
+		return nil, fmt.Errorf("CRASH_POINT %q: unknown point (known: %v)", point, Points())
 	}
 	after := int64(1)
 	if s := getenv("CRASH_AFTER"); s != "" {
