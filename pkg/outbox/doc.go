@@ -66,6 +66,18 @@
 //		relay.Wake() // publish now rather than at the next poll
 //	}
 //
+// Enqueue costs one round trip of its own. Writer.Queue puts the same
+// statements into the pgx.Batch that carries the business change instead, so
+// the change and its events travel together (the orders service does this:
+// BEGIN, one batch, COMMIT, the same round trips as without an outbox):
+//
+//	b := &pgx.Batch{}
+//	b.Queue("INSERT INTO orders ...", ...)
+//	if _, err := writer.Queue(b, msg); err != nil {
+//		return err // invalid message: nothing queued
+//	}
+//	return tx.SendBatch(ctx, b).Close()
+//
 // And run a relay, here with the RabbitMQ publisher of package outboxamqp:
 //
 //	pub, err := outboxamqp.New(outboxamqp.Config{URL: amqpURL, Exchange: "orders.events"})

@@ -102,10 +102,58 @@ RETURNING id, aggregate_version`
 // Each message gets the next version of its aggregate. Writers of the same
 // aggregate are serialised from that point until their transaction ends, so
 // enqueue late in the transaction, after the business row is locked or written.
+//
+// Enqueue costs one round trip to PostgreSQL. To spend none of its own, queue
+// the messages in the batch that carries the business change with Queue.
 func (w *Writer) Enqueue(ctx context.Context, tx pgx.Tx, msgs ...Message) ([]Enqueued, error) {
 	if len(msgs) == 0 {
 		return nil, nil
 	}
+	batch := &pgx.Batch{}
+	q, err := w.Queue(batch, msgs...)
+	if err != nil {
+		return nil, err
+	}
+	if err := tx.SendBatch(ctx, batch).Close(); err != nil {
+		return nil, fmt.Errorf("outbox enqueue: %w", err)
+	}
+	return q.Enqueued()
+}
+
+// Queued holds what Writer.Queue queued into a batch.
+type Queued struct {
+	out  []Enqueued
+	read int
+}
+
+// Enqueued returns the messages' ids and versions, in the order they were
+// queued. They are known once the batch's results were read without error
+// (pgx.BatchResults.Close returned nil); before that, Enqueued returns an error.
+func (q *Queued) Enqueued() ([]Enqueued, error) {
+	if q.read != len(q.out) {
+		return nil, fmt.Errorf("outbox enqueue: %d of %d messages written: read the batch's results first", q.read, len(q.out))
+	}
+	return q.out, nil
+}
+
+// Queue adds the statements that write msgs to b, a batch the caller sends
+// itself, so the business change and its events reach PostgreSQL in one
+// round trip:
+//
+//	b := &pgx.Batch{}
+//	b.Queue(`INSERT INTO orders (id, total) VALUES ($1, $2)`, id, total)
+//	q, err := writer.Queue(b, outbox.Message{AggregateType: "order", AggregateID: id, ...})
+//	if err != nil { ... }                          // invalid message: b holds none of them
+//	err = tx.SendBatch(ctx, b).Close()             // inside the business transaction
+//	enqueued, err := q.Enqueued()
+//
+// Send b with tx.SendBatch inside the transaction of the business change (or
+// with conn.SendBatch, which runs the whole batch as one implicit
+// transaction). What Enqueue promises holds here too: validation before
+// anything is queued, versions per aggregate, atomicity with the caller's
+// transaction. Queue the messages after the statements that write or lock the
+// business row; the aggregate's lock is taken when they run.
+func (w *Writer) Queue(b *pgx.Batch, msgs ...Message) (*Queued, error) {
 	headers := make([][]byte, len(msgs))
 	for i, m := range msgs {
 		if err := m.validate(); err != nil {
@@ -115,32 +163,27 @@ func (w *Writer) Enqueue(ctx context.Context, tx pgx.Tx, msgs ...Message) ([]Enq
 		if h == nil {
 			h = map[string]string{}
 		}
-		b, err := json.Marshal(h)
+		hb, err := json.Marshal(h)
 		if err != nil {
 			return nil, fmt.Errorf("%w: message %d: headers: %w", ErrInvalidMessage, i, err)
 		}
-		headers[i] = b
+		headers[i] = hb
 	}
-
-	batch := &pgx.Batch{}
+	q := &Queued{out: make([]Enqueued, len(msgs))}
 	for i, m := range msgs {
-		batch.Queue(insertSQL, m.AggregateType, m.AggregateID, m.EventType, string(m.Payload), string(headers[i]))
+		b.Queue(insertSQL, m.AggregateType, m.AggregateID, m.EventType, string(m.Payload), string(headers[i])).
+			QueryRow(func(row pgx.Row) error {
+				if err := row.Scan(&q.out[i].ID, &q.out[i].AggregateVersion); err != nil {
+					return fmt.Errorf("insert outbox message %d: %w", i, err)
+				}
+				q.read++
+				return nil
+			})
 	}
-	if w.notifyChannel != "" {
-		batch.Queue("SELECT pg_notify($1, '')", w.notifyChannel)
+	if w.notifyChannel != "" && len(msgs) > 0 {
+		b.Queue("SELECT pg_notify($1, '')", w.notifyChannel)
 	}
-	br := tx.SendBatch(ctx, batch)
-	out := make([]Enqueued, len(msgs))
-	for i := range msgs {
-		if err := br.QueryRow().Scan(&out[i].ID, &out[i].AggregateVersion); err != nil {
-			_ = br.Close()
-			return nil, fmt.Errorf("outbox enqueue: insert message %d: %w", i, err)
-		}
-	}
-	if err := br.Close(); err != nil {
-		return nil, fmt.Errorf("outbox enqueue: %w", err)
-	}
-	return out, nil
+	return q, nil
 }
 
 func (m Message) validate() error {

@@ -272,3 +272,83 @@ func TestMigrateConcurrentlyAndTwice(t *testing.T) {
 		t.Fatalf("fresh outbox has %d rows", n)
 	}
 }
+
+func TestQueueSendsMessagesInTheCallersBatch(t *testing.T) {
+	t.Parallel()
+	pool := newTestPool(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `CREATE TABLE business (id text PRIMARY KEY)`); err != nil {
+		t.Fatal(err)
+	}
+	w, err := outbox.NewWriter(outbox.WriterConfig{NotifyChannel: "queue_test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The business insert and the messages go in one batch, in one transaction.
+	var got []outbox.Enqueued
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		b := &pgx.Batch{}
+		b.Queue(`INSERT INTO business (id) VALUES ('o-1')`)
+		q, err := w.Queue(b, msg("o-1", "order.created"), msg("o-1", "order.cancelled"))
+		if err != nil {
+			return err
+		}
+		if b.Len() != 4 { // the business insert, two messages, the NOTIFY
+			return fmt.Errorf("batch holds %d statements, want 4", b.Len())
+		}
+		if _, err := q.Enqueued(); err == nil {
+			return errors.New("Enqueued before the batch was sent returned no error")
+		}
+		if err := tx.SendBatch(ctx, b).Close(); err != nil {
+			return err
+		}
+		got, err = q.Enqueued()
+		return err
+	})
+	if err != nil {
+		t.Fatalf("transaction: %v", err)
+	}
+	if len(got) != 2 || got[0].AggregateVersion != 1 || got[1].AggregateVersion != 2 || got[0].ID >= got[1].ID {
+		t.Fatalf("Enqueued = %+v, want versions 1 and 2 in increasing ids", got)
+	}
+	if n := countRows(t, pool); n != 2 {
+		t.Fatalf("outbox has %d rows, want 2", n)
+	}
+
+	// A failing business statement after the messages rolls them back.
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		b := &pgx.Batch{}
+		if _, err := w.Queue(b, msg("o-1", "order.shipped")); err != nil {
+			return err
+		}
+		b.Queue(`INSERT INTO business (id) VALUES ('o-1')`) // duplicate key
+		return tx.SendBatch(ctx, b).Close()
+	})
+	if err == nil {
+		t.Fatal("batch with a duplicate business key committed")
+	}
+	if n := countRows(t, pool); n != 2 {
+		t.Fatalf("outbox has %d rows after the failed batch, want 2", n)
+	}
+
+	// An invalid message queues nothing.
+	b := &pgx.Batch{}
+	bad := msg("o-2", "order.created")
+	bad.Payload = []byte("not json")
+	if _, err := w.Queue(b, msg("o-2", "order.created"), bad); !errors.Is(err, outbox.ErrInvalidMessage) {
+		t.Fatalf("Queue(invalid) error = %v, want ErrInvalidMessage", err)
+	}
+	if b.Len() != 0 {
+		t.Fatalf("batch holds %d statements after an invalid message, want 0", b.Len())
+	}
+
+	// The next version of the aggregate follows the committed ones.
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		got, err = w.Enqueue(ctx, tx, msg("o-1", "order.shipped"))
+		return err
+	})
+	if err != nil || got[0].AggregateVersion != 3 {
+		t.Fatalf("Enqueue after the rollback: %+v, %v; want version 3", got, err)
+	}
+}

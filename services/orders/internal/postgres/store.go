@@ -5,7 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -105,24 +107,40 @@ func (s *Store) Create(ctx context.Context, n order.NewOrder, idem Idempotency, 
 	return o, replayed, nil
 }
 
+// insertOrderSQL writes a new order. Create sends it in one batch with the
+// order.created event, so the order and its outbox row cost one round trip.
+const insertOrderSQL = `
+	INSERT INTO orders (id, customer_id, currency, items, total, status, version, created_at, updated_at)
+	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8)`
+
+// insert writes the order (id, or a new one when empty) and its order.created
+// event. The order is built here, id and timestamps included, so its event can
+// be encoded before anything is sent and both statements share a round trip.
 func (s *Store) insert(ctx context.Context, tx pgx.Tx, id string, n order.NewOrder, headers map[string]string, o *order.Order) error {
-	var err error
-	*o, err = scanOrder(tx.QueryRow(ctx, `
-		INSERT INTO orders (id, customer_id, currency, items, total, status)
-		VALUES (coalesce($1::uuid, gen_random_uuid()), $2, $3, $4, $5, 'created')
-		RETURNING `+orderColumns, nullIfEmpty(id), n.CustomerID, n.Currency, n.Items, n.Total))
-	if err != nil {
-		return fmt.Errorf("insert order: %w", err)
+	if id == "" {
+		id = uuid.NewString()
+	}
+	// PostgreSQL keeps microseconds: truncate so the event, the response and
+	// later reads show the same instant.
+	now := time.Now().UTC().Truncate(time.Microsecond)
+	*o = order.Order{
+		ID: id, CustomerID: n.CustomerID, Currency: n.Currency, Items: n.Items, Total: n.Total,
+		Status: order.StatusCreated, Version: 1, CreatedAt: now, UpdatedAt: now,
 	}
 	payload, err := order.CreatedEvent(*o)
 	if err != nil {
 		return fmt.Errorf("encode order.created: %w", err)
 	}
-	if _, err := s.writer.Enqueue(ctx, tx, outbox.Message{
+	b := &pgx.Batch{}
+	b.Queue(insertOrderSQL, o.ID, o.CustomerID, o.Currency, o.Items, o.Total, o.Status, o.Version, o.CreatedAt)
+	if _, err := s.writer.Queue(b, outbox.Message{
 		AggregateType: order.AggregateType, AggregateID: o.ID, EventType: order.EventCreated,
 		Payload: payload, Headers: headers,
 	}); err != nil {
 		return fmt.Errorf("enqueue order.created: %w", err)
+	}
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("insert order and its order.created event: %w", err)
 	}
 	return s.runBeforeCommit(ctx, tx)
 }

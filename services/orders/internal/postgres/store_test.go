@@ -3,8 +3,10 @@ package postgres_test
 import (
 	"context"
 	"errors"
+	"reflect"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -37,6 +39,22 @@ func TestCreateWritesOrderAndEventTogether(t *testing.T) {
 	}
 	if aggID != o.ID || payloadOrderID != o.ID || eventType != order.EventCreated || version != 1 || total != 2500 || tp != "tp" {
 		t.Fatalf("outbox row = %s %s v%d %s total %d tp %q", aggID, eventType, version, payloadOrderID, total, tp)
+	}
+	// The order returned is the order stored, and the event carries its instant.
+	stored, err := store.Get(ctx, o.ID)
+	if err != nil {
+		t.Fatalf("get: %v", err)
+	}
+	stored.CreatedAt, stored.UpdatedAt = stored.CreatedAt.UTC(), stored.UpdatedAt.UTC()
+	if !reflect.DeepEqual(stored, o) {
+		t.Fatalf("stored order %+v, Create returned %+v", stored, o)
+	}
+	var eventCreatedAt time.Time
+	if err := pool.QueryRow(ctx, `SELECT (payload->>'created_at')::timestamptz FROM outbox`).Scan(&eventCreatedAt); err != nil {
+		t.Fatal(err)
+	}
+	if !eventCreatedAt.Equal(stored.CreatedAt) {
+		t.Fatalf("event created_at %v, order created_at %v", eventCreatedAt, stored.CreatedAt)
 	}
 }
 
