@@ -46,7 +46,7 @@ func newRelay(cfg config.Config, pool *pgxpool.Pool, reg prometheus.Registerer, 
 			AfterPublishBeforeMark: func([]int64) { crash.Hit(crashpoint.RelayAfterPublishBeforeMark) },
 		},
 	}
-	if cfg.Notify {
+	if cfg.Listen {
 		relayCfg.NotifyChannel = config.NotifyChannel
 	}
 	relay, err := outbox.NewRelay(pool, pub, relayCfg)

@@ -25,9 +25,15 @@ type Config struct {
 	AdminToken string
 	// Relay is RELAY: run the relay inside the API process. Default: true.
 	Relay bool
-	// Notify is OUTBOX_NOTIFY: wake relays in other processes with
-	// LISTEN/NOTIFY. Default: true.
+	// Notify is whether the writer sends a NOTIFY with every write
+	// transaction, to wake relays in other processes. OUTBOX_NOTIFY sets it
+	// (and Listen) explicitly. Default: true when this process runs no relay
+	// (RELAY=false); with an in-process relay, the writer wakes that relay
+	// directly and NOTIFY would only add its commit-time cost to every write.
 	Notify bool
+	// Listen is whether relays LISTEN for those NOTIFYs. OUTBOX_NOTIFY=false
+	// turns it off. Default: true.
+	Listen bool
 	// PollInterval is RELAY_POLL_INTERVAL, the relay's fallback ticker.
 	// Default: 1s.
 	PollInterval time.Duration
@@ -68,8 +74,12 @@ func FromEnv(getenv func(string) string) (Config, error) {
 	if c.Relay, err = boolVar(getenv, "RELAY", true); err != nil {
 		return c, err
 	}
-	if c.Notify, err = boolVar(getenv, "OUTBOX_NOTIFY", true); err != nil {
+	if c.Listen, err = boolVar(getenv, "OUTBOX_NOTIFY", true); err != nil {
 		return c, err
+	}
+	c.Notify = c.Listen
+	if strings.TrimSpace(getenv("OUTBOX_NOTIFY")) == "" {
+		c.Notify = !c.Relay
 	}
 	if c.PollInterval, err = durationVar(getenv, "RELAY_POLL_INTERVAL", time.Second); err != nil {
 		return c, err
