@@ -14,8 +14,11 @@
 //   - updates are read-modify-write without isolation: two concurrent
 //     conditional updates of one document can both apply, or one can undo
 //     the other (a lost update); inserts with a duplicate _id do fail;
-//   - only a filter that is exactly {_id: <string or ObjectID>} is served
-//     from the primary key; every other filter scans the collection.
+//   - only a filter that is exactly {_id: <string or ObjectID>} is pushed
+//     down to SQLite, and every other filter scans the collection. Even
+//     that one scans in FerretDB as released (its _id index does not match
+//     its own query's expression); this server adds an index that does,
+//     see Config.IDIndexInterval.
 //
 // Under the race detector the embedded server is about ten times slower than
 // in a normal build; a test suite can share one server started with
@@ -35,6 +38,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"time"
 
 	"github.com/FerretDB/FerretDB/ferretdb"
 )
@@ -51,6 +55,11 @@ type Config struct {
 	// Logger receives FerretDB's own logs at ERROR level and above.
 	// Default: discard.
 	Logger *slog.Logger
+	// IDIndexInterval is how often the server looks for new collections to
+	// give the _id index FerretDB's lookups can use (see idindex.go): a new
+	// collection's finds, updates and deletes by _id scan it until then.
+	// Negative: never, FerretDB as released. Default: 100ms.
+	IDIndexInterval time.Duration
 }
 
 // newMu serialises ferretdb.New, which writes a package-level version record
@@ -136,9 +145,14 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	// The server's lifetime is its own, bounded by ctx and by Close.
 	runCtx, cancel := context.WithCancel(ctx)
 	s.cancel = cancel
+	var wg sync.WaitGroup
+	if interval := cmp.Or(cfg.IDIndexInterval, 100*time.Millisecond); interval > 0 {
+		wg.Go(func() { runIDIndexer(runCtx, s.dataDir, interval, logger) })
+	}
+	wg.Go(func() { _ = f.Run(runCtx) }) // always nil
 	go func() {
-		defer close(s.done)
-		_ = f.Run(runCtx) // always nil
+		wg.Wait()
+		close(s.done)
 	}()
 	return s, nil
 }
