@@ -40,7 +40,8 @@ type Result int
 
 const (
 	// Processed: the handler ran and returned nil, and the message is
-	// recorded as done.
+	// recorded as done (with FlushInterval: its record is buffered, and
+	// written shortly after).
 	Processed Result = iota + 1
 	// Duplicate: the message was already recorded as done; the handler did
 	// not run.
@@ -100,19 +101,47 @@ type Config struct {
 	// run. Default: 0, no claim: concurrent duplicates may both run the
 	// (idempotent) handler, and recovery after a crash is immediate.
 	Lease time.Duration
+	// DoneCacheSize bounds the in-process cache of message ids this Inbox
+	// knows are done (recorded, buffered, or found done by a lookup), which
+	// Process consults before anything else: a hit is a Duplicate without a
+	// database operation. When full, the oldest id is evicted. Done is final,
+	// so a hit is always right, also after retention purged the record; a
+	// miss costs the usual lookup. Each entry holds the message id (a few
+	// dozen bytes for a UUID). Default: 10000 entries; -1 disables.
+	DoneCacheSize int
+	// FlushInterval, in ModeStandalone without a Lease, makes Process buffer
+	// the done record of a message whose handler succeeded and return,
+	// instead of writing the record first: a background flusher writes the
+	// buffer with one unordered InsertMany every FlushInterval, or as soon as
+	// FlushBatch records wait. IsDone and Process see buffered records. Call
+	// Close before exiting: records still buffered when the process dies are
+	// lost, which costs a rerun of the idempotent handler on a redelivery,
+	// never a lost or doubled effect (see the package documentation).
+	// Rejected with ModeTransaction or a Lease; ignored (records are written
+	// synchronously) when ModeAuto resolves to ModeTransaction. Default: 0,
+	// each record is written before Process returns.
+	FlushInterval time.Duration
+	// FlushBatch is, with FlushInterval, how many buffered records trigger a
+	// flush before FlushInterval has passed, and the most one InsertMany
+	// writes. Default: 256.
+	FlushBatch int
 	// MaxTransactionAttempts bounds, in ModeTransaction, how many times a
 	// transaction is tried after TransientTransactionError, and how many
 	// times a commit is retried after UnknownTransactionCommitResult.
 	// Default: 5.
 	MaxTransactionAttempts int
-	// Logger receives the inbox's logs. Default: discard.
+	// Logger receives the inbox's logs (among them failed writes of
+	// buffered records, with "message_id", "error" and "attempt").
+	// Default: discard.
 	Logger *slog.Logger
 }
 
 // Maximum length of a message id, in bytes.
 const maxMessageIDLen = 1024
 
-// Inbox deduplicates messages by id for one consumer.
+// Inbox deduplicates messages by id for one consumer. It is safe for
+// concurrent use. An Inbox configured with FlushInterval runs a goroutine
+// once it has buffered a record: Close it.
 type Inbox struct {
 	db          *mongo.Database
 	coll        *mongo.Collection
@@ -121,6 +150,8 @@ type Inbox struct {
 	lease       time.Duration
 	maxAttempts int
 	log         *slog.Logger
+	cache       *doneCache    // nil: disabled
+	buf         *recordBuffer // nil: records are written synchronously
 
 	modeMu   sync.Mutex
 	mode     Mode // resolved; "" until known
@@ -146,6 +177,21 @@ func New(db *mongo.Database, cfg Config) (*Inbox, error) {
 	if cfg.Lease < 0 {
 		return nil, fmt.Errorf("inbox: Lease %v: want 0 (no claim) or a positive duration", cfg.Lease)
 	}
+	if cfg.DoneCacheSize < -1 {
+		return nil, fmt.Errorf("inbox: DoneCacheSize %d: want a positive size, 0 for the default or -1 to disable", cfg.DoneCacheSize)
+	}
+	if cfg.FlushInterval < 0 {
+		return nil, fmt.Errorf("inbox: FlushInterval %v: want 0 (write records synchronously) or a positive duration", cfg.FlushInterval)
+	}
+	if cfg.FlushBatch < 0 {
+		return nil, fmt.Errorf("inbox: FlushBatch %d: want a positive number (or 0 for the default)", cfg.FlushBatch)
+	}
+	if cfg.FlushInterval > 0 && cfg.Mode == ModeTransaction {
+		return nil, errors.New("inbox: FlushInterval applies to ModeStandalone only: in ModeTransaction the record commits with the effect")
+	}
+	if cfg.FlushInterval > 0 && cfg.Lease > 0 {
+		return nil, errors.New("inbox: FlushInterval and Lease exclude each other: a claim is turned into done synchronously")
+	}
 	if cfg.MaxTransactionAttempts < 0 {
 		return nil, fmt.Errorf("inbox: MaxTransactionAttempts %d: want a positive number (or 0 for the default)", cfg.MaxTransactionAttempts)
 	}
@@ -157,6 +203,12 @@ func New(db *mongo.Database, cfg Config) (*Inbox, error) {
 		lease:       cfg.Lease,
 		maxAttempts: cmp.Or(cfg.MaxTransactionAttempts, 5),
 		log:         cfg.Logger,
+	}
+	if cfg.DoneCacheSize != -1 {
+		in.cache = newDoneCache(cmp.Or(cfg.DoneCacheSize, defaultDoneCacheSize))
+	}
+	if cfg.FlushInterval > 0 {
+		in.buf = newRecordBuffer(cfg.FlushInterval, cmp.Or(cfg.FlushBatch, defaultFlushBatch))
 	}
 	if in.log == nil {
 		in.log = slog.New(slog.DiscardHandler)
@@ -194,6 +246,9 @@ func (in *Inbox) Mode(ctx context.Context) (Mode, error) {
 	}
 	in.mode = m
 	in.log.InfoContext(ctx, "inbox mode detected", "mode", string(m), "consumer", in.consumer)
+	if m == ModeTransaction && in.buf != nil {
+		in.log.InfoContext(ctx, "inbox: FlushInterval ignored in transaction mode: records commit with the effect", "consumer", in.consumer)
+	}
 	return m, nil
 }
 
@@ -232,8 +287,10 @@ func detectMode(ctx context.Context, client *mongo.Client) (Mode, error) {
 
 // Process runs handler for the message msgID unless this consumer has already
 // processed it. It returns Processed after the handler returned nil and the
-// message was recorded, Duplicate when it had been recorded before (the
-// handler did not run), or an error:
+// message was recorded (or its record buffered, with FlushInterval),
+// Duplicate when it had been recorded before (the handler did not run; a hit
+// in the done cache answers this without a database operation), or an
+// error:
 //
 //   - ErrInvalidMessageID: msgID cannot be a key; nothing ran.
 //   - ErrInProgress (ModeStandalone with a Lease): another consumer holds a
@@ -251,6 +308,9 @@ func (in *Inbox) Process(ctx context.Context, msgID string, handler Handler) (Re
 	}
 	if handler == nil {
 		return 0, errors.New("inbox: nil handler")
+	}
+	if in.cache.contains(msgID) {
+		return Duplicate, nil
 	}
 	mode, err := in.Mode(ctx)
 	if err != nil {
@@ -287,7 +347,7 @@ const (
 
 // key is a record's _id: "consumer/message id", unambiguous since a consumer
 // name has no '/'. A string _id, looked up alone, is the one filter FerretDB's
-// SQLite backend answers from its primary key instead of a full scan.
+// SQLite backend pushes down to SQLite instead of filtering every document.
 func (in *Inbox) key(msgID string) string { return in.consumer + "/" + msgID }
 
 // byKey is the filter selecting msgID's record.
@@ -311,16 +371,24 @@ func (in *Inbox) doneFields(now time.Time) bson.D {
 	}
 }
 
-// IsDone reports whether this consumer has recorded msgID as done.
+// IsDone reports whether this consumer has recorded msgID as done. A record
+// in the done cache or still buffered (FlushInterval) counts as done.
 func (in *Inbox) IsDone(ctx context.Context, msgID string) (bool, error) {
 	if err := validMessageID(msgID); err != nil {
 		return false, err
+	}
+	if in.cache.contains(msgID) || in.buf.has(msgID) {
+		return true, nil
 	}
 	rec, err := in.read(ctx, msgID)
 	if err != nil {
 		return false, err
 	}
-	return rec != nil && rec.State == stateDone, nil
+	done := rec != nil && rec.State == stateDone
+	if done {
+		in.cache.add(msgID)
+	}
+	return done, nil
 }
 
 // record is the part of a record Process reads.

@@ -10,15 +10,16 @@ import (
 )
 
 // The hot path of both standalone protocols selects records by _id alone:
-// that is what FerretDB's SQLite backend serves from its primary key (any
-// other filter is a full scan there), and its conditional updates are not
+// that is the one filter FerretDB's SQLite backend pushes down to SQLite
+// (any other is evaluated over every document), and its conditional updates are not
 // atomic anyway. Only the unique _id on insert is relied on for exclusion.
 
 // processStandalone: check, run the idempotent handler, then record. The
-// record is written only after the handler's writes were acknowledged, so a
-// done record always means a durable effect; a crash in between leaves the
-// effect without a record, and the redelivery runs the handler again, which
-// its idempotence turns into a no-op.
+// record is written (or buffered, with FlushInterval) only after the
+// handler's writes were acknowledged, so a done record always means a
+// durable effect; a crash in between leaves the effect without a record, and
+// the redelivery runs the handler again, which its idempotence turns into a
+// no-op.
 func (in *Inbox) processStandalone(ctx context.Context, msgID string, handler Handler) (Result, error) {
 	done, err := in.IsDone(ctx, msgID)
 	if err != nil {
@@ -30,9 +31,14 @@ func (in *Inbox) processStandalone(ctx context.Context, msgID string, handler Ha
 	if err := handler(ctx); err != nil {
 		return 0, handlerError(err)
 	}
+	if in.buf != nil && in.bufferDone(msgID) {
+		in.cache.add(msgID)
+		return Processed, nil
+	}
 	if err := in.recordDone(ctx, msgID); err != nil {
 		return 0, err
 	}
+	in.cache.add(msgID)
 	return Processed, nil
 }
 
@@ -40,22 +46,44 @@ func (in *Inbox) processStandalone(ctx context.Context, msgID string, handler Ha
 // duplicate recorded it first (fine: both handler runs made one effect) or a
 // claim is there (from a Lease-mode consumer): it is turned into done.
 func (in *Inbox) recordDone(ctx context.Context, msgID string) error {
-	now := time.Now()
-	_, err := in.coll.InsertOne(ctx, in.newRecord(msgID, in.doneFields(now)))
-	if err == nil {
-		return nil
+	for attempt := 1; ; attempt++ {
+		now := time.Now()
+		_, err := in.coll.InsertOne(ctx, in.newRecord(msgID, in.doneFields(now)))
+		if err == nil {
+			return nil
+		}
+		if !mongo.IsDuplicateKeyError(err) {
+			return fmt.Errorf("inbox: record message %s done: %w", msgID, err)
+		}
+		settled, err := in.settleDuplicate(ctx, msgID, now)
+		if settled || err != nil {
+			return err
+		}
+		// A claim was released between the insert and the read: insert again.
+		if attempt == 3 {
+			return fmt.Errorf("inbox: record message %s done: its record keeps vanishing", msgID)
+		}
 	}
-	if !mongo.IsDuplicateKeyError(err) {
-		return fmt.Errorf("inbox: record message %s done: %w", msgID, err)
-	}
+}
+
+// settleDuplicate handles a duplicate key on inserting msgID's done record:
+// the record there is done already (settled), or it is a claim, which is
+// turned into done (settled). settled is false, without error, when the
+// record vanished meanwhile (a released claim): insert it again.
+func (in *Inbox) settleDuplicate(ctx context.Context, msgID string, now time.Time) (settled bool, err error) {
 	rec, err := in.read(ctx, msgID)
-	if err != nil {
-		return err
+	switch {
+	case err != nil:
+		return false, err
+	case rec == nil:
+		return false, nil
+	case rec.State == stateDone:
+		return true, nil
 	}
-	if rec != nil && rec.State == stateDone {
-		return nil
+	if err := in.markDone(ctx, msgID, now); err != nil {
+		return false, err
 	}
-	return in.markDone(ctx, msgID, now)
+	return true, nil
 }
 
 // markDone turns msgID's record into a done record, whoever claimed it:
@@ -79,6 +107,9 @@ func (in *Inbox) processClaimed(ctx context.Context, msgID string, handler Handl
 	token := newToken()
 	res, err := in.claim(ctx, msgID, token)
 	if err != nil || res == Duplicate {
+		if res == Duplicate {
+			in.cache.add(msgID)
+		}
 		return res, err
 	}
 
@@ -105,6 +136,7 @@ func (in *Inbox) processClaimed(ctx context.Context, msgID string, handler Handl
 	if err := in.markDone(ctx, msgID, time.Now()); err != nil {
 		return 0, err
 	}
+	in.cache.add(msgID)
 	return Processed, nil
 }
 

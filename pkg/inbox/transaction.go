@@ -49,6 +49,9 @@ func (in *Inbox) processTx(ctx context.Context, msgID string, handler Handler) (
 		}
 		res, retry, err := in.tryTx(ctx, sess, txOpts, msgID, handler)
 		if !retry {
+			if err == nil { // committed now, or before
+				in.cache.add(msgID)
+			}
 			return res, err
 		}
 		lastErr = err

@@ -9,6 +9,8 @@
 //	MONGO_URI    mongodb://127.0.0.1:27017            (the path is the database, default "shipping")
 //	HTTP_ADDR    127.0.0.1:8081
 //	LOG_LEVEL    info (debug, info, warn, error)
+//	INBOX_FLUSH_INTERVAL  10ms: inbox records are written in bulk at this interval
+//	             where MongoDB has no transactions (0: each before its ack)
 //	CRASH_POINT, CRASH_AFTER  arm a crash point (internal/crashpoint), for the e2e suite
 //
 // Flags override the topology names and tuning; see -h. Without a MongoDB
@@ -27,7 +29,9 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
+	"time"
 
 	"github.com/outbox-inbox/reference/internal/crashpoint"
 	"github.com/outbox-inbox/reference/internal/logfmt"
@@ -79,6 +83,17 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		return fmt.Errorf("LOG_LEVEL: %w", err)
 	}
 	cfg.Logger = logfmt.New(stdout, level, "shipping")
+
+	if v := strings.TrimSpace(getenv("INBOX_FLUSH_INTERVAL")); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 0 {
+			return fmt.Errorf("INBOX_FLUSH_INTERVAL=%q: want a non-negative duration such as 10ms (0 writes each inbox record before its ack)", v)
+		}
+		cfg.InboxFlushInterval = d
+		if d == 0 {
+			cfg.InboxFlushInterval = -1 // app.Config: negative is synchronous, 0 the default
+		}
+	}
 
 	crash, err := crashpoint.FromEnv(getenv)
 	if err != nil {

@@ -49,6 +49,14 @@ type Config struct {
 	MaxAttempts, MaxDeferrals int
 	// InboxRetention keeps inbox records (default in inbox.Config: 7 days).
 	InboxRetention time.Duration
+	// InboxFlushInterval is the inbox's inbox.Config.FlushInterval: on a
+	// server without transactions (FerretDB, a standalone mongod) each
+	// delivery's done record is buffered and written in bulk at this
+	// interval, instead of before the ack; a crash loses at most the records
+	// of the last interval, which costs a rerun of the idempotent effect on a
+	// redelivery. Ignored on a replica set, where the record commits with the
+	// effect. Default: 10ms; negative writes each record before the ack.
+	InboxFlushInterval time.Duration
 	// PurgeInterval is how often expired inbox records are purged where the
 	// server has no TTL index. Default: 10m.
 	PurgeInterval time.Duration
@@ -116,7 +124,13 @@ func New(cfg Config) (*App, error) {
 		return nil, err
 	}
 	db := client.Database(dbName)
-	if a.inbox, err = inbox.New(db, inbox.Config{Consumer: "shipping", Retention: cfg.InboxRetention, Logger: log}); err != nil {
+	flush := cmp.Or(cfg.InboxFlushInterval, 10*time.Millisecond)
+	if flush < 0 {
+		flush = 0 // synchronous records
+	}
+	if a.inbox, err = inbox.New(db, inbox.Config{
+		Consumer: "shipping", Retention: cfg.InboxRetention, FlushInterval: flush, Logger: log,
+	}); err != nil {
 		return fail(fmt.Errorf("shipping: %w", err))
 	}
 	if a.store, err = mongodb.New(db, ""); err != nil {
@@ -181,7 +195,8 @@ func (a *App) Ready() error { return a.consumer.Ready() }
 func (a *App) Metrics() *metrics.Metrics { return a.metrics }
 
 // Run serves until ctx ends, then shuts down gracefully: the HTTP server
-// stops, in-flight deliveries finish and are acked, MongoDB is disconnected.
+// stops, in-flight deliveries finish and are acked, the inbox writes its
+// buffered records, MongoDB is disconnected.
 func (a *App) Run(parent context.Context) error {
 	ctx, stop := context.WithCancel(parent)
 	defer stop()
@@ -218,6 +233,12 @@ func (a *App) Run(parent context.Context) error {
 	}
 	wg.Wait()
 	<-consumerDone
+	// The consumer acks no more: write the inbox records it buffered. Those
+	// not written in time are lost, which only costs a rerun of the
+	// idempotent effect if their messages come again.
+	if err := a.inbox.Close(sctx); err != nil {
+		a.log.WarnContext(ctx, "inbox close", "error", err)
+	}
 	if err := a.client.Disconnect(sctx); err != nil {
 		a.log.WarnContext(ctx, "MongoDB disconnect", "error", err)
 	}
