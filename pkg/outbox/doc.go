@@ -148,10 +148,10 @@
 //     dead-lettered. Published rows leave it, so its size is the backlog, never
 //     the history. Its autovacuum triggers after a fixed number of changes,
 //     not a fraction of its size, so dead index entries do not pile up in front
-//     of the claim on a small, hot table. That needs autovacuum on (the
-//     default): on a server without it, run VACUUM outbox every few thousand
-//     published rows, or the claim slows down with every event published
-//     since the last vacuum.
+//     of the claim on a small, hot table. On a server where autovacuum is
+//     off, the relay vacuums outbox itself (RelayConfig.VacuumEvery):
+//     without any vacuum the claim slows down with every event published
+//     since the last one.
 //   - outbox_published keeps confirmed rows with published_at, for audit, until
 //     they are purged (RelayConfig.PublishedRetention or Admin.Purge, in small
 //     batches). The claim never reads it, so the claim's cost does not grow with

@@ -64,6 +64,19 @@ type RelayConfig struct {
 	// PurgeBatchSize is the size of each purge statement. Default 1,000, at most
 	// MaxPurgeBatch.
 	PurgeBatchSize int
+	// VacuumEvery is how many rows the relay moves out of the outbox table
+	// between two VACUUMs of it that the relay runs itself, in the background.
+	// Every published row leaves a dead tuple and dead index entries in outbox,
+	// and the claim walks over them until a vacuum removes them: without one,
+	// its cost grows with every event published since the last. The schema
+	// tunes autovacuum to clean up every 5,000 changes, but a server may run
+	// with autovacuum off. Default 0 (auto): at start the relay asks whether
+	// autovacuum is on for the server and the table; if not, it vacuums once at
+	// start and then every 5,000 rows moved, and otherwise never. A positive
+	// value vacuums at that interval regardless; -1 never. The VACUUM needs the
+	// table's owner (PostgreSQL skips it with a warning otherwise) and skips
+	// the table while another vacuum holds it.
+	VacuumEvery int
 	// Logger receives the relay's logs. Default slog.Default().
 	Logger *slog.Logger
 	// Metrics receives counters and timings. Default NopMetrics.
@@ -174,6 +187,8 @@ func (c RelayConfig) withDefaults() (RelayConfig, error) {
 		return c, fmt.Errorf("outbox relay config: PublishTimeout %v must be at most half the Lease %v, so a batch is marked before its lease ends", c.PublishTimeout, c.Lease)
 	case c.RetryBackoffMin > c.RetryBackoffMax:
 		return c, fmt.Errorf("outbox relay config: RetryBackoffMin %v exceeds RetryBackoffMax %v", c.RetryBackoffMin, c.RetryBackoffMax)
+	case c.VacuumEvery < -1:
+		return c, fmt.Errorf("outbox relay config: VacuumEvery %d: want -1 (never), 0 (auto) or a number of rows", c.VacuumEvery)
 	case c.PurgeBatchSize > MaxPurgeBatch:
 		return c, fmt.Errorf("outbox relay config: PurgeBatchSize %d: at most %d", c.PurgeBatchSize, MaxPurgeBatch)
 	case strings.ContainsRune(c.NotifyChannel, 0) || len(c.NotifyChannel) > 63:
@@ -197,6 +212,10 @@ type Relay struct {
 	admin   *Admin
 	wake    chan struct{}
 	running atomic.Bool
+
+	vacuumEvery      atomic.Int64 // rows between vacuums; 0 until vacuumLoop decided
+	movedSinceVacuum atomic.Int64
+	vacuumDue        chan struct{}
 }
 
 // NewRelay returns a relay that publishes the outbox in pool's database (in the
@@ -220,6 +239,8 @@ func NewRelay(pool *pgxpool.Pool, pub Publisher, cfg RelayConfig) (*Relay, error
 		log:   cfg.Logger,
 		admin: NewAdmin(pool),
 		wake:  make(chan struct{}, 1),
+
+		vacuumDue: make(chan struct{}, 1),
 	}, nil
 }
 
@@ -257,6 +278,9 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	if r.cfg.PublishedRetention > 0 {
 		wg.Go(func() { r.purge(ctx) })
+	}
+	if r.cfg.VacuumEvery >= 0 {
+		wg.Go(func() { r.vacuumLoop(ctx) })
 	}
 	r.Wake()
 	r.log.InfoContext(ctx, "outbox relay started",
@@ -378,6 +402,7 @@ func (r *Relay) runBatch(ctx context.Context) (BatchResult, error) {
 		}
 		marked, unmarked, err := r.mark(detached, confirmed, leaseEnd)
 		res.Published, res.Unmarked = marked, unmarked
+		r.movedRows(len(marked))
 		res.Err = errors.Join(res.Err, err)
 		r.cfg.Metrics.Published(len(confirmed))
 		if r.log.Enabled(ctx, slog.LevelDebug) {

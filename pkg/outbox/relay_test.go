@@ -618,6 +618,7 @@ func TestNewRelayValidatesConfig(t *testing.T) {
 		"NUL in channel":               {NotifyChannel: "a\x00b"},
 		"long channel":                 {NotifyChannel: string(make([]byte, 64))},
 		"huge purge batch":             {PurgeBatchSize: outbox.MaxPurgeBatch + 1},
+		"vacuum every -2":              {VacuumEvery: -2},
 	}
 	for name, cfg := range cases {
 		if _, err := outbox.NewRelay(pool, pub, cfg); err == nil {
