@@ -86,13 +86,43 @@ type claimSample struct {
 // measureClaims runs the real relay, with in-process wake-ups, while one order
 // event per transaction is enqueued at b.cfg.claimRate per second for
 // b.cfg.claimMeasure, and returns the latency of every claim it ran.
-func (b *bench) measureClaims(ctx context.Context, poolCfg *pgxpool.Config, pool *pgxpool.Pool, url string) (claimSample, error) {
+//
+// vacuumEvery is the relay's RelayConfig.VacuumEvery. With 0 (auto, the
+// service's default) on a server without autovacuum the relay vacuums the
+// outbox at start: the measurement then waits for that first vacuum.
+func (b *bench) measureClaims(ctx context.Context, poolCfg *pgxpool.Config, pool *pgxpool.Pool, url string, vacuumEvery int) (claimSample, error) {
 	timer := newSQLTimer()
-	relay, err := startRelay(ctx, poolCfg, url, b.relayConfig(), timer)
+	vacuumsBefore, err := manualVacuums(ctx, pool)
+	if err != nil {
+		return claimSample{}, err
+	}
+	cfg := b.relayConfig()
+	cfg.VacuumEvery = vacuumEvery
+	relay, err := startRelay(ctx, poolCfg, url, cfg, timer)
 	if err != nil {
 		return claimSample{}, err
 	}
 	defer relay.stop()
+	if vacuumEvery == 0 {
+		var autovacuum bool
+		if err := pool.QueryRow(ctx, `SELECT current_setting('autovacuum')::bool`).Scan(&autovacuum); err != nil {
+			return claimSample{}, err
+		}
+		for !autovacuum {
+			n, err := manualVacuums(ctx, pool)
+			if err != nil {
+				return claimSample{}, err
+			}
+			if n > vacuumsBefore {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return claimSample{}, ctx.Err()
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}
 	if err := waitDrained(ctx, pool, time.Minute); err != nil {
 		return claimSample{}, err
 	}
@@ -128,6 +158,16 @@ func (b *bench) measureClaims(ctx context.Context, poolCfg *pgxpool.Config, pool
 		return s, err
 	}
 	return s, nil
+}
+
+// manualVacuums is how many VACUUMs not run by autovacuum the outbox table had.
+func manualVacuums(ctx context.Context, pool *pgxpool.Pool) (int64, error) {
+	var n int64
+	err := pool.QueryRow(ctx, `SELECT vacuum_count FROM pg_stat_user_tables WHERE relid = 'outbox'::regclass`).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("read outbox vacuum_count: %w", err)
+	}
+	return n, nil
 }
 
 // explain runs EXPLAIN (ANALYZE, BUFFERS) of sql in a transaction it rolls
@@ -236,10 +276,12 @@ func (b *bench) churn(ctx context.Context, pool *pgxpool.Pool, relay *runningRel
 //
 // This server runs with autovacuum=off, and the churn leaves every moved row
 // as dead tuples and dead index entries in outbox. The aged table is measured
-// twice: as the churn left it, never vacuumed (what this server does), and
-// with a stand-in for autovacuum that applies the schema's own thresholds
-// every second (what a server with autovacuum on does, with a short
-// naptime). The fresh baseline runs with the same stand-in.
+// three times: as the churn left it, never vacuumed (this server with the
+// relay's own vacuum off); with the relay as the service runs it, which
+// vacuums the outbox itself when autovacuum is off; and with a stand-in for
+// autovacuum that applies the schema's own thresholds every second (what a
+// server with autovacuum on does, with a short naptime). The fresh baseline
+// runs with the same stand-in.
 func (b *bench) runClaimFlat(ctx context.Context) ([]Figure, error) {
 	url, err := b.env.newVhost(ctx, "claim")
 	if err != nil {
@@ -274,7 +316,7 @@ func (b *bench) runClaimFlat(ctx context.Context) ([]Figure, error) {
 	}
 	defer fresh.Close()
 	av := startAutovacuum(ctx, fresh, naptime, b.quiet)
-	freshSample, err := b.measureClaims(ctx, freshCfg, fresh, url)
+	freshSample, err := b.measureClaims(ctx, freshCfg, fresh, url, -1)
 	freshAV, avErr := av.stop()
 	if err != nil {
 		return nil, fmt.Errorf("fresh: %w", err)
@@ -318,6 +360,7 @@ func (b *bench) runClaimFlat(ctx context.Context) ([]Figure, error) {
 	churnCfg := b.relayConfig()
 	churnCfg.PublishedRetention = 7 * 24 * time.Hour
 	churnCfg.PurgeInterval = 5 * time.Second
+	churnCfg.VacuumEvery = -1 // leave what the churn leaves, as a server without autovacuum would
 	relay, err := startRelay(ctx, agedCfg, url, churnCfg, nil)
 	if err != nil {
 		return nil, err
@@ -341,11 +384,28 @@ func (b *bench) runClaimFlat(ctx context.Context) ([]Figure, error) {
 	}
 
 	// As the churn left it: never vacuumed.
-	noVacuumSample, err := b.measureClaims(ctx, agedCfg, aged, url)
+	noVacuumSample, err := b.measureClaims(ctx, agedCfg, aged, url, -1)
 	if err != nil {
 		return nil, fmt.Errorf("aged, no vacuum: %w", err)
 	}
 	noVacuumStats, err := readTableStats(ctx, aged)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := takeQueue(url, drainQueueName); err != nil {
+		return nil, err
+	}
+
+	// The relay as the service runs it (VacuumEvery auto): on this server,
+	// without autovacuum, it vacuums the outbox itself at start (what the
+	// churn left) and then every 5,000 rows it moves.
+	start = time.Now()
+	relayVacuumSample, err := b.measureClaims(ctx, agedCfg, aged, url, 0)
+	if err != nil {
+		return nil, fmt.Errorf("aged, relay's vacuum: %w", err)
+	}
+	details["relay_vacuum_measure_seconds"] = round(time.Since(start).Seconds())
+	relayVacuumStats, err := readTableStats(ctx, aged)
 	if err != nil {
 		return nil, err
 	}
@@ -361,7 +421,7 @@ func (b *bench) runClaimFlat(ctx context.Context) ([]Figure, error) {
 	details["catch_up_vacuum_seconds"] = round(time.Since(start).Seconds())
 	details["catch_up_vacuum"] = map[string]any{"vacuums": catchUp.vacuums, "analyzes": catchUp.analyzes}
 	av = startAutovacuum(ctx, aged, naptime, b.quiet)
-	agedSample, err := b.measureClaims(ctx, agedCfg, aged, url)
+	agedSample, err := b.measureClaims(ctx, agedCfg, aged, url, -1)
 	agedAV, avErr := av.stop()
 	if err != nil {
 		return nil, fmt.Errorf("aged: %w", err)
@@ -378,7 +438,7 @@ func (b *bench) runClaimFlat(ctx context.Context) ([]Figure, error) {
 	}
 
 	sums := map[string]Latencies{}
-	for name, s := range map[string]claimSample{"fresh": freshSample, "aged": agedSample, "aged_no_vacuum": noVacuumSample} {
+	for name, s := range map[string]claimSample{"fresh": freshSample, "aged": agedSample, "aged_no_vacuum": noVacuumSample, "aged_relay_vacuum": relayVacuumSample} {
 		all, err := summarize(s.all)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", name, err)
@@ -400,20 +460,24 @@ func (b *bench) runClaimFlat(ctx context.Context) ([]Figure, error) {
 	details["fresh_tables"] = freshStats
 	details["aged_tables_after_churn"] = churnStats
 	details["aged_tables_after_no_vacuum_measure"] = noVacuumStats
+	details["aged_tables_after_relay_vacuum_measure"] = relayVacuumStats
 	details["aged_tables_after_measure"] = agedStats
 	details["history_rows"] = retained
 	details["churn_events"] = b.cfg.claimChurn
 	details["purged_rows_total"] = int64(retained+b.cfg.claimChurn) - churnStats.Published
 
-	f, a, nv := sums["fresh"], sums["aged"], sums["aged_no_vacuum"]
+	f, a, nv, rv := sums["fresh"], sums["aged"], sums["aged_no_vacuum"], sums["aged_relay_vacuum"]
 	what := fmt.Sprintf("claim statement latency (the relay's own SQL, timed by a pgx tracer on the relay's pool) while %d events/s are enqueued with in-process wake-ups, on a table after %d events of churn (enqueue, claim, publish, move, retention purge) with %d published rows retained",
 		b.cfg.claimRate, b.cfg.claimChurn, churnStats.Published)
-	withAV := ", autovacuum stand-in at the schema's thresholds"
-	noAV := ", never vacuumed (autovacuum=off on this server)"
+	withAV := ", autovacuum stand-in at the schema's thresholds, the relay's own vacuum off"
+	noAV := ", never vacuumed (autovacuum=off on this server, the relay's own vacuum off)"
+	relayV := ", autovacuum=off on this server, the relay as the service runs it (VacuumEvery auto: it vacuums the outbox at start and every 5,000 rows moved)"
 	baseIs := "the same measurement on a fresh database, autovacuum stand-in on"
 	return []Figure{
 		newFigure("claim_flat_p50", "ms", ms(a.P50), ms(f.P50), Goal{RatioAtMost, 2}, "p50 "+what+withAV, baseIs, details),
 		newFigure("claim_flat_p99", "ms", ms(a.P99), ms(f.P99), Goal{RatioAtMost, 2}, "p99 "+what+withAV, baseIs, nil),
+		newFigure("claim_flat_relay_vacuum_p50", "ms", ms(rv.P50), ms(f.P50), Goal{RatioAtMost, 2}, "p50 "+what+relayV, baseIs, nil),
+		newFigure("claim_flat_relay_vacuum_p99", "ms", ms(rv.P99), ms(f.P99), Goal{RatioAtMost, 2}, "p99 "+what+relayV, baseIs, nil),
 		newFigure("claim_flat_no_vacuum_p50", "ms", ms(nv.P50), ms(f.P50), Goal{RatioAtMost, 2}, "p50 "+what+noAV, baseIs, nil),
 		newFigure("claim_flat_no_vacuum_p99", "ms", ms(nv.P99), ms(f.P99), Goal{RatioAtMost, 2}, "p99 "+what+noAV, baseIs, nil),
 	}, nil

@@ -19,6 +19,7 @@
 //	BENCH_OUT           where the JSON goes (default bench-results.json)
 //	BENCH_REPS          repetitions of the throughput figures (default 3)
 //	BENCH_RELAY_BATCH_SIZE, BENCH_RELAY_WORKERS  relay tuning (default: the orders service's)
+//	BENCH_RELAY_VACUUM_EVERY  the relays' VacuumEvery (default 0, auto, the orders service's)
 //	BENCH_KEEP=1        keep the PostgreSQL databases and vhosts for inspection
 package main
 
@@ -73,6 +74,8 @@ type config struct {
 	inboxClients  int
 	relayBatch    int
 	relayWorkers  int
+	// relayVacuumEvery is RelayConfig.VacuumEvery (0: auto, the service's).
+	relayVacuumEvery int
 }
 
 func defaultConfig() config {
@@ -153,6 +156,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			}
 			*v.dst = n
 		}
+	}
+	if s := getenv("BENCH_RELAY_VACUUM_EVERY"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < -1 {
+			return fmt.Errorf("BENCH_RELAY_VACUUM_EVERY=%q: want -1 (never), 0 (auto) or a number of rows", s)
+		}
+		cfg.relayVacuumEvery = n
 	}
 	out := cmp.Or(getenv("BENCH_OUT"), "bench-results.json")
 	databaseURL := cmp.Or(getenv("BENCH_DATABASE_URL"), getenv("TEST_DATABASE_URL"), "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable")
@@ -255,6 +265,7 @@ func (b *bench) relayConfig() outbox.RelayConfig {
 	return outbox.RelayConfig{
 		BatchSize:       cmp.Or(b.cfg.relayBatch, 500),
 		Workers:         b.cfg.relayWorkers, // 0: the library's default
+		VacuumEvery:     b.cfg.relayVacuumEvery,
 		PollInterval:    time.Second,
 		Lease:           30 * time.Second,
 		PublishTimeout:  10 * time.Second,
@@ -271,5 +282,12 @@ func (b *bench) relayConfigText() string {
 	if c.Workers > 0 {
 		workers = strconv.Itoa(c.Workers)
 	}
-	return fmt.Sprintf("BatchSize=%d Workers=%s PollInterval=%v", c.BatchSize, workers, c.PollInterval)
+	vacuum := "auto"
+	switch {
+	case c.VacuumEvery < 0:
+		vacuum = "never"
+	case c.VacuumEvery > 0:
+		vacuum = strconv.Itoa(c.VacuumEvery)
+	}
+	return fmt.Sprintf("BatchSize=%d Workers=%s PollInterval=%v VacuumEvery=%s", c.BatchSize, workers, c.PollInterval, vacuum)
 }
