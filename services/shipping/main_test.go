@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -89,17 +90,23 @@ func TestRunRejectsBadInput(t *testing.T) {
 		args []string
 		env  map[string]string
 	}{
-		"unknown flag":   {args: []string{"-nope"}},
-		"extra argument": {args: []string{"serve"}},
-		"bad log level":  {env: map[string]string{"LOG_LEVEL": "loud"}},
-		"bad crash":      {env: map[string]string{"CRASH_POINT": "shipping.nowhere"}},
-		"bad mongo uri":  {env: map[string]string{"MONGO_URI": "mysql://x"}},
-		"bad http addr":  {env: map[string]string{"HTTP_ADDR": "nowhere"}},
-		"bad delay":      {args: []string{"-delay", "1us"}},
+		"unknown flag":                  {args: []string{"-nope"}},
+		"extra argument":                {args: []string{"serve"}},
+		"bad log level":                 {env: map[string]string{"LOG_LEVEL": "loud"}},
+		"bad crash":                     {env: map[string]string{"CRASH_POINT": "shipping.nowhere"}},
+		"bad mongo uri":                 {env: map[string]string{"MONGO_URI": "mysql://x"}},
+		"bad http addr":                 {env: map[string]string{"HTTP_ADDR": "nowhere"}},
+		"bad delay":                     {args: []string{"-delay", "1us"}},
+		"bad inbox flush interval":      {env: map[string]string{"INBOX_FLUSH_INTERVAL": "soon"}},
+		"negative inbox flush interval": {env: map[string]string{"INBOX_FLUSH_INTERVAL": "-1ms"}},
 	} {
 		t.Run(name, func(t *testing.T) {
-			if err := run(t.Context(), tc.args, env(tc.env), io.Discard); err == nil {
+			err := run(t.Context(), tc.args, env(tc.env), io.Discard)
+			if err == nil {
 				t.Fatal("run succeeded, want an error")
+			}
+			if v, ok := tc.env["INBOX_FLUSH_INTERVAL"]; ok && !strings.Contains(err.Error(), "INBOX_FLUSH_INTERVAL") {
+				t.Fatalf("INBOX_FLUSH_INTERVAL=%q: error %q does not name the variable", v, err)
 			}
 		})
 	}
