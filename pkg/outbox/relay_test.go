@@ -95,31 +95,6 @@ func fastConfig(t testing.TB) outbox.RelayConfig {
 	}
 }
 
-// startRelay runs a relay until the test ends, and fails the test if Run
-// returns an error or does not return promptly once cancelled.
-func startRelay(t testing.TB, pool *pgxpool.Pool, pub outbox.Publisher, cfg outbox.RelayConfig) (*outbox.Relay, context.CancelFunc) {
-	t.Helper()
-	relay, err := outbox.NewRelay(pool, pub, cfg)
-	if err != nil {
-		t.Fatalf("NewRelay: %v", err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- relay.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Run: %v", err)
-			}
-		case <-time.After(20 * time.Second):
-			t.Errorf("relay did not stop within 20s of its context being cancelled")
-		}
-	})
-	return relay, cancel
-}
-
 // checkOrder fails the test unless, for every aggregate, the versions in envs
 // never go back (duplicates allowed when allowDup), and returns the highest
 // version seen per aggregate.
@@ -208,8 +183,8 @@ func TestRelayWithConcurrentWritersKeepsOrderAndNeverStrandsARow(t *testing.T) {
 	pub := &memPublisher{}
 	cfg := fastConfig(t)
 	cfg.Workers = 3
-	r1, _ := startRelay(t, pool, pub, cfg)
-	r2, _ := startRelay(t, pool, pub, cfg)
+	r1 := startRelay(t, pool, pub, cfg)
+	r2 := startRelay(t, pool, pub, cfg)
 
 	const writers, perWriter, aggregates = 8, 40, 10
 	var wg sync.WaitGroup
@@ -253,6 +228,25 @@ func TestRelayWithConcurrentWritersKeepsOrderAndNeverStrandsARow(t *testing.T) {
 	}
 }
 
+// holdAggregate enqueues o-1's first event (committed), then its second in a
+// transaction it leaves open (rolled back when the test ends), so a writer
+// holds the aggregate's lock while the relay marks the first.
+func holdAggregate(t *testing.T, pool *pgxpool.Pool) (first outbox.Enqueued, second []outbox.Enqueued, tx pgx.Tx) {
+	t.Helper()
+	ctx := context.Background()
+	first = enqueue(t, pool, msg("o-1", "order.created"))[0]
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	second, err = outbox.Enqueue(ctx, tx, msg("o-1", "order.cancelled"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return first, second, tx
+}
+
 // A writer that holds an aggregate (its transaction enqueued the next event and
 // is still open) delays the mark of the previous event, without blocking the
 // relay or stranding either event.
@@ -260,17 +254,7 @@ func TestRelayMarkWaitsForAWriterHoldingTheAggregate(t *testing.T) {
 	t.Parallel()
 	pool := newTestPool(t)
 	ctx := context.Background()
-	first := enqueue(t, pool, msg("o-1", "order.created"))[0]
-
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx) //nolint:errcheck
-	second, err := outbox.Enqueue(ctx, tx, msg("o-1", "order.cancelled"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	first, second, tx := holdAggregate(t, pool)
 
 	published := make(chan []int64, 1)
 	batches := make(chan outbox.BatchResult, 10)
@@ -476,7 +460,7 @@ func TestRelayWakesOnSignalAndOnNotify(t *testing.T) {
 	cfg.NotifyChannel = channel
 	batches := make(chan outbox.BatchResult, 10)
 	cfg.Hooks.BatchDone = func(r outbox.BatchResult) { batches <- r }
-	relay, _ := startRelay(t, pool, pub, cfg)
+	relay := startRelay(t, pool, pub, cfg)
 
 	// In-process signal.
 	e := enqueue(t, pool, msg("o-1", "order.created"))[0]
@@ -590,7 +574,7 @@ func TestRelayRunTwiceIsAnError(t *testing.T) {
 	batches := make(chan outbox.BatchResult, 1)
 	cfg := fastConfig(t)
 	cfg.Hooks.BatchDone = func(r outbox.BatchResult) { batches <- r }
-	relay, _ := startRelay(t, pool, &memPublisher{}, cfg)
+	relay := startRelay(t, pool, &memPublisher{}, cfg)
 	enqueue(t, pool, msg("o-1", "order.created"))
 	relay.Wake()
 	<-batches // the first Run is running
@@ -643,16 +627,7 @@ func TestRelayPublishesAgainWhatItCouldNotMark(t *testing.T) {
 	t.Parallel()
 	pool := newTestPool(t)
 	ctx := context.Background()
-	first := enqueue(t, pool, msg("o-1", "order.created"))[0]
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx) //nolint:errcheck
-	second, err := outbox.Enqueue(ctx, tx, msg("o-1", "order.cancelled"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	first, second, tx := holdAggregate(t, pool)
 
 	batches := make(chan outbox.BatchResult, 10)
 	pub := &memPublisher{}
@@ -706,7 +681,7 @@ func TestRelaySurvivesTerminatedDatabaseConnections(t *testing.T) {
 	batches := make(chan outbox.BatchResult, 10)
 	rc.Hooks.BatchDone = func(r outbox.BatchResult) { batches <- r }
 	pub := &memPublisher{}
-	relay, _ := startRelay(t, pool, pub, rc)
+	relay := startRelay(t, pool, pub, rc)
 	w, err := outbox.NewWriter(outbox.WriterConfig{NotifyChannel: channel})
 	if err != nil {
 		t.Fatal(err)

@@ -13,4 +13,5 @@ var (
 	enqueue         = outboxtest.Enqueue
 	waitFor         = outboxtest.WaitFor
 	outboxEmpty     = outboxtest.OutboxEmpty
+	startRelay      = outboxtest.StartRelay
 )

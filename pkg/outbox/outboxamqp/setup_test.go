@@ -38,6 +38,7 @@ var (
 	enqueue         = outboxtest.Enqueue
 	waitFor         = outboxtest.WaitFor
 	outboxEmpty     = outboxtest.OutboxEmpty
+	startRelay      = outboxtest.StartRelay
 )
 
 func TestMain(m *testing.M) {
@@ -191,29 +192,6 @@ func relayConfig(t testing.TB) outbox.RelayConfig {
 		RetryBackoffMax: 100 * time.Millisecond,
 		Logger:          testLogger(t, nil),
 	}
-}
-
-func startRelay(t testing.TB, pool *pgxpool.Pool, pub outbox.Publisher, cfg outbox.RelayConfig) *outbox.Relay {
-	t.Helper()
-	relay, err := outbox.NewRelay(pool, pub, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- relay.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Run: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Errorf("relay did not stop within 30s of cancel")
-		}
-	})
-	return relay
 }
 
 func publishedIDs(t testing.TB, pool *pgxpool.Pool) []int64 {

@@ -167,3 +167,28 @@ func OutboxEmpty(pool *pgxpool.Pool) func() (bool, error) {
 		return n == 0, err
 	}
 }
+
+// StartRelay runs a relay on pool until the test ends, and fails the test if
+// Run returns an error or does not return within 30s of being cancelled.
+func StartRelay(t testing.TB, pool *pgxpool.Pool, pub outbox.Publisher, cfg outbox.RelayConfig) *outbox.Relay {
+	t.Helper()
+	relay, err := outbox.NewRelay(pool, pub, cfg)
+	if err != nil {
+		t.Fatalf("NewRelay: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- relay.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Errorf("relay did not stop within 30s of its context being cancelled")
+		}
+	})
+	return relay
+}
