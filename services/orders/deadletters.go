@@ -10,8 +10,6 @@ import (
 	"text/tabwriter"
 
 	"github.com/outbox-inbox/reference/pkg/outbox"
-	"github.com/outbox-inbox/reference/services/orders/internal/config"
-	"github.com/outbox-inbox/reference/services/orders/internal/postgres"
 )
 
 // deadLetters is the operator's CLI on the outbox's dead letters. It works on
@@ -30,11 +28,7 @@ func deadLetters(ctx context.Context, args []string, getenv func(string) string,
 		return fmt.Errorf("dead-letters %s: %w", sub, err)
 	}
 
-	cfg, err := config.FromEnv(getenv)
-	if err != nil {
-		return err
-	}
-	pool, err := postgres.Open(ctx, cfg.DatabaseURL)
+	pool, err := openDatabase(ctx, getenv)
 	if err != nil {
 		return err
 	}

@@ -112,11 +112,7 @@ func runAll(ctx context.Context, tasks ...func(context.Context) error) error {
 }
 
 func outboxStatus(ctx context.Context, getenv func(string) string, stdout io.Writer) error {
-	cfg, err := config.FromEnv(getenv)
-	if err != nil {
-		return err
-	}
-	pool, err := postgres.Open(ctx, cfg.DatabaseURL)
+	pool, err := openDatabase(ctx, getenv)
 	if err != nil {
 		return err
 	}

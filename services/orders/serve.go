@@ -29,17 +29,23 @@ func newLogger(cfg config.Config, w io.Writer) *slog.Logger {
 }
 
 func migrate(ctx context.Context, getenv func(string) string, stdout io.Writer) error {
-	cfg, err := config.FromEnv(getenv)
-	if err != nil {
-		return err
-	}
-	pool, err := postgres.Open(ctx, cfg.DatabaseURL)
+	pool, err := openDatabase(ctx, getenv)
 	if err != nil {
 		return err
 	}
 	pool.Close()
 	fmt.Fprintln(stdout, "orders: database and schema are up to date")
 	return nil
+}
+
+// openDatabase opens the database of DATABASE_URL, creating and migrating it
+// if needed (postgres.Open).
+func openDatabase(ctx context.Context, getenv func(string) string) (*pgxpool.Pool, error) {
+	cfg, err := config.FromEnv(getenv)
+	if err != nil {
+		return nil, err
+	}
+	return postgres.Open(ctx, cfg.DatabaseURL)
 }
 
 func serve(ctx context.Context, getenv func(string) string, logOut io.Writer) error {
