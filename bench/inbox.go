@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -91,7 +92,7 @@ func process(ctx context.Context, msgs []inboxMessage, clients int, fn func(cont
 			for m := range ch {
 				if err := fn(ctx, m); err != nil {
 					mu.Lock()
-					first = cmpErr(first, err)
+					first = cmp.Or(first, err)
 					mu.Unlock()
 				}
 			}

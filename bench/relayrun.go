@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"sync"
@@ -129,7 +130,7 @@ func paced(ctx context.Context, perSecond int, d time.Duration, maxInFlight int,
 			defer func() { <-sem }()
 			if err := fn(ctx, i); err != nil {
 				mu.Lock()
-				first = cmpErr(first, err)
+				first = cmp.Or(first, err)
 				mu.Unlock()
 			}
 		})
@@ -139,11 +140,4 @@ func paced(ctx context.Context, perSecond int, d time.Duration, maxInFlight int,
 		first = ctx.Err()
 	}
 	return n, first
-}
-
-func cmpErr(first, err error) error {
-	if first != nil {
-		return first
-	}
-	return err
 }

@@ -38,29 +38,26 @@ const idColumn = `_ferretdb_sjson->'$._id'`
 const idIndexSuffix = "__mongolocal_id"
 
 // indexIDLookups adds the index to every collection table of every database
-// file in dir that lacks it, and returns the tables it indexed. Each file is
+// file in dir that lacks it. Each file is
 // opened for the call only, so a database dropped and created again is seen
 // as it is now.
-func indexIDLookups(ctx context.Context, dir string) ([]string, error) {
+func indexIDLookups(ctx context.Context, dir string) error {
 	files, err := filepath.Glob(filepath.Join(dir, "*.sqlite"))
 	if err != nil {
-		return nil, err
+		return err
 	}
-	var indexed []string
 	var errs []error
 	for _, file := range files {
-		tables, err := indexFile(ctx, file)
-		indexed = append(indexed, tables...)
-		if err != nil && ctx.Err() == nil {
+		if err := indexFile(ctx, file); err != nil && ctx.Err() == nil {
 			errs = append(errs, fmt.Errorf("%s: %w", filepath.Base(file), err))
 		}
 	}
-	return indexed, errors.Join(errs...)
+	return errors.Join(errs...)
 }
 
-func indexFile(ctx context.Context, file string) (indexed []string, err error) {
+func indexFile(ctx context.Context, file string) (err error) {
 	if _, err := os.Stat(file); err != nil {
-		return nil, nil // dropped meanwhile
+		return nil // dropped meanwhile
 	}
 	// The pragmas FerretDB opens its files with: in WAL mode this connection
 	// and FerretDB's share the file, and the busy timeout makes either wait
@@ -69,7 +66,7 @@ func indexFile(ctx context.Context, file string) (indexed []string, err error) {
 		RawQuery: "mode=rw&_pragma=busy_timeout(10000)&_pragma=journal_mode(wal)"}
 	db, err := sql.Open("sqlite", u.String())
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer func() { err = errors.Join(err, db.Close()) }()
 	db.SetMaxOpenConns(1)
@@ -80,21 +77,21 @@ func indexFile(ctx context.Context, file string) (indexed []string, err error) {
 		idIndexSuffix)
 	if err != nil {
 		if isGone(err) {
-			return nil, nil // no metadata yet, or the file went away
+			return nil // no metadata yet, or the file went away
 		}
-		return nil, err
+		return err
 	}
 	var tables []string
 	for rows.Next() {
 		var t string
 		if err := rows.Scan(&t); err != nil {
 			_ = rows.Close()
-			return nil, err
+			return err
 		}
 		tables = append(tables, t)
 	}
 	if err := rows.Close(); err != nil {
-		return nil, err
+		return err
 	}
 	for _, t := range tables {
 		q := fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %q ON %q (%s)`, t+idIndexSuffix, t, idColumn)
@@ -102,11 +99,10 @@ func indexFile(ctx context.Context, file string) (indexed []string, err error) {
 			if isGone(err) {
 				continue // dropped since listed
 			}
-			return indexed, fmt.Errorf("index %s: %w", t, err)
+			return fmt.Errorf("index %s: %w", t, err)
 		}
-		indexed = append(indexed, t)
 	}
-	return indexed, nil
+	return nil
 }
 
 func isGone(err error) bool {
@@ -119,7 +115,7 @@ func runIDIndexer(ctx context.Context, dir string, interval time.Duration, log *
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
-		if _, err := indexIDLookups(ctx, dir); err != nil {
+		if err := indexIDLookups(ctx, dir); err != nil {
 			log.Error("mongolocal: index _id lookups", "error", err)
 		}
 		select {

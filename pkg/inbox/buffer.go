@@ -1,6 +1,7 @@
 package inbox
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -190,20 +191,13 @@ func (in *Inbox) flush(ctx context.Context) (remaining int, err error) {
 		}
 		b.mu.Unlock()
 		if err != nil {
-			firstErr = cmpErr(firstErr, err)
+			firstErr = cmp.Or(firstErr, err)
 			if whole {
 				break
 			}
 		}
 	}
 	return b.len(), firstErr
-}
-
-func cmpErr(a, b error) error {
-	if a != nil {
-		return a
-	}
-	return b
 }
 
 // writeRecords inserts the done records of ids with one unordered
@@ -251,11 +245,11 @@ func (in *Inbox) writeRecords(ctx context.Context, ids []string, recs []pendingR
 				written[i] = true
 				continue
 			}
-			werr = cmpErr(serr, errors.New("record vanished after a duplicate key"))
+			werr = cmp.Or(serr, errors.New("record vanished after a duplicate key"))
 		}
 		in.log.WarnContext(ctx, "inbox: writing a buffered done record failed, retrying at the next flush",
 			"message_id", id, "error", werr, "attempt", recs[i].attempts+1)
-		firstErr = cmpErr(firstErr, fmt.Errorf("inbox: write buffered done record %s: %w", id, werr))
+		firstErr = cmp.Or(firstErr, fmt.Errorf("inbox: write buffered done record %s: %w", id, werr))
 	}
 	return written, false, firstErr
 }

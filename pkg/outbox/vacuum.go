@@ -73,7 +73,9 @@ func (r *Relay) movedRows(n int) {
 		return
 	}
 	if r.movedSinceVacuum.Add(int64(n)) >= every {
-		r.movedSinceVacuum.Store(0)
+		// Subtract rather than reset, so rows counted meanwhile by another
+		// worker are not lost.
+		r.movedSinceVacuum.Add(-every)
 		select {
 		case r.vacuumDue <- struct{}{}:
 		default:
