@@ -290,27 +290,12 @@ func (b *bench) runClaimFlat(ctx context.Context) ([]Figure, error) {
 	if err := declareDrainTopology(url, b.cfg.queueType); err != nil {
 		return nil, err
 	}
-	open := func(purpose string) (*pgxpool.Config, *pgxpool.Pool, error) {
-		cfg, err := b.env.newDatabase(ctx, purpose)
-		if err != nil {
-			return nil, nil, err
-		}
-		pool, err := pgxpool.NewWithConfig(ctx, cfg)
-		if err != nil {
-			return nil, nil, fmt.Errorf("connect: %w", err)
-		}
-		if err := outbox.Migrate(ctx, pool); err != nil {
-			pool.Close()
-			return nil, nil, err
-		}
-		return cfg, pool, nil
-	}
 	const naptime = time.Second
 	details := map[string]any{"claim_rate_per_s": b.cfg.claimRate, "measure_seconds": b.cfg.claimMeasure.Seconds(),
 		"autovacuum_stand_in_naptime_s": naptime.Seconds()}
 
 	// Fresh: a new database, nothing but the measurement's own rows.
-	freshCfg, fresh, err := open("claim_fresh")
+	freshCfg, fresh, err := b.env.openDatabase(ctx, "claim_fresh", migrateOutbox)
 	if err != nil {
 		return nil, err
 	}
@@ -334,7 +319,7 @@ func (b *bench) runClaimFlat(ctx context.Context) ([]Figure, error) {
 
 	// Aged: a large history written set-based, then churn through the real
 	// path (enqueue, claim, publish, move, purge), then the same measurement.
-	agedCfg, aged, err := open("claim_aged")
+	agedCfg, aged, err := b.env.openDatabase(ctx, "claim_aged", migrateOutbox)
 	if err != nil {
 		return nil, err
 	}

@@ -252,21 +252,17 @@ func drainWithRelays(ctx context.Context, poolCfg *pgxpool.Config, url string, n
 	}, nil
 }
 
+// migrateOutbox applies the outbox schema alone (figures without orders).
+func migrateOutbox(ctx context.Context, pool *pgxpool.Pool) error { return outbox.Migrate(ctx, pool) }
+
 // runRelayDrain measures relay_drain: a backlog of backlog events drained by
 // one relay and by three, against amqp091-go publishing the same messages.
 func (b *bench) runRelayDrain(ctx context.Context) ([]Figure, error) {
-	poolCfg, err := b.env.newDatabase(ctx, "drain")
+	poolCfg, pool, err := b.env.openDatabase(ctx, "drain", migrateOutbox)
 	if err != nil {
 		return nil, err
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
-	if err != nil {
-		return nil, fmt.Errorf("connect: %w", err)
 	}
 	defer pool.Close()
-	if err := outbox.Migrate(ctx, pool); err != nil {
-		return nil, err
-	}
 	url, err := b.env.newVhost(ctx, "drain")
 	if err != nil {
 		return nil, err

@@ -390,18 +390,11 @@ func (b *bench) runE2ELatency(ctx context.Context) ([]Figure, error) {
 	}
 	b.log.Info("e2e_latency shipping built", "seconds", int(time.Since(start).Seconds()))
 
-	poolCfg, err := b.env.newDatabase(ctx, "e2e")
+	poolCfg, pool, err := b.env.openDatabase(ctx, "e2e", b.migrateOrders)
 	if err != nil {
 		return nil, err
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
-	if err != nil {
-		return nil, fmt.Errorf("connect: %w", err)
 	}
 	defer pool.Close()
-	if err := b.migrateOrders(ctx, pool); err != nil {
-		return nil, err
-	}
 
 	variants := []e2eVariant{
 		{name: "wake", wake: true},

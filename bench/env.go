@@ -118,6 +118,24 @@ func (e *env) newDatabase(ctx context.Context, purpose string) (*pgxpool.Config,
 	return cfg, nil
 }
 
+// openDatabase is newDatabase, connected and migrated by migrate; the caller
+// closes the pool. The configuration is returned for relays' own pools.
+func (e *env) openDatabase(ctx context.Context, purpose string, migrate func(context.Context, *pgxpool.Pool) error) (*pgxpool.Config, *pgxpool.Pool, error) {
+	cfg, err := e.newDatabase(ctx, purpose)
+	if err != nil {
+		return nil, nil, err
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("connect: %w", err)
+	}
+	if err := migrate(ctx, pool); err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	return cfg, pool, nil
+}
+
 // newVhost creates a RabbitMQ vhost of its own, deleted on close, and returns
 // the broker URL pointing at it. There is no AMQP method to create a vhost,
 // so it runs rabbitmqctl, which must be on PATH and allowed to talk to the

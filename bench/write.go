@@ -72,19 +72,11 @@ func (b *bench) migrateOrders(ctx context.Context, pool *pgxpool.Pool) error {
 // sequential transactions; the arms alternate in small blocks so background
 // noise lands on all of them alike.
 func (b *bench) runWriteOverhead(ctx context.Context) ([]Figure, error) {
-	poolCfg, err := b.env.newDatabase(ctx, "write")
+	_, pool, err := b.env.openDatabase(ctx, "write", b.migrateOrders)
 	if err != nil {
 		return nil, err
-	}
-	poolCfg.MaxConns = 2
-	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
-	if err != nil {
-		return nil, fmt.Errorf("connect: %w", err)
 	}
 	defer pool.Close()
-	if err := b.migrateOrders(ctx, pool); err != nil {
-		return nil, err
-	}
 	plainWriter, err := outbox.NewWriter(outbox.WriterConfig{})
 	if err != nil {
 		return nil, err
