@@ -20,7 +20,7 @@ test: fmt-check vet
 chaos: services
 	CHAOS_PROFILE=long CHAOS_BROKER_RESTART=true $(GO) test -race -count=1 -v -run '^TestChaos$$' -timeout 60m ./e2e/
 
-## bench: measure the figures of GUIDE section 7 against their baselines
+## bench: measure the performance goals of docs/guarantees.md against their baselines
 ## (5 to 10 minutes; not part of test). See docs/benchmarks.md.
 bench: services
 	$(GO) run ./bench

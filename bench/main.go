@@ -1,4 +1,4 @@
-// Command bench measures the figures of GUIDE section 7 on this machine, each
+// Command bench measures the performance goals of docs/guarantees.md on this machine, each
 // against a baseline measured in the same run, prints them as a table and
 // writes them to a JSON file (BENCH_OUT, default bench-results.json).
 //

@@ -26,7 +26,7 @@ const (
 	ValueAtMost GoalKind = "value_at_most"
 )
 
-// Goal is a figure's target (GUIDE section 7).
+// Goal is a figure's target (docs/guarantees.md, "Performance goals").
 type Goal struct {
 	Kind  GoalKind `json:"kind,omitempty"`
 	Limit float64  `json:"limit,omitempty"`

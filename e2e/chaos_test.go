@@ -53,7 +53,7 @@ const (
 // TestChaos runs the whole system (orders API, standalone relays, shipping
 // consumers, FerretDB or a MongoDB container) as real processes against the
 // real PostgreSQL and RabbitMQ, drives a retrying workload through it while
-// injecting every fault of GUIDE section 6 at seeded random times, heals,
+// injecting every fault of the catalogue (docs/guarantees.md) at seeded random times, heals,
 // waits for the drain, and checks invariants I1-I6 over the history and the
 // final state. See doc.go for the profiles and environment variables.
 func TestChaos(t *testing.T) {

@@ -1,7 +1,7 @@
 // Package e2e is the end-to-end chaos suite: it runs the real services as
 // processes, breaks everything they depend on while clients use them, and
 // checks afterwards that no order and no event was lost, duplicated or
-// reordered (invariants I1-I6 of GUIDE section 5).
+// reordered (invariants I1-I6 of docs/guarantees.md).
 //
 // # What runs
 //

@@ -172,7 +172,7 @@ type Report struct {
 	Violations     []Violation `json:"violations"`
 }
 
-// Check verifies invariants I1-I6 (GUIDE section 5) over a run's history and
+// Check verifies invariants I1-I6 (docs/guarantees.md) over a run's history and
 // final state. It is pure: same input, same report.
 func Check(h History, s FinalState, run RunInfo) Report {
 	c := checker{r: Report{

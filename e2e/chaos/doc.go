@@ -2,7 +2,7 @@
 // record of what a run did (History, Recorder), the fault plan drawn from a
 // seed (Profile, NewPlan), the workload client that drives the orders API
 // (Workload), and the checker that turns a history and a final state into a
-// Report on invariants I1-I6 of GUIDE section 5.
+// Report on invariants I1-I6 (docs/guarantees.md).
 //
 // The checker is a function of plain data: the operations the clients saw
 // (ok, failed, unknown outcome), the faults and poison messages injected, the

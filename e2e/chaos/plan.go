@@ -15,7 +15,7 @@ import (
 // FaultKind names a kind of fault. The report counts injected faults by kind.
 type FaultKind string
 
-// The faults of GUIDE section 6, as this suite injects them.
+// The fault catalogue of docs/guarantees.md, as this suite injects it.
 const (
 	// SIGKILL of a process, restarted after a pause.
 	FaultKillOrders   FaultKind = "kill_orders"
