@@ -12,24 +12,56 @@ import (
 )
 
 // ErrInvalidMessage is returned by Enqueue for a message that can never be
-// published: a missing field, a payload that is not JSON, or text PostgreSQL
-// cannot store. Nothing is written when it is returned.
+// published: a missing field, a payload that is not JSON, text PostgreSQL
+// cannot store, or a field over a limit of the broker's protocol (see
+// MaxNameBytes, MaxHeaderBytes) or of the Writer (WriterConfig.MaxPayloadBytes).
+// Nothing is written when it is returned.
 var ErrInvalidMessage = errors.New("outbox: invalid message")
+
+// Limits a message must keep, checked by Enqueue and Writer.Queue. They come
+// from AMQP 0-9-1, where breaking them is not a failed publish but a protocol
+// error: amqp091-go closes the whole connection, failing every confirm in
+// flight on it, at every retry, until the row is dead-lettered and its
+// aggregate blocked. Checking them when the event is written turns that into
+// an error in the business transaction instead.
+const (
+	// MaxNameBytes bounds EventType, AggregateType and each header name. They
+	// travel as AMQP short strings: the event type is the message's type
+	// property and the default routing key, header names are the keys of the
+	// headers table, and the aggregate type is what custom routing keys are
+	// usually built from. A custom outboxamqp.Config.RoutingKey must keep its
+	// result within this limit too.
+	MaxNameBytes = 255
+	// MaxHeaderBytes bounds the bytes of AggregateType, AggregateID, EventType
+	// and every header name and value, added up. They all travel in the
+	// message's AMQP content header frame, which must fit in the frame_max the
+	// broker negotiated (RabbitMQ's default 128 KiB); this leaves room for the
+	// encoding and the other properties.
+	MaxHeaderBytes = 64 << 10
+	// DefaultMaxPayloadBytes is the default of WriterConfig.MaxPayloadBytes.
+	DefaultMaxPayloadBytes = 1 << 20
+)
 
 // Message is one event to publish. AggregateType and AggregateID name the entity
 // the event is about; events of one aggregate are published in the order they
 // were enqueued.
 type Message struct {
-	// AggregateType is the kind of entity, e.g. "order". Required.
+	// AggregateType is the kind of entity, e.g. "order". Required, at most
+	// MaxNameBytes.
 	AggregateType string
 	// AggregateID identifies the entity within its type. Required.
 	AggregateID string
-	// EventType names what happened, e.g. "order.created". Required.
+	// EventType names what happened, e.g. "order.created". Required, at most
+	// MaxNameBytes.
 	EventType string
-	// Payload is the event body. It must be valid JSON. Required.
+	// Payload is the event body. It must be valid JSON, at most
+	// WriterConfig.MaxPayloadBytes. It is stored as jsonb, so the relay
+	// publishes it normalised, not byte for byte: whitespace and key order
+	// change, and of duplicate keys only the last one is kept. Required.
 	Payload []byte
 	// Headers travel with the message to the broker, e.g. W3C trace context
-	// ("traceparent", "tracestate"). Optional.
+	// ("traceparent", "tracestate"). Names are at most MaxNameBytes; names and
+	// values count toward MaxHeaderBytes with the three fields above. Optional.
 	Headers map[string]string
 }
 
@@ -47,15 +79,25 @@ type Enqueued struct {
 type WriterConfig struct {
 	// NotifyChannel, when set, makes Enqueue issue a NOTIFY on that channel in the
 	// same transaction, so relays in other processes wake up on commit. NOTIFY
-	// takes a database-wide lock at commit time and does not pass through a
-	// transaction-pooling PgBouncer, so it is off by default; relays then find new
-	// rows through their in-process signal or their poll ticker. Default: "" (off).
+	// takes a database-wide lock at commit time, which serialises the commits of
+	// every writer that notifies, so it is off by default; relays then find new
+	// rows through their in-process signal or their poll ticker. NOTIFY works
+	// through a transaction-pooling PgBouncer (it is part of the transaction);
+	// it is the relay's LISTEN that needs a session of its own. Default: "" (off).
 	NotifyChannel string
+	// MaxPayloadBytes bounds a message's Payload, in bytes as given to Enqueue.
+	// The relay holds up to Workers x BatchSize payloads in memory at once and
+	// every claim reads them, so one huge event slows or stops the relay for
+	// everyone. RabbitMQ's own limit (max_message_size) is 128 MiB by default.
+	// Default: 0, meaning DefaultMaxPayloadBytes (1 MiB); -1: no limit.
+	MaxPayloadBytes int
 }
 
-// Writer enqueues messages in the caller's transaction.
+// Writer enqueues messages in the caller's transaction. The zero Writer is
+// the one Enqueue uses: no NOTIFY, the default payload limit.
 type Writer struct {
 	notifyChannel string
+	maxPayload    int // 0: DefaultMaxPayloadBytes; -1: none
 }
 
 // NewWriter returns a Writer for cfg.
@@ -63,10 +105,15 @@ func NewWriter(cfg WriterConfig) (*Writer, error) {
 	if strings.ContainsRune(cfg.NotifyChannel, 0) || len(cfg.NotifyChannel) > 63 {
 		return nil, fmt.Errorf("outbox: NotifyChannel %q: must be at most 63 bytes without NUL", cfg.NotifyChannel)
 	}
-	return &Writer{notifyChannel: cfg.NotifyChannel}, nil
+	if cfg.MaxPayloadBytes < -1 {
+		return nil, fmt.Errorf("outbox: MaxPayloadBytes %d: want -1 (no limit), 0 (default %d) or a number of bytes",
+			cfg.MaxPayloadBytes, DefaultMaxPayloadBytes)
+	}
+	return &Writer{notifyChannel: cfg.NotifyChannel, maxPayload: cfg.MaxPayloadBytes}, nil
 }
 
-// Enqueue writes msgs with the default Writer (no NOTIFY). See Writer.Enqueue.
+// Enqueue writes msgs with the zero Writer (no NOTIFY, payloads up to
+// DefaultMaxPayloadBytes). See Writer.Enqueue.
 func Enqueue(ctx context.Context, tx pgx.Tx, msgs ...Message) ([]Enqueued, error) {
 	return (&Writer{}).Enqueue(ctx, tx, msgs...)
 }
@@ -156,7 +203,7 @@ func (q *Queued) Enqueued() ([]Enqueued, error) {
 func (w *Writer) Queue(b *pgx.Batch, msgs ...Message) (*Queued, error) {
 	headers := make([][]byte, len(msgs))
 	for i, m := range msgs {
-		if err := m.validate(); err != nil {
+		if err := m.validate(w.maxPayload); err != nil {
 			return nil, fmt.Errorf("%w: message %d: %w", ErrInvalidMessage, i, err)
 		}
 		h := m.Headers
@@ -186,11 +233,14 @@ func (w *Writer) Queue(b *pgx.Batch, msgs ...Message) (*Queued, error) {
 	return q, nil
 }
 
-func (m Message) validate() error {
-	for _, f := range []struct{ name, value string }{
-		{"AggregateType", m.AggregateType},
-		{"AggregateID", m.AggregateID},
-		{"EventType", m.EventType},
+func (m Message) validate(maxPayload int) error {
+	for _, f := range []struct {
+		name, value string
+		short       bool
+	}{
+		{"AggregateType", m.AggregateType, true},
+		{"AggregateID", m.AggregateID, false},
+		{"EventType", m.EventType, true},
 	} {
 		if f.value == "" {
 			return fmt.Errorf("%s is empty", f.name)
@@ -198,6 +248,15 @@ func (m Message) validate() error {
 		if err := storableText(f.value); err != nil {
 			return fmt.Errorf("%s: %w", f.name, err)
 		}
+		if f.short && len(f.value) > MaxNameBytes {
+			return fmt.Errorf("%s has %d bytes, more than the %d of an AMQP short string", f.name, len(f.value), MaxNameBytes)
+		}
+	}
+	if maxPayload == 0 {
+		maxPayload = DefaultMaxPayloadBytes
+	}
+	if maxPayload > 0 && len(m.Payload) > maxPayload {
+		return fmt.Errorf("Payload has %d bytes, more than the limit of %d (WriterConfig.MaxPayloadBytes)", len(m.Payload), maxPayload)
 	}
 	if !json.Valid(m.Payload) {
 		return errors.New("Payload is not valid JSON")
@@ -206,13 +265,21 @@ func (m Message) validate() error {
 	if strings.Contains(string(m.Payload), `\u0000`) {
 		return errors.New(`Payload contains \u0000, which PostgreSQL cannot store`)
 	}
+	headerBytes := len(m.AggregateType) + len(m.AggregateID) + len(m.EventType)
 	for k, v := range m.Headers {
 		if err := storableText(k); err != nil {
 			return fmt.Errorf("header name %q: %w", k, err)
 		}
+		if len(k) > MaxNameBytes {
+			return fmt.Errorf("header name %.40q... has %d bytes, more than the %d of an AMQP short string", k, len(k), MaxNameBytes)
+		}
 		if err := storableText(v); err != nil {
 			return fmt.Errorf("header %q: %w", k, err)
 		}
+		headerBytes += len(k) + len(v)
+	}
+	if headerBytes > MaxHeaderBytes {
+		return fmt.Errorf("headers, aggregate and event type have %d bytes together, more than the limit of %d (MaxHeaderBytes)", headerBytes, MaxHeaderBytes)
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -350,5 +351,115 @@ func TestQueueSendsMessagesInTheCallersBatch(t *testing.T) {
 	})
 	if err != nil || got[0].AggregateVersion != 3 {
 		t.Fatalf("Enqueue after the rollback: %+v, %v; want version 3", got, err)
+	}
+}
+
+// A message the broker cannot take must not reach the outbox: amqp091 closes
+// the whole connection on a short string over 255 bytes (the event type is the
+// message's type and default routing key; header names are table keys), and
+// the broker on a content header frame over its frame_max. Each limit is
+// checked by Enqueue and by Writer.Queue, which then write or queue nothing.
+func TestEnqueueRejectsMessagesTheBrokerCannotTake(t *testing.T) {
+	t.Parallel()
+	pool := newTestPool(t)
+	ctx := context.Background()
+
+	long := func(n int) string { return strings.Repeat("x", n) }
+	jsonOfSize := func(n int) []byte { return []byte(`"` + long(n-2) + `"`) }
+	valid := msg("o-1", "order.created")
+	cases := map[string]func(m *outbox.Message){
+		"event type over 255 bytes":     func(m *outbox.Message) { m.EventType = long(256) },
+		"aggregate type over 255 bytes": func(m *outbox.Message) { m.AggregateType = long(256) },
+		"header name over 255 bytes":    func(m *outbox.Message) { m.Headers = map[string]string{long(256): "v"} },
+		"header values over 64 KiB":     func(m *outbox.Message) { m.Headers = map[string]string{"baggage": long(64 << 10)} },
+		"aggregate id over 64 KiB":      func(m *outbox.Message) { m.AggregateID = long(64 << 10) },
+		"payload over 1 MiB":            func(m *outbox.Message) { m.Payload = jsonOfSize(1<<20 + 1) },
+	}
+	for name, mutate := range cases {
+		t.Run(name, func(t *testing.T) {
+			bad := valid
+			mutate(&bad)
+			err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				_, err := outbox.Enqueue(ctx, tx, valid, bad)
+				if !errors.Is(err, outbox.ErrInvalidMessage) {
+					return fmt.Errorf("Enqueue error = %v, want ErrInvalidMessage", err)
+				}
+				// Nothing was written, not even the valid message before it.
+				var rows, aggregates int
+				if err := tx.QueryRow(ctx, `SELECT (SELECT count(*) FROM outbox), (SELECT count(*) FROM outbox_aggregates)`).
+					Scan(&rows, &aggregates); err != nil {
+					return err
+				}
+				if rows != 0 || aggregates != 0 {
+					return fmt.Errorf("transaction wrote %d outbox rows and %d aggregates, want none", rows, aggregates)
+				}
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			b := &pgx.Batch{}
+			if _, err := (&outbox.Writer{}).Queue(b, valid, bad); !errors.Is(err, outbox.ErrInvalidMessage) {
+				t.Fatalf("Queue error = %v, want ErrInvalidMessage", err)
+			}
+			if b.Len() != 0 {
+				t.Fatalf("batch holds %d statements, want 0", b.Len())
+			}
+		})
+	}
+
+	// Right at each limit, the message is written.
+	atLimits := valid
+	atLimits.EventType = long(255)
+	atLimits.AggregateType = long(255)
+	atLimits.Headers = map[string]string{long(255): "v"}
+	atLimits.Payload = jsonOfSize(1 << 20)
+	if got := enqueue(t, pool, atLimits); len(got) != 1 {
+		t.Fatalf("enqueued %d messages at the limits, want 1", len(got))
+	}
+}
+
+func TestWriterMaxPayloadBytes(t *testing.T) {
+	t.Parallel()
+	pool := newTestPool(t)
+	ctx := context.Background()
+	if _, err := outbox.NewWriter(outbox.WriterConfig{MaxPayloadBytes: -2}); err == nil {
+		t.Fatal("MaxPayloadBytes -2 accepted")
+	}
+	payload := func(n int) outbox.Message {
+		m := msg("o-1", "order.created")
+		m.Payload = []byte(`"` + strings.Repeat("x", n-2) + `"`)
+		return m
+	}
+	small, err := outbox.NewWriter(outbox.WriterConfig{MaxPayloadBytes: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	unlimited, err := outbox.NewWriter(outbox.WriterConfig{MaxPayloadBytes: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		w    *outbox.Writer
+		size int
+		ok   bool
+	}{
+		{small, 100, true},
+		{small, 101, false},
+		{unlimited, outbox.DefaultMaxPayloadBytes + 1, true},
+	} {
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			_, err := tc.w.Enqueue(ctx, tx, payload(tc.size))
+			return err
+		})
+		if tc.ok && err != nil {
+			t.Errorf("payload of %d bytes: %v", tc.size, err)
+		}
+		if !tc.ok && !errors.Is(err, outbox.ErrInvalidMessage) {
+			t.Errorf("payload of %d bytes over a limit of 100: error %v, want ErrInvalidMessage", tc.size, err)
+		}
+	}
+	if n := countRows(t, pool); n != 2 {
+		t.Fatalf("outbox has %d rows, want the 2 accepted", n)
 	}
 }
