@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-inbox/reference/pkg/outbox"
 	"github.com/outbox-inbox/reference/services/orders/internal/order"
 	"github.com/outbox-inbox/reference/services/orders/internal/postgres"
 	"github.com/outbox-inbox/reference/services/orders/internal/postgres/pgtest"
@@ -233,5 +234,59 @@ func TestCancelUnknownOrder(t *testing.T) {
 	}
 	if n := pgtest.Count(t, pool, "outbox"); n != 0 {
 		t.Fatalf("outbox has %d rows", n)
+	}
+}
+
+// badHeaders holds a header value the outbox refuses (invalid UTF-8), as a
+// client's Tracestate could carry.
+var badHeaders = map[string]string{"traceparent": "tp", "tracestate": "vendor=\xff\xfe"}
+
+// A message the outbox rejects fails Create, and nothing is written: no order
+// without its event, no idempotency key, no aggregate version.
+func TestCreateWithARejectedEventWritesNothing(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.NewPool(t)
+	store := postgres.NewStore(pool, postgres.StoreConfig{})
+	ctx := context.Background()
+
+	for _, idem := range []postgres.Idempotency{{}, {Key: "k-1", RequestHash: []byte{1}}} {
+		o, _, err := store.Create(ctx, newOrder(), idem, badHeaders)
+		if !errors.Is(err, outbox.ErrInvalidMessage) {
+			t.Errorf("create (idempotency key %q) error = %v (order %q), want ErrInvalidMessage", idem.Key, err, o.ID)
+		}
+	}
+	for _, table := range []string{"orders", "outbox", "outbox_aggregates", "idempotency_keys"} {
+		if n := pgtest.Count(t, pool, table); n != 0 {
+			t.Errorf("%s has %d rows after creates whose event was rejected, want 0", table, n)
+		}
+	}
+}
+
+// A message the outbox rejects fails Cancel, and nothing changes: the order
+// stays created at version 1 and no event is written.
+func TestCancelWithARejectedEventWritesNothing(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.NewPool(t)
+	store := postgres.NewStore(pool, postgres.StoreConfig{})
+	ctx := context.Background()
+	o, _, err := store.Create(ctx, newOrder(), postgres.Idempotency{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	if _, changed, err := store.Cancel(ctx, o.ID, badHeaders); !errors.Is(err, outbox.ErrInvalidMessage) || changed {
+		t.Errorf("cancel error = %v changed=%v, want ErrInvalidMessage and no change", err, changed)
+	}
+	got, err := store.Get(ctx, o.ID)
+	if err != nil || got.Status != order.StatusCreated || got.Version != 1 || !got.UpdatedAt.Equal(o.UpdatedAt) {
+		t.Fatalf("after the rejected cancel: %+v, %v; want the order as created", got, err)
+	}
+	var events, version int64
+	if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM outbox), (SELECT version FROM outbox_aggregates WHERE aggregate_id = $1)`, o.ID).
+		Scan(&events, &version); err != nil {
+		t.Fatal(err)
+	}
+	if events != 1 || version != 1 {
+		t.Fatalf("outbox has %d rows and the aggregate is at version %d, want only order.created at 1", events, version)
 	}
 }
