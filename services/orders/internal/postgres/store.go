@@ -145,9 +145,24 @@ func (s *Store) insert(ctx context.Context, tx pgx.Tx, id string, n order.NewOrd
 	return s.runBeforeCommit(ctx, tx)
 }
 
+// parseID turns an order id into the primary key's type, so the query finds
+// the row through the key's index instead of comparing every row's id as
+// text. An id that is not a UUID (36 characters, any case) names no order.
+func parseID(id string) (uuid.UUID, error) {
+	u, err := uuid.Parse(id)
+	if err != nil || len(id) != 36 {
+		return uuid.UUID{}, order.ErrNotFound
+	}
+	return u, nil
+}
+
 // Get returns the order with id, or order.ErrNotFound.
 func (s *Store) Get(ctx context.Context, id string) (order.Order, error) {
-	o, err := scanOrder(s.pool.QueryRow(ctx, `SELECT `+orderColumns+` FROM orders WHERE id::text = $1`, id))
+	key, err := parseID(id)
+	if err != nil {
+		return order.Order{}, err
+	}
+	o, err := scanOrder(s.pool.QueryRow(ctx, `SELECT `+orderColumns+` FROM orders WHERE id = $1`, key))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return order.Order{}, order.ErrNotFound
 	}
@@ -162,10 +177,14 @@ func (s *Store) Get(ctx context.Context, id string) (order.Order, error) {
 // event (changed=false). The order row is locked first, so concurrent cancels
 // of one order produce one event.
 func (s *Store) Cancel(ctx context.Context, id string, headers map[string]string) (o order.Order, changed bool, err error) {
+	key, err := parseID(id)
+	if err != nil {
+		return order.Order{}, false, err
+	}
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		o, changed = order.Order{}, false
 		var err error
-		o, err = scanOrder(tx.QueryRow(ctx, `SELECT `+orderColumns+` FROM orders WHERE id::text = $1 FOR UPDATE`, id))
+		o, err = scanOrder(tx.QueryRow(ctx, `SELECT `+orderColumns+` FROM orders WHERE id = $1 FOR UPDATE`, key))
 		if errors.Is(err, pgx.ErrNoRows) {
 			return order.ErrNotFound
 		}
@@ -177,7 +196,7 @@ func (s *Store) Cancel(ctx context.Context, id string, headers map[string]string
 		}
 		o, err = scanOrder(tx.QueryRow(ctx, `
 			UPDATE orders SET status = 'cancelled', version = version + 1, updated_at = now()
-			WHERE id = $1::uuid RETURNING `+orderColumns, o.ID))
+			WHERE id = $1 RETURNING `+orderColumns, key))
 		if err != nil {
 			return fmt.Errorf("cancel order: %w", err)
 		}
