@@ -11,8 +11,14 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// ErrNotFound is returned by Admin.Retry when no dead-lettered event has the id.
+// ErrNotFound is returned by Admin.Retry when no dead-lettered event has the
+// id, and by Admin.Discard when no event has it.
 var ErrNotFound = errors.New("outbox: not found")
+
+// ErrNotDeadLettered is returned by Admin.Discard for an event that is in the
+// outbox but not dead-lettered: pending, in flight or blocked. Only a dead
+// letter can be discarded.
+var ErrNotDeadLettered = errors.New("outbox: not a dead letter")
 
 // DB is what Admin needs to run its statements: *pgxpool.Pool, *pgx.Conn and
 // pgx.Tx all satisfy it.
@@ -20,10 +26,11 @@ type DB interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
-// Admin holds the operator's actions on an outbox: inspect and retry dead
-// letters, read the backlog's status, purge old published rows. It works on the
+// Admin holds the operator's actions on an outbox: inspect, retry and discard
+// dead letters, read the backlog's status, purge old published rows. It works on the
 // database alone, so a CLI can use it without a running relay.
 type Admin struct {
 	db DB
@@ -35,7 +42,8 @@ func NewAdmin(db DB) *Admin {
 }
 
 // DeadLetter is an event that reached its relay's MaxAttempts. It stays in the
-// outbox, and holds back the later events of its aggregate, until retried.
+// outbox, and holds back the later events of its aggregate, until retried or
+// discarded.
 type DeadLetter struct {
 	ID               int64             `json:"id"`
 	AggregateType    string            `json:"aggregate_type"`
@@ -117,6 +125,120 @@ func (a *Admin) RetryAll(ctx context.Context) (int64, error) {
 		return 0, fmt.Errorf("outbox retry all: %w", err)
 	}
 	return tag.RowsAffected(), nil
+}
+
+// MaxDiscardReasonBytes bounds the reason of Admin.Discard.
+const MaxDiscardReasonBytes = 1000
+
+// discardLockAggregateSQL and discardLockEventSQL begin a discard: they lock the event's
+// aggregate, then the event itself, waiting for writers that hold either
+// (writers' transactions are short by contract, and an operator can wait): the
+// aggregate's row is what a writer holds from its Enqueue to its commit, and
+// the writer of the next version may also hold the event FOR KEY SHARE. It
+// says whether the event is a dead letter.
+const discardLockAggregateSQL = `
+SELECT 1
+FROM outbox_aggregates a
+JOIN outbox o ON a.aggregate_type = o.aggregate_type AND a.aggregate_id = o.aggregate_id
+WHERE o.id = $1
+FOR UPDATE OF a`
+
+const discardLockEventSQL = `
+SELECT dead_lettered_at IS NOT NULL FROM outbox WHERE id = $1 FOR UPDATE`
+
+// discardSQL is the last statement, in the same transaction and with a
+// snapshot taken after the locks were granted. It does what a mark does for a
+// published event (see lockAggregatesSQL and moveSQL): advances the
+// aggregate's published_version past the event and unblocks the next one, and
+// moves the event to outbox_discarded instead of outbox_published. A writer of
+// the aggregate either committed before the lock was granted (its row is
+// visible here and gets unblocked) or waits for this transaction and reads the
+// new published_version.
+const discardSQL = `
+WITH gone AS (
+    DELETE FROM outbox o
+    WHERE o.id = $1 AND o.dead_lettered_at IS NOT NULL
+    RETURNING o.id, o.aggregate_type, o.aggregate_id, o.aggregate_version, o.event_type, o.payload,
+              o.headers, o.created_at, o.attempts, o.last_error, o.dead_lettered_at
+), advanced AS (
+    UPDATE outbox_aggregates a
+    SET published_version = g.aggregate_version
+    FROM gone g
+    WHERE a.aggregate_type = g.aggregate_type AND a.aggregate_id = g.aggregate_id
+      AND a.published_version < g.aggregate_version
+), unblocked AS (
+    UPDATE outbox s
+    SET blocked = false
+    FROM gone g
+    WHERE s.aggregate_type = g.aggregate_type
+      AND s.aggregate_id = g.aggregate_id
+      AND s.aggregate_version = g.aggregate_version + 1
+      AND s.blocked
+)
+INSERT INTO outbox_discarded (id, aggregate_type, aggregate_id, aggregate_version, event_type, payload,
+                              headers, created_at, attempts, last_error, dead_lettered_at, reason)
+SELECT id, aggregate_type, aggregate_id, aggregate_version, event_type, payload,
+       headers, created_at, attempts, last_error, dead_lettered_at, $2
+FROM gone`
+
+// Discard gives up on the dead letter id, for an event that can never be
+// published (a payload every consumer rejects, a message the broker refuses):
+// it moves the event to the outbox_discarded table with reason and the time,
+// and lets the later events of its aggregate go out, in order, as if it had
+// been published. Consumers never receive it; tell them by other means if they
+// need to know.
+//
+// Only a dead letter can be discarded: Discard returns an error wrapping
+// ErrNotFound when no event has the id (never existed, published, or already
+// discarded) and ErrNotDeadLettered when the event is pending, in flight or
+// blocked; nothing changes then. reason is required, at most
+// MaxDiscardReasonBytes of UTF-8. Discard waits for a writer that holds the
+// aggregate, like any writer of it.
+func (a *Admin) Discard(ctx context.Context, id int64, reason string) error {
+	switch {
+	case id <= 0:
+		return fmt.Errorf("outbox discard: id %d: must be positive", id)
+	case reason == "":
+		return fmt.Errorf("outbox discard %d: a reason is required", id)
+	case len(reason) > MaxDiscardReasonBytes:
+		return fmt.Errorf("outbox discard %d: reason has %d bytes, more than %d", id, len(reason), MaxDiscardReasonBytes)
+	}
+	if err := storableText(reason); err != nil {
+		return fmt.Errorf("outbox discard %d: reason: %w", id, err)
+	}
+	err := pgx.BeginFunc(ctx, a.db, func(tx pgx.Tx) error {
+		var one int
+		err := tx.QueryRow(ctx, discardLockAggregateSQL, id).Scan(&one)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("no event with this id: %w", ErrNotFound)
+		}
+		if err != nil {
+			return fmt.Errorf("lock aggregate: %w", err)
+		}
+		var dead bool
+		err = tx.QueryRow(ctx, discardLockEventSQL, id).Scan(&dead)
+		if errors.Is(err, pgx.ErrNoRows) { // published meanwhile
+			return fmt.Errorf("no event with this id: %w", ErrNotFound)
+		}
+		if err != nil {
+			return fmt.Errorf("lock event: %w", err)
+		}
+		if !dead {
+			return fmt.Errorf("the event is pending, not dead-lettered: %w", ErrNotDeadLettered)
+		}
+		tag, err := tx.Exec(ctx, discardSQL, id, reason)
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 0 { // retried or discarded meanwhile
+			return fmt.Errorf("the event is no longer a dead letter: %w", ErrNotDeadLettered)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("outbox discard %d: %w", id, err)
+	}
+	return nil
 }
 
 // Status describes the backlog.

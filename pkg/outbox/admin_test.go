@@ -3,10 +3,15 @@ package outbox_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-inbox/reference/pkg/outbox"
 )
@@ -181,5 +186,197 @@ func TestAdminRejectsBadInput(t *testing.T) {
 	}
 	if dls, err := admin.DeadLetters(ctx, 0, 10); err != nil || len(dls) != 0 {
 		t.Errorf("dead letters = %v, %v; want none", dls, err)
+	}
+}
+
+// deadLetter makes the relay dead-letter the event id (its publisher rejects
+// it, MaxAttempts 1) and returns the running relay, which publishes the rest.
+func deadLetter(t *testing.T, pool *pgxpool.Pool, id int64) (*outbox.Relay, *memPublisher) {
+	t.Helper()
+	pub := &memPublisher{}
+	pub.setFail(func(e outbox.Envelope) error {
+		if e.ID == id {
+			return errors.New("schema registry rejected the payload")
+		}
+		return nil
+	})
+	dead := make(chan struct{})
+	var once sync.Once
+	cfg := fastConfig(t)
+	cfg.MaxAttempts = 1
+	cfg.Hooks.BatchDone = func(r outbox.BatchResult) {
+		if slices.Contains(r.DeadLettered, id) {
+			once.Do(func() { close(dead) })
+		}
+	}
+	relay := startRelay(t, pool, pub, cfg)
+	select {
+	case <-dead:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("event %d not dead-lettered within 10s", id)
+	}
+	return relay, pub
+}
+
+// An event that can never be published is discarded by an operator: it is
+// kept in outbox_discarded with the reason, and the aggregate's next events,
+// held back behind it, are published in order.
+func TestDiscardUnblocksTheAggregatesNextEvent(t *testing.T) {
+	t.Parallel()
+	pool := newTestPool(t)
+	ctx := context.Background()
+	first := enqueue(t, pool, msg("o-1", "order.created"))[0]
+	rest := enqueue(t, pool, msg("o-1", "order.paid"), msg("o-1", "order.shipped"))
+	relay, pub := deadLetter(t, pool, first.ID)
+
+	var blocked int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM outbox WHERE blocked").Scan(&blocked); err != nil {
+		t.Fatal(err)
+	}
+	if blocked != 2 {
+		t.Fatalf("%d events blocked behind the dead letter, want 2", blocked)
+	}
+
+	admin := outbox.NewAdmin(pool)
+	const reason = "payload rejected by the schema registry; order o-1 re-sent by hand"
+	if err := admin.Discard(ctx, first.ID, reason); err != nil {
+		t.Fatalf("Discard: %v", err)
+	}
+	relay.Wake()
+	waitFor(t, "the aggregate's next events published", 10*time.Second, outboxEmpty(pool))
+	var got []int64
+	for _, e := range pub.snapshot() {
+		got = append(got, e.ID)
+	}
+	if want := []int64{rest[0].ID, rest[1].ID}; !slices.Equal(got, want) {
+		t.Fatalf("published %v, want %v (the discarded %d never)", got, want, first.ID)
+	}
+
+	var (
+		d       outbox.DeadLetter
+		dReason string
+		age     time.Duration
+	)
+	err := pool.QueryRow(ctx, `
+SELECT id, aggregate_type, aggregate_id, aggregate_version, event_type, payload, headers, attempts,
+       coalesce(last_error, ''), created_at, dead_lettered_at, reason, now() - discarded_at
+FROM outbox_discarded`).Scan(&d.ID, &d.AggregateType, &d.AggregateID, &d.AggregateVersion, &d.EventType,
+		&d.Payload, &d.Headers, &d.Attempts, &d.LastError, &d.CreatedAt, &d.DeadLetteredAt, &dReason, &age)
+	if err != nil {
+		t.Fatalf("read the discard record: %v", err)
+	}
+	m := msg("o-1", "order.created")
+	if d.ID != first.ID || d.AggregateID != "o-1" || d.AggregateVersion != 1 || d.EventType != "order.created" ||
+		!sameJSON(d.Payload, m.Payload) || d.Headers["traceparent"] != m.Headers["traceparent"] || d.Attempts != 1 ||
+		!strings.Contains(d.LastError, "schema registry") || d.DeadLetteredAt.IsZero() || dReason != reason || age < 0 || age > time.Minute {
+		t.Fatalf("discard record = %+v reason %q %v ago", d, dReason, age)
+	}
+	var published, version int64
+	if err := pool.QueryRow(ctx, `SELECT published_version, version FROM outbox_aggregates WHERE aggregate_id = 'o-1'`).
+		Scan(&published, &version); err != nil {
+		t.Fatal(err)
+	}
+	if published != 3 || version != 3 {
+		t.Fatalf("aggregate published_version %d version %d, want 3 and 3", published, version)
+	}
+	// The next event of the aggregate follows on.
+	if v := enqueue(t, pool, msg("o-1", "order.delivered"))[0].AggregateVersion; v != 4 {
+		t.Fatalf("next event got version %d, want 4", v)
+	}
+}
+
+// Discard takes the aggregate's lock, waiting for a writer that holds it: the
+// writer's event, committed while Discard waited, is unblocked, not stranded.
+func TestDiscardWaitsForAWriterHoldingTheAggregate(t *testing.T) {
+	t.Parallel()
+	pool := newTestPool(t)
+	ctx := context.Background()
+	first := enqueue(t, pool, msg("o-1", "order.created"))[0]
+	deadLetter(t, pool, first.ID)
+
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
+	second, err := outbox.Enqueue(ctx, tx, msg("o-1", "order.cancelled"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var writerPID int32
+	if err := tx.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&writerPID); err != nil {
+		t.Fatal(err)
+	}
+
+	done := make(chan error, 1)
+	go func() { done <- outbox.NewAdmin(pool).Discard(ctx, first.ID, "never publishable") }()
+	waitFor(t, "Discard waiting for the writer", 10*time.Second, func() (bool, error) {
+		var waiting bool
+		err := pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid)))", writerPID).Scan(&waiting)
+		return waiting, err
+	})
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Discard: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Discard did not return after the writer committed")
+	}
+	waitFor(t, "the writer's event published", 10*time.Second, outboxEmpty(pool))
+	var n int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM outbox_published WHERE id = $1", second[0].ID).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("the writer's event is not published: %d, %v", n, err)
+	}
+}
+
+// Only a dead letter can be discarded: a pending event, a missing id and bad
+// arguments are errors, and nothing changes.
+func TestDiscardRejectsWhatIsNotADeadLetter(t *testing.T) {
+	t.Parallel()
+	pool := newTestPool(t)
+	ctx := context.Background()
+	admin := outbox.NewAdmin(pool)
+	e := enqueue(t, pool, msg("o-1", "order.created"), msg("o-1", "order.paid"))
+
+	snapshot := func() string {
+		var s string
+		err := pool.QueryRow(ctx, `
+SELECT (SELECT coalesce(json_agg(o ORDER BY id), '[]')::text FROM outbox o) ||
+       (SELECT json_agg(a)::text FROM outbox_aggregates a) ||
+       (SELECT count(*)::text FROM outbox_discarded)`).Scan(&s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	before := snapshot()
+	for _, tc := range []struct {
+		name   string
+		id     int64
+		reason string
+		is     error
+	}{
+		{"pending event", e[0].ID, "stuck", outbox.ErrNotDeadLettered},
+		{"blocked event", e[1].ID, "stuck", outbox.ErrNotDeadLettered},
+		{"missing id", e[1].ID + 1000, "stuck", outbox.ErrNotFound},
+		{"id 0", 0, "stuck", nil},
+		{"empty reason", e[0].ID, "", nil},
+		{"reason over the limit", e[0].ID, strings.Repeat("r", outbox.MaxDiscardReasonBytes+1), nil},
+		{"reason not UTF-8", e[0].ID, "\xff", nil},
+	} {
+		err := admin.Discard(ctx, tc.id, tc.reason)
+		switch {
+		case err == nil:
+			t.Errorf("%s: discarded", tc.name)
+		case tc.is != nil && !errors.Is(err, tc.is):
+			t.Errorf("%s: error %v, want %v", tc.name, err, tc.is)
+		}
+	}
+	if after := snapshot(); after != before {
+		t.Fatalf("rejected discards changed the outbox:\nbefore %s\nafter  %s", before, after)
 	}
 }

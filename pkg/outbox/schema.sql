@@ -96,3 +96,23 @@ CREATE TABLE IF NOT EXISTS outbox_aggregates (
 -- changing an indexed column: leave room on each page so those updates stay HOT
 -- (no new index entry, no index bloat on this ever-growing table).
 ALTER TABLE outbox_aggregates SET (fillfactor = 80);
+
+-- Events an operator discarded with Admin.Discard: dead letters that could never
+-- be published, with what they held, when and why. Discarding takes the event
+-- out of outbox and unblocks its aggregate's next event, under the same locks
+-- as publishing it would. Discards are rare: nothing purges this table.
+CREATE TABLE IF NOT EXISTS outbox_discarded (
+    id                bigint      PRIMARY KEY,
+    aggregate_type    text        NOT NULL,
+    aggregate_id      text        NOT NULL,
+    aggregate_version bigint      NOT NULL,
+    event_type        text        NOT NULL,
+    payload           jsonb       NOT NULL,
+    headers           jsonb       NOT NULL,
+    created_at        timestamptz NOT NULL,
+    attempts          integer     NOT NULL,
+    last_error        text,
+    dead_lettered_at  timestamptz NOT NULL,
+    discarded_at      timestamptz NOT NULL DEFAULT now(),
+    reason            text        NOT NULL
+);
