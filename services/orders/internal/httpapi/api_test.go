@@ -2,10 +2,12 @@ package httpapi_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -199,6 +201,7 @@ func TestBadInputIsRejectedAndWritesNothing(t *testing.T) {
 		{"null currency", "application/json", `{"customer_id": "c-42", "currency": null, "items": [` + item + `]}`, nil, 422, "invalid_field"},
 		{"bad currency", "application/json", `{"customer_id": "c-42", "currency": "euro", "items": [` + item + `]}`, nil, 422, "invalid_field"},
 		{"bad idempotency key", "application/json", validBody, []string{"Idempotency-Key", "has space"}, 422, "invalid_field"},
+		{"idempotency key with invalid UTF-8", "application/json", validBody, []string{"Idempotency-Key", "k\xff\xfe"}, 422, "invalid_field"},
 		{"two idempotency keys", "application/json", validBody, []string{"Idempotency-Key", "a", "Idempotency-Key", "b"}, 400, "invalid_header"},
 	}
 	for _, tc := range cases {
@@ -257,3 +260,80 @@ func TestHealthAndReadiness(t *testing.T) {
 		t.Fatalf("readyz with the database gone: %d, want 503", r.status)
 	}
 }
+
+// No trace context header a client sends can make a request fail: an invalid
+// traceparent starts a new trace, an invalid tracestate is dropped, and the
+// order and its events are written either way.
+func TestTraceContextHeadersNeverFailARequest(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	cases := []struct {
+		name           string
+		headers        []string
+		wantParent     string // "" when a new trace must be started
+		wantTracestate string // "" when no tracestate must be stored
+	}{
+		{"valid", []string{"Traceparent", tp, "Tracestate", "congo=t61rcWkgMzE, rojo=00f067aa0ba902b7"}, tp, "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7"},
+		{"tracestate with invalid UTF-8", []string{"Traceparent", tp, "Tracestate", "congo=\xff\xfe"}, tp, ""},
+		{"tracestate key with invalid UTF-8", []string{"Traceparent", tp, "Tracestate", "\xc3\x28=1"}, tp, ""},
+		{"tracestate of 33 members", []string{"Traceparent", tp, "Tracestate", manyMembers(33)}, tp, ""},
+		{"tracestate with a duplicate key", []string{"Traceparent", tp, "Tracestate", "a=1,a=2"}, tp, ""},
+		{"tracestate in two header fields", []string{"Traceparent", tp, "Tracestate", "a=1", "Tracestate", "b=2"}, tp, "a=1,b=2"},
+		{"traceparent with invalid UTF-8", []string{"Traceparent", "00-4bf92f3577b34da6a3ce929d0e0e47\xff\xfe-00f067aa0ba902b7-01", "Tracestate", "a=1"}, "", ""},
+		{"traceparent in upper case", []string{"Traceparent", strings.ToUpper(tp), "Tracestate", "a=1"}, "", ""},
+		{"traceparent version ff", []string{"Traceparent", "ff" + tp[2:], "Tracestate", "a=1"}, "", ""},
+		{"two traceparents", []string{"Traceparent", tp, "Traceparent", tp}, "", ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := b.do(t, "POST", "/orders", "application/json", validBody, tc.headers...)
+			if c.status != http.StatusCreated {
+				t.Fatalf("create: %d %s", c.status, c.raw)
+			}
+			id := c.body["id"].(string)
+			if r := b.do(t, "POST", "/orders/"+id+"/cancel", "", "", tc.headers...); r.status != http.StatusOK {
+				t.Fatalf("cancel: %d %s", r.status, r.raw)
+			}
+			rows, err := b.pool.Query(t.Context(), `SELECT headers FROM outbox WHERE aggregate_id = $1 ORDER BY aggregate_version`, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var stored []map[string]string
+			for rows.Next() {
+				var h map[string]string
+				if err := rows.Scan(&h); err != nil {
+					t.Fatal(err)
+				}
+				stored = append(stored, h)
+			}
+			if err := rows.Err(); err != nil || len(stored) != 2 {
+				t.Fatalf("events of the order: %v (%v), want created and cancelled", stored, err)
+			}
+			for _, h := range stored {
+				parent := h["traceparent"]
+				switch {
+				case tc.wantParent != "" && parent != tc.wantParent:
+					t.Errorf("traceparent %q, want the client's %q", parent, tc.wantParent)
+				case tc.wantParent == "" && (!validTraceparent(parent) || strings.Contains(strings.ToLower(tp), parent[3:35])):
+					t.Errorf("traceparent %q, want a new trace", parent)
+				}
+				if ts, ok := h["tracestate"]; ts != tc.wantTracestate || (tc.wantTracestate == "" && ok) {
+					t.Errorf("tracestate %q (present %v), want %q", ts, ok, tc.wantTracestate)
+				}
+			}
+		})
+	}
+}
+
+func manyMembers(n int) string {
+	m := make([]string, n)
+	for i := range m {
+		m[i] = fmt.Sprintf("k%d=v", i)
+	}
+	return strings.Join(m, ",")
+}
+
+var traceparentPattern = regexp.MustCompile(`^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$`)
+
+func validTraceparent(s string) bool { return traceparentPattern.MatchString(s) }

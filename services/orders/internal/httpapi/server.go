@@ -4,9 +4,7 @@ package httpapi
 
 import (
 	"context"
-	"crypto/rand"
 	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -147,7 +145,7 @@ func (s *Server) createOrder(w http.ResponseWriter, r *http.Request) error {
 	if idem.Key != "" {
 		idem.RequestHash = requestHash(n)
 	}
-	o, replayed, err := s.orders.Create(r.Context(), n, idem, traceHeaders(r))
+	o, replayed, err := s.orders.Create(r.Context(), n, idem, traceHeaders(r.Header))
 	if err != nil {
 		return err
 	}
@@ -192,7 +190,7 @@ func (s *Server) cancelOrder(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	o, changed, err := s.orders.Cancel(r.Context(), id, traceHeaders(r))
+	o, changed, err := s.orders.Cancel(r.Context(), id, traceHeaders(r.Header))
 	if err != nil {
 		return err
 	}
@@ -254,21 +252,4 @@ func requestHash(n order.NewOrder) []byte {
 	b, _ := json.Marshal(n) // a NewOrder always encodes
 	sum := sha256.Sum256(b)
 	return sum[:]
-}
-
-var traceparentPattern = regexp.MustCompile(`^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$`)
-
-// traceHeaders returns the W3C trace context to store with the events: the
-// caller's when it sent a valid one, else a new trace.
-func traceHeaders(r *http.Request) map[string]string {
-	if tp := r.Header.Get("Traceparent"); traceparentPattern.MatchString(tp) {
-		h := map[string]string{"traceparent": tp}
-		if ts := r.Header.Get("Tracestate"); ts != "" && len(ts) <= 512 && !strings.ContainsRune(ts, 0) {
-			h["tracestate"] = ts
-		}
-		return h
-	}
-	ids := make([]byte, 24)
-	_, _ = rand.Read(ids)
-	return map[string]string{"traceparent": "00-" + hex.EncodeToString(ids[:16]) + "-" + hex.EncodeToString(ids[16:]) + "-01"}
 }
