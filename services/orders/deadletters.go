@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/outbox-inbox/reference/pkg/outbox"
@@ -16,7 +17,7 @@ import (
 // the database directly, so it needs no running service.
 func deadLetters(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
 	if len(args) == 0 {
-		return errors.New("dead-letters: want a subcommand: list or retry")
+		return errors.New("dead-letters: want a subcommand: list, retry or discard")
 	}
 	sub, args := args[0], args[1:]
 	fs := flag.NewFlagSet("dead-letters "+sub, flag.ContinueOnError)
@@ -24,8 +25,26 @@ func deadLetters(ctx context.Context, args []string, getenv func(string) string,
 	after := fs.Int64("after", 0, "list dead letters with an id greater than this")
 	limit := fs.Int("limit", 100, "list at most this many")
 	all := fs.Bool("all", false, "retry every dead letter")
-	if err := fs.Parse(args); err != nil {
-		return fmt.Errorf("dead-letters %s: %w", sub, err)
+	reason := fs.String("reason", "", "why the dead letter is discarded (required by discard)")
+	// Flags may come before or after the id: "discard 42 -reason ...".
+	var ids []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return fmt.Errorf("dead-letters %s: %w", sub, err)
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		ids, args = append(ids, fs.Arg(0)), fs.Args()[1:]
+	}
+	if sub == "discard" {
+		// Checked before the database is opened: a typo costs nothing.
+		if len(ids) != 1 {
+			return errors.New(`dead-letters discard: want one id: dead-letters discard ID -reason "..."`)
+		}
+		if strings.TrimSpace(*reason) == "" {
+			return errors.New(`dead-letters discard: a reason is required: -reason "..."`)
+		}
 	}
 
 	pool, err := openDatabase(ctx, getenv)
@@ -50,7 +69,7 @@ func deadLetters(ctx context.Context, args []string, getenv func(string) string,
 		return tw.Flush()
 	case "retry":
 		if *all {
-			if fs.NArg() != 0 {
+			if len(ids) != 0 {
 				return errors.New("dead-letters retry: give an id or -all, not both")
 			}
 			n, err := admin.RetryAll(ctx)
@@ -60,19 +79,37 @@ func deadLetters(ctx context.Context, args []string, getenv func(string) string,
 			fmt.Fprintf(stdout, "retried %d dead letters\n", n)
 			return nil
 		}
-		if fs.NArg() != 1 {
+		if len(ids) != 1 {
 			return errors.New("dead-letters retry: want one id, or -all")
 		}
-		id, err := strconv.ParseInt(fs.Arg(0), 10, 64)
-		if err != nil || id < 1 {
-			return fmt.Errorf("dead-letters retry: %q is not a positive id", fs.Arg(0))
+		id, err := parseID("retry", ids[0])
+		if err != nil {
+			return err
 		}
 		if err := admin.Retry(ctx, id); err != nil {
 			return err
 		}
 		fmt.Fprintf(stdout, "retried dead letter %d\n", id)
 		return nil
+	case "discard":
+		id, err := parseID("discard", ids[0])
+		if err != nil {
+			return err
+		}
+		if err := admin.Discard(ctx, id, *reason); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "discarded dead letter %d\n", id)
+		return nil
 	default:
-		return fmt.Errorf("dead-letters: unknown subcommand %q: want list or retry", sub)
+		return fmt.Errorf("dead-letters: unknown subcommand %q: want list, retry or discard", sub)
 	}
+}
+
+func parseID(sub, s string) (int64, error) {
+	id, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || id < 1 {
+		return 0, fmt.Errorf("dead-letters %s: %q is not a positive id", sub, s)
+	}
+	return id, nil
 }

@@ -6,7 +6,7 @@
 //	orders relay           the relay alone; run as many as you like
 //	orders migrate         create the database and schema, then exit
 //	orders outbox-status   print the outbox backlog: pending count, oldest age
-//	orders dead-letters    list or retry dead-lettered events
+//	orders dead-letters    list, retry or discard dead-lettered events
 //
 // Configuration comes from the environment; see internal/config.
 package main
@@ -45,6 +45,9 @@ commands:
                  list dead-lettered events
   dead-letters retry ID | -all
                  put dead-lettered events back in the queue
+  dead-letters discard ID -reason "..."
+                 give up on a dead letter: keep it aside with the reason,
+                 publish its aggregate's next events
 `
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
