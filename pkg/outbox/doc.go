@@ -47,7 +47,13 @@
 // # Minimal use
 //
 // Create the tables once, with Migrate or by running Schema in your migration
-// tool. Then, in the transaction that changes the business state:
+// tool, from a deployment step rather than at every process start: its DDL
+// takes a SHARE lock on outbox even when there is nothing to create, so while
+// any business transaction that wrote to the outbox is open, it waits, and every
+// writer queues behind it. A process that starts calls CheckSchema instead: it
+// reads the catalog only and fails with ErrSchemaMissing or ErrSchemaOutdated
+// (Schema records SchemaVersion as the comment of the outbox table). Then, in
+// the transaction that changes the business state:
 //
 //	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 //		if _, err := tx.Exec(ctx, "INSERT INTO orders ...", ...); err != nil {

@@ -3,13 +3,18 @@ package outbox
 import (
 	"context"
 	_ "embed"
+	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 )
 
 // Schema is the SQL that creates the outbox tables and indexes. It is idempotent.
-// Use it from your own migration tool if you do not want Migrate to run it.
+// Use it from your own migration tool if you do not want Migrate to run it. Its
+// last statement records SchemaVersion as the comment of the outbox table, which
+// CheckSchema reads.
 //
 //go:embed schema.sql
 var Schema string
@@ -41,6 +46,54 @@ func Migrate(ctx context.Context, db TxBeginner) error {
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("outbox migrate: commit: %w", err)
+	}
+	return nil
+}
+
+// SchemaVersion is the version of Schema. It changes whenever Schema does, so
+// CheckSchema can tell a database that a previous version migrated.
+const SchemaVersion = 2
+
+// schemaMarker is the comment Schema puts on the outbox table.
+const schemaMarker = "pkg/outbox schema "
+
+var (
+	// ErrSchemaMissing means the outbox table is not in the connection's
+	// search_path: Migrate (or Schema) has not run on this database.
+	ErrSchemaMissing = errors.New("outbox: schema missing")
+	// ErrSchemaOutdated means the outbox table was created by an earlier
+	// version of Schema: run Migrate (or Schema) again.
+	ErrSchemaOutdated = errors.New("outbox: schema outdated")
+)
+
+// CheckSchema reports whether the outbox tables are there, at SchemaVersion or
+// later, without changing anything: it reads the catalog only and takes no lock
+// on the tables, so it never waits for, nor makes anyone wait behind, a
+// transaction that writes to the outbox. (Migrate's CREATE INDEX IF NOT EXISTS
+// takes a SHARE lock on outbox even when the index exists: run Migrate from a
+// deployment step, and CheckSchema when a process starts.) It returns an error
+// wrapping ErrSchemaMissing or ErrSchemaOutdated, or the query's error.
+func CheckSchema(ctx context.Context, db DB) error {
+	var (
+		found   bool
+		comment string
+		path    string
+	)
+	err := db.QueryRow(ctx, `SELECT to_regclass('outbox') IS NOT NULL,
+		coalesce(obj_description(to_regclass('outbox'), 'pg_class'), ''),
+		current_setting('search_path')`).Scan(&found, &comment, &path)
+	if err != nil {
+		return fmt.Errorf("outbox check schema: %w", err)
+	}
+	if !found {
+		return fmt.Errorf("%w: no outbox table in search_path %q: run Migrate or apply Schema", ErrSchemaMissing, path)
+	}
+	v, err := strconv.Atoi(strings.TrimPrefix(comment, schemaMarker))
+	if !strings.HasPrefix(comment, schemaMarker) || err != nil {
+		return fmt.Errorf("%w: the outbox table has no schema version (comment %q), want %d: run Migrate or apply Schema", ErrSchemaOutdated, comment, SchemaVersion)
+	}
+	if v < SchemaVersion {
+		return fmt.Errorf("%w: the outbox table is at schema version %d, want %d: run Migrate or apply Schema", ErrSchemaOutdated, v, SchemaVersion)
 	}
 	return nil
 }

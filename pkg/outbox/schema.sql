@@ -116,3 +116,8 @@ CREATE TABLE IF NOT EXISTS outbox_discarded (
     discarded_at      timestamptz NOT NULL DEFAULT now(),
     reason            text        NOT NULL
 );
+
+-- The schema's version, which CheckSchema reads from the catalog without taking
+-- a lock. Keep this the last statement, and bump the number here and
+-- SchemaVersion (migrate.go) together whenever anything above changes.
+COMMENT ON TABLE outbox IS 'pkg/outbox schema 2';
