@@ -12,6 +12,7 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/services/orders/internal/order"
 )
 
 // OutboxAdmin is what the operator endpoints need from the outbox.
@@ -20,6 +21,7 @@ type OutboxAdmin interface {
 	DeadLetters(ctx context.Context, afterID int64, limit int) ([]outbox.DeadLetter, error)
 	Retry(ctx context.Context, id int64) error
 	RetryAll(ctx context.Context) (int64, error)
+	Discard(ctx context.Context, id int64, reason string) error
 }
 
 var _ OutboxAdmin = (*outbox.Admin)(nil)
@@ -33,6 +35,7 @@ func (s *Server) mountAdmin(r chi.Router) {
 		r.Get("/dead-letters", s.handle(s.listDeadLetters))
 		r.Post("/dead-letters/retry", s.handle(s.retryAllDeadLetters))
 		r.Post("/dead-letters/{id}/retry", s.handle(s.retryDeadLetter))
+		r.Post("/dead-letters/{id}/discard", s.handle(s.discardDeadLetter))
 	})
 }
 
@@ -92,10 +95,18 @@ func (s *Server) listDeadLetters(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-func (s *Server) retryDeadLetter(w http.ResponseWriter, r *http.Request) error {
+func deadLetterID(r *http.Request) (int64, error) {
 	id, err := strconv.ParseInt(chi.URLParam(r, "id"), 10, 64)
 	if err != nil || id < 1 {
-		return badRequest("invalid_id", "dead letter id must be a positive integer")
+		return 0, badRequest("invalid_id", "dead letter id must be a positive integer")
+	}
+	return id, nil
+}
+
+func (s *Server) retryDeadLetter(w http.ResponseWriter, r *http.Request) error {
+	id, err := deadLetterID(r)
+	if err != nil {
+		return err
 	}
 	if err := s.outbox.Retry(r.Context(), id); err != nil {
 		if errors.Is(err, outbox.ErrNotFound) {
@@ -117,5 +128,45 @@ func (s *Server) retryAllDeadLetters(w http.ResponseWriter, r *http.Request) err
 	s.wake()
 	s.logger.InfoContext(r.Context(), "all dead letters retried by operator", "count", n)
 	writeJSON(w, http.StatusOK, map[string]any{"retried": n})
+	return nil
+}
+
+// discardRequest is the body of a discard: why the event is given up on, kept
+// with it in outbox_discarded.
+type discardRequest struct {
+	Reason string `json:"reason"`
+}
+
+// discardDeadLetter gives up on a dead letter that can never be published, so
+// its aggregate's next events go out (outbox.Admin.Discard).
+func (s *Server) discardDeadLetter(w http.ResponseWriter, r *http.Request) error {
+	id, err := deadLetterID(r)
+	if err != nil {
+		return err
+	}
+	var req discardRequest
+	if err := decodeJSON(w, r, &req); err != nil {
+		return err
+	}
+	switch {
+	case strings.TrimSpace(req.Reason) == "":
+		return &order.ValidationError{Field: "reason", Message: "is required: say why the event is discarded"}
+	case len(req.Reason) > outbox.MaxDiscardReasonBytes:
+		return &order.ValidationError{Field: "reason", Message: fmt.Sprintf("must be at most %d bytes", outbox.MaxDiscardReasonBytes)}
+	case strings.ContainsRune(req.Reason, 0):
+		return &order.ValidationError{Field: "reason", Message: "must not contain NUL"}
+	}
+	if err := s.outbox.Discard(r.Context(), id, req.Reason); err != nil {
+		switch {
+		case errors.Is(err, outbox.ErrNotFound):
+			return &apiError{http.StatusNotFound, "not_found", fmt.Sprintf("no event with id %d", id)}
+		case errors.Is(err, outbox.ErrNotDeadLettered):
+			return &apiError{http.StatusConflict, "not_dead_lettered", fmt.Sprintf("event %d is not dead-lettered: only dead letters can be discarded", id)}
+		}
+		return err
+	}
+	s.wake()
+	s.logger.InfoContext(r.Context(), "dead letter discarded by operator", "event_id", id, "reason", req.Reason)
+	writeJSON(w, http.StatusOK, map[string]any{"discarded": id})
 	return nil
 }
