@@ -241,30 +241,91 @@ func (a *Admin) Discard(ctx context.Context, id int64, reason string) error {
 	return nil
 }
 
+// StatusCountLimit bounds how many rows Admin.Status counts, so that its cost
+// stays the same however large the backlog grows (Status runs on every metrics
+// scrape of every process, and a backlog grows during a broker outage).
+const StatusCountLimit = 10_000
+
 // Status describes the backlog.
 type Status struct {
 	// Pending counts rows not published yet and not dead-lettered: due, in
-	// flight, backing off, or waiting behind an earlier event of their aggregate.
+	// flight, backing off, or waiting behind an earlier event of their
+	// aggregate. It is exact up to StatusCountLimit. Above it, PendingEstimated
+	// is set and Pending is PostgreSQL's running estimate of the outbox table's
+	// live rows (pg_stat_user_tables.n_live_tup, kept up to date by every insert
+	// and delete, reported within a second or so) less the dead letters, and
+	// never less than StatusCountLimit + 1.
 	Pending int64
-	// DeadLettered counts dead letters. Alert on it.
+	// PendingEstimated says that Pending is an estimate (see Pending).
+	PendingEstimated bool
+	// DeadLettered counts dead letters. Alert on it. It is exact up to
+	// StatusCountLimit; more are reported as StatusCountLimit + 1.
 	DeadLettered int64
 	// OldestPendingAge is how long the oldest pending row has waited, 0 when
 	// nothing is pending. Alert when it exceeds what a healthy relay needs.
+	// When Pending is exact, so is this. When it is estimated, this is the age
+	// of the pending row with the smallest id: the oldest row unless a writer
+	// enqueued long after its transaction began (a row's created_at is its
+	// transaction's start, its id is taken at insert). It is 0, too, when more
+	// than StatusCountLimit dead letters precede every pending row in id order.
 	OldestPendingAge time.Duration
 }
 
-// Status reads the backlog. It scans the outbox table, which holds the backlog
-// only, never the history.
+// statusSQL reads the backlog at a bounded cost: $1 is StatusCountLimit. Each
+// part reads the table in a way the planner picks even without column
+// statistics (a table autovacuum never analyzed):
+//
+//   - est is the statistics' count of live rows in outbox: no table access.
+//   - counted counts the pending rows, and finds the oldest, up to $1 + 1 rows,
+//     and only when est says the backlog is small: above that, the one-time
+//     filter skips the scan.
+//   - dead counts dead letters, up to $1 + 1, in their partial index.
+//   - walk finds the pending row with the smallest id, one primary key lookup
+//     per row, past at most $1 dead letters.
+const statusSQL = `
+WITH RECURSIVE est AS MATERIALIZED (
+    SELECT greatest(coalesce(pg_stat_get_live_tuples('outbox'::regclass), 0), 0) AS live
+), counted AS (
+    SELECT count(*) AS n, min(created_at) AS oldest
+    FROM (SELECT created_at FROM outbox
+          WHERE dead_lettered_at IS NULL AND (SELECT live FROM est) <= $1
+          LIMIT $1 + 1) p
+), dead AS (
+    SELECT count(*) AS n
+    FROM (SELECT 1 FROM outbox WHERE dead_lettered_at IS NOT NULL ORDER BY id LIMIT $1 + 1) d
+), walk (id, created_at, dead, n) AS (
+    (SELECT id, created_at, dead_lettered_at IS NOT NULL, 1 FROM outbox ORDER BY id LIMIT 1)
+    UNION ALL
+    (SELECT o.id, o.created_at, o.dead, w.n + 1
+     FROM walk w
+     CROSS JOIN LATERAL (
+         SELECT id, created_at, dead_lettered_at IS NOT NULL AS dead
+         FROM outbox WHERE outbox.id > w.id ORDER BY outbox.id LIMIT 1) o
+     WHERE w.dead AND w.n <= $1)
+)
+SELECT (SELECT live FROM est), (SELECT n FROM counted), (SELECT n FROM dead),
+       coalesce((extract(epoch FROM now() - least(
+           (SELECT oldest FROM counted),
+           (SELECT created_at FROM walk WHERE NOT dead))) * 1e6)::bigint, 0)`
+
+// Status reads the backlog, at a cost bounded by StatusCountLimit rows however
+// large the backlog is: see Status for what is exact and what is estimated.
 func (a *Admin) Status(ctx context.Context) (Status, error) {
-	var s Status
-	var ageMicros int64
-	err := a.db.QueryRow(ctx, `
-SELECT count(*) FILTER (WHERE dead_lettered_at IS NULL),
-       count(*) FILTER (WHERE dead_lettered_at IS NOT NULL),
-       coalesce((extract(epoch FROM now() - min(created_at) FILTER (WHERE dead_lettered_at IS NULL)) * 1e6)::bigint, 0)
-FROM outbox`).Scan(&s.Pending, &s.DeadLettered, &ageMicros)
+	var (
+		s                   Status
+		live, counted, dead int64
+		ageMicros           int64
+	)
+	err := a.db.QueryRow(ctx, statusSQL, StatusCountLimit).Scan(&live, &counted, &dead, &ageMicros)
 	if err != nil {
 		return Status{}, fmt.Errorf("outbox status: %w", err)
+	}
+	s.DeadLettered = dead
+	if live <= StatusCountLimit && counted <= StatusCountLimit {
+		s.Pending = counted
+	} else {
+		s.Pending = max(live-dead, StatusCountLimit+1)
+		s.PendingEstimated = true
 	}
 	s.OldestPendingAge = max(0, time.Duration(ageMicros)*time.Microsecond)
 	return s, nil

@@ -380,3 +380,115 @@ SELECT (SELECT coalesce(json_agg(o ORDER BY id), '[]')::text FROM outbox o) ||
 		t.Fatalf("rejected discards changed the outbox:\nbefore %s\nafter  %s", before, after)
 	}
 }
+
+// Status runs on every metrics scrape of every process: with a large backlog
+// (a broker outage) it must read a bounded part of it, not scan it all.
+// Measured in rows PostgreSQL read from outbox, by its own statistics.
+func TestStatusReadsABoundedPartOfALargeBacklog(t *testing.T) {
+	t.Parallel()
+	pool := newTestPool(t)
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, `
+INSERT INTO outbox (aggregate_type, aggregate_id, aggregate_version, event_type, payload, blocked)
+SELECT 'order', 'o-' || (g % 10000), g / 10000 + 1, 'order.created', '{}', g >= 10000
+FROM generate_series(0, 99999) g`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	rowsRead := func() int64 {
+		t.Helper()
+		// The backend reports its counts when it goes idle after this, at once.
+		if _, err := conn.Exec(ctx, "SELECT pg_stat_force_next_flush()"); err != nil {
+			t.Fatal(err)
+		}
+		var n int64
+		if err := pool.QueryRow(ctx, `SELECT seq_tup_read + coalesce(idx_tup_fetch, 0) FROM pg_stat_user_tables
+			WHERE relid = 'outbox'::regclass`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	before := rowsRead()
+	st, err := outbox.NewAdmin(conn).Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if read := rowsRead() - before; read > 20_000 {
+		t.Fatalf("Status read %d rows of a 100,000-row backlog (status %+v)", read, st)
+	}
+}
+
+// Status is exact up to StatusCountLimit pending rows and an estimate above,
+// as documented on outbox.Status.
+func TestStatusIsExactBelowTheCountLimitAndEstimatedAbove(t *testing.T) {
+	t.Parallel()
+	pool := newTestPool(t)
+	ctx := context.Background()
+	admin := outbox.NewAdmin(pool)
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	// insert runs sql on conn and makes PostgreSQL's statistics count it now.
+	insert := func(sql string, args ...any) {
+		t.Helper()
+		if _, err := conn.Exec(ctx, sql, args...); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := conn.Exec(ctx, "SELECT pg_stat_force_next_flush()"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	status := func() outbox.Status {
+		t.Helper()
+		st, err := admin.Status(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	within := func(d, want time.Duration) bool { return d >= want && d < want+time.Minute }
+
+	if st := status(); st != (outbox.Status{}) {
+		t.Fatalf("empty outbox: %+v", st)
+	}
+
+	// Three old dead letters first in id order, then 50 pending rows whose
+	// oldest has the largest id.
+	insert(`
+INSERT INTO outbox (aggregate_type, aggregate_id, aggregate_version, event_type, payload, created_at, dead_lettered_at)
+SELECT 'order', 'dead-' || g, 1, 'order.created', '{}', now() - interval '3 hours', now()
+FROM generate_series(1, 3) g;
+INSERT INTO outbox (aggregate_type, aggregate_id, aggregate_version, event_type, payload, created_at)
+SELECT 'order', 'o-' || g, 1, 'order.created', '{}', now() - g * interval '1 minute'
+FROM generate_series(1, 50) g`)
+	st := status()
+	if st.Pending != 50 || st.PendingEstimated || st.DeadLettered != 3 || !within(st.OldestPendingAge, 50*time.Minute) {
+		t.Fatalf("50 pending, 3 dead letters: %+v; want exact counts and the oldest pending row's age, 50m", st)
+	}
+
+	// Over the limit: the statistics' estimate, exact here since they counted
+	// every insert; the age is the first pending row's in id order (1m).
+	insert(`
+INSERT INTO outbox (aggregate_type, aggregate_id, aggregate_version, event_type, payload)
+SELECT 'order', 'p-' || g, 1, 'order.created', '{}' FROM generate_series(1, $1::int) g`, outbox.StatusCountLimit)
+	st = status()
+	if st.Pending != outbox.StatusCountLimit+50 || !st.PendingEstimated || st.DeadLettered != 3 || !within(st.OldestPendingAge, time.Minute) {
+		t.Fatalf("%d pending, 3 dead letters: %+v; want an estimate of the same, 3 dead letters, age 1m",
+			outbox.StatusCountLimit+50, st)
+	}
+
+	// Dead letters over the limit are reported as the limit + 1.
+	insert(`
+INSERT INTO outbox (aggregate_type, aggregate_id, aggregate_version, event_type, payload, dead_lettered_at)
+SELECT 'order', 'dl-' || g, 1, 'order.created', '{}', now() FROM generate_series(1, $1::int) g`, outbox.StatusCountLimit)
+	if st = status(); st.DeadLettered != outbox.StatusCountLimit+1 {
+		t.Fatalf("%d dead letters: %+v; want DeadLettered %d", outbox.StatusCountLimit+3, st, outbox.StatusCountLimit+1)
+	}
+}
