@@ -52,8 +52,10 @@ func (s *Server) requireAdmin(next http.Handler) http.Handler {
 }
 
 // statusBody is Status with the age in seconds, for humans and scripts.
+// pending_estimated says pending is an estimate (above outbox.StatusCountLimit).
 type statusBody struct {
 	Pending                 int64   `json:"pending"`
+	PendingEstimated        bool    `json:"pending_estimated"`
 	DeadLettered            int64   `json:"dead_lettered"`
 	OldestPendingAgeSeconds float64 `json:"oldest_pending_age_seconds"`
 }
@@ -63,7 +65,7 @@ func (s *Server) outboxStatus(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, statusBody{st.Pending, st.DeadLettered, st.OldestPendingAge.Seconds()})
+	writeJSON(w, http.StatusOK, statusBody{st.Pending, st.PendingEstimated, st.DeadLettered, st.OldestPendingAge.Seconds()})
 	return nil
 }
 

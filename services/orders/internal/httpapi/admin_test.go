@@ -116,4 +116,8 @@ func TestAdminDiscardDeadLetter(t *testing.T) {
 	if r := b.do(t, "POST", path(dead), "application/json", body, auth...); r.status != 404 {
 		t.Fatalf("second discard: %d %s, want 404", r.status, r.raw)
 	}
+	st := b.do(t, "GET", "/admin/outbox/status", "", "", auth...)
+	if st.status != 200 || st.body["pending"] != float64(1) || st.body["pending_estimated"] != false || st.body["dead_lettered"] != float64(0) {
+		t.Fatalf("status after the discard: %d %s, want 1 pending (exact), no dead letter", st.status, st.raw)
+	}
 }
