@@ -188,6 +188,9 @@ type event struct {
 	Version   any // aggregate_version header; nil leaves it out
 	Body      []byte
 	Headers   amqp.Table // extra or overriding headers
+	// Untyped leaves the AMQP type property empty: the type is then only in
+	// the routing key (and the event_type header, unless Headers removes it).
+	Untyped bool
 }
 
 func created(msgID, orderID string) event {
@@ -272,8 +275,12 @@ func (p *publisher) publish(ev event) {
 			h[k] = v
 		}
 	}
+	typ := ev.Type
+	if ev.Untyped {
+		typ = ""
+	}
 	msg := amqp.Publishing{
-		MessageId: ev.MessageID, Type: ev.Type, ContentType: "application/json",
+		MessageId: ev.MessageID, Type: typ, ContentType: "application/json",
 		DeliveryMode: amqp.Persistent, Timestamp: time.Now(), Headers: h, Body: ev.Body,
 	}
 	key := ev.Type

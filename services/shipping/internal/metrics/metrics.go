@@ -19,9 +19,10 @@ type Metrics struct {
 	DeadLettered *prometheus.CounterVec
 	// Deferred counts messages sent through the delay queue, by reason:
 	// "gap" (an earlier version is missing), "in_progress", "retry" (the
-	// handler failed).
+	// handler failed), "transient" (the inbox failed, not the handler).
 	Deferred *prometheus.CounterVec
-	// UnknownType counts acked messages of an event type not handled here.
+	// UnknownType counts messages of an event type not handled here,
+	// recorded as no-ops at their version.
 	UnknownType prometheus.Counter
 	// HandlerDuration observes the time to handle one delivery.
 	HandlerDuration prometheus.Histogram
@@ -48,10 +49,10 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "shipping_events_dead_lettered_total", Help: "Messages moved to the dead-letter queue, by reason.",
 		}, []string{"reason"}),
 		Deferred: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "shipping_events_deferred_total", Help: "Messages sent through the delay queue, by reason (gap, in_progress, retry).",
+			Name: "shipping_events_deferred_total", Help: "Messages sent through the delay queue, by reason (gap, in_progress, retry, transient).",
 		}, []string{"reason"}),
 		UnknownType: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "shipping_events_unknown_type_total", Help: "Acked messages of an event type this service does not handle.",
+			Name: "shipping_events_unknown_type_total", Help: "Messages of an event type this service does not handle, recorded as no-ops at their version.",
 		}),
 		HandlerDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "shipping_handler_duration_seconds", Help: "Time to handle one delivery, from receipt to verdict.",
@@ -76,7 +77,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 	for _, l := range []string{"inbox", "version"} {
 		m.Duplicates.WithLabelValues(l)
 	}
-	for _, r := range []string{"gap", "in_progress", "retry"} {
+	for _, r := range []string{"gap", "in_progress", "retry", "transient"} {
 		m.Deferred.WithLabelValues(r)
 	}
 	return m, nil

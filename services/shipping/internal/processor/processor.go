@@ -102,16 +102,12 @@ func (p *Processor) Handle(ctx context.Context, d rabbitmq.Delivery) (v rabbitmq
 	}()
 
 	ev, err := shipment.Decode(shipment.Message{
-		MessageID: d.MessageID, Type: d.Type, RoutingKey: d.RoutingKey, Headers: d.Headers, Body: d.Body,
+		MessageID: d.MessageID, Type: d.Type, RoutingKey: originalRoutingKey(d), Headers: d.Headers, Body: d.Body,
 	})
 	var inv *shipment.InvalidError
 	switch {
 	case errors.As(err, &inv):
 		return deadLetter(inv.Reason, inv.Err)
-	case errors.Is(err, shipment.ErrUnknownType):
-		p.cfg.Metrics.UnknownType.Inc()
-		p.log.WarnContext(ctx, "unknown event type, acked and ignored", "event_id", d.MessageID, "event_type", d.Type, "routing_key", d.RoutingKey)
-		return rabbitmq.Verdict{Action: rabbitmq.Ack}
 	case err != nil:
 		return deadLetter(shipment.ReasonMalformedPayload, err)
 	}
@@ -150,6 +146,15 @@ func (p *Processor) Handle(ctx context.Context, d rabbitmq.Delivery) (v rabbitmq
 			log.WarnContext(ctx, "MongoDB unavailable, keeping the delivery until it is back", "error", err)
 			return rabbitmq.Verdict{Action: rabbitmq.Retry}
 		}
+		if !errors.Is(err, inbox.ErrHandler) {
+			// The inbox itself failed (a database error, a transient
+			// transaction error that outlasted its retries, a commit whose
+			// outcome stayed unknown): nothing was recorded and the message
+			// is not at fault. Try it again later without counting an
+			// attempt against it.
+			log.WarnContext(ctx, "inbox failed, deferring the message", "error", err)
+			return rabbitmq.Verdict{Action: rabbitmq.Defer, Reason: "transient"}
+		}
 		log.WarnContext(ctx, "handler failed", "error", err)
 		return p.failed(d, err)
 	}
@@ -161,12 +166,25 @@ func (p *Processor) Handle(ctx context.Context, d rabbitmq.Delivery) (v rabbitmq
 	case outcome == mongodb.AlreadyApplied:
 		p.cfg.Metrics.Duplicates.WithLabelValues("version").Inc()
 		log.DebugContext(ctx, "duplicate (already applied)")
+	case ev.Ignored:
+		p.cfg.Metrics.UnknownType.Inc()
+		log.InfoContext(ctx, "event type not handled here, recorded as a no-op at its version")
 	default:
 		p.cfg.Metrics.Processed.Inc()
 		log.DebugContext(ctx, "applied")
 	}
 	p.cfg.Crash.Hit(crashpoint.ShippingAfterInboxBeforeAck)
 	return rabbitmq.Verdict{Action: rabbitmq.Ack}
+}
+
+// originalRoutingKey is the routing key the message was first published
+// with: a message back from the delay queue carries the queue's name as its
+// routing key, and its first one in a header.
+func originalRoutingKey(d rabbitmq.Delivery) string {
+	if k, ok := d.Headers[rabbitmq.HeaderOriginalRoutingKey].(string); ok && k != "" {
+		return k
+	}
+	return d.RoutingKey
 }
 
 func deadLetter(r shipment.Reason, err error) rabbitmq.Verdict {

@@ -156,3 +156,92 @@ func TestNewRequiresItsDependencies(t *testing.T) {
 		t.Fatal("New without Inbox/Store/Metrics succeeded")
 	}
 }
+
+// recordingStore applies everything and remembers what it was given.
+type recordingStore struct{ applied []shipment.Event }
+
+func (r *recordingStore) Apply(_ context.Context, ev shipment.Event) (mongodb.Outcome, error) {
+	r.applied = append(r.applied, ev)
+	return mongodb.Applied, nil
+}
+func (r *recordingStore) Ping(context.Context) error { return nil }
+
+func newProcessor(t *testing.T, in processor.Inbox, store processor.Store) (*processor.Processor, *metrics.Metrics) {
+	t.Helper()
+	m, err := metrics.New(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := processor.New(processor.Config{Inbox: in, Store: store, Metrics: m, MaxAttempts: 3, MaxDeferrals: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p, m
+}
+
+func TestUnknownTypeIsRecordedAtItsVersion(t *testing.T) {
+	store := &recordingStore{}
+	p, m := newProcessor(t, fakeInbox{}, store)
+	d := delivery(map[string]any{"aggregate_version": int64(2), "event_type": "order.paid"})
+	d.Type, d.RoutingKey, d.Body = "order.paid", "order.paid", []byte(`{"order_id":"o-1","paid_at":"2026-11-29T22:00:30Z"}`)
+	if v := p.Handle(t.Context(), d); v.Action != rabbitmq.Ack {
+		t.Fatalf("verdict %v %q (%s), want ack", v.Action, v.Reason, v.Detail)
+	}
+	if len(store.applied) != 1 || !store.applied[0].Ignored || store.applied[0].OrderID != "o-1" ||
+		store.applied[0].Version != 2 || store.applied[0].Type != "order.paid" {
+		t.Fatalf("applied %+v, want order.paid recorded as a no-op at o-1 version 2", store.applied)
+	}
+	if counter(m.UnknownType) != 1 {
+		t.Error("unknown type not counted")
+	}
+}
+
+func TestTypeComesFromTheOriginalRoutingKeyAfterTheDelayQueue(t *testing.T) {
+	store := &recordingStore{}
+	p, _ := newProcessor(t, fakeInbox{}, store)
+	// A cancel published without type property nor event_type header, back
+	// from the delay queue: its routing key is now the queue's name.
+	d := delivery(map[string]any{
+		"aggregate_version": int64(2), rabbitmq.HeaderOriginalRoutingKey: shipment.TypeCancelled,
+	})
+	d.Type, d.RoutingKey, d.Body = "", "shipping.order-events", []byte(`{"order_id":"o-1","cancelled_at":"2026-11-29T22:01:00Z"}`)
+	if v := p.Handle(t.Context(), d); v.Action != rabbitmq.Ack {
+		t.Fatalf("verdict %v %q (%s), want ack", v.Action, v.Reason, v.Detail)
+	}
+	if len(store.applied) != 1 || store.applied[0].Type != shipment.TypeCancelled || store.applied[0].Ignored {
+		t.Fatalf("applied %+v, want the cancel", store.applied)
+	}
+}
+
+// failingInbox fails by itself, before or after the handler, with an error
+// that is not the handler's (a database error, a transaction that could not
+// commit).
+type failingInbox struct{ err error }
+
+func (f failingInbox) Process(context.Context, string, inbox.Handler) (inbox.Result, error) {
+	return 0, f.err
+}
+
+func TestInboxErrorsThatAreNotTheHandlersNeverDeadLetter(t *testing.T) {
+	for name, err := range map[string]error{
+		"database error":  errors.New("inbox: insert record 7: connection reset by peer"),
+		"commit unknown":  fmt.Errorf("inbox: commit message 7: %w", errors.New("UnknownTransactionCommitResult")),
+		"context expired": fmt.Errorf("inbox: read record 7: %w", context.DeadlineExceeded),
+	} {
+		t.Run(name, func(t *testing.T) {
+			p, m := newProcessor(t, failingInbox{err: err}, fakeStore{outcome: mongodb.Applied})
+			// Even on what would be the last attempt of a failing handler.
+			d := delivery(map[string]any{processor.HeaderAttempts: int64(2)})
+			v := p.Handle(t.Context(), d)
+			if v.Action != rabbitmq.Defer || v.Reason != "transient" {
+				t.Fatalf("verdict %v %q (%s), want defer %q: the message is not at fault", v.Action, v.Reason, v.Detail, "transient")
+			}
+			if _, ok := v.Headers[processor.HeaderAttempts]; ok {
+				t.Errorf("headers %v: a transient error counted as a handler attempt", v.Headers)
+			}
+			if n := counter(m.DeadLettered.WithLabelValues("handler_failed")); n != 0 {
+				t.Errorf("dead-lettered %v", n)
+			}
+		})
+	}
+}

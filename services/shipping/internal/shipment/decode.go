@@ -60,9 +60,15 @@ type Message struct {
 // MaxBodyBytes bounds an event's body.
 const MaxBodyBytes = 1 << 20
 
-// Decode validates m into an Event. It returns ErrUnknownType for an event
-// type this service does not handle (ack it), and an *InvalidError for a
-// message that can never be applied (dead-letter it).
+// Decode validates m into an Event. An event type this service does not
+// handle decodes to an Event with Ignored set, placed by its aggregate_id
+// header (or its payload's order_id) and its version, so that it can be
+// recorded as a no-op: the order's later versions count it. A message that
+// can never be applied is an *InvalidError (dead-letter it).
+//
+// The type is the AMQP type property, else the event_type header, else the
+// routing key; a transport that republishes the message under another
+// routing key (a delay queue) must pass the original one.
 func Decode(m Message) (Event, error) {
 	if m.MessageID == "" {
 		return Event{}, invalid(ReasonMissingMessageID, "message has no MessageId: it cannot be deduplicated")
@@ -77,9 +83,6 @@ func Decode(m Message) (Event, error) {
 	if typ == "" {
 		typ = m.RoutingKey
 	}
-	if typ != TypeCreated && typ != TypeCancelled {
-		return Event{}, fmt.Errorf("%w: %q", ErrUnknownType, typ)
-	}
 	if len(m.Body) > MaxBodyBytes {
 		return Event{}, invalid(ReasonPayloadTooLarge, "body of %d bytes exceeds %d", len(m.Body), MaxBodyBytes)
 	}
@@ -87,6 +90,9 @@ func Decode(m Message) (Event, error) {
 	version, err := headerVersion(m.Headers)
 	if err != nil {
 		return Event{}, invalid(ReasonInvalidVersion, "%v", err)
+	}
+	if typ != TypeCreated && typ != TypeCancelled {
+		return decodeIgnored(m, typ, version)
 	}
 	if typ == TypeCreated && version != 1 {
 		return Event{}, invalid(ReasonInvalidVersion, "%s must be version 1, got %d", typ, version)
@@ -120,6 +126,28 @@ func Decode(m Message) (Event, error) {
 		return Event{}, invalid(ReasonMalformedPayload, "payload order_id %q differs from header aggregate_id %q", ev.OrderID, agg)
 	}
 	return ev, nil
+}
+
+// decodeIgnored places an event of a type this service does not handle in
+// its order's chain: its payload is not validated, only its order id.
+func decodeIgnored(m Message, typ string, version int64) (Event, error) {
+	if err := text(typ, 200); err != nil {
+		return Event{}, invalid(ReasonMalformedPayload, "event type: %v", err)
+	}
+	orderID, _ := m.Headers["aggregate_id"].(string)
+	if orderID == "" {
+		var p struct {
+			OrderID string `json:"order_id"`
+		}
+		if utf8.Valid(m.Body) {
+			_ = json.Unmarshal(m.Body, &p)
+		}
+		orderID = p.OrderID
+	}
+	if err := text(orderID, 200); err != nil {
+		return Event{}, invalid(ReasonMalformedPayload, "%s: no order id in the aggregate_id header nor in the payload's order_id: %v", typ, err)
+	}
+	return Event{MessageID: m.MessageID, Type: typ, OrderID: orderID, Version: version, Ignored: true}, nil
 }
 
 // headerVersion reads aggregate_version, an integer header.

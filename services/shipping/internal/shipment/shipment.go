@@ -34,8 +34,6 @@ var (
 	// ErrVersionConflict: another message was applied at the event's version.
 	// The producer broke its versioning; the message needs a human.
 	ErrVersionConflict = errors.New("shipment: another message holds this version")
-	// ErrUnknownType: an event type this service does not handle.
-	ErrUnknownType = errors.New("shipment: unknown event type")
 )
 
 // Item is one order line. Amounts are integer minor units of the currency.
@@ -69,6 +67,10 @@ type Event struct {
 	Version   int64
 	Created   *Created   // set for TypeCreated
 	Cancelled *Cancelled // set for TypeCancelled
+	// Ignored marks an event type this service does not handle. It is still
+	// recorded at its version, as a no-op, so that the order's later
+	// versions, which count it, can apply.
+	Ignored bool
 }
 
 // Applied is an event as recorded on its shipment.
@@ -99,8 +101,10 @@ type Record struct {
 }
 
 // Build folds an order's records, in version order, into its shipment.
+// Records of event types this service ignores only advance the version. An
+// order whose chain has no order.created has no shipment (ErrNotFound).
 func Build(orderID string, records []Record) (Shipment, error) {
-	if len(records) == 0 {
+	if len(records) == 0 || records[0].EventType != TypeCreated {
 		return Shipment{}, ErrNotFound
 	}
 	s := Shipment{OrderID: orderID, Events: make([]Applied, 0, len(records))}

@@ -81,11 +81,38 @@ func TestDecodeRejectsPoisonWithItsReason(t *testing.T) {
 	}
 }
 
-func TestDecodeUnknownTypeIsNotPoison(t *testing.T) {
-	_, err := shipment.Decode(msg(func(m *shipment.Message) { m.Type = "order.shipped" }))
-	var inv *shipment.InvalidError
-	if !errors.Is(err, shipment.ErrUnknownType) || errors.As(err, &inv) {
-		t.Fatalf("Decode: %v, want ErrUnknownType", err)
+func TestDecodeUnknownTypeIsANoOpAtItsVersion(t *testing.T) {
+	ev, err := shipment.Decode(msg(func(m *shipment.Message) {
+		m.Type, m.Headers["aggregate_version"], m.Body = "order.paid", int64(2), []byte(`{"anything":[1]}`)
+	}))
+	if err != nil || !ev.Ignored || ev.Type != "order.paid" || ev.OrderID != "o-1" || ev.Version != 2 {
+		t.Fatalf("Decode: %+v, %v; want order.paid ignored at o-1 version 2", ev, err)
+	}
+	// Without the aggregate_id header, the payload's order_id places it.
+	ev, err = shipment.Decode(msg(func(m *shipment.Message) {
+		m.Type, m.Body = "order.paid", []byte(`{"order_id":"o-9"}`)
+		delete(m.Headers, "aggregate_id")
+	}))
+	if err != nil || !ev.Ignored || ev.OrderID != "o-9" {
+		t.Fatalf("Decode without aggregate_id: %+v, %v", ev, err)
+	}
+	for name, tc := range map[string]struct {
+		m    shipment.Message
+		want shipment.Reason
+	}{
+		"no order": {msg(func(m *shipment.Message) {
+			m.Type, m.Body = "order.paid", []byte(`{}`)
+			delete(m.Headers, "aggregate_id")
+		}), shipment.ReasonMalformedPayload},
+		"no version": {msg(func(m *shipment.Message) {
+			m.Type = "order.paid"
+			delete(m.Headers, "aggregate_version")
+		}), shipment.ReasonInvalidVersion},
+	} {
+		var inv *shipment.InvalidError
+		if _, err := shipment.Decode(tc.m); !errors.As(err, &inv) || inv.Reason != tc.want {
+			t.Errorf("%s: %v, want reason %s", name, err, tc.want)
+		}
 	}
 }
 
@@ -99,6 +126,17 @@ func TestBuild(t *testing.T) {
 	})
 	if err != nil || s.Status != shipment.StatusCancelled || s.Version != 2 || len(s.Events) != 2 || s.Total != 5 {
 		t.Fatalf("Build: %+v, %v", s, err)
+	}
+	s, err = shipment.Build("o", []shipment.Record{
+		{Applied: shipment.Applied{MessageID: "1", EventType: shipment.TypeCreated, Version: 1}, Created: &shipment.Created{Currency: "EUR", Total: 5}},
+		{Applied: shipment.Applied{MessageID: "2", EventType: "order.paid", Version: 2}},
+		{Applied: shipment.Applied{MessageID: "3", EventType: shipment.TypeCancelled, Version: 3}},
+	})
+	if err != nil || s.Status != shipment.StatusCancelled || s.Version != 3 || len(s.Events) != 3 {
+		t.Fatalf("Build with an ignored type: %+v, %v", s, err)
+	}
+	if _, err := shipment.Build("o", []shipment.Record{{Applied: shipment.Applied{MessageID: "1", EventType: "order.drafted", Version: 1}}}); !errors.Is(err, shipment.ErrNotFound) {
+		t.Fatalf("a chain without order.created: %v, want ErrNotFound", err)
 	}
 	if _, err := shipment.Build("o", []shipment.Record{{Applied: shipment.Applied{Version: 2}}}); err == nil {
 		t.Fatal("Build accepted a chain starting at version 2")
