@@ -1,10 +1,13 @@
 // Package mongodb stores shipments in MongoDB (or FerretDB).
 //
 // A shipment is stored as one document per applied event, whose _id is
-// "order id/version". Applying version v inserts that document after
-// checking that v-1 is there: the unique _id makes each version apply once
+// "order id/version". Applying version v reads v (already applied?) and v-1
+// (there yet?), then inserts v: the unique _id makes each version apply once
 // even on servers without transactions or atomic conditional updates
 // (FerretDB), and versions only ever grow, so the check cannot go stale.
+// Reading first keeps Apply correct inside a MongoDB transaction, where a
+// write error aborts the transaction (see Apply). Event types the service
+// ignores are stored too, without a payload, so the chain has no hole.
 // Every lookup selects by _id alone, which FerretDB serves from its primary
 // key.
 package mongodb
@@ -18,6 +21,7 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/outbox-inbox/reference/services/shipping/internal/shipment"
 )
@@ -41,7 +45,13 @@ const (
 // Store keeps shipments.
 type Store struct {
 	db     *mongo.Database
-	events *mongo.Collection
+	events collection
+}
+
+// collection is the part of *mongo.Collection the store uses.
+type collection interface {
+	FindOne(ctx context.Context, filter any, opts ...options.Lister[options.FindOneOptions]) *mongo.SingleResult
+	InsertOne(ctx context.Context, document any, opts ...options.Lister[options.InsertOneOptions]) (*mongo.InsertOneResult, error)
 }
 
 // New returns a Store on db, using collection (DefaultCollection if empty).
@@ -75,7 +85,26 @@ func key(orderID string, version int64) string {
 // previous version is not applied yet, and shipment.ErrVersionConflict when a
 // different message holds ev's version. Use the ctx the inbox hands the
 // handler: in transaction mode it carries the session.
+//
+// Apply reads before it writes: first ev's own version (applied already, by
+// this message or by another), then the previous one, and inserts only when
+// both answers allow it. Inside a MongoDB transaction this order is required,
+// not an optimisation: a write error (a duplicate key among them) aborts the
+// transaction on the server, every later operation in it fails with
+// NoSuchTransaction, so "insert, and read on a duplicate key" would turn an
+// effect already there (applied in standalone mode, or whose inbox record
+// expired) and every version conflict into a database failure. So in a
+// transaction a write error is returned as it is, never recovered from; the
+// snapshot the reads saw makes a concurrent insert of the same version a
+// write conflict, which the inbox retries as a whole. Outside a transaction
+// (standalone mode, FerretDB) a concurrent copy can still insert between the
+// read and the write: there the unique _id settles it, and the duplicate key
+// is read back as AlreadyApplied or a conflict.
 func (s *Store) Apply(ctx context.Context, ev shipment.Event) (Outcome, error) {
+	id := key(ev.OrderID, ev.Version)
+	if o, err := s.existing(ctx, ev, id); o != 0 || err != nil {
+		return o, err
+	}
 	if ev.Version > 1 {
 		err := s.events.FindOne(ctx, bson.D{{Key: "_id", Value: key(ev.OrderID, ev.Version-1)}}).Err()
 		if errors.Is(err, mongo.ErrNoDocuments) {
@@ -86,7 +115,7 @@ func (s *Store) Apply(ctx context.Context, ev shipment.Event) (Outcome, error) {
 		}
 	}
 	rec := record{
-		ID:        key(ev.OrderID, ev.Version),
+		ID:        id,
 		OrderID:   ev.OrderID,
 		Version:   ev.Version,
 		MessageID: ev.MessageID,
@@ -99,18 +128,33 @@ func (s *Store) Apply(ctx context.Context, ev shipment.Event) (Outcome, error) {
 	if err == nil {
 		return Applied, nil
 	}
-	if !mongo.IsDuplicateKeyError(err) {
-		return 0, fmt.Errorf("apply %s to shipment %s: %w", ev.Type, ev.OrderID, err)
+	if !mongo.IsDuplicateKeyError(err) || mongo.SessionFromContext(ctx) != nil {
+		return 0, fmt.Errorf("apply %s to shipment %s version %d: %w", ev.Type, ev.OrderID, ev.Version, err)
 	}
-	var existing record
-	if err := s.events.FindOne(ctx, bson.D{{Key: "_id", Value: rec.ID}}).Decode(&existing); err != nil {
+	// A concurrent copy won the insert (no transaction: nothing aborted).
+	o, err := s.existing(ctx, ev, id)
+	if err == nil && o == 0 {
+		err = fmt.Errorf("apply %s to shipment %s version %d: duplicate key, and no document", ev.Type, ev.OrderID, ev.Version)
+	}
+	return o, err
+}
+
+// existing reports whether ev's version is applied: AlreadyApplied by ev's
+// message, shipment.ErrVersionConflict by another, 0 when it is not.
+func (s *Store) existing(ctx context.Context, ev shipment.Event, id string) (Outcome, error) {
+	var r record
+	err := s.events.FindOne(ctx, bson.D{{Key: "_id", Value: id}}).Decode(&r)
+	switch {
+	case errors.Is(err, mongo.ErrNoDocuments):
+		return 0, nil
+	case err != nil:
 		return 0, fmt.Errorf("read shipment %s version %d: %w", ev.OrderID, ev.Version, err)
-	}
-	if existing.MessageID != ev.MessageID {
+	case r.MessageID != ev.MessageID:
 		return 0, fmt.Errorf("%w: order %s version %d is message %s, not %s",
-			shipment.ErrVersionConflict, ev.OrderID, ev.Version, existing.MessageID, ev.MessageID)
+			shipment.ErrVersionConflict, ev.OrderID, ev.Version, r.MessageID, ev.MessageID)
+	default:
+		return AlreadyApplied, nil
 	}
-	return AlreadyApplied, nil
 }
 
 // Get returns the shipment of orderID, or shipment.ErrNotFound.
