@@ -70,6 +70,8 @@ func env(t *testing.T, s types.ServiceConfig, key string) string {
 var (
 	infra = []string{"mongodb", "postgres", "rabbitmq"}
 	apps  = []string{"orders", "relay", "shipping"}
+	// oneShot runs to completion before the apps that need it.
+	oneShot = []string{"migrate"}
 )
 
 func TestComposeLoadsWithTheExpectedServices(t *testing.T) {
@@ -78,7 +80,7 @@ func TestComposeLoadsWithTheExpectedServices(t *testing.T) {
 	if p.Name != "outbox-inbox" {
 		t.Errorf("project name = %q, want outbox-inbox (fixed, so volumes survive a checkout in another folder)", p.Name)
 	}
-	want := append(slices.Clone(infra), apps...)
+	want := append(append(slices.Clone(infra), apps...), oneShot...)
 	slices.Sort(want)
 	if got := p.ServiceNames(); !slices.Equal(got, want) {
 		t.Fatalf("services without a profile = %v, want %v", got, want)
@@ -106,7 +108,7 @@ func TestHealthchecksAndStartOrder(t *testing.T) {
 	t.Parallel()
 	p := load(t, nil, "load")
 	for name, s := range p.Services {
-		if name == "loadgen" {
+		if name == "loadgen" || slices.Contains(oneShot, name) {
 			continue
 		}
 		hc := s.HealthCheck
@@ -120,7 +122,8 @@ func TestHealthchecksAndStartOrder(t *testing.T) {
 	}
 
 	want := map[string][]string{
-		"orders":   {"postgres", "rabbitmq"},
+		"migrate":  {"postgres"},
+		"orders":   {"migrate", "postgres", "rabbitmq"},
 		"relay":    {"orders", "rabbitmq"},
 		"shipping": {"mongodb", "rabbitmq"},
 		"loadgen":  {"orders", "shipping"},
@@ -130,6 +133,12 @@ func TestHealthchecksAndStartOrder(t *testing.T) {
 		var got []string
 		for dep, d := range s.DependsOn {
 			got = append(got, dep)
+			if slices.Contains(oneShot, dep) {
+				if d.Condition != types.ServiceConditionCompletedSuccessfully {
+					t.Errorf("%s depends on the one-shot %s with condition %q, want %q", name, dep, d.Condition, types.ServiceConditionCompletedSuccessfully)
+				}
+				continue
+			}
 			if d.Condition != types.ServiceConditionHealthy {
 				t.Errorf("%s depends on %s with condition %q, want %q", name, dep, d.Condition, types.ServiceConditionHealthy)
 			}
@@ -151,6 +160,18 @@ func TestHealthchecksAndStartOrder(t *testing.T) {
 		if r := service(t, p, name).Restart; r != types.RestartPolicyUnlessStopped {
 			t.Errorf("%s restart = %q, want %q so a crashed process comes back", name, r, types.RestartPolicyUnlessStopped)
 		}
+	}
+	// Only `orders migrate` creates the schema: the orders processes check it
+	// read-only at start, so migrate runs once, to completion, before them.
+	m := service(t, p, "migrate")
+	if !slices.Equal(m.Command, types.ShellCommand{"migrate"}) {
+		t.Errorf("migrate command = %v, want [migrate]", m.Command)
+	}
+	if m.Build == nil || m.Build.Target != service(t, p, "orders").Build.Target {
+		t.Errorf("migrate must run the orders binary (build target %q)", service(t, p, "orders").Build.Target)
+	}
+	if r := m.Restart; r != types.RestartPolicyNo && r != "" {
+		t.Errorf("migrate restart = %q, want no: a one-shot that restarts never completes", r)
 	}
 }
 
@@ -183,7 +204,7 @@ func TestEnvironmentWiring(t *testing.T) {
 	p := load(t, nil, "load")
 	pg := service(t, p, "postgres")
 
-	for _, name := range []string{"orders", "relay"} {
+	for _, name := range []string{"migrate", "orders", "relay"} {
 		s := service(t, p, name)
 		db, err := url.Parse(env(t, s, "DATABASE_URL"))
 		if err != nil {
@@ -542,8 +563,8 @@ func TestImagesAreBuiltFromThisRepository(t *testing.T) {
 			t.Errorf("%s: name the built image (image:) so `docker compose exec` and logs are readable", name)
 		}
 	}
-	if built != 4 {
-		t.Errorf("%d services build an image, want 4 (orders, relay, shipping, loadgen)", built)
+	if built != 5 {
+		t.Errorf("%d services build an image, want 5 (migrate, orders, relay, shipping, loadgen)", built)
 	}
 }
 

@@ -98,7 +98,8 @@ func (d *demo) startAll(ctx context.Context) error {
 		return err
 	}
 
-	// Create the database and schema once, before two processes race to.
+	// Create the database and schema first: only `orders migrate` runs DDL;
+	// the orders API and relay check the schema and refuse to start without it.
 	d.say("orders migrate: creating the database and schema if needed")
 	migrate := exec.CommandContext(ctx, bin("orders"), "migrate")
 	migrate.Env = append(os.Environ(), ordersEnv...)

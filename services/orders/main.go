@@ -2,11 +2,16 @@
 // PostgreSQL and writes their events to a transactional outbox, and the relay
 // that publishes those events to RabbitMQ.
 //
+//	orders migrate         create the database and schema, then exit
 //	orders                 API and relay (the default)
 //	orders relay           the relay alone; run as many as you like
-//	orders migrate         create the database and schema, then exit
 //	orders outbox-status   print the outbox backlog: pending count, oldest age
 //	orders dead-letters    list, retry or discard dead-lettered events
+//
+// Only migrate creates the database and runs DDL (and serve with
+// MIGRATE=true, for a zero-setup local run): DDL takes locks that make the
+// outbox's writers wait. The other commands check the schema read-only and
+// fail, naming the database, when it or its schema is missing or outdated.
 //
 // Configuration comes from the environment; see internal/config.
 package main
@@ -37,9 +42,12 @@ func main() {
 const usage = `usage: orders [command]
 
 commands:
-  serve          run the HTTP API and the relay (default)
+  migrate        create the database and schema, then exit (run it first:
+                 the other commands change no schema, and fail when it is
+                 missing or outdated)
+  serve          run the HTTP API and the relay (default); with MIGRATE=true,
+                 migrate first
   relay          run the relay alone (any number may run at once)
-  migrate        create the database and schema, then exit
   outbox-status  print pending count, dead letters and the oldest pending age
   dead-letters list [-after ID] [-limit N]
                  list dead-lettered events

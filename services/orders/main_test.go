@@ -64,12 +64,13 @@ func newDatabaseURL(t *testing.T) string {
 	return fmt.Sprintf("postgres://%s@%s:%d/%s?sslmode=disable", cfg.User, cfg.Host, cfg.Port, name)
 }
 
-// The service starts with nothing but a database URL: it creates the database
-// and its schema, serves, and shuts down cleanly when its context ends.
-func TestRunCreatesDatabaseServesAndStopsGracefully(t *testing.T) {
+// With MIGRATE=true the service starts with nothing but a database URL: it
+// creates the database and its schema, serves, and shuts down cleanly when its
+// context ends.
+func TestServeWithMigrateCreatesDatabaseServesAndStopsGracefully(t *testing.T) {
 	dbURL := newDatabaseURL(t)
 	addr := freeAddr(t)
-	env := map[string]string{"DATABASE_URL": dbURL, "HTTP_ADDR": addr, "RELAY": "false"}
+	env := map[string]string{"DATABASE_URL": dbURL, "HTTP_ADDR": addr, "RELAY": "false", "MIGRATE": "true"}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var logs syncBuffer
@@ -129,6 +130,7 @@ func TestRunRejectsBadConfigAndCommands(t *testing.T) {
 		"bad interval":     {nil, map[string]string{"RELAY_POLL_INTERVAL": "soon"}},
 		"bad crash point":  {nil, map[string]string{"CRASH_POINT": "nowhere"}},
 		"bad database URL": {nil, map[string]string{"DATABASE_URL": "postgres://[::1"}},
+		"bad MIGRATE":      {nil, map[string]string{"MIGRATE": "maybe"}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			var out bytes.Buffer

@@ -16,7 +16,6 @@ import (
 	"github.com/outbox-inbox/reference/pkg/outbox/outboxamqp"
 	"github.com/outbox-inbox/reference/services/orders/internal/config"
 	"github.com/outbox-inbox/reference/services/orders/internal/metrics"
-	"github.com/outbox-inbox/reference/services/orders/internal/postgres"
 )
 
 // newRelay builds the relay and its RabbitMQ publisher. The caller runs it and
@@ -69,7 +68,7 @@ func runRelay(ctx context.Context, getenv func(string) string, logOut io.Writer)
 	if err != nil {
 		return err
 	}
-	pool, err := postgres.Open(ctx, cfg.DatabaseURL)
+	pool, err := connect(ctx, cfg.DatabaseURL, false)
 	if err != nil {
 		return err
 	}

@@ -176,7 +176,7 @@ func TestServePublishesOrderEvents(t *testing.T) {
 	deliveries := bindQueue(t, amqpURL)
 	addr := freeAddr(t)
 	start(t, map[string]string{
-		"DATABASE_URL": newDatabaseURL(t), "AMQP_URL": amqpURL, "HTTP_ADDR": addr,
+		"DATABASE_URL": migratedDatabaseURL(t), "AMQP_URL": amqpURL, "HTTP_ADDR": addr,
 		// Far longer than any wait below: only the API's in-process wake-up
 		// can publish in time (the API sends no NOTIFY when it runs the relay).
 		"RELAY_POLL_INTERVAL": "1h",
@@ -265,7 +265,7 @@ func waitMetrics(t *testing.T, base string, want ...string) {
 func TestStandaloneRelayDeadLettersAndOperatorRetry(t *testing.T) {
 	t.Parallel()
 	amqpURL := newVhost(t)
-	dbURL := newDatabaseURL(t)
+	dbURL := migratedDatabaseURL(t)
 	apiAddr := freeAddr(t)
 	env := map[string]string{
 		"DATABASE_URL": dbURL, "AMQP_URL": amqpURL, "ADMIN_TOKEN": "s3cret",

@@ -28,26 +28,6 @@ func newLogger(cfg config.Config, w io.Writer) *slog.Logger {
 	return logfmt.New(w, cfg.LogLevel, "orders")
 }
 
-func migrate(ctx context.Context, getenv func(string) string, stdout io.Writer) error {
-	pool, err := openDatabase(ctx, getenv)
-	if err != nil {
-		return err
-	}
-	pool.Close()
-	fmt.Fprintln(stdout, "orders: database and schema are up to date")
-	return nil
-}
-
-// openDatabase opens the database of DATABASE_URL, creating and migrating it
-// if needed (postgres.Open).
-func openDatabase(ctx context.Context, getenv func(string) string) (*pgxpool.Pool, error) {
-	cfg, err := config.FromEnv(getenv)
-	if err != nil {
-		return nil, err
-	}
-	return postgres.Open(ctx, cfg.DatabaseURL)
-}
-
 func serve(ctx context.Context, getenv func(string) string, logOut io.Writer) error {
 	cfg, err := config.FromEnv(getenv)
 	if err != nil {
@@ -59,7 +39,7 @@ func serve(ctx context.Context, getenv func(string) string, logOut io.Writer) er
 		return err
 	}
 
-	pool, err := postgres.Open(ctx, cfg.DatabaseURL)
+	pool, err := serveDatabase(ctx, cfg)
 	if err != nil {
 		return err
 	}

@@ -25,6 +25,13 @@ type Config struct {
 	AdminToken string
 	// Relay is RELAY: run the relay inside the API process. Default: true.
 	Relay bool
+	// Migrate is MIGRATE: the API process (orders serve) creates the database
+	// and applies the schemas at start, as `orders migrate` does, for a
+	// zero-setup local run. Default: false: only `orders migrate` runs DDL,
+	// since the schemas' DDL takes locks that make writers wait (see
+	// outbox.CheckSchema), and every other command checks the schema
+	// read-only and fails when it is missing or outdated.
+	Migrate bool
 	// Notify is whether the writer sends a NOTIFY with every write
 	// transaction, to wake relays in other processes. OUTBOX_NOTIFY sets it
 	// (and Listen) explicitly. Default: true when this process runs no relay
@@ -72,6 +79,9 @@ func FromEnv(getenv func(string) string) (Config, error) {
 	}
 	var err error
 	if c.Relay, err = boolVar(getenv, "RELAY", true); err != nil {
+		return c, err
+	}
+	if c.Migrate, err = boolVar(getenv, "MIGRATE", false); err != nil {
 		return c, err
 	}
 	if c.Listen, err = boolVar(getenv, "OUTBOX_NOTIFY", true); err != nil {

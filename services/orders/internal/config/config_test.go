@@ -32,3 +32,15 @@ func TestNotifyDefaultsToWhetherARelayRunsInProcess(t *testing.T) {
 		t.Error("OUTBOX_NOTIFY=sometimes accepted")
 	}
 }
+
+func TestMigrateIsOffByDefault(t *testing.T) {
+	for env, want := range map[string]bool{"": false, "true": true, "false": false, "1": true} {
+		cfg, err := config.FromEnv(func(k string) string { return map[string]string{"MIGRATE": env}[k] })
+		if err != nil || cfg.Migrate != want {
+			t.Errorf("MIGRATE=%q: Migrate=%v (%v), want %v", env, cfg.Migrate, err, want)
+		}
+	}
+	if _, err := config.FromEnv(func(k string) string { return map[string]string{"MIGRATE": "yes please"}[k] }); err == nil {
+		t.Error(`MIGRATE="yes please" accepted`)
+	}
+}
