@@ -6,7 +6,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -19,16 +21,20 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/outbox-inbox/reference/internal/mongolocal/mongotest"
+	"github.com/outbox-inbox/reference/internal/mongolocal/replsettest"
 	"github.com/outbox-inbox/reference/pkg/inbox"
 	"github.com/outbox-inbox/reference/services/shipping/internal/amqptest"
 	"github.com/outbox-inbox/reference/services/shipping/internal/app"
 	"github.com/outbox-inbox/reference/services/shipping/internal/mongodb"
+	"github.com/outbox-inbox/reference/services/shipping/internal/processor"
 	"github.com/outbox-inbox/reference/services/shipping/internal/shipment"
 )
 
 // These tests run the whole service against the local RabbitMQ (a vhost per
-// test) and the embedded FerretDB (a database per test).
-func TestMain(m *testing.M) { goleak.VerifyTestMain(mongotest.Suite(m)) }
+// test) and the embedded FerretDB (a database per test); the tests of
+// appSuite run again in transaction mode on a replica set where one is
+// available (TestAppSuiteInTransactionMode).
+func TestMain(m *testing.M) { goleak.VerifyTestMain(replsettest.Suite(m)) }
 
 // env is one test's world: a vhost, a database, a publisher, and the
 // service instances started on them.
@@ -43,13 +49,38 @@ type env struct {
 	pub      *publisher
 	logs     *logBuffer
 	apps     []*app.App
+	// order records, per order, the versions the service applied, in the
+	// order it applied them (every app of the env applies through it).
+	order *applyRecorder
 }
 
+// newEnv is an env on the embedded FerretDB (the inbox's standalone mode).
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	vhost, amqpURL := amqptest.VHost(t)
 	db := mongotest.Database(t)
-	uri := mongotest.URI(t) + db.Name()
+	return newEnvOn(t, db, mongotest.URI(t)+db.Name())
+}
+
+// newReplSetEnv is an env on a replica set (the inbox's transaction mode),
+// or skips the test when there is none (see replsettest).
+func newReplSetEnv(t *testing.T) *env {
+	t.Helper()
+	db := replsettest.Database(t)
+	u, err := url.Parse(replsettest.URI(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Path = "/" + db.Name()
+	e := newEnvOn(t, db, u.String())
+	if mode, err := e.inbox.Mode(t.Context()); err != nil || mode != inbox.ModeTransaction {
+		t.Fatalf("inbox mode on the replica set: %q, %v; want %q", mode, err, inbox.ModeTransaction)
+	}
+	return e
+}
+
+func newEnvOn(t *testing.T, db *mongo.Database, uri string) *env {
+	t.Helper()
+	vhost, amqpURL := amqptest.VHost(t)
 	store, err := mongodb.New(db, "")
 	if err != nil {
 		t.Fatal(err)
@@ -58,7 +89,7 @@ func newEnv(t *testing.T) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &env{t: t, vhost: vhost, amqpURL: amqpURL, mongoURI: uri, db: db, store: store, inbox: in, logs: &logBuffer{}}
+	e := &env{t: t, vhost: vhost, amqpURL: amqpURL, mongoURI: uri, db: db, store: store, inbox: in, logs: &logBuffer{}, order: &applyRecorder{}}
 	e.pub = newPublisher(t, amqpURL)
 	return e
 }
@@ -71,6 +102,15 @@ func (e *env) start(cfg app.Config) *app.App {
 	cfg.HTTPAddr = "127.0.0.1:0"
 	if cfg.Topology.Delay == 0 {
 		cfg.Topology.Delay = 100 * time.Millisecond
+	}
+	if e.order != nil {
+		wrap := cfg.WrapStore
+		cfg.WrapStore = func(s processor.Store) processor.Store {
+			if wrap != nil {
+				s = wrap(s)
+			}
+			return e.order.wrap(s)
+		}
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewJSONHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelInfo})).With("instance", len(e.apps))
@@ -163,6 +203,60 @@ func waitFor(t *testing.T, limit time.Duration, what string, cond func() bool) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// applyRecorder records, per order, the versions applied, in the order
+// Store.Apply applied them. Unlike Store.Get, which stops at the first
+// missing version, it sees a version applied before the one it follows.
+type applyRecorder struct {
+	mu      sync.Mutex
+	applied map[string][]int64
+}
+
+func (r *applyRecorder) wrap(s processor.Store) processor.Store { return recordingStore{s, r} }
+
+// versions returns the versions applied to orderID, in application order.
+func (r *applyRecorder) versions(orderID string) []int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.applied[orderID])
+}
+
+// wantInOrder fails unless every order's versions were applied in the order
+// 1, 2, 3, ... (in transaction mode an attempt that was rolled back may be
+// seen again: a version may repeat, never come before its predecessor).
+func (r *applyRecorder) wantInOrder(t *testing.T) {
+	t.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for order, vs := range r.applied {
+		var top int64
+		for _, v := range vs {
+			if v > top+1 {
+				t.Errorf("order %s: version %d applied before version %d (application order %v)", order, v, top+1, vs)
+				break
+			}
+			top = max(top, v)
+		}
+	}
+}
+
+type recordingStore struct {
+	processor.Store
+	r *applyRecorder
+}
+
+func (s recordingStore) Apply(ctx context.Context, ev shipment.Event) (mongodb.Outcome, error) {
+	o, err := s.Store.Apply(ctx, ev)
+	if err == nil && o == mongodb.Applied {
+		s.r.mu.Lock()
+		if s.r.applied == nil {
+			s.r.applied = map[string][]int64{}
+		}
+		s.r.applied[ev.OrderID] = append(s.r.applied[ev.OrderID], ev.Version)
+		s.r.mu.Unlock()
+	}
+	return o, err
 }
 
 // wantEvents fails unless s's events are exactly want (message ids, in order).
