@@ -26,11 +26,16 @@
 // and ties each message to its own delivery tag with
 // PublishWithDeferredConfirmWithContext. A message succeeds only with a
 // positive confirm and no basic.return. RabbitMQ sends the return of an
-// unroutable mandatory message before its ack; the client hands returns to a
-// goroutine of the publisher over an unbuffered channel before it processes
-// the following ack, and PublishBatch synchronises with that goroutine after
-// the acks, so a return is never missed or attributed after its ack. Returns
-// are matched to messages by MessageId.
+// unroutable mandatory message before its ack; the client puts returns into a
+// buffer of Config.MaxInFlight slots before it processes the following ack,
+// and PublishBatch has that buffer drained after the acks and before it reads
+// any verdict, so a return is never missed or attributed after its ack.
+// Returns are matched to messages by MessageId. The goroutine that takes them
+// never logs, blocks or waits for a contended lock: the client drops a
+// notification that is not taken within 5s, and a dropped return would let an
+// unroutable message count as published (a logger that blocks cannot cause
+// that). If the returns cannot be checked before the deadline, an acked
+// message is reported as an outcome-unknown failure, never as published.
 //
 // Every other outcome is an error for that message: a nack, a return (wrapping
 // outbox.ErrUnroutable), a confirm still missing at the deadline, or a

@@ -48,6 +48,15 @@ type Config struct {
 	// 100ms and 10s.
 	ReconnectMin time.Duration
 	ReconnectMax time.Duration
+	// MaxInFlight is how many messages may await their confirms at once, over
+	// all callers: for a relay, RelayConfig.Workers x BatchSize. It sizes the
+	// buffer that takes the broker's basic.return notifications, so the client
+	// never waits to hand one over (it drops a notification not taken within
+	// 5s, and a dropped return would count an unroutable message as
+	// published). The reader of that buffer never blocks either, so a smaller
+	// value is still correct under normal scheduling. Each slot takes about
+	// 300 bytes per connection. Default 1,000 (the relay's default 2 x 500).
+	MaxInFlight int
 	// Logger receives connection events. Default slog.Default().
 	Logger *slog.Logger
 }
@@ -87,6 +96,9 @@ func New(cfg Config) (*Publisher, error) {
 	if cfg.Exchange == "" {
 		return nil, errors.New("outboxamqp: Exchange is required")
 	}
+	if cfg.MaxInFlight < 0 {
+		return nil, errors.New("outboxamqp: MaxInFlight is negative")
+	}
 	for _, d := range []struct {
 		name string
 		v    time.Duration
@@ -100,6 +112,7 @@ func New(cfg Config) (*Publisher, error) {
 		cfg.RoutingKey = func(e outbox.Envelope) string { return e.EventType }
 	}
 	cfg.ConnectionName = cmp.Or(cfg.ConnectionName, "outbox-relay")
+	cfg.MaxInFlight = cmp.Or(cfg.MaxInFlight, 1000)
 	cfg.DialTimeout = cmp.Or(cfg.DialTimeout, 5*time.Second)
 	cfg.Heartbeat = cmp.Or(cfg.Heartbeat, 10*time.Second)
 	cfg.ReconnectMin = cmp.Or(cfg.ReconnectMin, 100*time.Millisecond)
@@ -216,7 +229,7 @@ func (p *Publisher) dial(ctx context.Context) (*session, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dial: %w", err)
 	}
-	s, err := newSession(conn, p.log)
+	s, err := newSession(conn, p.log, p.cfg.MaxInFlight)
 	if err != nil {
 		_ = conn.Close()
 		return nil, err
@@ -239,7 +252,6 @@ func (p *Publisher) PublishBatch(ctx context.Context, msgs []outbox.Envelope) []
 		return errs
 	}
 
-	start := time.Now()
 	flights := make([]*flight, len(msgs))
 	for i, m := range msgs {
 		flights[i] = &flight{id: strconv.FormatInt(m.ID, 10)}
@@ -277,9 +289,16 @@ func (p *Publisher) PublishBatch(ctx context.Context, msgs []outbox.Envelope) []
 		p.log.WarnContext(ctx, "outboxamqp: confirms timed out, reconnecting", slog.Any("error", ctx.Err()))
 		s.close()
 	}
-	// A basic.return precedes the ack of its message; make sure the drainer has
-	// recorded every return received so far before reading the acks.
-	s.syncReturns()
+	// A basic.return precedes the ack of its message: have every return
+	// received so far recorded before reading the acks. When the batch's
+	// deadline has passed already, the check gets a short bound of its own.
+	syncCtx := ctx
+	if ctx.Err() != nil {
+		var cancel context.CancelFunc
+		syncCtx, cancel = context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+	}
+	syncErr := s.syncReturns(syncCtx)
 
 	for i := range sent {
 		f := flights[i]
@@ -296,6 +315,8 @@ func (p *Publisher) PublishBatch(ctx context.Context, msgs []outbox.Envelope) []
 		case ret != nil:
 			errs[i] = fmt.Errorf("outboxamqp: returned by the broker: %d %s (exchange %q, routing key %q): %w",
 				ret.ReplyCode, ret.ReplyText, ret.Exchange, ret.RoutingKey, outbox.ErrUnroutable)
+		case syncErr != nil && f.dc.Acked():
+			errs[i] = fmt.Errorf("outboxamqp: confirmed, but its return could not be ruled out (outcome unknown): %w", syncErr)
 		case f.dc.Acked():
 			errs[i] = nil
 		case s.isDead():
@@ -304,7 +325,10 @@ func (p *Publisher) PublishBatch(ctx context.Context, msgs []outbox.Envelope) []
 			errs[i] = errors.New("outboxamqp: nacked by the broker")
 		}
 	}
-	p.log.DebugContext(ctx, "outboxamqp: batch published", slog.Int("messages", len(msgs)), slog.Duration("duration", time.Since(start)))
+	if n := s.strays.Swap(0); n > 0 {
+		// Logged here, by a caller, never by the returns reader.
+		p.log.WarnContext(ctx, "outboxamqp: returns for messages no longer awaited", slog.Int64("returns", n))
+	}
 	return errs
 }
 

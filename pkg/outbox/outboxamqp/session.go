@@ -34,13 +34,17 @@ type session struct {
 	sendMu  sync.Mutex  // one batch sends at a time
 	writing atomic.Bool // a publish is in the client's hands (maybe stuck on a full socket)
 
+	// inflight maps MessageId to its flight, for returns. A sync.Map, so the
+	// returns reader never waits for a lock.
+	inflight sync.Map
+	strays   atomic.Int64 // returns that matched no flight, logged by PublishBatch
+
 	mu        sync.Mutex
-	inflight  map[string]*flight // by MessageId, for returns
 	blocked   bool
 	unblocked chan struct{} // closed when the broker unblocks us
 	deadCause error
 
-	returns   chan amqp.Return
+	returns   chan amqp.Return // buffered: see drainReturns
 	syncReq   chan chan struct{}
 	drainDone chan struct{}
 
@@ -52,12 +56,11 @@ type session struct {
 
 var errClosedByPublisher = errors.New("closed by the publisher")
 
-func newSession(conn *amqp.Connection, log *slog.Logger) (*session, error) {
+func newSession(conn *amqp.Connection, log *slog.Logger, returnBuffer int) (*session, error) {
 	s := &session{
 		conn:      conn,
 		log:       log,
-		inflight:  map[string]*flight{},
-		returns:   make(chan amqp.Return), // unbuffered: see syncReturns
+		returns:   make(chan amqp.Return, returnBuffer),
 		syncReq:   make(chan chan struct{}),
 		drainDone: make(chan struct{}),
 		dead:      make(chan struct{}),
@@ -146,17 +149,23 @@ func (s *session) close() {
 func (s *session) drainBlocked(blocks <-chan amqp.Blocking) {
 	for b := range blocks {
 		s.mu.Lock()
+		changed := b.Active != s.blocked
 		switch {
 		case b.Active && !s.blocked:
 			s.blocked = true
 			s.unblocked = make(chan struct{})
-			s.log.Warn("outboxamqp: broker blocked publishing", slog.String("reason", b.Reason))
 		case !b.Active && s.blocked:
 			s.blocked = false
 			close(s.unblocked)
-			s.log.Info("outboxamqp: broker unblocked publishing")
 		}
 		s.mu.Unlock()
+		// Logged outside the lock: a slow logger must not hold up publishers.
+		switch {
+		case changed && b.Active:
+			s.log.Warn("outboxamqp: broker blocked publishing", slog.String("reason", b.Reason))
+		case changed:
+			s.log.Info("outboxamqp: broker unblocked publishing")
+		}
 	}
 }
 
@@ -182,9 +191,17 @@ func (s *session) waitUnblocked(ctx context.Context) error {
 	}
 }
 
-// drainReturns records each returned message on its flight. The broker sends a
-// basic.return before the ack of the same message, and the client hands it to
-// this goroutine (unbuffered) before it processes that ack.
+// drainReturns records each returned message on its flight. It never blocks,
+// logs or takes a lock: the client waits at most 5s for a notification to be
+// taken and then drops it, and a dropped return would let the message's ack
+// count as a publish. The channel is buffered (Config.MaxInFlight), so the
+// client does not even wait for this goroutine to be scheduled.
+//
+// RabbitMQ sends the basic.return of an unroutable mandatory message before its
+// basic.ack, and the client puts the return into the buffer before it
+// processes that ack. So once a caller has seen an ack, the message's return,
+// if any, is either recorded or in the buffer: syncReturns has the buffer
+// drained before the caller reads its verdicts.
 func (s *session) drainReturns() {
 	defer close(s.drainDone)
 	for {
@@ -193,48 +210,70 @@ func (s *session) drainReturns() {
 			if !ok {
 				return
 			}
-			s.mu.Lock()
-			f := s.inflight[r.MessageId]
-			s.mu.Unlock()
-			if f == nil {
-				s.log.Warn("outboxamqp: return for a message no longer awaited",
-					slog.String("event_id", r.MessageId), slog.Int("reply_code", int(r.ReplyCode)), slog.String("reply_text", r.ReplyText))
-				continue
-			}
-			f.returned.Store(&r)
+			s.recordReturn(r)
 		case req := <-s.syncReq:
+			open := s.drainBuffered()
 			close(req)
+			if !open {
+				return
+			}
 		}
 	}
 }
 
-// syncReturns returns once every return the client has delivered so far is
-// recorded. Called after a message's ack, it guarantees that message's return,
-// if any, is visible on its flight.
-func (s *session) syncReturns() {
+// drainBuffered records every return already in the buffer. It reports false
+// when the client closed the channel.
+func (s *session) drainBuffered() bool {
+	for {
+		select {
+		case r, ok := <-s.returns:
+			if !ok {
+				return false
+			}
+			s.recordReturn(r)
+		default:
+			return true
+		}
+	}
+}
+
+func (s *session) recordReturn(r amqp.Return) {
+	if f, ok := s.inflight.Load(r.MessageId); ok {
+		f.(*flight).returned.Store(&r)
+		return
+	}
+	s.strays.Add(1)
+}
+
+// syncReturns returns nil once every return the client has delivered so far
+// is recorded. Called after a message's ack, it guarantees that message's
+// return, if any, is visible on its flight. It fails only if ctx ends first.
+func (s *session) syncReturns(ctx context.Context) error {
 	req := make(chan struct{})
 	select {
 	case s.syncReq <- req:
-		<-req
-	case <-s.drainDone: // channel closed: every return was received
+	case <-s.drainDone: // the client closed the channel: every return was recorded
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("wait for returns: %w", ctx.Err())
+	}
+	select {
+	case <-req:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("wait for returns: %w", ctx.Err())
 	}
 }
 
 func (s *session) track(fs []*flight) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	for _, f := range fs {
-		s.inflight[f.id] = f
+		s.inflight.Store(f.id, f)
 	}
 }
 
 func (s *session) untrack(fs []*flight) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	for _, f := range fs {
-		if s.inflight[f.id] == f {
-			delete(s.inflight, f.id)
-		}
+		s.inflight.CompareAndDelete(f.id, f)
 	}
 }
 

@@ -19,11 +19,19 @@ import (
 func TestBlockedConnectionPausesPublishingUntilUnblocked(t *testing.T) {
 	t.Parallel()
 	s := &session{
-		log:      slog.New(slog.NewTextHandler(io.Discard, nil)),
-		inflight: map[string]*flight{},
-		dead:     make(chan struct{}),
+		log:  slog.New(slog.NewTextHandler(io.Discard, nil)),
+		dead: make(chan struct{}),
 	}
+	// notify hands b to the session as the client would, and returns once the
+	// session has acted on it: blocks is unbuffered, so the repeated send is
+	// taken only after drainBlocked finished with the first (the repeat
+	// changes nothing). Sending once and going on raced with drainBlocked:
+	// send could find the session not yet blocked and publish.
 	blocks := make(chan amqp.Blocking)
+	notify := func(b amqp.Blocking) {
+		blocks <- b
+		blocks <- b
+	}
 	drained := make(chan struct{})
 	go func() {
 		defer close(drained)
@@ -37,7 +45,7 @@ func TestBlockedConnectionPausesPublishingUntilUnblocked(t *testing.T) {
 	if err := s.waitUnblocked(context.Background()); err != nil {
 		t.Fatalf("not blocked yet: %v", err)
 	}
-	blocks <- amqp.Blocking{Active: true, Reason: "low on memory"}
+	notify(amqp.Blocking{Active: true, Reason: "low on memory"})
 
 	// A batch sent while blocked sends nothing and says so, once its deadline
 	// passes: the messages are retried without counting an attempt.
@@ -64,7 +72,7 @@ func TestBlockedConnectionPausesPublishingUntilUnblocked(t *testing.T) {
 		t.Fatalf("waitUnblocked returned %v while blocked", err)
 	case <-time.After(50 * time.Millisecond):
 	}
-	blocks <- amqp.Blocking{Active: false}
+	notify(amqp.Blocking{Active: false})
 	select {
 	case err := <-waited:
 		if err != nil {
@@ -75,7 +83,7 @@ func TestBlockedConnectionPausesPublishingUntilUnblocked(t *testing.T) {
 	}
 
 	// A session that dies while blocked releases its waiters with an error.
-	blocks <- amqp.Blocking{Active: true, Reason: "disk alarm"}
+	notify(amqp.Blocking{Active: true, Reason: "disk alarm"})
 	go func() { waited <- s.waitUnblocked(context.Background()) }()
 	s.markDead(errors.New("connection reset"))
 	select {

@@ -192,3 +192,8 @@ func StartRelay(t testing.TB, pool *pgxpool.Pool, pub outbox.Publisher, cfg outb
 	})
 	return relay
 }
+
+// AMQPURL is where tests find RabbitMQ: TEST_AMQP_URL, or the local broker.
+func AMQPURL() string {
+	return cmp.Or(os.Getenv("TEST_AMQP_URL"), "amqp://guest:guest@127.0.0.1:5672/")
+}

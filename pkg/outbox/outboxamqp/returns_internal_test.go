@@ -1,0 +1,146 @@
+package outboxamqp
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"log/slog"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/pkg/outbox/internal/outboxtest"
+)
+
+// stuckHandler is a slog handler whose every record waits for stuck (a log
+// sink that stopped taking writes) for longer than the client's 5s
+// notification timeout.
+type stuckHandler struct {
+	stuck   time.Duration
+	records *atomic.Int64
+}
+
+func (h stuckHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h stuckHandler) Handle(context.Context, slog.Record) error {
+	h.records.Add(1)
+	time.Sleep(h.stuck)
+	return nil
+}
+func (h stuckHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h stuckHandler) WithGroup(string) slog.Handler      { return h }
+
+// A logger that blocks must not cost a basic.return: the client waits 5s at
+// most for its reader to take one and then drops it, and the message's ack
+// that follows would make an unroutable message count as published. The
+// batch is preceded by a return the publisher cannot match (a message it no
+// longer awaits), which is the kind of return a reader would log.
+func TestReturnsAreKeptWhileTheLoggerBlocks(t *testing.T) {
+	t.Parallel()
+	conn, err := amqp.Dial(outboxtest.AMQPURL())
+	if err != nil {
+		outboxtest.Unavailable(t, "RabbitMQ at "+outboxtest.AMQPURL(), err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	exchange := "outboxamqp-test-returns-" + hex.EncodeToString(b)
+	if err := ch.ExchangeDeclare(exchange, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	defer ch.ExchangeDelete(exchange, false, false) //nolint:errcheck
+	q, err := ch.QueueDeclare("", false, true, true, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.QueueBind(q.Name, "routed", exchange, false, nil); err != nil {
+		t.Fatal(err)
+	}
+
+	var records atomic.Int64
+	p, err := New(Config{URL: outboxtest.AMQPURL(), Exchange: exchange, Logger: slog.New(stuckHandler{stuck: 6 * time.Second, records: &records})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := p.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// A return for a message no batch awaits, on the publisher's own channel.
+	s := p.sess.Load()
+	if err := s.ch.PublishWithContext(ctx, exchange, "nowhere", true, false, amqp.Publishing{MessageId: "stray"}); err != nil {
+		t.Fatal(err)
+	}
+	var msgs []outbox.Envelope
+	for i := range 6 {
+		key := "order.unroutable"
+		if i%2 == 0 {
+			key = "routed"
+		}
+		msgs = append(msgs, outbox.Envelope{ID: int64(i + 1), AggregateID: "o-" + strconv.Itoa(i), AggregateVersion: 1, EventType: key, Payload: []byte(`{}`)})
+	}
+	errs := p.PublishBatch(ctx, msgs)
+	for i, err := range errs {
+		switch {
+		case i%2 == 0 && err != nil:
+			t.Errorf("routed message %d: %v", msgs[i].ID, err)
+		case i%2 == 1 && !errors.Is(err, outbox.ErrUnroutable):
+			t.Errorf("unroutable message %d: %v, want ErrUnroutable (a nil here marks it published)", msgs[i].ID, err)
+		}
+	}
+	if records.Load() == 0 {
+		t.Fatal("the publisher logged nothing: the stuck logger was never in the way")
+	}
+}
+
+// Returns the client put into the buffer before the acks a caller saw are all
+// recorded when syncReturns returns, even those the reader had not taken yet.
+func TestSyncReturnsRecordsWhatIsBuffered(t *testing.T) {
+	t.Parallel()
+	const n = 100
+	s := &session{returns: make(chan amqp.Return, n), syncReq: make(chan chan struct{}), drainDone: make(chan struct{})}
+	var fs []*flight
+	for i := range n {
+		fs = append(fs, &flight{id: strconv.Itoa(i)})
+	}
+	s.track(fs)
+	for _, f := range fs {
+		s.returns <- amqp.Return{MessageId: f.id, ReplyCode: 312, ReplyText: "NO_ROUTE"}
+	}
+	go s.drainReturns()
+	defer func() {
+		close(s.returns)
+		<-s.drainDone
+	}()
+	if err := s.syncReturns(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fs {
+		if f.returned.Load() == nil {
+			t.Fatalf("return of message %s still in the buffer after syncReturns", f.id)
+		}
+	}
+}
+
+// syncReturns gives up when its context ends, rather than wait for a reader
+// that does not answer.
+func TestSyncReturnsHonoursTheContext(t *testing.T) {
+	t.Parallel()
+	s := &session{syncReq: make(chan chan struct{}), drainDone: make(chan struct{})} // no reader
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if err := s.syncReturns(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("syncReturns without a reader: %v, want the context's deadline", err)
+	}
+}
