@@ -125,10 +125,24 @@ type Config struct {
 	// flush before FlushInterval has passed, and the most one InsertMany
 	// writes. Default: 256.
 	FlushBatch int
-	// MaxTransactionAttempts bounds, in ModeTransaction, how many times a
-	// transaction is tried after TransientTransactionError, and how many
-	// times a commit is retried after UnknownTransactionCommitResult.
-	// Default: 5.
+	// TransactionRetryBudget bounds, in ModeTransaction, how long Process
+	// retries a message through transient errors: write conflicts
+	// (TransientTransactionError) with a concurrent duplicate or with an
+	// orphaned transaction of a dead consumer holding the record, a
+	// failover, a commit whose outcome is unknown
+	// (UnknownTransactionCommitResult, committed again), a duplicate key on
+	// a record a majority does not have yet. Retries pause 10ms doubling to
+	// 1s. When the budget runs out, Process returns a *TransientError
+	// (errors.Is ErrTransient), which is not a handler failure: retry the
+	// message later. Keep it above the server's
+	// transactionLifetimeLimitSeconds (60s by default), after which the
+	// server aborts an orphaned transaction. Default: 90s.
+	TransactionRetryBudget time.Duration
+	// MaxTransactionAttempts, if set, also bounds how many transactions
+	// Process tries for one message in ModeTransaction before it returns a
+	// *TransientError; re-commits of a commit whose outcome is unknown are
+	// bounded by TransactionRetryBudget only. Default: 0, no bound but the
+	// budget.
 	MaxTransactionAttempts int
 	// Logger receives the inbox's logs (among them failed writes of
 	// buffered records, with "message_id", "error" and "attempt").
@@ -152,6 +166,9 @@ type Inbox struct {
 	log         *slog.Logger
 	cache       *doneCache    // nil: disabled
 	buf         *recordBuffer // nil: records are written synchronously
+	tx          txStore       // ModeTransaction's access to MongoDB
+	txBudget    time.Duration
+	txBackoff   func(attempt int) time.Duration // pause before a transaction's attempt (or a commit's), attempt >= 2
 
 	modeMu   sync.Mutex
 	mode     Mode // resolved; "" until known
@@ -192,16 +209,22 @@ func New(db *mongo.Database, cfg Config) (*Inbox, error) {
 	if cfg.FlushInterval > 0 && cfg.Lease > 0 {
 		return nil, errors.New("inbox: FlushInterval and Lease exclude each other: a claim is turned into done synchronously")
 	}
+	if cfg.TransactionRetryBudget < 0 {
+		return nil, fmt.Errorf("inbox: TransactionRetryBudget %v: want a positive duration (or 0 for the default)", cfg.TransactionRetryBudget)
+	}
 	if cfg.MaxTransactionAttempts < 0 {
 		return nil, fmt.Errorf("inbox: MaxTransactionAttempts %d: want a positive number (or 0 for the default)", cfg.MaxTransactionAttempts)
 	}
 	in := &Inbox{
 		db:          db,
 		coll:        db.Collection(coll),
+		tx:          newMongoTxStore(db.Collection(coll)),
+		txBudget:    cmp.Or(cfg.TransactionRetryBudget, defaultTxBudget),
+		txBackoff:   backoff,
 		consumer:    cfg.Consumer,
 		retention:   cmp.Or(cfg.Retention, 7*24*time.Hour),
 		lease:       cfg.Lease,
-		maxAttempts: cmp.Or(cfg.MaxTransactionAttempts, 5),
+		maxAttempts: cfg.MaxTransactionAttempts,
 		log:         cfg.Logger,
 	}
 	if cfg.DoneCacheSize != -1 {
@@ -296,7 +319,14 @@ func detectMode(ctx context.Context, client *mongo.Client) (Mode, error) {
 //   - ErrInProgress (ModeStandalone with a Lease): another consumer holds a
 //     live claim; nothing ran. Retry later.
 //   - ErrHandler wrapping the handler's error: no record was kept (in
-//     ModeTransaction the handler's writes were rolled back too).
+//     ModeTransaction the handler's writes were rolled back too). In
+//     ModeTransaction also when the server aborted the transaction under a
+//     handler that returned nil, several times in a row: the handler
+//     swallowed a write error (see the package documentation).
+//   - ErrTransient (a *TransientError), ModeTransaction only: transient
+//     errors outlasted Config.TransactionRetryBudget (an orphaned
+//     transaction holds the record, a failover, a commit outcome still
+//     unknown). Not a handler failure: retry later, do not count it.
 //   - any other error: the database failed. In ModeStandalone the handler
 //     may have run; a retry runs it again, which its idempotence absorbs.
 //

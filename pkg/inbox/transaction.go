@@ -8,9 +8,6 @@ import (
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/mongo"
-	"go.mongodb.org/mongo-driver/v2/mongo/options"
-	"go.mongodb.org/mongo-driver/v2/mongo/readconcern"
-	"go.mongodb.org/mongo-driver/v2/mongo/writeconcern"
 )
 
 // Error labels the server puts on errors inside transactions.
@@ -19,106 +16,256 @@ const (
 	labelUnknownCommit = "UnknownTransactionCommitResult"
 )
 
-// processTx inserts the done record and runs the handler in one transaction.
-// A duplicate key on the insert means the message was committed before:
-// Duplicate. A concurrent duplicate's insert gets a write conflict
-// (TransientTransactionError): the transaction is retried, and the retry sees
-// either the committed record (Duplicate) or, if the other one aborted,
-// nothing (it runs the handler).
+// codeNoSuchTransaction is the server's answer to an operation or a commit
+// of a transaction it has aborted (after a write error inside it, past
+// transactionLifetimeLimitSeconds, after a failover).
+const codeNoSuchTransaction = 251
+
+// defaultTxBudget is TransactionRetryBudget's default: longer than the
+// server's default transactionLifetimeLimitSeconds (60s), after which an
+// orphaned transaction holding the record is aborted.
+const defaultTxBudget = 90 * time.Second
+
+// abortedUnderHandlerLimit is how many attempts in a row may find their
+// transaction aborted by the server although the handler returned nil before
+// Process calls it a handler failure: a handler that swallows a write error
+// (which aborts the transaction on the server) does that every time, a
+// failover once.
+const abortedUnderHandlerLimit = 3
+
+// ErrTransient is matched (errors.Is) by the *TransientError Process
+// returns in ModeTransaction when transient errors outlasted
+// Config.TransactionRetryBudget. It is not a handler failure: nothing was
+// committed, or (CommitUnknown) the record and the effect were committed
+// together; either way a later redelivery settles it. Retry the message
+// later (a delay queue) without counting it as a failed attempt.
+var ErrTransient = errors.New("inbox: transient transaction failure")
+
+// TransientError says why Process gave up on a message in ModeTransaction
+// without a verdict. errors.Is(err, ErrTransient) matches it.
+type TransientError struct {
+	MessageID string
+	// Attempts is how many transactions were tried.
+	Attempts int
+	// Elapsed is how long Process tried.
+	Elapsed time.Duration
+	// CommitUnknown: the last commit's outcome is still unknown, so the
+	// record and the handler's writes are both committed or both absent; a
+	// redelivery finds out which (Duplicate, or processed again).
+	CommitUnknown bool
+	// Err is the last error.
+	Err error
+}
+
+func (e *TransientError) Error() string {
+	what := "transient errors"
+	if e.CommitUnknown {
+		what = "commit outcome still unknown"
+	}
+	return fmt.Sprintf("inbox: message %s: %s after %d attempts in %v: %v",
+		e.MessageID, what, e.Attempts, e.Elapsed.Round(time.Millisecond), e.Err)
+}
+
+func (e *TransientError) Unwrap() error { return e.Err }
+
+// Is makes errors.Is(err, ErrTransient) true.
+func (e *TransientError) Is(target error) bool { return target == ErrTransient }
+
+// errNotDurable is the last error of an attempt whose record collided with
+// one a majority does not have (yet).
+var errNotDurable = errors.New("duplicate key on a record a majority of the replica set does not have (yet)")
+
+// txOutcome is the end of one transaction attempt.
+type txOutcome struct {
+	res Result
+	err error
+	// retry: transient, try a new transaction.
+	retry bool
+	// abortedUnderHandler: the server had aborted the transaction when it
+	// was committed, although the handler returned nil.
+	abortedUnderHandler bool
+	// commitUnknown: the budget ran out while the commit's outcome was
+	// unknown.
+	commitUnknown bool
+}
+
+// processTx runs one transaction per attempt: read the record (in the
+// transaction's snapshot); if it is there, confirm it with a majority read
+// and answer Duplicate; if not, insert it, run the handler, commit. Nothing
+// is ever recovered inside the transaction: any write error has aborted it
+// on the server, so it is aborted and, if transient, tried again.
 //
-// Unlike Session.WithTransaction, which retries until a 120s timeout, the
-// attempts are bounded by MaxTransactionAttempts and nothing is retried on a
-// non-transient error, so a handler error or a duplicate returns at once.
+// Transient errors (TransientTransactionError: a write conflict with a
+// concurrent duplicate or with an orphaned transaction holding the record, a
+// failover) are retried with backoff until TransactionRetryBudget has
+// passed, then Process returns a *TransientError (ErrTransient). A commit
+// whose outcome is unknown (UnknownTransactionCommitResult) is committed
+// again, never re-run, within the same budget. A duplicate key is answered
+// Duplicate only once a majority read finds the record: until then the
+// record it collided with may still be rolled back.
+//
+// Unlike Session.WithTransaction, a handler error ends Process at once
+// (ErrHandler) unless it carries TransientTransactionError.
 func (in *Inbox) processTx(ctx context.Context, msgID string, handler Handler) (Result, error) {
-	sess, err := in.db.Client().StartSession()
+	sess, err := in.tx.startSession()
 	if err != nil {
 		return 0, fmt.Errorf("inbox: start session: %w", err)
 	}
-	defer sess.EndSession(context.WithoutCancel(ctx))
+	defer sess.end(context.WithoutCancel(ctx))
 
-	txOpts := options.Transaction().
-		SetReadConcern(readconcern.Snapshot()).
-		SetWriteConcern(writeconcern.Majority())
-
+	start := time.Now()
+	deadline := start.Add(in.txBudget)
+	giveUp := func(attempts int, commitUnknown bool, last error) error {
+		return &TransientError{MessageID: msgID, Attempts: attempts, Elapsed: time.Since(start), CommitUnknown: commitUnknown, Err: last}
+	}
 	var lastErr error
-	for attempt := 1; attempt <= in.maxAttempts; attempt++ {
+	abortedInARow := 0
+	for attempt := 1; ; attempt++ {
 		if attempt > 1 {
-			if err := sleep(ctx, backoff(attempt)); err != nil {
+			if in.maxAttempts > 0 && attempt > in.maxAttempts || !time.Now().Before(deadline) {
+				return 0, giveUp(attempt-1, false, lastErr)
+			}
+			if err := sleep(ctx, min(in.txBackoff(attempt), time.Until(deadline))); err != nil {
 				return 0, fmt.Errorf("inbox: transaction for message %s: %w (last error: %w)", msgID, err, lastErr)
 			}
 		}
-		res, retry, err := in.tryTx(ctx, sess, txOpts, msgID, handler)
-		if !retry {
-			if err == nil { // committed now, or before
+		out := in.tryTx(ctx, sess, msgID, handler, deadline)
+		switch {
+		case out.commitUnknown:
+			return 0, giveUp(attempt, true, out.err)
+		case !out.retry:
+			if out.err == nil { // committed now, or before
 				in.cache.add(msgID)
 			}
-			return res, err
+			return out.res, out.err
 		}
-		lastErr = err
-		in.log.DebugContext(ctx, "inbox: transient transaction error, retrying", "message_id", msgID, "attempt", attempt, "error", err)
+		lastErr = out.err
+		if out.abortedUnderHandler {
+			abortedInARow++
+			in.log.WarnContext(ctx, "inbox: transaction aborted by the server although the handler returned nil; retrying",
+				"message_id", msgID, "attempt", attempt, "error", out.err)
+			if abortedInARow >= abortedUnderHandlerLimit {
+				return 0, handlerError(fmt.Errorf("the server aborted the transaction under the handler %d times in a row although the handler returned nil: "+
+					"a write error inside a transaction aborts it, so a handler that swallowed one (say, a duplicate key taken for \"already applied\") "+
+					"must return it instead, and read before it writes: %w", abortedInARow, out.err))
+			}
+		} else {
+			abortedInARow = 0
+			in.log.DebugContext(ctx, "inbox: transient transaction error, retrying", "message_id", msgID, "attempt", attempt, "error", out.err)
+		}
 	}
-	return 0, fmt.Errorf("inbox: transaction for message %s: gave up after %d attempts: %w", msgID, in.maxAttempts, lastErr)
 }
 
-// tryTx runs one transaction attempt. retry reports a transient failure worth
-// another attempt.
-func (in *Inbox) tryTx(ctx context.Context, sess *mongo.Session, txOpts *options.TransactionOptionsBuilder, msgID string, handler Handler) (res Result, retry bool, err error) {
-	if err := sess.StartTransaction(txOpts); err != nil {
-		return 0, false, fmt.Errorf("inbox: start transaction: %w", err)
+// tryTx runs one transaction attempt.
+func (in *Inbox) tryTx(ctx context.Context, sess txSession, msgID string, handler Handler, deadline time.Time) txOutcome {
+	if err := sess.startTransaction(); err != nil {
+		return txOutcome{err: fmt.Errorf("inbox: start transaction: %w", err)}
 	}
-	sctx := mongo.NewSessionContext(ctx, sess)
+	sctx := sess.context(ctx)
 	abort := func() {
 		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
-		_ = sess.AbortTransaction(actx) // the server aborts on its own after transactionLifetimeLimitSeconds
+		// The server has aborted it already after a write error, and aborts
+		// it by itself after transactionLifetimeLimitSeconds.
+		_ = sess.abort(actx)
+	}
+	key := in.key(msgID)
+
+	// Read before insert: inserting a record that is there would abort the
+	// transaction on the server with a duplicate key.
+	rec, err := sess.readRecord(sctx, key)
+	if err != nil {
+		abort()
+		return transientOr(err, fmt.Errorf("inbox: read record %s: %w", msgID, err))
+	}
+	if rec != nil {
+		abort()
+		if rec.State != stateDone {
+			return txOutcome{err: ErrInProgress} // a ModeStandalone Lease claim on the same collection
+		}
+		return in.confirmDuplicate(ctx, msgID)
 	}
 
-	if _, err := in.coll.InsertOne(sctx, in.newRecord(msgID, in.doneFields(time.Now()))); err != nil {
+	if err := sess.insertRecord(sctx, in.newRecord(msgID, in.doneFields(time.Now()))); err != nil {
 		abort()
-		switch {
-		case mongo.IsDuplicateKeyError(err):
-			return Duplicate, false, nil
-		case hasLabel(err, labelTransient):
-			return 0, true, err
-		default:
-			return 0, false, fmt.Errorf("inbox: insert record %s: %w", msgID, err)
+		if mongo.IsDuplicateKeyError(err) {
+			// Committed after this transaction's snapshot, perhaps only on
+			// the primary: Duplicate once a majority has it.
+			return in.confirmDuplicate(ctx, msgID)
 		}
+		return transientOr(err, fmt.Errorf("inbox: insert record %s: %w", msgID, err))
 	}
 
 	if err := handler(sctx); err != nil {
 		abort()
 		if hasLabel(err, labelTransient) {
-			return 0, true, err
+			return txOutcome{retry: true, err: err}
 		}
-		return 0, false, handlerError(err)
+		return txOutcome{err: handlerError(err)}
 	}
 
 	if err := ctx.Err(); err != nil {
 		abort()
-		return 0, false, fmt.Errorf("inbox: before commit of message %s: %w", msgID, err)
+		return txOutcome{err: fmt.Errorf("inbox: before commit of message %s: %w", msgID, err)}
 	}
+	return in.commitTx(ctx, sess, msgID, deadline)
+}
 
-	// Commit is idempotent on the server: an unknown outcome is retried.
-	// Only the commit outlives ctx, so a transaction whose handler finished
-	// is not left half-decided by a cancellation.
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-	defer cancel()
+// commitTx commits, and commits again while the outcome is unknown, within
+// the budget. A commit is idempotent on the server, and only the commit
+// outlives ctx, so a transaction whose handler finished is not left
+// half-decided by a cancellation.
+func (in *Inbox) commitTx(ctx context.Context, sess txSession, msgID string, deadline time.Time) txOutcome {
 	for commit := 1; ; commit++ {
-		err := sess.CommitTransaction(cctx)
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		err := sess.commit(cctx)
+		cancel()
 		switch {
 		case err == nil:
-			return Processed, false, nil
-		case hasLabel(err, labelUnknownCommit) && !isMaxTimeMSExpired(err) && commit < in.maxAttempts:
-			in.log.DebugContext(ctx, "inbox: commit outcome unknown, retrying commit", "message_id", msgID, "attempt", commit, "error", err)
-			continue
+			return txOutcome{res: Processed}
+		case hasLabel(err, labelUnknownCommit):
+			if !time.Now().Before(deadline) {
+				return txOutcome{commitUnknown: true, err: err}
+			}
+			in.log.DebugContext(ctx, "inbox: commit outcome unknown, committing again", "message_id", msgID, "attempt", commit, "error", err)
+			if serr := sleep(ctx, min(in.txBackoff(commit+1), time.Until(deadline))); serr != nil {
+				return txOutcome{commitUnknown: true, err: errors.Join(err, serr)}
+			}
 		case hasLabel(err, labelTransient):
-			return 0, true, err
+			// Not committed: the whole transaction is tried again.
+			return txOutcome{retry: true, err: err, abortedUnderHandler: hasCode(err, codeNoSuchTransaction)}
 		default:
 			// The outcome may be unknown: the record and the effect are both
 			// there or both absent, and a redelivery finds out which.
-			return 0, false, fmt.Errorf("inbox: commit message %s: %w", msgID, err)
+			return txOutcome{err: fmt.Errorf("inbox: commit message %s: %w", msgID, err)}
 		}
 	}
+}
+
+// confirmDuplicate answers Duplicate if a majority read finds msgID's record
+// done, and asks for another attempt otherwise (the record seen may still be
+// rolled back, or be gone already).
+func (in *Inbox) confirmDuplicate(ctx context.Context, msgID string) txOutcome {
+	rec, err := in.tx.readMajority(ctx, in.key(msgID))
+	switch {
+	case err != nil:
+		return transientOr(err, fmt.Errorf("inbox: confirm record %s with a majority read: %w", msgID, err))
+	case rec != nil && rec.State == stateDone:
+		return txOutcome{res: Duplicate}
+	case rec != nil:
+		return txOutcome{err: ErrInProgress}
+	default:
+		return txOutcome{retry: true, err: errNotDurable}
+	}
+}
+
+// transientOr retries err if it carries TransientTransactionError, and
+// returns wrapped otherwise.
+func transientOr(err, wrapped error) txOutcome {
+	if hasLabel(err, labelTransient) {
+		return txOutcome{retry: true, err: err}
+	}
+	return txOutcome{err: wrapped}
 }
 
 func hasLabel(err error, label string) bool {
@@ -126,15 +273,15 @@ func hasLabel(err error, label string) bool {
 	return errors.As(err, &le) && le.HasErrorLabel(label)
 }
 
-func isMaxTimeMSExpired(err error) bool {
-	var ce mongo.CommandError
-	return errors.As(err, &ce) && ce.IsMaxTimeMSExpiredError()
+func hasCode(err error, code int) bool {
+	var se mongo.ServerError
+	return errors.As(err, &se) && se.HasErrorCode(code)
 }
 
 // backoff is the pause before attempt n (n >= 2): 10ms doubling, capped at
-// 500ms, with full jitter.
+// 1s, with full jitter.
 func backoff(n int) time.Duration {
-	d := min(10*time.Millisecond<<(n-2), 500*time.Millisecond)
+	d := min(10*time.Millisecond<<min(n-2, 16), time.Second)
 	return d/2 + rand.N(d/2+1)
 }
 

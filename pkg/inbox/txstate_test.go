@@ -1,0 +1,313 @@
+package inbox
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+)
+
+// These tests drive ModeTransaction's state machine (processTx) through
+// fakeTx, which returns the driver's errors with the labels and codes a
+// replica set puts on them. They need no server and run everywhere; the
+// tests in transaction_test.go check the same protocol on a real replica
+// set where one is available.
+
+// txInbox returns an Inbox in ModeTransaction on fake, with no done cache
+// (every Process reaches the state machine) and near-zero pauses.
+func txInbox(t *testing.T, fake *fakeTx, cfg Config) *Inbox {
+	t.Helper()
+	// The client never dials: every operation of ModeTransaction goes to fake.
+	client, err := mongo.Connect(options.Client().ApplyURI("mongodb://127.0.0.1:9"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = client.Disconnect(context.Background()) })
+	cfg.Consumer = "test"
+	cfg.Mode = ModeTransaction
+	cfg.DoneCacheSize = -1
+	in, err := New(client.Database("db"), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in.tx = fake
+	in.txBackoff = func(int) time.Duration { return 50 * time.Microsecond }
+	return in
+}
+
+// hasCode reports whether err wraps a command error with code (the driver's
+// error values hold slices, so errors.Is cannot compare them).
+func hasCommandCode(err error, code int32) bool {
+	var ce mongo.CommandError
+	return errors.As(err, &ce) && ce.Code == code
+}
+
+// counting returns a handler that counts its runs and returns err.
+func counting(runs *atomic.Int64, err error) Handler {
+	return func(ctx context.Context) error {
+		if ctx.Value(fakeSessionKey{}) == nil {
+			return errors.New("handler got a context without the session")
+		}
+		runs.Add(1)
+		return err
+	}
+}
+
+func TestTxWriteConflictIsRetriedPastFiveAttempts(t *testing.T) {
+	t.Parallel()
+	fake := newFakeTx()
+	// The record is held by an orphaned transaction: every insert meets a
+	// write conflict until the server aborts the orphan.
+	fake.fail(opInsert, times(12, errWriteConflict)...)
+	in := txInbox(t, fake, Config{})
+	var runs atomic.Int64
+	res, err := in.Process(t.Context(), "m-1", counting(&runs, nil))
+	if err != nil || res != Processed {
+		t.Fatalf("Process: %v, %v; want Processed once the conflict ended", res, err)
+	}
+	if n := runs.Load(); n != 1 {
+		t.Fatalf("handler ran %d times, want once", n)
+	}
+	if fake.majority["test/m-1"] == nil {
+		t.Fatal("no committed record")
+	}
+}
+
+func TestTxConflictOutlastingTheBudgetIsTransientNotAHandlerFailure(t *testing.T) {
+	t.Parallel()
+	fake := newFakeTx()
+	fake.failAlways(opInsert, errWriteConflict)
+	in := txInbox(t, fake, Config{TransactionRetryBudget: 30 * time.Millisecond})
+	var runs atomic.Int64
+	start := time.Now()
+	_, err := in.Process(t.Context(), "m-1", counting(&runs, nil))
+	if !errors.Is(err, ErrTransient) || errors.Is(err, ErrHandler) {
+		t.Fatalf("Process: %v; want ErrTransient, not ErrHandler", err)
+	}
+	var te *TransientError
+	if !errors.As(err, &te) || te.Attempts < 2 || te.CommitUnknown || !hasCommandCode(err, errWriteConflict.Code) {
+		t.Fatalf("Process: %#v; want a *TransientError of several attempts wrapping the write conflict", err)
+	}
+	if elapsed := time.Since(start); elapsed < 30*time.Millisecond {
+		t.Fatalf("gave up after %v, before the 30ms budget", elapsed)
+	}
+	if n := runs.Load(); n != 0 {
+		t.Fatalf("handler ran %d times, want never (the record was never inserted)", n)
+	}
+	if got, want := fake.count(opAbort), fake.count(opStart); got != want {
+		t.Fatalf("%d aborts for %d transactions, want each aborted", got, want)
+	}
+}
+
+func TestTxMaxTransactionAttemptsStillBoundsTheAttempts(t *testing.T) {
+	t.Parallel()
+	fake := newFakeTx()
+	fake.failAlways(opInsert, errWriteConflict)
+	in := txInbox(t, fake, Config{MaxTransactionAttempts: 3})
+	_, err := in.Process(t.Context(), "m-1", counting(new(atomic.Int64), nil))
+	if !errors.Is(err, ErrTransient) || errors.Is(err, ErrHandler) {
+		t.Fatalf("Process: %v; want ErrTransient", err)
+	}
+	if n := fake.count(opStart); n != 3 {
+		t.Fatalf("%d transactions, want 3", n)
+	}
+}
+
+func TestTxRecordIsReadBeforeItIsInserted(t *testing.T) {
+	t.Parallel()
+	fake := newFakeTx()
+	fake.majority["test/m-1"] = &record{State: stateDone}
+	in := txInbox(t, fake, Config{})
+	var runs atomic.Int64
+	res, err := in.Process(t.Context(), "m-1", counting(&runs, nil))
+	if err != nil || res != Duplicate {
+		t.Fatalf("Process: %v, %v; want Duplicate", res, err)
+	}
+	// A duplicate key would have aborted the transaction on the server: the
+	// record is looked up first, and nothing is written when it is there.
+	if n := fake.count(opInsert); n != 0 {
+		t.Fatalf("%d inserts of a record that was there, want 0 (read before insert)", n)
+	}
+	if runs.Load() != 0 || fake.count(opCommit) != 0 || fake.count(opAbort) != 1 {
+		t.Fatalf("handler runs %d, commits %d, aborts %d; want 0, 0, 1", runs.Load(), fake.count(opCommit), fake.count(opAbort))
+	}
+}
+
+func TestTxDuplicateKeyIsConfirmedByAMajorityRead(t *testing.T) {
+	t.Parallel()
+	t.Run("record becomes majority-committed", func(t *testing.T) {
+		t.Parallel()
+		fake := newFakeTx()
+		// Another consumer's commit reached the primary but not yet a
+		// majority: the snapshot does not show it, the insert's unique
+		// index does.
+		fake.local["test/m-1"] = &record{State: stateDone}
+		fake.hook(opMajority, func(call int) {
+			if call == 3 {
+				fake.majority["test/m-1"], fake.local["test/m-1"] = fake.local["test/m-1"], nil
+			}
+		})
+		in := txInbox(t, fake, Config{})
+		var runs atomic.Int64
+		res, err := in.Process(t.Context(), "m-1", counting(&runs, nil))
+		if err != nil || res != Duplicate {
+			t.Fatalf("Process: %v, %v; want Duplicate once a majority has the record", res, err)
+		}
+		if n := fake.count(opMajority); n < 3 {
+			t.Fatalf("%d majority reads, want Duplicate only after one found the record", n)
+		}
+		if runs.Load() != 0 {
+			t.Fatalf("handler ran %d times, want never", runs.Load())
+		}
+	})
+	t.Run("record rolled back", func(t *testing.T) {
+		t.Parallel()
+		fake := newFakeTx()
+		fake.local["test/m-1"] = &record{State: stateDone}
+		// The primary that had it steps down and the record is rolled back.
+		fake.hook(opMajority, func(call int) {
+			if call == 2 {
+				delete(fake.local, "test/m-1")
+			}
+		})
+		in := txInbox(t, fake, Config{})
+		var runs atomic.Int64
+		res, err := in.Process(t.Context(), "m-1", counting(&runs, nil))
+		if err != nil || res != Processed {
+			t.Fatalf("Process: %v, %v; want Processed: the record it collided with was never durable", res, err)
+		}
+		if runs.Load() != 1 || fake.majority["test/m-1"] == nil {
+			t.Fatalf("handler runs %d, record %v; want one run and a committed record", runs.Load(), fake.majority["test/m-1"])
+		}
+	})
+}
+
+func TestTxUnknownCommitResultIsRecommittedUntilKnown(t *testing.T) {
+	t.Parallel()
+	fake := newFakeTx()
+	// The first commit takes effect but its reply is lost; later ones keep
+	// failing with an unknown result for a while (a failover), then succeed.
+	fake.applyOnFail[opCommit] = true
+	fake.fail(opCommit, times(9, errUnknownCommit)...)
+	in := txInbox(t, fake, Config{})
+	var runs atomic.Int64
+	res, err := in.Process(t.Context(), "m-1", counting(&runs, nil))
+	if err != nil || res != Processed {
+		t.Fatalf("Process: %v, %v; want Processed", res, err)
+	}
+	if fake.count(opCommit) != 10 || fake.count(opStart) != 1 || runs.Load() != 1 {
+		t.Fatalf("commits %d, transactions %d, handler runs %d; want 10, 1, 1 (re-commit, never re-run)",
+			fake.count(opCommit), fake.count(opStart), runs.Load())
+	}
+}
+
+func TestTxUnknownCommitOutlastingTheBudgetIsTransient(t *testing.T) {
+	t.Parallel()
+	fake := newFakeTx()
+	fake.failAlways(opCommit, errUnknownCommit)
+	in := txInbox(t, fake, Config{TransactionRetryBudget: 20 * time.Millisecond})
+	_, err := in.Process(t.Context(), "m-1", counting(new(atomic.Int64), nil))
+	var te *TransientError
+	if !errors.As(err, &te) || !te.CommitUnknown || !errors.Is(err, ErrTransient) || errors.Is(err, ErrHandler) {
+		t.Fatalf("Process: %v; want a *TransientError with CommitUnknown, not ErrHandler", err)
+	}
+	if n := fake.count(opCommit); n < 2 {
+		t.Fatalf("%d commits, want it re-committed", n)
+	}
+	if n := fake.count(opAbort); n != 0 {
+		t.Fatalf("%d aborts, want none: a transaction whose commit may have happened is not aborted", n)
+	}
+}
+
+func TestTxHandlerErrors(t *testing.T) {
+	t.Parallel()
+	t.Run("plain error: ErrHandler, aborted, no retry", func(t *testing.T) {
+		t.Parallel()
+		fake := newFakeTx()
+		in := txInbox(t, fake, Config{})
+		boom := errors.New("boom")
+		var runs atomic.Int64
+		_, err := in.Process(t.Context(), "m-1", counting(&runs, boom))
+		if !errors.Is(err, ErrHandler) || !errors.Is(err, boom) || errors.Is(err, ErrTransient) {
+			t.Fatalf("Process: %v; want ErrHandler wrapping the handler's error", err)
+		}
+		if runs.Load() != 1 || fake.count(opAbort) != 1 || fake.count(opCommit) != 0 || len(fake.majority) != 0 {
+			t.Fatalf("runs %d, aborts %d, commits %d, records %d; want 1, 1, 0, 0",
+				runs.Load(), fake.count(opAbort), fake.count(opCommit), len(fake.majority))
+		}
+	})
+	t.Run("transient error returned by the handler: retried", func(t *testing.T) {
+		t.Parallel()
+		fake := newFakeTx()
+		in := txInbox(t, fake, Config{})
+		var runs atomic.Int64
+		res, err := in.Process(t.Context(), "m-1", func(ctx context.Context) error {
+			if runs.Add(1) < 3 {
+				return errWriteConflict // the handler's own write conflicted
+			}
+			return nil
+		})
+		if err != nil || res != Processed || runs.Load() != 3 {
+			t.Fatalf("Process: %v, %v after %d runs; want Processed after 3", res, err, runs.Load())
+		}
+	})
+	t.Run("transaction aborted under a handler that returned nil", func(t *testing.T) {
+		t.Parallel()
+		// A handler that swallowed a write error (say, a duplicate key it
+		// took for "already applied") returns nil, but the server aborted
+		// the transaction: the commit fails with NoSuchTransaction, every
+		// time.
+		fake := newFakeTx()
+		fake.failAlways(opCommit, errNoSuchTransaction)
+		in := txInbox(t, fake, Config{})
+		var runs atomic.Int64
+		_, err := in.Process(t.Context(), "m-1", counting(&runs, nil))
+		if !errors.Is(err, ErrHandler) || errors.Is(err, ErrTransient) || !strings.Contains(err.Error(), "swallowed") {
+			t.Fatalf("Process: %v; want ErrHandler saying the handler swallowed a write error", err)
+		}
+		if n := runs.Load(); n != int64(abortedUnderHandlerLimit) {
+			t.Fatalf("handler ran %d times, want %d", n, abortedUnderHandlerLimit)
+		}
+	})
+}
+
+func TestTxOtherErrorsAreNeitherHandlerFailuresNorTransient(t *testing.T) {
+	t.Parallel()
+	for name, op := range map[string]string{"read": opRead, "insert": opInsert, "commit": opCommit} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			fake := newFakeTx()
+			fake.fail(op, errUnauthorized)
+			in := txInbox(t, fake, Config{})
+			_, err := in.Process(t.Context(), "m-1", counting(new(atomic.Int64), nil))
+			if err == nil || errors.Is(err, ErrHandler) || errors.Is(err, ErrTransient) || !hasCommandCode(err, errUnauthorized.Code) {
+				t.Fatalf("Process: %v; want the database's error, neither ErrHandler nor ErrTransient", err)
+			}
+			if n := fake.count(opStart); n != 1 {
+				t.Fatalf("%d transactions, want 1 (no retry)", n)
+			}
+		})
+	}
+}
+
+func TestTxCancelledContextStopsTheRetries(t *testing.T) {
+	t.Parallel()
+	fake := newFakeTx()
+	ctx, cancel := context.WithCancel(t.Context())
+	fake.hook(opInsert, func(call int) {
+		fake.script[opInsert] = []error{errWriteConflict}
+		if call == 3 {
+			cancel()
+		}
+	})
+	in := txInbox(t, fake, Config{})
+	_, err := in.Process(ctx, "m-1", counting(new(atomic.Int64), nil))
+	if !errors.Is(err, context.Canceled) || errors.Is(err, ErrHandler) {
+		t.Fatalf("Process: %v; want context.Canceled", err)
+	}
+}
