@@ -264,4 +264,3 @@ func times(n int, err error) []error {
 	}
 	return out
 }
-
