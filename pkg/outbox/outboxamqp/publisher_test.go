@@ -155,7 +155,7 @@ func TestPublishBatchWithoutConfirmsByTheDeadline(t *testing.T) {
 		t.Fatal(errs[0])
 	}
 
-	px.addToxic(t, `{"name":"drop_replies","type":"timeout","stream":"downstream","attributes":{"timeout":0}}`)
+	px.dropReplies(true)
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	start := time.Now()
@@ -170,9 +170,7 @@ func TestPublishBatchWithoutConfirmsByTheDeadline(t *testing.T) {
 	}
 	b.waitDeliveries("the unconfirmed messages routed anyway", 10*time.Second, func(ds []amqp.Delivery) bool { return len(ds) == 3 })
 
-	if err := px.Toxics.RemoveToxic(context.Background(), "drop_replies"); err != nil {
-		t.Fatal(err)
-	}
+	px.dropReplies(false)
 	if errs := publishBatch(t, p, envelope(4, "o-4", 1, "order.created")); errs[0] != nil {
 		t.Fatalf("after the timeout, a new connection publishes: %v", errs[0])
 	}

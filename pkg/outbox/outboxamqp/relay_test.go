@@ -218,7 +218,7 @@ func (c *cutter) PublishBatch(ctx context.Context, msgs []outbox.Envelope) []err
 	if !c.armed.CompareAndSwap(true, false) {
 		return c.Publisher.PublishBatch(ctx, msgs)
 	}
-	c.px.addToxic(c.t, `{"name":"drop_replies","type":"timeout","stream":"downstream","attributes":{"timeout":0}}`)
+	c.px.dropReplies(true)
 	routed := make(chan struct{})
 	go func() {
 		defer close(routed)
@@ -237,7 +237,7 @@ func (c *cutter) PublishBatch(ctx context.Context, msgs []outbox.Envelope) []err
 			return len(want) == 0
 		})
 		c.px.Stop() // cut every connection through the proxy
-		_ = c.px.Toxics.RemoveToxic(context.Background(), "drop_replies")
+		c.px.dropReplies(false)
 		if err := c.px.Start(); err != nil {
 			c.t.Errorf("restart proxy: %v", err)
 		}
