@@ -118,25 +118,44 @@ func Enqueue(ctx context.Context, tx pgx.Tx, msgs ...Message) ([]Enqueued, error
 	return (&Writer{}).Enqueue(ctx, tx, msgs...)
 }
 
-// insertSQL bumps the aggregate's version and inserts the row in one round trip.
-// The upsert locks the aggregate's row in outbox_aggregates until the caller's
-// transaction ends, so a second writer of the same aggregate waits, then gets the
-// next version, and its row is inserted (and gets its id) only after the first
-// writer committed or rolled back.
+// versionSQL bumps the aggregate's version. The upsert locks the aggregate's
+// row in outbox_aggregates until the caller's transaction ends, so a second
+// writer of the same aggregate waits, then gets the next version, and its row is
+// inserted (and gets its id) only after the first writer committed or rolled
+// back. The relay never updates this row, so it never conflicts with a writer's
+// snapshot, whatever the writer's isolation level.
+const versionSQL = `
+INSERT INTO outbox_aggregates AS a (aggregate_type, aggregate_id, version)
+VALUES ($1, $2, 1)
+ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE SET version = a.version + 1`
+
+// insertSQL inserts the row with the version versionSQL gave it. It is a
+// statement of its own so that, at READ COMMITTED, its snapshot is taken after
+// the aggregate's lock was granted and shows the previous writer's row.
 //
-// The row is blocked when an earlier event of the aggregate is not published yet.
-// published_version is read under the same lock the relay takes to advance it, so
-// the value is current: either the relay already moved the previous event (and
-// this row is the aggregate's head), or it will unblock this row when it does.
+// The row is blocked when the aggregate's previous event is still in outbox.
+// That event is then locked FOR KEY SHARE until this transaction ends, and the
+// relay cannot move it to outbox_published meanwhile (it locks it FOR UPDATE
+// SKIP LOCKED): either it was gone before (this row is the aggregate's head), or
+// the relay moves it after this commit and then unblocks this row. Only the
+// writer of the next version locks an event, so one short transaction at most
+// holds the relay back, never a queue of writers.
+//
+// At REPEATABLE READ or SERIALIZABLE the snapshot may predate the relay's move
+// of the previous event, and locking a row changed since the snapshot fails
+// with a serialization error: the row is inserted unblocked instead, and the
+// claim's head check (see claimSQL) keeps the order.
 const insertSQL = `
-WITH v AS (
-    INSERT INTO outbox_aggregates AS a (aggregate_type, aggregate_id, version)
-    VALUES ($1, $2, 1)
-    ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE SET version = a.version + 1
-    RETURNING version, published_version
-)
 INSERT INTO outbox (aggregate_type, aggregate_id, aggregate_version, event_type, payload, headers, blocked)
-SELECT $1, $2, v.version, $3, $4, $5, v.version > v.published_version + 1 FROM v
+SELECT $1, $2, a.version, $3, $4, $5,
+       CASE WHEN current_setting('transaction_isolation') = 'read committed'
+            THEN EXISTS (
+                SELECT 1 FROM outbox p
+                WHERE p.aggregate_type = $1 AND p.aggregate_id = $2 AND p.aggregate_version = a.version - 1
+                FOR KEY SHARE)
+            ELSE false END
+FROM outbox_aggregates a
+WHERE a.aggregate_type = $1 AND a.aggregate_id = $2
 RETURNING id, aggregate_version`
 
 // Enqueue writes msgs inside tx. They become visible to relays when tx commits,
@@ -218,6 +237,7 @@ func (w *Writer) Queue(b *pgx.Batch, msgs ...Message) (*Queued, error) {
 	}
 	q := &Queued{out: make([]Enqueued, len(msgs))}
 	for i, m := range msgs {
+		b.Queue(versionSQL, m.AggregateType, m.AggregateID)
 		b.Queue(insertSQL, m.AggregateType, m.AggregateID, m.EventType, string(m.Payload), string(headers[i])).
 			QueryRow(func(row pgx.Row) error {
 				if err := row.Scan(&q.out[i].ID, &q.out[i].AggregateVersion); err != nil {

@@ -295,8 +295,8 @@ func TestQueueSendsMessagesInTheCallersBatch(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		if b.Len() != 4 { // the business insert, two messages, the NOTIFY
-			return fmt.Errorf("batch holds %d statements, want 4", b.Len())
+		if b.Len() != 6 { // the business insert, two statements per message, the NOTIFY
+			return fmt.Errorf("batch holds %d statements, want 6", b.Len())
 		}
 		if _, err := q.Enqueued(); err == nil {
 			return errors.New("Enqueued before the batch was sent returned no error")

@@ -1,4 +1,12 @@
 package outbox
 
+import "time"
+
 // ClaimSQL lets the external tests EXPLAIN the claim.
 const ClaimSQL = claimSQL
+
+// ClaimArgs are the arguments of ClaimSQL for a claim of up to limit rows,
+// with the default MaxAttempts.
+func ClaimArgs(limit int, lease time.Duration) []any {
+	return []any{limit, lease.Milliseconds(), defaultMaxAttempts}
+}

@@ -19,7 +19,9 @@ type Metrics interface {
 	// Returned counts messages the broker returned as unroutable (a subset of
 	// Failed).
 	Returned(n int)
-	// DeadLettered counts rows that reached MaxAttempts.
+	// DeadLettered counts rows that reached MaxAttempts: after a failed last
+	// attempt, or at claim time for a row whose relays stopped while
+	// publishing it.
 	DeadLettered(n int)
 	// BatchDuration observes one batch, from claim to the end of its marking.
 	BatchDuration(d time.Duration)
@@ -27,6 +29,21 @@ type Metrics interface {
 	// verdicts of one batch: the broker's confirm latency for its slowest
 	// message.
 	ConfirmLatency(d time.Duration)
+	// ClaimFailed counts claims that failed (a database error): the relay
+	// publishes nothing while they do. Alert when it keeps growing.
+	ClaimFailed()
+	// MarkFailed counts statements recording a batch's outcome that failed
+	// (a database error): marking confirmed rows published, or recording
+	// failed attempts. A failed mark is retried while the lease leaves time.
+	MarkFailed()
+	// Unmarked counts rows the broker confirmed that the relay could not mark
+	// published before giving up (database errors, or the writer of the next
+	// event holding the row for longer than the lease allows): each will be
+	// published again after its lease, a duplicate.
+	Unmarked(n int)
+	// ListenReconnected counts losses of the LISTEN connection (broken, or
+	// silent beyond ListenKeepalive), each followed by a reconnection.
+	ListenReconnected()
 }
 
 // NopMetrics discards everything. It is the relay's default.
@@ -40,3 +57,7 @@ func (NopMetrics) Returned(int)                 {}
 func (NopMetrics) DeadLettered(int)             {}
 func (NopMetrics) BatchDuration(time.Duration)  {}
 func (NopMetrics) ConfirmLatency(time.Duration) {}
+func (NopMetrics) ClaimFailed()                 {}
+func (NopMetrics) MarkFailed()                  {}
+func (NopMetrics) Unmarked(int)                 {}
+func (NopMetrics) ListenReconnected()           {}

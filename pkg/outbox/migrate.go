@@ -52,7 +52,7 @@ func Migrate(ctx context.Context, db TxBeginner) error {
 
 // SchemaVersion is the version of Schema. It changes whenever Schema does, so
 // CheckSchema can tell a database that a previous version migrated.
-const SchemaVersion = 2
+const SchemaVersion = 3
 
 // schemaMarker is the comment Schema puts on the outbox table.
 const schemaMarker = "pkg/outbox schema "

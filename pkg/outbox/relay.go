@@ -38,6 +38,13 @@ type RelayConfig struct {
 	// writers. The relay opens one dedicated connection (not from the pool) for
 	// it. Default "" (off): in-process Wake and the ticker only.
 	NotifyChannel string
+	// ListenKeepalive is how long the LISTEN connection may stay silent before
+	// the relay pings it; a ping without an answer within ListenKeepalive
+	// makes the relay reconnect. It detects a connection that died without
+	// a word (a network partition, a firewall dropping idle flows), which
+	// would otherwise leave the relay deaf to notifications, falling back on
+	// its poll. Default 30s, at least 10ms. Used only with NotifyChannel.
+	ListenKeepalive time.Duration
 	// Lease is how long a claimed row is reserved for this relay. If the relay
 	// dies mid-batch, other relays retry the row when the lease ends. Default 30s.
 	Lease time.Duration
@@ -48,7 +55,11 @@ type RelayConfig struct {
 	PublishTimeout time.Duration
 	// MaxAttempts is how many failed attempts dead-letter a row. An attempt is
 	// counted when the row is claimed (so a relay crash counts) and given back
-	// when the publisher says the message was never sent. Default 20.
+	// when the publisher says the message was never sent. A row whose relay
+	// stopped while publishing it (crash, kill, out of memory: no outcome
+	// written when its lease ended) is retried alone, in a batch of its own,
+	// and dead-lettered when it is due again with MaxAttempts attempts.
+	// Default 20.
 	MaxAttempts int
 	// RetryBackoffMin and RetryBackoffMax bound the exponential backoff between
 	// attempts: RetryBackoffMin after the first failure, doubling, capped at
@@ -114,24 +125,30 @@ type BatchResult struct {
 	// NotSent are rows the publisher never sent; they are due again at once,
 	// their attempt given back.
 	NotSent []int64
+	// DeadLetteredAtClaim are due rows the claim dead-lettered instead of
+	// handing them out, because they had MaxAttempts attempts already: their
+	// relays stopped while publishing them, every time.
+	DeadLetteredAtClaim []int64
 	// Err is the database error that kept outcomes from being written, if any.
 	Err error
 }
 
 const (
-	defaultBatchSize      = 500
-	maxBatchSize          = 10_000
-	defaultWorkers        = 2
-	maxWorkers            = 64
-	defaultPollInterval   = time.Second
-	minPollInterval       = 10 * time.Millisecond
-	defaultLease          = 30 * time.Second
-	defaultPublishTimeout = 10 * time.Second
-	defaultMaxAttempts    = 20
-	defaultBackoffMin     = time.Second
-	defaultBackoffMax     = 5 * time.Minute
-	defaultPurgeInterval  = time.Minute
-	defaultPurgeBatchSize = 1000
+	defaultBatchSize       = 500
+	maxBatchSize           = 10_000
+	defaultWorkers         = 2
+	maxWorkers             = 64
+	defaultPollInterval    = time.Second
+	minPollInterval        = 10 * time.Millisecond
+	defaultLease           = 30 * time.Second
+	defaultPublishTimeout  = 10 * time.Second
+	defaultMaxAttempts     = 20
+	defaultBackoffMin      = time.Second
+	defaultBackoffMax      = 5 * time.Minute
+	defaultPurgeInterval   = time.Minute
+	defaultPurgeBatchSize  = 1000
+	defaultListenKeepalive = 30 * time.Second
+	minListenKeepalive     = 10 * time.Millisecond
 
 	// dbTimeout bounds each claim and mark statement. They run on a context
 	// detached from Run's, so a shutdown never abandons a confirmed batch
@@ -151,7 +168,7 @@ func (c RelayConfig) withDefaults() (RelayConfig, error) {
 		{"PublishTimeout", int64(c.PublishTimeout)}, {"MaxAttempts", int64(c.MaxAttempts)},
 		{"RetryBackoffMin", int64(c.RetryBackoffMin)}, {"RetryBackoffMax", int64(c.RetryBackoffMax)},
 		{"PublishedRetention", int64(c.PublishedRetention)}, {"PurgeInterval", int64(c.PurgeInterval)},
-		{"PurgeBatchSize", int64(c.PurgeBatchSize)},
+		{"PurgeBatchSize", int64(c.PurgeBatchSize)}, {"ListenKeepalive", int64(c.ListenKeepalive)},
 	} {
 		if f.v < 0 {
 			return c, fmt.Errorf("outbox relay config: %s is negative", f.name)
@@ -167,6 +184,7 @@ func (c RelayConfig) withDefaults() (RelayConfig, error) {
 	c.RetryBackoffMax = cmp.Or(c.RetryBackoffMax, max(defaultBackoffMax, c.RetryBackoffMin))
 	c.PurgeInterval = cmp.Or(c.PurgeInterval, defaultPurgeInterval)
 	c.PurgeBatchSize = cmp.Or(c.PurgeBatchSize, defaultPurgeBatchSize)
+	c.ListenKeepalive = cmp.Or(c.ListenKeepalive, defaultListenKeepalive)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -179,6 +197,8 @@ func (c RelayConfig) withDefaults() (RelayConfig, error) {
 		return c, fmt.Errorf("outbox relay config: BatchSize %d: at most %d", c.BatchSize, maxBatchSize)
 	case c.Workers > maxWorkers:
 		return c, fmt.Errorf("outbox relay config: Workers %d: at most %d", c.Workers, maxWorkers)
+	case c.ListenKeepalive < minListenKeepalive:
+		return c, fmt.Errorf("outbox relay config: ListenKeepalive %v: at least %v", c.ListenKeepalive, minListenKeepalive)
 	case c.PollInterval < minPollInterval:
 		return c, fmt.Errorf("outbox relay config: PollInterval %v: at least %v", c.PollInterval, minPollInterval)
 	case c.Lease < 2*time.Millisecond:
@@ -314,6 +334,7 @@ func (r *Relay) work(ctx context.Context, tick <-chan time.Time) {
 			if err != nil {
 				// Retry after a backoff rather than wait for the next tick: the
 				// wake-up that brought us here may be the only one for a while.
+				r.cfg.Metrics.ClaimFailed()
 				dbFailures++
 				wait := jitter(backoff(dbFailures, 100*time.Millisecond, 5*time.Second))
 				r.log.ErrorContext(ctx, "outbox relay: claim failed, retrying", slog.Any("error", err), slog.Duration("retry_in", wait))
@@ -321,7 +342,7 @@ func (r *Relay) work(ctx context.Context, tick <-chan time.Time) {
 				continue
 			}
 			dbFailures = 0
-			if res.Claimed == 0 {
+			if res.Claimed == 0 && len(res.DeadLetteredAtClaim) == 0 {
 				break
 			}
 			if res.Claimed == r.cfg.BatchSize {
@@ -347,13 +368,23 @@ func (r *Relay) runBatch(ctx context.Context) (BatchResult, error) {
 	start := time.Now()
 
 	cctx, cancel := context.WithTimeout(detached, dbTimeout)
-	envs, err := claim(cctx, r.pool, r.cfg.BatchSize, r.cfg.Lease)
+	envs, dead, err := claim(cctx, r.pool, r.cfg.BatchSize, r.cfg.Lease, r.cfg.MaxAttempts)
 	cancel()
 	if err != nil {
 		return BatchResult{}, err
 	}
+	res := BatchResult{Claimed: len(envs)}
+	for _, d := range dead {
+		res.DeadLetteredAtClaim = append(res.DeadLetteredAtClaim, d.env.ID)
+		r.log.ErrorContext(ctx, "outbox event dead-lettered at claim: its relays stopped while publishing it",
+			append(envAttrs(d.env), slog.String("reason", d.reason))...)
+	}
+	r.cfg.Metrics.DeadLettered(len(dead))
 	if len(envs) == 0 {
-		return BatchResult{}, nil
+		if len(dead) > 0 {
+			r.batchDone(res)
+		}
+		return res, nil
 	}
 	slices.SortFunc(envs, func(a, b Envelope) int { return cmp.Compare(a.ID, b.ID) })
 	leaseEnd := start.Add(r.cfg.Lease)
@@ -371,7 +402,6 @@ func (r *Relay) runBatch(ctx context.Context) (BatchResult, error) {
 		}
 	}
 
-	res := BatchResult{Claimed: len(envs)}
 	var confirmed []Envelope
 	var failures []failure
 	for i, e := range envs {
@@ -402,6 +432,7 @@ func (r *Relay) runBatch(ctx context.Context) (BatchResult, error) {
 		}
 		marked, unmarked, err := r.mark(detached, confirmed, leaseEnd)
 		res.Published, res.Unmarked = marked, unmarked
+		r.cfg.Metrics.Unmarked(len(unmarked))
 		r.movedRows(len(marked))
 		res.Err = errors.Join(res.Err, err)
 		r.cfg.Metrics.Published(len(confirmed))
@@ -419,13 +450,17 @@ func (r *Relay) runBatch(ctx context.Context) (BatchResult, error) {
 	}
 
 	r.cfg.Metrics.BatchDuration(time.Since(start))
+	r.batchDone(res)
+	return res, nil
+}
+
+func (r *Relay) batchDone(res BatchResult) {
 	if h := r.cfg.Hooks.BatchDone; h != nil {
-		for _, s := range [][]int64{res.Published, res.Unmarked, res.Failed, res.DeadLettered, res.NotSent} {
+		for _, s := range [][]int64{res.Published, res.Unmarked, res.Failed, res.DeadLettered, res.NotSent, res.DeadLetteredAtClaim} {
 			slices.Sort(s)
 		}
 		h(res)
 	}
-	return res, nil
 }
 
 // mark marks confirmed rows published. Rows whose aggregate a writer holds are
@@ -439,6 +474,7 @@ func (r *Relay) mark(ctx context.Context, confirmed []Envelope, leaseEnd time.Ti
 		cancel()
 		err = merr
 		if merr != nil {
+			r.cfg.Metrics.MarkFailed()
 			deferred = pending
 		} else {
 			left := make(map[int64]bool, len(deferred))
@@ -458,7 +494,7 @@ func (r *Relay) mark(ctx context.Context, confirmed []Envelope, leaseEnd time.Ti
 		wait := jitter(backoff(try, 5*time.Millisecond, 500*time.Millisecond))
 		if time.Until(leaseEnd) < r.cfg.Lease/4+wait {
 			if err == nil {
-				err = fmt.Errorf("mark outbox rows published: %d rows still locked by writers", len(pending))
+				err = fmt.Errorf("mark outbox rows published: %d rows still locked by the writers of their aggregates' next events", len(pending))
 			}
 			for _, e := range pending {
 				r.log.WarnContext(ctx, "outbox event published but not marked: it will be published again",
@@ -481,6 +517,7 @@ func (r *Relay) recordFailures(ctx context.Context, failures []failure, res *Bat
 		// The rows stay leased: they are retried when the lease ends, with this
 		// attempt counted.
 		res.Err = errors.Join(res.Err, err)
+		r.cfg.Metrics.MarkFailed()
 		r.log.ErrorContext(ctx, "outbox relay: could not record failed publishes", slog.Any("error", err), slog.Int("rows", len(failures)))
 	}
 	var failed, returned, dead int

@@ -164,7 +164,9 @@ func TestRelayPublishesEveryEventOnceInAggregateOrder(t *testing.T) {
 
 	var published, versions int
 	err := pool.QueryRow(context.Background(), `
-SELECT count(*), (SELECT count(*) FROM outbox_aggregates WHERE published_version = version)
+SELECT count(*), (SELECT count(*) FROM outbox_aggregates a
+                  WHERE a.version = (SELECT max(aggregate_version) FROM outbox_published p
+                                     WHERE p.aggregate_type = a.aggregate_type AND p.aggregate_id = a.aggregate_id))
 FROM outbox_published`).Scan(&published, &versions)
 	if err != nil {
 		t.Fatal(err)

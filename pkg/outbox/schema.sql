@@ -7,23 +7,33 @@
 --                      backlog, never the history.
 --   outbox_published   rows whose publish the broker confirmed, kept for audit and
 --                      purged after a retention period.
---   outbox_aggregates  per aggregate, the last version handed out and the last
---                      version published. The upsert that bumps the first locks the
---                      aggregate's row until commit, which serialises writers of one
---                      aggregate and keeps versions gapless even after old rows are
---                      purged. The relay takes the same lock (without waiting) when
---                      it advances the second.
+--   outbox_aggregates  per aggregate, the last version handed out. The upsert that
+--                      bumps it locks the aggregate's row until commit, which
+--                      serialises writers of one aggregate and keeps versions gapless
+--                      even after old rows are purged. Never purge this table:
+--                      an aggregate whose row is gone starts again at version 1.
+--                      (Its published_version column is no longer maintained by
+--                      the relay; it is kept for schemas created by earlier
+--                      versions.)
 --
 -- A row is "blocked" while an earlier event of its aggregate is still in outbox.
 -- Only unblocked rows are in the claim's index, so a long queue behind one
 -- aggregate (in flight, backing off or dead-lettered) costs the claim nothing:
---   * Enqueue inserts a row blocked unless its version is published_version + 1,
---     reading published_version under the aggregate's lock;
---   * the relay, holding the same lock, advances published_version, moves the
---     published row to outbox_published and unblocks version + 1, in one
---     transaction.
--- Either the writer sees the new published_version, or the relay sees the
--- writer's committed row: a row can never stay blocked behind nothing.
+--   * Enqueue, at READ COMMITTED, holding the aggregate's lock, looks for the
+--     previous version in outbox in a statement of its own (so it sees every
+--     writer that committed before it got the lock) and, if it is there, locks
+--     it FOR KEY SHARE and inserts its row blocked;
+--   * the relay moves a published row to outbox_published only if it can lock
+--     the row (FOR UPDATE SKIP LOCKED, which a writer's KEY SHARE excludes),
+--     then unblocks version + 1 in a later statement of the same transaction.
+-- Either the writer sees the row gone (and inserts its row unblocked), or the
+-- relay cannot move that row before the writer commits, and then sees the
+-- writer's row: a row can never stay blocked behind nothing. Only the writer of
+-- the very next version ever holds that lock, so a relay is never kept waiting
+-- by a queue of writers.
+-- At REPEATABLE READ and SERIALIZABLE, Enqueue's snapshot may be older than the
+-- relay's last move, so it inserts its row unblocked; the claim's head check
+-- keeps the order, and such rows cost the claim a little until their turn.
 
 CREATE TABLE IF NOT EXISTS outbox (
     id                bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -40,6 +50,13 @@ CREATE TABLE IF NOT EXISTS outbox (
     dead_lettered_at  timestamptz,
     blocked           boolean     NOT NULL DEFAULT false
 );
+
+-- in_flight is true from a claim until the claim's outcome is written. A due
+-- row still in flight is one whose relay stopped while publishing it (crash,
+-- kill, out of memory): the claim dead-letters it if it reached the relay's
+-- MaxAttempts, and otherwise hands it out alone, so a row that crashes relays
+-- cannot take the rest of a batch down with it.
+ALTER TABLE outbox ADD COLUMN IF NOT EXISTS in_flight boolean NOT NULL DEFAULT false;
 
 -- Every published row leaves this table, so dead tuples pile up at the rate of
 -- publishing. Vacuum it after a fixed number of changes rather than a fraction of
@@ -92,7 +109,7 @@ CREATE TABLE IF NOT EXISTS outbox_aggregates (
     PRIMARY KEY (aggregate_type, aggregate_id)
 );
 
--- Both writers and the relay update every aggregate row they touch, without
+-- Writers update every aggregate row they touch, without
 -- changing an indexed column: leave room on each page so those updates stay HOT
 -- (no new index entry, no index bloat on this ever-growing table).
 ALTER TABLE outbox_aggregates SET (fillfactor = 80);
@@ -120,4 +137,4 @@ CREATE TABLE IF NOT EXISTS outbox_discarded (
 -- The schema's version, which CheckSchema reads from the catalog without taking
 -- a lock. Keep this the last statement, and bump the number here and
 -- SchemaVersion (migrate.go) together whenever anything above changes.
-COMMENT ON TABLE outbox IS 'pkg/outbox schema 2';
+COMMENT ON TABLE outbox IS 'pkg/outbox schema 3';

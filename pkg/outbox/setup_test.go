@@ -1,6 +1,9 @@
 package outbox_test
 
-import "github.com/outbox-inbox/reference/pkg/outbox/internal/outboxtest"
+import (
+	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/pkg/outbox/internal/outboxtest"
+)
 
 // The helpers every test of the package uses, shared with outboxamqp's tests.
 // Each test works in a schema of its own, dropped in cleanup, so tests run in
@@ -14,4 +17,5 @@ var (
 	waitFor         = outboxtest.WaitFor
 	outboxEmpty     = outboxtest.OutboxEmpty
 	startRelay      = outboxtest.StartRelay
+	claimArgs       = outbox.ClaimArgs
 )

@@ -9,26 +9,40 @@ import (
 )
 
 // claimSQL leases up to $1 due head events for $2 milliseconds, in one short
-// transaction of its own.
+// transaction of its own, and dead-letters due rows that already had $3
+// (MaxAttempts) attempts.
 //
 // A head event is the oldest event of its aggregate still in the outbox. Rows
 // behind it are "blocked" and are not in the outbox_due index at all, so the
 // scan reads about as many entries as it returns however long the queue behind
 // an in-flight, failing or dead-lettered event. The NOT EXISTS re-checks the
-// head rule on the few rows the scan returns; it is what ordering rests on even
-// if a row was inserted without Enqueue.
+// head rule on the rows the scan returns; ordering rests on it for rows that
+// are not blocked although they are not heads: rows Enqueue writes at
+// REPEATABLE READ or SERIALIZABLE, and rows inserted without Enqueue.
 //
 // The lease (next_attempt_at in the future) takes the row out of the due range
 // once this statement commits, so no row lock is held while publishing, and a
 // relay that dies with the row is replaced when the lease ends. attempts is
 // incremented here, so a crash mid-publish counts as an attempt; the relay's
-// later updates use it as a fencing token.
+// later updates use it as a fencing token. The rows are locked FOR NO KEY
+// UPDATE, which a writer's KEY SHARE lock on the head (see insertSQL) does not
+// exclude.
+//
+// in_flight says a claimed row has no outcome written yet. A due row still in
+// flight lost its relay mid-publish (see the schema). If any is among the due
+// rows, the claim takes the first one alone, so that a row that crashes relays
+// is retried without batch-mates; the others are claimed by the next claim. A
+// due row that reached MaxAttempts is dead-lettered here, with a reason, and
+// never handed to the publisher again: without this, a row that kills every
+// relay that publishes it would never get a failure recorded.
+//
+// The result has the claimed rows (dead = false), then the dead-lettered ones.
 //
 // There is no id cursor: ids are allocated at insert, not at commit, so a
 // cursor would skip rows that commit late. A row is pending until it is moved.
 const claimSQL = `
 WITH due AS (
-    SELECT o.id
+    SELECT o.id, o.attempts, o.in_flight
     FROM outbox o
     WHERE o.dead_lettered_at IS NULL
       AND NOT o.blocked
@@ -40,98 +54,134 @@ WITH due AS (
             AND p.aggregate_version < o.aggregate_version)
     ORDER BY o.next_attempt_at, o.id
     LIMIT $1
-    FOR UPDATE SKIP LOCKED
+    FOR NO KEY UPDATE SKIP LOCKED
+), dead AS (
+    UPDATE outbox o
+    SET dead_lettered_at = now(),
+        in_flight = false,
+        last_error = CASE WHEN d.in_flight
+            THEN format('no outcome after attempt %s of %s: the relay stopped (crashed, was killed or ran out of memory) while publishing it, and the lease ended', o.attempts, $3::int)
+            ELSE format('reached the maximum of %s attempts (attempts: %s); last error: %s', $3::int, o.attempts, coalesce(o.last_error, 'none'))
+        END
+    FROM due d
+    WHERE o.id = d.id AND d.attempts >= $3::int
+    RETURNING o.id, o.aggregate_type, o.aggregate_id, o.aggregate_version, o.event_type,
+              o.payload, o.headers, o.created_at, o.attempts, o.last_error
+), orphan AS (
+    SELECT id FROM due WHERE in_flight AND attempts < $3::int ORDER BY id LIMIT 1
+), pick AS (
+    SELECT id FROM orphan
+    UNION ALL
+    SELECT id FROM due WHERE NOT in_flight AND attempts < $3::int AND NOT EXISTS (SELECT FROM orphan)
+), claimed AS (
+    UPDATE outbox o
+    SET attempts = o.attempts + 1,
+        in_flight = true,
+        next_attempt_at = now() + $2::bigint * interval '1 millisecond'
+    WHERE o.id IN (SELECT id FROM pick)
+    RETURNING o.id, o.aggregate_type, o.aggregate_id, o.aggregate_version, o.event_type,
+              o.payload, o.headers, o.created_at, o.attempts
 )
-UPDATE outbox o
-SET attempts = o.attempts + 1,
-    next_attempt_at = now() + $2::bigint * interval '1 millisecond'
-WHERE o.id = ANY(ARRAY(SELECT id FROM due))
-RETURNING o.id, o.aggregate_type, o.aggregate_id, o.aggregate_version, o.event_type,
-          o.payload, o.headers, o.created_at, o.attempts`
+SELECT id, aggregate_type, aggregate_id, aggregate_version, event_type, payload, headers, created_at,
+       attempts, false AS dead, NULL::text AS reason
+FROM claimed
+UNION ALL
+SELECT id, aggregate_type, aggregate_id, aggregate_version, event_type, payload, headers, created_at,
+       attempts, true, last_error
+FROM dead`
 
-func claim(ctx context.Context, db DB, limit int, lease time.Duration) ([]Envelope, error) {
-	rows, err := db.Query(ctx, claimSQL, limit, lease.Milliseconds())
+// deadAtClaim is a row the claim dead-lettered instead of handing it out.
+type deadAtClaim struct {
+	env    Envelope
+	reason string
+}
+
+func claim(ctx context.Context, db DB, limit int, lease time.Duration, maxAttempts int) ([]Envelope, []deadAtClaim, error) {
+	rows, err := db.Query(ctx, claimSQL, limit, lease.Milliseconds(), maxAttempts)
 	if err != nil {
-		return nil, fmt.Errorf("claim outbox batch: %w", err)
+		return nil, nil, fmt.Errorf("claim outbox batch: %w", err)
 	}
-	envs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Envelope, error) {
-		var e Envelope
-		err := r.Scan(&e.ID, &e.AggregateType, &e.AggregateID, &e.AggregateVersion, &e.EventType,
-			&e.Payload, &e.Headers, &e.CreatedAt, &e.Attempt)
+	defer rows.Close()
+	var (
+		envs []Envelope
+		dead []deadAtClaim
+	)
+	for rows.Next() {
+		var (
+			e      Envelope
+			isDead bool
+			reason *string
+		)
+		if err := rows.Scan(&e.ID, &e.AggregateType, &e.AggregateID, &e.AggregateVersion, &e.EventType,
+			&e.Payload, &e.Headers, &e.CreatedAt, &e.Attempt, &isDead, &reason); err != nil {
+			return nil, nil, fmt.Errorf("claim outbox batch: %w", err)
+		}
 		if e.Headers == nil {
 			e.Headers = map[string]string{}
 		}
-		return e, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("claim outbox batch: %w", err)
+		if isDead {
+			dead = append(dead, deadAtClaim{env: e, reason: *reason})
+			continue
+		}
+		envs = append(envs, e)
 	}
-	return envs, nil
+	if err := rows.Err(); err != nil {
+		return nil, nil, fmt.Errorf("claim outbox batch: %w", err)
+	}
+	return envs, dead, nil
 }
 
-// lockAggregatesSQL is the first statement of a mark: it locks the aggregates
-// of the confirmed rows, skipping those a writer holds right now, and advances
-// their published_version. It returns the aggregates it locked.
+// moveSQL is the first statement of a mark: it moves the confirmed rows it
+// can lock at once to outbox_published, and returns the ids of those it could
+// not lock. Rows already gone (moved by another relay after this relay's lease
+// ended) are in neither and count as marked.
 //
-// Holding the lock is what makes the unblocking in moveSQL complete: a writer of
-// the aggregate either committed before the lock was granted (its row is visible
-// to moveSQL, which runs next with a fresh snapshot, and gets unblocked) or waits
-// for this transaction and then reads the new published_version (and inserts its
-// row unblocked). Skipping instead of waiting means a relay never waits on a
-// business transaction: a skipped row is marked again a moment later.
-const lockAggregatesSQL = `
-WITH locked AS (
-    SELECT a.aggregate_type, a.aggregate_id, i.version
-    FROM unnest($1::text[], $2::text[], $3::bigint[]) AS i(aggregate_type, aggregate_id, version)
-    CROSS JOIN LATERAL (
-        SELECT a.aggregate_type, a.aggregate_id
-        FROM outbox_aggregates a
-        WHERE a.aggregate_type = i.aggregate_type AND a.aggregate_id = i.aggregate_id
-        FOR UPDATE SKIP LOCKED) a
-), advanced AS (
-    UPDATE outbox_aggregates a
-    SET published_version = l.version
-    FROM locked l
-    WHERE a.aggregate_type = l.aggregate_type AND a.aggregate_id = l.aggregate_id
-      AND a.published_version < l.version
-)
-SELECT aggregate_type, aggregate_id FROM locked`
-
-// moveSQL is the second statement of a mark, in the same transaction: it moves
-// the confirmed rows whose aggregate is now published up to them into
-// outbox_published, and unblocks the next event of each.
+// The lock a row cannot get is a writer's KEY SHARE: the writer of the
+// aggregate's next version holds it on this row until its transaction ends
+// (see insertSQL), and its row is not visible yet. Skipping instead of waiting
+// means a relay never waits on a business transaction; the row is marked again
+// a moment later, once that one writer committed. Writers of later versions
+// lock later rows, so no stream of writers can keep a row locked.
 const moveSQL = `
-WITH moved AS (
+WITH locked AS (
+    SELECT id FROM outbox WHERE id = ANY($1::bigint[])
+    FOR UPDATE SKIP LOCKED
+), moved AS (
     DELETE FROM outbox o
-    WHERE o.id = ANY($1::bigint[])
-      AND EXISTS (
-          SELECT 1 FROM outbox_aggregates a
-          WHERE a.aggregate_type = o.aggregate_type
-            AND a.aggregate_id = o.aggregate_id
-            AND a.published_version >= o.aggregate_version)
+    USING locked l
+    WHERE o.id = l.id
     RETURNING o.id, o.aggregate_type, o.aggregate_id, o.aggregate_version, o.event_type,
               o.payload, o.headers, o.created_at, o.attempts
-), unblocked AS (
-    UPDATE outbox s
-    SET blocked = false
-    FROM moved m
-    WHERE s.aggregate_type = m.aggregate_type
-      AND s.aggregate_id = m.aggregate_id
-      AND s.aggregate_version = m.aggregate_version + 1
-      AND s.blocked
+), archived AS (
+    INSERT INTO outbox_published (id, aggregate_type, aggregate_id, aggregate_version, event_type,
+                                  payload, headers, created_at, attempts)
+    SELECT id, aggregate_type, aggregate_id, aggregate_version, event_type, payload, headers, created_at, attempts
+    FROM moved
+    ON CONFLICT (id) DO NOTHING
 )
-INSERT INTO outbox_published (id, aggregate_type, aggregate_id, aggregate_version, event_type,
-                              payload, headers, created_at, attempts)
-SELECT id, aggregate_type, aggregate_id, aggregate_version, event_type, payload, headers, created_at, attempts
-FROM moved
-ON CONFLICT (id) DO NOTHING`
+SELECT o.id FROM outbox o WHERE o.id = ANY($1::bigint[]) AND o.id NOT IN (SELECT id FROM locked)`
 
-type aggregateKey struct{ typ, id string }
+// unblockSQL is the second statement of a mark, in the same transaction: it
+// unblocks the next event of each aggregate whose head is now gone. Its
+// snapshot is taken after moveSQL locked the rows, so it sees the row of every
+// writer that looked at them before (see insertSQL).
+const unblockSQL = `
+UPDATE outbox s
+SET blocked = false
+FROM unnest($1::text[], $2::text[], $3::bigint[]) AS m(aggregate_type, aggregate_id, version)
+WHERE s.aggregate_type = m.aggregate_type
+  AND s.aggregate_id = m.aggregate_id
+  AND s.aggregate_version = m.version + 1
+  AND s.blocked
+  AND NOT EXISTS (
+      SELECT 1 FROM outbox p
+      WHERE p.aggregate_type = s.aggregate_type
+        AND p.aggregate_id = s.aggregate_id
+        AND p.aggregate_version < s.aggregate_version)`
 
 // markPublished moves confirmed rows to outbox_published, in one transaction of
 // two statements sent in one round trip. It returns the rows it could not mark
-// yet because a writer held their aggregate; rows already moved by another
-// relay (after a lease expired) count as marked.
+// yet because the writer of their aggregate's next event held them.
 func markPublished(ctx context.Context, db batchSender, envs []Envelope) (deferred []Envelope, err error) {
 	types := make([]string, len(envs))
 	aggIDs := make([]string, len(envs))
@@ -141,36 +191,32 @@ func markPublished(ctx context.Context, db batchSender, envs []Envelope) (deferr
 	}
 
 	b := &pgx.Batch{}
-	b.Queue(lockAggregatesSQL, types, aggIDs, versions)
 	b.Queue(moveSQL, ids(envs))
+	b.Queue(unblockSQL, types, aggIDs, versions)
 	br := db.SendBatch(ctx, b)
 	defer br.Close()
 
 	rows, err := br.Query()
 	if err != nil {
-		return nil, fmt.Errorf("mark outbox rows published: lock aggregates: %w", err)
+		return nil, fmt.Errorf("mark outbox rows published: move: %w", err)
 	}
-	lockedKeys, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (aggregateKey, error) {
-		var k aggregateKey
-		err := r.Scan(&k.typ, &k.id)
-		return k, err
-	})
+	skipped, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 	if err != nil {
-		return nil, fmt.Errorf("mark outbox rows published: lock aggregates: %w", err)
+		return nil, fmt.Errorf("mark outbox rows published: move: %w", err)
 	}
 	if _, err := br.Exec(); err != nil {
-		return nil, fmt.Errorf("mark outbox rows published: move: %w", err)
+		return nil, fmt.Errorf("mark outbox rows published: unblock: %w", err)
 	}
 	if err := br.Close(); err != nil {
 		return nil, fmt.Errorf("mark outbox rows published: %w", err)
 	}
 
-	locked := make(map[aggregateKey]bool, len(lockedKeys))
-	for _, k := range lockedKeys {
-		locked[k] = true
+	left := make(map[int64]bool, len(skipped))
+	for _, id := range skipped {
+		left[id] = true
 	}
 	for _, e := range envs {
-		if !locked[aggregateKey{e.AggregateType, e.AggregateID}] {
+		if left[e.ID] {
 			deferred = append(deferred, e)
 		}
 	}
@@ -198,6 +244,7 @@ WITH f AS (
 )
 UPDATE outbox o
 SET attempts         = CASE WHEN f.refund THEN o.attempts - 1 ELSE o.attempts END,
+    in_flight        = false,
     last_error       = CASE WHEN f.refund THEN o.last_error ELSE f.err END,
     next_attempt_at  = now() + f.delay_ms * interval '1 millisecond',
     dead_lettered_at = CASE WHEN f.dead AND NOT f.refund THEN now() END

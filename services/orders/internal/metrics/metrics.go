@@ -21,6 +21,11 @@ type Relay struct {
 	deadLettered   prometheus.Counter
 	batchDuration  prometheus.Histogram
 	confirmLatency prometheus.Histogram
+
+	claimFailures    prometheus.Counter
+	markFailures     prometheus.Counter
+	unmarked         prometheus.Counter
+	listenReconnects prometheus.Counter
 }
 
 var _ outbox.Metrics = (*Relay)(nil)
@@ -41,8 +46,17 @@ func NewRelay(reg prometheus.Registerer) *Relay {
 			Name: "outbox_batch_duration_seconds", Help: "One relay batch, from claim to mark.", Buckets: latencyBuckets}),
 		confirmLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "outbox_confirm_latency_seconds", Help: "Time for the broker to confirm a batch's slowest message.", Buckets: latencyBuckets}),
+		claimFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "outbox_claim_failures_total", Help: "Claims that failed with a database error: nothing is published while they do."}),
+		markFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "outbox_mark_failures_total", Help: "Statements recording a batch's outcome (mark published, record failures) that failed with a database error."}),
+		unmarked: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "outbox_unmarked_total", Help: "Messages the broker confirmed that could not be marked published: each is published again after its lease."}),
+		listenReconnects: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "outbox_listen_reconnects_total", Help: "Times the relay's LISTEN connection was lost (broken or silent) and reopened."}),
 	}
-	reg.MustRegister(m.published, m.failed, m.returned, m.deadLettered, m.batchDuration, m.confirmLatency)
+	reg.MustRegister(m.published, m.failed, m.returned, m.deadLettered, m.batchDuration, m.confirmLatency,
+		m.claimFailures, m.markFailures, m.unmarked, m.listenReconnects)
 	return m
 }
 
@@ -52,6 +66,10 @@ func (m *Relay) Returned(n int)                 { m.returned.Add(float64(n)) }
 func (m *Relay) DeadLettered(n int)             { m.deadLettered.Add(float64(n)) }
 func (m *Relay) BatchDuration(d time.Duration)  { m.batchDuration.Observe(d.Seconds()) }
 func (m *Relay) ConfirmLatency(d time.Duration) { m.confirmLatency.Observe(d.Seconds()) }
+func (m *Relay) ClaimFailed()                   { m.claimFailures.Inc() }
+func (m *Relay) MarkFailed()                    { m.markFailures.Inc() }
+func (m *Relay) Unmarked(n int)                 { m.unmarked.Add(float64(n)) }
+func (m *Relay) ListenReconnected()             { m.listenReconnects.Inc() }
 
 // StatusReader reads the outbox backlog; *outbox.Admin implements it.
 type StatusReader interface {

@@ -1,0 +1,259 @@
+package outbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-inbox/reference/pkg/outbox"
+)
+
+// A hot aggregate: writers of one aggregate follow each other back to back, so
+// one of them holds (or waits for) the aggregate at every moment. The relay must
+// still mark each event it published and move on to the next one while they
+// write: never give up marking (which publishes the event again after every
+// lease and holds back the rest), never deliver an event more than twice, and
+// leave nothing behind once the writers stop.
+func TestRelayKeepsUpWithBackToBackWritersOfOneAggregate(t *testing.T) {
+	if testing.Short() {
+		t.Skip("20 s of writing")
+	}
+	t.Parallel()
+	pool := newTestPool(t)
+	ctx := context.Background()
+
+	pub := &memPublisher{}
+	cfg := fastConfig(t)
+	cfg.Lease = 4 * time.Second
+	cfg.PublishTimeout = 2 * time.Second
+	var unmarked atomic.Int64
+	cfg.Hooks.BatchDone = func(r outbox.BatchResult) { unmarked.Add(int64(len(r.Unmarked))) }
+	relay := startRelay(t, pool, pub, cfg)
+
+	const writers = 8
+	const writeFor = 20 * time.Second
+	var written atomic.Int64
+	stop := time.Now().Add(writeFor)
+	var wg sync.WaitGroup
+	errs := make(chan error, writers)
+	for range writers {
+		wg.Go(func() {
+			for time.Now().Before(stop) {
+				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+					if _, err := outbox.Enqueue(ctx, tx, msg("hot", "account.changed")); err != nil {
+						return err
+					}
+					// A short transaction: a few milliseconds of work after the
+					// event, before the commit.
+					_, err := tx.Exec(ctx, "SELECT pg_sleep(0.005)")
+					return err
+				})
+				if err != nil {
+					errs <- err
+					return
+				}
+				written.Add(1)
+				relay.Wake()
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatalf("writer: %v", err)
+	}
+	duringWrites := len(pub.snapshot())
+	t.Logf("%d events written in %v, %d published meanwhile", written.Load(), writeFor, duringWrites)
+	if n := unmarked.Load(); n > 0 {
+		t.Fatalf("the relay gave up marking %d published events while the writers wrote", n)
+	}
+
+	// How fast the rest drains depends on the machine; what must hold is that
+	// it does, without a lease having to end.
+	waitFor(t, "backlog drained", time.Minute, outboxEmpty(pool))
+
+	got := pub.snapshot()
+	last := checkOrder(t, got, true)
+	if last["hot"] != written.Load() {
+		t.Fatalf("published up to version %d, want %d", last["hot"], written.Load())
+	}
+	deliveries := map[int64]int{}
+	for _, e := range got {
+		deliveries[e.ID]++
+		if deliveries[e.ID] > 2 {
+			t.Fatalf("event %d (version %d) delivered %d times", e.ID, e.AggregateVersion, deliveries[e.ID])
+		}
+	}
+	if n := unmarked.Load(); n > 0 {
+		t.Fatalf("the relay gave up marking %d published events", n)
+	}
+}
+
+// The claim hands out only the oldest event of an aggregate still in the
+// outbox, even for rows that say they are not blocked: rows inserted without
+// Enqueue, and rows Enqueue writes unblocked (see the isolation test below).
+func TestClaimTakesOnlyTheOldestEventOfAnAggregate(t *testing.T) {
+	t.Parallel()
+	pool := newTestPool(t)
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, `
+INSERT INTO outbox (aggregate_type, aggregate_id, aggregate_version, event_type, payload)
+VALUES ('order', 'o-1', 2, 'order.cancelled', '{}'), ('order', 'o-1', 1, 'order.created', '{}'),
+       ('order', 'o-2', 1, 'order.created', '{}')`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows, err := pool.Query(ctx, outbox.ClaimSQL, claimArgs(10, time.Minute)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type claimed struct {
+		agg     string
+		version int64
+	}
+	got, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (claimed, error) {
+		v, err := r.Values()
+		if err != nil {
+			return claimed{}, err
+		}
+		return claimed{v[2].(string), v[3].(int64)}, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.SortFunc(got, func(a, b claimed) int {
+		if a.agg != b.agg {
+			if a.agg < b.agg {
+				return -1
+			}
+			return 1
+		}
+		return int(a.version - b.version)
+	})
+	if want := []claimed{{"o-1", 1}, {"o-2", 1}}; !slices.Equal(got, want) {
+		t.Fatalf("claimed %v, want %v", got, want)
+	}
+}
+
+// Writers may run at any isolation level. At REPEATABLE READ and SERIALIZABLE
+// a writer's snapshot can predate the relay's publishing of the aggregate's
+// previous event; Enqueue must still work, and the new event must be
+// published, after the previous one.
+func TestEnqueueAtEveryIsolationLevelWhileTheRelayAdvancesTheAggregate(t *testing.T) {
+	t.Parallel()
+	for _, level := range []pgx.TxIsoLevel{pgx.ReadCommitted, pgx.RepeatableRead, pgx.Serializable} {
+		t.Run(string(level), func(t *testing.T) {
+			t.Parallel()
+			pool := newTestPool(t)
+			ctx := context.Background()
+
+			// A head event the relay cannot publish yet, and a second one behind it.
+			first := enqueue(t, pool, msg("o-1", "order.created"), msg("o-1", "order.paid"))
+			release := make(chan struct{})
+			pub := &memPublisher{}
+			pub.setFail(func(e outbox.Envelope) error {
+				select {
+				case <-release:
+					return nil
+				default:
+					return errors.New("not yet")
+				}
+			})
+			batches := make(chan outbox.BatchResult, 100)
+			cfg := fastConfig(t)
+			cfg.Hooks.BatchDone = func(r outbox.BatchResult) { batches <- r }
+			relay := startRelay(t, pool, pub, cfg)
+
+			// The writer's snapshot is taken while both events are pending.
+			tx, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: level})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(ctx)
+			var pending int
+			if err := tx.QueryRow(ctx, "SELECT count(*) FROM outbox").Scan(&pending); err != nil {
+				t.Fatal(err)
+			}
+			if pending != 2 {
+				t.Fatalf("writer sees %d pending rows, want 2", pending)
+			}
+
+			// Now the relay publishes both, advancing the aggregate.
+			close(release)
+			relay.Wake()
+			waitPublished(t, batches, first[0].ID, first[1].ID)
+
+			third, err := outbox.Enqueue(ctx, tx, msg("o-1", "order.shipped"))
+			if err != nil {
+				t.Fatalf("Enqueue at %s after the relay advanced the aggregate: %v", level, err)
+			}
+			if err := tx.Commit(ctx); err != nil {
+				t.Fatalf("commit at %s: %v", level, err)
+			}
+			relay.Wake()
+			waitPublished(t, batches, third[0].ID)
+			checkOrder(t, pub.snapshot(), false)
+		})
+	}
+}
+
+// At REPEATABLE READ, events enqueued behind a head that is still pending are
+// published after it, in order.
+func TestRepeatableReadWritersKeepTheOrderBehindAPendingHead(t *testing.T) {
+	t.Parallel()
+	pool := newTestPool(t)
+	ctx := context.Background()
+	enqueue(t, pool, msg("o-1", "order.created"))
+
+	var fails atomic.Int32
+	pub := &memPublisher{}
+	pub.setFail(func(e outbox.Envelope) error {
+		if e.AggregateVersion == 1 && fails.Add(1) <= 3 {
+			return errors.New("not yet")
+		}
+		return nil
+	})
+	startRelay(t, pool, pub, fastConfig(t))
+	for i := range 5 {
+		err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead}, func(tx pgx.Tx) error {
+			_, err := outbox.Enqueue(ctx, tx, msg("o-1", fmt.Sprintf("order.step%d", i)))
+			return err
+		})
+		if err != nil {
+			t.Fatalf("enqueue %d: %v", i, err)
+		}
+	}
+	waitFor(t, "outbox drained", 20*time.Second, outboxEmpty(pool))
+	got := pub.snapshot()
+	checkOrder(t, got, false)
+	if len(got) != 6 {
+		t.Fatalf("published %d events, want 6", len(got))
+	}
+}
+
+// waitPublished waits until every id in ids was published and marked.
+func waitPublished(t *testing.T, batches <-chan outbox.BatchResult, ids ...int64) {
+	t.Helper()
+	want := map[int64]bool{}
+	for _, id := range ids {
+		want[id] = true
+	}
+	timeout := time.After(15 * time.Second)
+	for len(want) > 0 {
+		select {
+		case r := <-batches:
+			for _, id := range r.Published {
+				delete(want, id)
+			}
+		case <-timeout:
+			t.Fatalf("events %v not published", want)
+		}
+	}
+}
