@@ -1,6 +1,8 @@
 // Package amqptest gives the shipping tests a RabbitMQ vhost of their own,
 // created with rabbitmqctl on the local broker and deleted at the end, and
-// helpers to cut its connections and count its queues.
+// helpers to cut its connections, list them by name, revoke and restore the
+// test user's access, delete queues and count their messages, all from the
+// broker's side.
 //
 // The broker is TEST_AMQP_URL (default amqp://guest:guest@127.0.0.1:5672/).
 // Without a reachable broker and rabbitmqctl, tests skip, or fail under
@@ -17,6 +19,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -106,6 +109,17 @@ func TryCloseConnections(ctx context.Context, vhost string) error {
 // QueueCounts returns the ready and unacknowledged message counts of queue.
 func QueueCounts(t testing.TB, vhost, queue string) (ready, unacked int) {
 	t.Helper()
+	ready, unacked, ok := TryQueueCounts(t, vhost, queue)
+	if !ok {
+		t.Fatalf("amqptest: queue %s not found in vhost %s", queue, vhost)
+	}
+	return ready, unacked
+}
+
+// TryQueueCounts is QueueCounts for a queue that may not exist: ok is false
+// when it does not.
+func TryQueueCounts(t testing.TB, vhost, queue string) (ready, unacked int, ok bool) {
+	t.Helper()
 	out, err := ctl(t.Context(), "list_queues", "-p", vhost, "--no-table-headers", "name", "messages_ready", "messages_unacknowledged")
 	if err != nil {
 		t.Fatalf("amqptest: %v", err)
@@ -115,9 +129,84 @@ func QueueCounts(t testing.TB, vhost, queue string) (ready, unacked int) {
 		if len(f) == 3 && f[0] == queue {
 			r, _ := strconv.Atoi(f[1])
 			u, _ := strconv.Atoi(f[2])
-			return r, u
+			return r, u, true
 		}
 	}
-	t.Fatalf("amqptest: queue %s not found in vhost %s: %q", queue, vhost, out)
-	return 0, 0
+	return 0, 0, false
+}
+
+// DeleteQueue deletes queue from the broker's side, as an operator would;
+// its consumers get a basic.cancel.
+func DeleteQueue(t testing.TB, vhost, queue string) {
+	t.Helper()
+	if _, err := ctl(t.Context(), "delete_queue", "-p", vhost, queue); err != nil {
+		t.Fatalf("amqptest: %v", err)
+	}
+}
+
+// RevokeAccess clears the test user's permissions on vhost: open
+// connections keep working, new ones are refused (NOT_ALLOWED), so a client
+// that lost its connection cannot come back until RestoreAccess.
+func RevokeAccess(t testing.TB, vhost string) {
+	t.Helper()
+	u, err := url.Parse(BaseURL())
+	if err != nil {
+		t.Fatalf("amqptest: TEST_AMQP_URL: %v", err)
+	}
+	if _, err := ctl(t.Context(), "clear_permissions", "-p", vhost, u.User.Username()); err != nil {
+		t.Fatalf("amqptest: %v", err)
+	}
+}
+
+// RestoreAccess gives the test user back full permissions on vhost.
+func RestoreAccess(t testing.TB, vhost string) {
+	t.Helper()
+	u, err := url.Parse(BaseURL())
+	if err != nil {
+		t.Fatalf("amqptest: TEST_AMQP_URL: %v", err)
+	}
+	if _, err := ctl(t.Context(), "set_permissions", "-p", vhost, u.User.Username(), ".*", ".*", ".*"); err != nil {
+		t.Fatalf("amqptest: %v", err)
+	}
+}
+
+// Connection is one client connection to a vhost.
+type Connection struct {
+	// PID is the broker's id of the connection, for CloseConnection.
+	PID string
+	// Name is the client-provided connection name ("" when none).
+	Name string
+}
+
+var connectionName = regexp.MustCompile(`\{"connection_name","([^"]*)"\}`)
+
+// Connections lists the client connections of vhost.
+func Connections(t testing.TB, vhost string) []Connection {
+	t.Helper()
+	out, err := ctl(t.Context(), "list_connections", "--no-table-headers", "pid", "vhost", "client_properties")
+	if err != nil {
+		t.Fatalf("amqptest: %v", err)
+	}
+	var conns []Connection
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.SplitN(line, "\t", 3)
+		if len(f) != 3 || f[1] != vhost {
+			continue
+		}
+		c := Connection{PID: f[0]}
+		if m := connectionName.FindStringSubmatch(f[2]); m != nil {
+			c.Name = m[1]
+		}
+		conns = append(conns, c)
+	}
+	return conns
+}
+
+// CloseConnection closes one connection (a PID from Connections) from the
+// broker's side.
+func CloseConnection(t testing.TB, pid, reason string) {
+	t.Helper()
+	if _, err := ctl(t.Context(), "close_connection", pid, reason); err != nil {
+		t.Fatalf("amqptest: %v", err)
+	}
 }

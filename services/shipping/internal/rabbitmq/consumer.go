@@ -120,10 +120,13 @@ type Config struct {
 	// delivery is handled again. Default: 100ms and 5s.
 	RetryMin, RetryMax time.Duration
 	// ShutdownTimeout is how long in-flight deliveries may finish after the
-	// context ends; then their handling is cancelled and they return to the
-	// queue. Default: 10s.
+	// context ends (or after the broker cancelled the consumer, or returned a
+	// republished copy); then their handling is cancelled and they return to
+	// the queue. Default: 10s.
 	ShutdownTimeout time.Duration
-	// ConnectionName is shown in the broker's management tools. Default: "shipping".
+	// ConnectionName is shown in the broker's management tools; the
+	// connection that publishes deferred and dead-lettered copies is
+	// ConnectionName+"-publisher". Default: "shipping".
 	ConnectionName string
 	// Metrics, when set, counts deferrals, dead letters and connections.
 	Metrics *metrics.Metrics
@@ -194,17 +197,31 @@ func (c *Consumer) Ready() error {
 }
 
 // Run connects, declares the topology, and consumes until ctx ends,
-// reconnecting with backoff whenever the connection or a channel is lost.
-// On ctx's end it stops taking deliveries, lets in-flight ones finish
-// (within ShutdownTimeout) and returns nil.
+// reconnecting with backoff whenever the connection or a channel is lost,
+// the broker cancels the consumer (its queue was deleted), or a republished
+// copy is returned because its queue is gone: each new session declares the
+// topology again. On ctx's end it stops taking deliveries, lets in-flight
+// ones finish (within ShutdownTimeout) and returns nil.
+//
+// Deferred and dead-lettered copies are published on a connection of their
+// own (named ConnectionName+"-publisher"), kept across sessions: RabbitMQ
+// blocks connections that publish under a memory or disk alarm, and the
+// consuming connection, which carries the acks, must not be one of them.
 func (c *Consumer) Run(ctx context.Context) error {
+	pub := &republisher{
+		url: c.cfg.URL, name: c.cfg.ConnectionName + "-publisher",
+		inFlight: c.cfg.Prefetch + c.cfg.Concurrency, log: c.log,
+	}
+	defer pub.close()
 	failures := 0
 	for {
-		connected, err := c.session(ctx)
+		connected, err := c.session(ctx, pub)
 		if ctx.Err() != nil {
 			return nil
 		}
-		if connected {
+		// A session that ended because the topology was gone backs off
+		// further each time, in case redeclaring does not cure it.
+		if connected && !errors.Is(err, errTopologyLost) {
 			failures = 0
 		}
 		delay := backoff(c.cfg.ReconnectMin, c.cfg.ReconnectMax, failures)
@@ -216,12 +233,20 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 }
 
+// errTopologyLost marks the session ends that a redeclaration cures: the
+// broker cancelled the consumer, or returned a republished copy.
+var errTopologyLost = errors.New("topology lost")
+
+func dial(url, name string) (*amqp.Connection, error) {
+	props := amqp.NewConnectionProperties()
+	props.SetClientConnectionName(name)
+	return amqp.DialConfig(url, amqp.Config{Properties: props, Heartbeat: 10 * time.Second})
+}
+
 // session runs one connection's lifetime. connected reports whether it got
 // as far as consuming.
-func (c *Consumer) session(ctx context.Context) (connected bool, err error) {
-	props := amqp.NewConnectionProperties()
-	props.SetClientConnectionName(c.cfg.ConnectionName)
-	conn, err := amqp.DialConfig(c.cfg.URL, amqp.Config{Properties: props, Heartbeat: 10 * time.Second})
+func (c *Consumer) session(ctx context.Context, pub *republisher) (connected bool, err error) {
+	conn, err := dial(c.cfg.URL, c.cfg.ConnectionName)
 	if err != nil {
 		return false, fmt.Errorf("dial: %w", err)
 	}
@@ -233,17 +258,13 @@ func (c *Consumer) session(ctx context.Context) (connected bool, err error) {
 		return false, fmt.Errorf("open channel: %w", err)
 	}
 	chClosed := ch.NotifyClose(make(chan *amqp.Error, 1))
+	cancelled := ch.NotifyCancel(make(chan string, 1))
 	if err := c.cfg.Topology.Declare(ch); err != nil {
 		return false, err
 	}
 	if err := ch.Qos(c.cfg.Prefetch, 0, false); err != nil {
 		return false, fmt.Errorf("set prefetch: %w", err)
 	}
-	pub, err := newPublisher(conn, c.cfg.Prefetch+c.cfg.Concurrency)
-	if err != nil {
-		return false, err
-	}
-	defer pub.close()
 	tag := c.tagBase + "-" + hex.EncodeToString(randBytes(4))
 	deliveries, err := ch.Consume(c.cfg.Topology.Queue, tag, false, false, false, false, nil)
 	if err != nil {
@@ -252,7 +273,8 @@ func (c *Consumer) session(ctx context.Context) (connected bool, err error) {
 
 	c.ready.Store(true)
 	defer c.ready.Store(false)
-	if m := c.cfg.Metrics; m != nil {
+	m := c.cfg.Metrics
+	if m != nil {
 		m.BrokerConnections.Inc()
 		m.Consuming.Set(1)
 		defer m.Consuming.Set(0)
@@ -263,8 +285,7 @@ func (c *Consumer) session(ctx context.Context) (connected bool, err error) {
 	// the connection: once it is lost, no delivery of it can be acked.
 	hctx, hcancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer hcancel()
-	lost := make(chan struct{})
-	s := &sessionState{ch: ch, pub: pub, lost: lost, stop: ctx.Done()}
+	s := &sessionState{ch: ch, pub: pub, lost: make(chan struct{}), draining: make(chan struct{}), ended: make(chan struct{})}
 
 	var wg sync.WaitGroup
 	for range c.cfg.Concurrency {
@@ -272,53 +293,89 @@ func (c *Consumer) session(ctx context.Context) (connected bool, err error) {
 			for d := range deliveries {
 				c.handle(hctx, s, d)
 			}
+			// The broker cancelled the consumer (queue deleted), the
+			// channel closed, or we cancelled it on shutdown.
+			s.end(fmt.Errorf("%w: deliveries channel closed", errTopologyLost))
 		})
 	}
 	workersDone := make(chan struct{})
 	go func() { wg.Wait(); close(workersDone) }()
 
 	var cause error
+	graceful := false
 	select {
 	case <-ctx.Done():
-		// Stop deliveries, let in-flight ones finish, then close: what was
-		// prefetched but not started returns to the queue.
-		_ = ch.Cancel(tag, false)
-		timer := time.NewTimer(c.cfg.ShutdownTimeout)
-		defer timer.Stop()
-		select {
-		case <-workersDone:
-		case <-timer.C:
-			c.log.WarnContext(ctx, "shutdown timeout: cancelling in-flight deliveries; they return to the queue")
-		}
-		close(lost)
-		hcancel()
-		_ = conn.Close()
-		<-workersDone
-		c.log.InfoContext(ctx, "consumer stopped")
-		return true, nil
+		graceful = true
 	case e := <-connClosed:
 		cause = fmt.Errorf("connection closed: %v", e)
 	case e := <-chClosed:
 		cause = fmt.Errorf("channel closed: %v", e)
-	case <-pub.done:
-		cause = errPublisherClosed
+	case <-s.ended:
+		// The channel may still work: let in-flight deliveries finish.
+		cause, graceful = s.endCause(), true
+		// Name the real cause when the deliveries channel closed for one.
+		select {
+		case e := <-connClosed:
+			cause, graceful = fmt.Errorf("connection closed: %v", e), false
+		case e := <-chClosed:
+			cause, graceful = fmt.Errorf("channel closed: %v", e), false
+		case t := <-cancelled:
+			cause = fmt.Errorf("%w: the broker cancelled consumer %s (queue %s deleted?)", errTopologyLost, t, c.cfg.Topology.Queue)
+		default:
+		}
 	}
-	// Lost: deliveries of this connection are redelivered by the broker;
-	// stop handling them and never ack them.
-	close(lost)
+	c.ready.Store(false)
+	if m != nil {
+		m.Consuming.Set(0)
+	}
+	if graceful {
+		// Stop deliveries, let in-flight ones finish, then close: what was
+		// prefetched but not started returns to the queue.
+		close(s.draining)
+		_ = ch.Cancel(tag, false)
+		timer := time.NewTimer(c.cfg.ShutdownTimeout)
+		select {
+		case <-workersDone:
+		case <-timer.C:
+			c.log.WarnContext(ctx, "timeout: cancelling in-flight deliveries; they return to the queue")
+		}
+		timer.Stop()
+	}
+	// Deliveries not settled by now are redelivered by the broker: stop
+	// handling them and never ack them.
+	close(s.lost)
 	hcancel()
 	_ = conn.Close()
 	<-workersDone
+	if ctx.Err() != nil {
+		c.log.InfoContext(ctx, "consumer stopped")
+		return true, nil
+	}
 	return true, cause
 }
 
 // sessionState is what workers share within one connection.
 type sessionState struct {
-	ch   *amqp.Channel
-	pub  *publisher
-	lost chan struct{}   // closed when the connection is gone or closing
-	stop <-chan struct{} // closed on shutdown: take no new delivery, stop retrying
+	ch       *amqp.Channel
+	pub      *republisher
+	lost     chan struct{} // closed when the connection is gone or closing
+	draining chan struct{} // closed when the session ends: take no new delivery, stop retrying
+
+	endOnce sync.Once
+	ended   chan struct{} // closed by end
+	cause   error
 }
+
+// end asks the session to end (the first cause wins).
+func (s *sessionState) end(cause error) {
+	s.endOnce.Do(func() {
+		s.cause = cause
+		close(s.ended)
+	})
+}
+
+// endCause is end's cause, once ended is closed.
+func (s *sessionState) endCause() error { return s.cause }
 
 func (s *sessionState) isLost() bool {
 	select {
@@ -331,8 +388,8 @@ func (s *sessionState) isLost() bool {
 
 func (c *Consumer) handle(ctx context.Context, s *sessionState, d amqp.Delivery) {
 	select {
-	case <-s.stop:
-		return // shutting down: leave it unacked, it returns to the queue
+	case <-s.draining:
+		return // the session ends: leave it unacked, it returns to the queue
 	default:
 	}
 	del := Delivery{
@@ -349,6 +406,14 @@ func (c *Consumer) handle(ctx context.Context, s *sessionState, d amqp.Delivery)
 			if err == nil {
 				return
 			}
+			if errors.Is(err, errReturned) {
+				// Its queue is gone: a new session redeclares it, and the
+				// delivery, unacked, comes again.
+				c.log.WarnContext(ctx, "republished copy returned by the broker; ending the session to redeclare the topology",
+					"event_id", d.MessageId, "action", v.Action.String(), "error", err)
+				s.end(fmt.Errorf("%w: %w", errTopologyLost, err))
+				return
+			}
 			c.log.WarnContext(ctx, "could not settle delivery, will handle it again",
 				"event_id", d.MessageId, "action", v.Action.String(), "error", err, "attempt", attempt+1)
 		}
@@ -359,7 +424,7 @@ func (c *Consumer) handle(ctx context.Context, s *sessionState, d amqp.Delivery)
 		case <-s.lost:
 			t.Stop()
 			return
-		case <-s.stop:
+		case <-s.draining:
 			t.Stop()
 			return
 		case <-t.C:

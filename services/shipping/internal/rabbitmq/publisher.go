@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"sync"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -146,4 +148,93 @@ func (p *publisher) forget(seq uint64) {
 func (p *publisher) close() {
 	_ = p.ch.Close()
 	<-p.done
+}
+
+func (p *publisher) closed() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// republisher publishes the consumer's deferred and dead-lettered copies on
+// a connection of its own. Under a memory or disk alarm RabbitMQ blocks
+// every connection that publishes (connection.blocked) until the alarm
+// clears; the consuming connection, which only acks, keeps flowing. It dials
+// on first use and again after its connection or channel is lost.
+type republisher struct {
+	url, name string
+	inFlight  int
+	log       *slog.Logger
+
+	mu      sync.Mutex
+	conn    *amqp.Connection
+	pub     *publisher
+	watcher sync.WaitGroup
+}
+
+// current returns the open publisher, dialling a new connection if needed.
+func (r *republisher) current() (*publisher, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.pub != nil && !r.pub.closed() {
+		return r.pub, nil
+	}
+	if r.pub != nil {
+		r.log.Warn("publishing connection lost, reconnecting", "connection", r.name)
+	}
+	r.closeLocked()
+	conn, err := dial(r.url, r.name)
+	if err != nil {
+		return nil, fmt.Errorf("dial publishing connection: %w", err)
+	}
+	pub, err := newPublisher(conn, r.inFlight)
+	if err != nil {
+		_ = conn.Close()
+		return nil, err
+	}
+	blocked := conn.NotifyBlocked(make(chan amqp.Blocking, 1))
+	r.watcher.Go(func() {
+		for b := range blocked { // closed with the connection
+			if b.Active {
+				r.log.Warn("publishing connection blocked by the broker; deferrals and dead letters wait, acks flow",
+					"connection", r.name, "reason", b.Reason)
+			} else {
+				r.log.Info("publishing connection unblocked", "connection", r.name)
+			}
+		}
+	})
+	r.conn, r.pub = conn, pub
+	return pub, nil
+}
+
+// publish sends msg (mandatory) on the publishing connection and waits for
+// the broker's verdict.
+func (r *republisher) publish(ctx context.Context, exchange, key string, msg amqp.Publishing) error {
+	pub, err := r.current()
+	if err != nil {
+		return err
+	}
+	return pub.publish(ctx, exchange, key, msg)
+}
+
+func (r *republisher) closeLocked() {
+	if r.conn == nil {
+		return
+	}
+	// A blocked connection may never answer the close; it is shut down
+	// either way, and with it the publisher's channel.
+	_ = r.conn.CloseDeadline(time.Now().Add(5 * time.Second))
+	<-r.pub.done
+	r.conn, r.pub = nil, nil
+}
+
+// close closes the publishing connection, if any.
+func (r *republisher) close() {
+	r.mu.Lock()
+	r.closeLocked()
+	r.mu.Unlock()
+	r.watcher.Wait()
 }
