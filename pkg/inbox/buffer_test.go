@@ -17,8 +17,8 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
-	"github.com/outbox-inbox/reference/internal/mongolocal/mongotest"
 	"github.com/outbox-inbox/reference/pkg/inbox"
+	"github.com/outbox-inbox/reference/pkg/inbox/internal/inboxtest"
 )
 
 // buffered is setup with an Inbox that buffers its records; it is closed
@@ -111,7 +111,7 @@ func TestBufferedRecordIsWrittenAfterProcessReturns(t *testing.T) {
 	for name, cacheSize := range map[string]int{"with cache": 0, "without cache": -1} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			db := mongotest.Database(t)
+			db := inboxtest.Database(t)
 			// No flush within the test: only Close writes.
 			b := buffered(t, db, inbox.Config{FlushInterval: time.Hour, DoneCacheSize: cacheSize})
 			other, err := inbox.New(db, inbox.Config{Consumer: "test", DoneCacheSize: -1}) // reads the database only
@@ -156,7 +156,7 @@ func TestBufferedRecordsAreFlushedEveryIntervalAndWhenABatchIsFull(t *testing.T)
 	t.Parallel()
 	t.Run("interval", func(t *testing.T) {
 		t.Parallel()
-		b := buffered(t, mongotest.Database(t), inbox.Config{FlushInterval: 20 * time.Millisecond})
+		b := buffered(t, inboxtest.Database(t), inbox.Config{FlushInterval: 20 * time.Millisecond})
 		b.process(t, "m-1", inbox.Processed)
 		b.waitRecords(t, 1)
 		b.process(t, "m-2", inbox.Processed) // the flusher woke up again
@@ -165,7 +165,7 @@ func TestBufferedRecordsAreFlushedEveryIntervalAndWhenABatchIsFull(t *testing.T)
 	t.Run("batch", func(t *testing.T) {
 		t.Parallel()
 		const batch = 5
-		b := buffered(t, mongotest.Database(t), inbox.Config{FlushInterval: time.Hour, FlushBatch: batch})
+		b := buffered(t, inboxtest.Database(t), inbox.Config{FlushInterval: time.Hour, FlushBatch: batch})
 		for i := range batch - 1 {
 			b.process(t, fmt.Sprintf("m-%d", i), inbox.Processed)
 		}
@@ -184,7 +184,7 @@ func TestBufferedConcurrentDuplicatesEndWithOneRecordAndOneEffect(t *testing.T) 
 		messages   = 40
 		deliveries = 4 // copies of each message, spread over two consumer instances
 	)
-	db := mongotest.Database(t)
+	db := inboxtest.Database(t)
 	logs := &logCapture{}
 	cfg := inbox.Config{FlushInterval: 5 * time.Millisecond, FlushBatch: 8, Logger: slog.New(logs)}
 	b := buffered(t, db, cfg)
@@ -232,7 +232,7 @@ func TestBufferedConcurrentDuplicatesEndWithOneRecordAndOneEffect(t *testing.T) 
 
 func TestBufferedRecordMeetingARecordOrAClaimIsSettled(t *testing.T) {
 	t.Parallel()
-	db := mongotest.Database(t)
+	db := inboxtest.Database(t)
 	logs := &logCapture{}
 	b := buffered(t, db, inbox.Config{FlushInterval: time.Hour, Logger: slog.New(logs)})
 	for _, id := range []string{"m-1", "m-2", "m-3"} {
@@ -273,9 +273,9 @@ func TestBufferedRecordMeetingARecordOrAClaimIsSettled(t *testing.T) {
 
 func TestLostBufferedRecordCostsOnlyAnIdempotentRerun(t *testing.T) {
 	t.Parallel()
-	db := mongotest.Database(t)
+	db := inboxtest.Database(t)
 	// The consumer that will die has a client of its own.
-	client, err := mongo.Connect(options.Client().ApplyURI(mongotest.URI(t)))
+	client, err := mongo.Connect(options.Client().ApplyURI(inboxtest.URI(t)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -349,9 +349,9 @@ func (c *flakyConn) Write(p []byte) (int, error) {
 
 func TestFailedFlushIsLoggedAndRetried(t *testing.T) {
 	t.Parallel()
-	db := mongotest.Database(t)
+	db := inboxtest.Database(t)
 	dialer := &flakyDialer{collection: "inbox_flaky"}
-	client, err := mongo.Connect(options.Client().ApplyURI(mongotest.URI(t)).
+	client, err := mongo.Connect(options.Client().ApplyURI(inboxtest.URI(t)).
 		SetDialer(dialer).SetRetryWrites(false).
 		SetHeartbeatInterval(500 * time.Millisecond).SetServerSelectionTimeout(10 * time.Second))
 	if err != nil {
@@ -392,7 +392,7 @@ func TestCloseIsIdempotentAndANoOpWithoutBuffering(t *testing.T) {
 	}
 	b.process(t, "m-1", inbox.Processed)
 
-	c := buffered(t, mongotest.Database(t), inbox.Config{FlushInterval: time.Hour})
+	c := buffered(t, inboxtest.Database(t), inbox.Config{FlushInterval: time.Hour})
 	if err := c.in.Close(t.Context()); err != nil { // nothing buffered, no flusher
 		t.Fatalf("Close before any Process: %v", err)
 	}
@@ -407,7 +407,7 @@ func TestCloseIsIdempotentAndANoOpWithoutBuffering(t *testing.T) {
 
 func TestNewRejectsInvalidCacheAndBufferConfig(t *testing.T) {
 	t.Parallel()
-	db := mongotest.Database(t)
+	db := inboxtest.Database(t)
 	for name, cfg := range map[string]inbox.Config{
 		"negative flush interval":   {Consumer: "c", FlushInterval: -time.Millisecond},
 		"flush in transaction mode": {Consumer: "c", Mode: inbox.ModeTransaction, FlushInterval: time.Millisecond},

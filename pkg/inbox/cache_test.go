@@ -11,8 +11,8 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
-	"github.com/outbox-inbox/reference/internal/mongolocal/mongotest"
 	"github.com/outbox-inbox/reference/pkg/inbox"
+	"github.com/outbox-inbox/reference/pkg/inbox/internal/inboxtest"
 )
 
 // monitoredDatabase returns a fresh database on a client of its own that
@@ -20,10 +20,10 @@ import (
 // not commands, and go to no database of the test).
 func monitoredDatabase(t *testing.T) (*mongo.Database, *atomic.Int64) {
 	t.Helper()
-	base := mongotest.Database(t) // dropped at the end
+	base := inboxtest.Database(t) // dropped at the end
 	name := base.Name()
 	ops := new(atomic.Int64)
-	client, err := mongo.Connect(options.Client().ApplyURI(mongotest.URI(t)).SetMonitor(&event.CommandMonitor{
+	client, err := mongo.Connect(options.Client().ApplyURI(inboxtest.URI(t)).SetMonitor(&event.CommandMonitor{
 		Started: func(_ context.Context, e *event.CommandStartedEvent) {
 			if e.DatabaseName == name {
 				ops.Add(1)

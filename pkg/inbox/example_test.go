@@ -2,27 +2,35 @@ package inbox_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
+	"net"
+	"os"
 
+	"github.com/FerretDB/FerretDB/ferretdb"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
-	"github.com/outbox-inbox/reference/internal/mongolocal"
 	"github.com/outbox-inbox/reference/pkg/inbox"
 )
 
 // A consumer receives the same message three times; its effect is applied
 // once. The example runs on an embedded FerretDB (no transactions), so the
-// inbox uses its standalone protocol and the effect is keyed by the message.
+// inbox uses its standalone protocol; the same handler is right in
+// transaction mode: it reads before it writes, returns every error, and its
+// effect is keyed (order-1/1: the order's first event), so a second run is a
+// no-op or a duplicate key.
 func Example() {
-	ctx := context.Background()
-	srv, err := mongolocal.Start(ctx, mongolocal.Config{})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	uri, stop, err := startFerretDB(ctx) // or any MongoDB: uri := "mongodb://..."
 	if err != nil {
 		panic(err)
 	}
-	defer srv.Close()
-	client, err := mongo.Connect(options.Client().ApplyURI(srv.URI()))
+	defer stop()
+	client, err := mongo.Connect(options.Client().ApplyURI(uri))
 	if err != nil {
 		panic(err)
 	}
@@ -40,11 +48,19 @@ func Example() {
 	shipments := db.Collection("shipments")
 	for range 3 { // the broker delivers message 42 three times
 		res, err := in.Process(ctx, "42", func(ctx context.Context) error {
-			// Use the ctx given here: in transaction mode it carries the session.
-			_, err := shipments.InsertOne(ctx, bson.D{{Key: "_id", Value: "order-1/1"}, {Key: "message_id", Value: "42"}})
-			if mongo.IsDuplicateKeyError(err) {
-				return nil // already applied: the effect is idempotent on its own key
+			// Use the ctx given here: in transaction mode it carries the
+			// session. Read before writing, and return every write error: in
+			// transaction mode a write error has aborted the transaction.
+			err := shipments.FindOne(ctx, bson.D{{Key: "_id", Value: "order-1/1"}}).Err()
+			if err == nil {
+				return nil // already applied (say, its inbox record expired)
 			}
+			if !errors.Is(err, mongo.ErrNoDocuments) {
+				return err
+			}
+			// The unique _id keeps the effect single: a concurrent duplicate
+			// fails here, and its redelivery finds the effect.
+			_, err = shipments.InsertOne(ctx, bson.D{{Key: "_id", Value: "order-1/1"}, {Key: "message_id", Value: "42"}})
 			return err
 		})
 		if err != nil {
@@ -60,4 +76,40 @@ func Example() {
 	// duplicate
 	// duplicate
 	// mode: standalone effects: 1
+}
+
+// startFerretDB runs a FerretDB with its SQLite files in a temporary
+// directory inside this process, until ctx ends; stop waits for it and
+// removes the files.
+func startFerretDB(ctx context.Context) (uri string, stop func(), err error) {
+	dir, err := os.MkdirTemp("", "inbox-example-")
+	if err != nil {
+		return "", nil, err
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0") // a free port
+	if err != nil {
+		return "", nil, err
+	}
+	addr := l.Addr().String()
+	_ = l.Close()
+	f, err := ferretdb.New(&ferretdb.Config{
+		Listener:  ferretdb.ListenerConfig{TCP: addr},
+		Logger:    slog.New(slog.DiscardHandler),
+		Handler:   "sqlite",
+		SQLiteURL: "file:" + dir + "/",
+	})
+	if err != nil {
+		return "", nil, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = f.Run(ctx)
+	}()
+	return f.MongoDBURI(), func() {
+		cancel()
+		<-done
+		_ = os.RemoveAll(dir)
+	}, nil
 }

@@ -12,8 +12,8 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
-	"github.com/outbox-inbox/reference/internal/mongolocal/mongotest"
 	"github.com/outbox-inbox/reference/pkg/inbox"
+	"github.com/outbox-inbox/reference/pkg/inbox/internal/inboxtest"
 )
 
 // standaloneVariants are the two ModeStandalone protocols: without a claim,
@@ -288,7 +288,7 @@ func TestMessageWithoutUsableIDIsRefused(t *testing.T) {
 
 func TestConsumersDeduplicateIndependently(t *testing.T) {
 	t.Parallel()
-	db := mongotest.Database(t)
+	db := inboxtest.Database(t)
 	b := setup(t, db, inbox.Config{Consumer: "shipping"})
 	other, err := inbox.New(db, inbox.Config{Consumer: "billing"})
 	if err != nil {
@@ -398,7 +398,7 @@ func TestRunPurgerExpiresRecordsWithoutTTL(t *testing.T) {
 
 func TestNewValidatesConfig(t *testing.T) {
 	t.Parallel()
-	db := mongotest.Database(t)
+	db := inboxtest.Database(t)
 	for name, cfg := range map[string]inbox.Config{
 		"no consumer":           {},
 		"consumer with NUL":     {Consumer: "a\x00"},

@@ -13,16 +13,18 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.uber.org/goleak"
 
-	"github.com/outbox-inbox/reference/internal/mongolocal/mongotest"
-	"github.com/outbox-inbox/reference/internal/mongolocal/replsettest"
 	"github.com/outbox-inbox/reference/pkg/inbox"
+	"github.com/outbox-inbox/reference/pkg/inbox/internal/inboxtest"
 )
 
-// Tests run on the embedded FerretDB (ModeStandalone) through mongotest, each
-// in a database of its own; transaction-mode tests run on a replica set
-// through replsettest (TEST_MONGO_REPLSET_URI, or a container when Docker is
-// there).
-func TestMain(m *testing.M) { goleak.VerifyTestMain(replsettest.Suite(m)) }
+// Tests run on an embedded FerretDB (ModeStandalone), or on TEST_MONGO_URI,
+// each in a database of its own; transaction-mode tests run on a replica set
+// (TEST_MONGO_REPLSET_URI, or a container when Docker is there) and are
+// skipped without one; the state machine of transaction mode is tested
+// without a server in txstate_test.go. Everything comes from
+// internal/inboxtest, inside this package's tree, so the package copies into
+// another module with its tests.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(inboxtest.Suite(m)) }
 
 // bundle is what a test needs: an inbox and a collection of effects.
 type bundle struct {
@@ -47,7 +49,7 @@ func setup(t *testing.T, db *mongo.Database, cfg inbox.Config) *bundle {
 
 func standalone(t *testing.T, cfg inbox.Config) *bundle {
 	t.Helper()
-	return setup(t, mongotest.Database(t), cfg)
+	return setup(t, inboxtest.Database(t), cfg)
 }
 
 // apply is an idempotent effect, as ModeStandalone requires: it inserts a

@@ -233,7 +233,11 @@ func (in *Inbox) commitTx(ctx context.Context, sess txSession, msgID string, dea
 			}
 		case hasLabel(err, labelTransient):
 			// Not committed: the whole transaction is tried again.
-			return txOutcome{retry: true, err: err, abortedUnderHandler: hasCode(err, codeNoSuchTransaction)}
+			return txOutcome{retry: true, err: err, abortedUnderHandler: commit == 1 && hasCode(err, codeNoSuchTransaction)}
+		case commit == 1 && isCommandError(err, codeNoSuchTransaction):
+			// The first commit of a transaction the server had aborted
+			// (without a write concern error: nothing can have committed).
+			return txOutcome{retry: true, err: err, abortedUnderHandler: true}
 		default:
 			// The outcome may be unknown: the record and the effect are both
 			// there or both absent, and a redelivery finds out which.
@@ -271,6 +275,11 @@ func transientOr(err, wrapped error) txOutcome {
 func hasLabel(err error, label string) bool {
 	var le mongo.LabeledError
 	return errors.As(err, &le) && le.HasErrorLabel(label)
+}
+
+func isCommandError(err error, code int32) bool {
+	var ce mongo.CommandError
+	return errors.As(err, &ce) && ce.Code == code
 }
 
 func hasCode(err error, code int) bool {

@@ -262,16 +262,21 @@ func TestTxHandlerErrors(t *testing.T) {
 		// took for "already applied") returns nil, but the server aborted
 		// the transaction: the commit fails with NoSuchTransaction, every
 		// time.
-		fake := newFakeTx()
-		fake.failAlways(opCommit, errNoSuchTransaction)
-		in := txInbox(t, fake, Config{})
-		var runs atomic.Int64
-		_, err := in.Process(t.Context(), "m-1", counting(&runs, nil))
-		if !errors.Is(err, ErrHandler) || errors.Is(err, ErrTransient) || !strings.Contains(err.Error(), "swallowed") {
-			t.Fatalf("Process: %v; want ErrHandler saying the handler swallowed a write error", err)
-		}
-		if n := runs.Load(); n != int64(abortedUnderHandlerLimit) {
-			t.Fatalf("handler ran %d times, want %d", n, abortedUnderHandlerLimit)
+		for name, commitErr := range map[string]error{
+			"labelled":   errNoSuchTransaction,
+			"unlabelled": mongo.CommandError{Code: errNoSuchTransaction.Code, Name: errNoSuchTransaction.Name, Message: errNoSuchTransaction.Message},
+		} {
+			fake := newFakeTx()
+			fake.failAlways(opCommit, commitErr)
+			in := txInbox(t, fake, Config{})
+			var runs atomic.Int64
+			_, err := in.Process(t.Context(), "m-1", counting(&runs, nil))
+			if !errors.Is(err, ErrHandler) || errors.Is(err, ErrTransient) || !strings.Contains(err.Error(), "swallowed") {
+				t.Fatalf("%s: Process: %v; want ErrHandler saying the handler swallowed a write error", name, err)
+			}
+			if n := runs.Load(); n != int64(abortedUnderHandlerLimit) {
+				t.Fatalf("%s: handler ran %d times, want %d", name, n, abortedUnderHandlerLimit)
+			}
 		}
 	})
 }
