@@ -364,9 +364,72 @@ func (f *failingAggregate) PublishBatch(ctx context.Context, msgs []outbox.Envel
 	return errs
 }
 
-// Three relays drain 10,000 events of 200 aggregates: every event arrives, each
-// aggregate's events arrive in order, and an aggregate whose publishes keep
-// failing holds back only its own events.
+// stallOnce holds up the first batch it is given that has an event of a
+// healthy aggregate until another relay has re-claimed and published one of
+// its rows (the lease of the held batch has ended), and then publishes it
+// anyway: a relay that stalled past its lease in the middle of a publish (a
+// paused process, a write stuck in the kernel) and wakes up to send stale
+// copies. Its own deadline has passed by then, so the late publish gets a
+// fresh one: the point is that the stale copies do reach the broker.
+type stallOnce struct {
+	outbox.Publisher
+	stuck    string
+	armed    atomic.Bool
+	held     chan struct{} // closed once the batch is held; ids is set then
+	ids      map[int64]bool
+	reclaim  chan struct{} // closed when another relay published one of ids
+	reclaimO sync.Once
+}
+
+func newStallOnce(pub outbox.Publisher, stuck string) *stallOnce {
+	s := &stallOnce{Publisher: pub, stuck: stuck, held: make(chan struct{}), reclaim: make(chan struct{})}
+	s.armed.Store(true)
+	return s
+}
+
+func (s *stallOnce) PublishBatch(ctx context.Context, msgs []outbox.Envelope) []error {
+	healthy := slices.ContainsFunc(msgs, func(e outbox.Envelope) bool { return e.AggregateID != s.stuck })
+	if !healthy || !s.armed.CompareAndSwap(true, false) {
+		return s.Publisher.PublishBatch(ctx, msgs)
+	}
+	s.ids = map[int64]bool{}
+	for _, m := range msgs {
+		if m.AggregateID != s.stuck {
+			s.ids[m.ID] = true
+		}
+	}
+	close(s.held)
+	select {
+	case <-s.reclaim:
+	case <-time.After(60 * time.Second): // the test fails on the missing re-claim
+	}
+	late, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	return s.Publisher.PublishBatch(late, msgs)
+}
+
+// published is the BatchDone hook of the other relays: it releases the held
+// batch once one of its rows went out through another relay.
+func (s *stallOnce) published(ids []int64) {
+	select {
+	case <-s.held:
+	default:
+		return
+	}
+	for _, id := range ids {
+		if s.ids[id] {
+			s.reclaimO.Do(func() { close(s.reclaim) })
+			return
+		}
+	}
+}
+
+// Three relays drain 10,000 events of 200 aggregates, half of them written
+// while the relays run by concurrent writers, and the first relay's first
+// batch stalls past its lease, is re-claimed and published by another relay,
+// and then goes out again from the stale relay. Every event arrives, each
+// aggregate's events first arrive in order, more than one relay publishes, and
+// an aggregate whose publishes keep failing holds back only its own events.
 func TestThreeRelaysKeepPerAggregateOrder(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -378,27 +441,93 @@ func TestThreeRelaysKeepPerAggregateOrder(t *testing.T) {
 	for i := range events {
 		msgs = append(msgs, msg(fmt.Sprintf("o-%d", i%aggregates), "order.touched"))
 	}
-	var written []outbox.Enqueued
-	for chunk := range slices.Chunk(msgs, 2000) {
-		written = append(written, enqueue(t, pool, chunk...)...)
+	var (
+		mu      sync.Mutex
+		written []outbox.Enqueued
+		aggOf   = map[int64]string{}
+	)
+	record := func(chunk []outbox.Message, es []outbox.Enqueued) {
+		mu.Lock()
+		defer mu.Unlock()
+		for j, e := range es {
+			written = append(written, e)
+			aggOf[e.ID] = chunk[j].AggregateID
+		}
+	}
+	for chunk := range slices.Chunk(msgs[:events/2], 2000) {
+		record(chunk, enqueue(t, pool, chunk...))
 	}
 
-	var failing []*failingAggregate
-	for range 3 {
+	var (
+		failing   []*failingAggregate
+		published [3]atomic.Int64
+		stall     *stallOnce
+	)
+	for i := range 3 {
 		f := &failingAggregate{Publisher: newPublisher(t, testAMQPURL(), b.exchange, testLogger(t, nil)), agg: stuck}
 		failing = append(failing, f)
 		cfg := relayConfig(t)
 		cfg.MaxAttempts = 1_000_000 // this test is about holding back, not dead letters
-		startRelay(t, pool, f, cfg)
+		var pub outbox.Publisher = f
+		if i == 0 {
+			// The stalling relay's lease is short, so the others re-claim its
+			// held batch soon.
+			cfg.Lease, cfg.PublishTimeout = time.Second, 500*time.Millisecond
+			stall = newStallOnce(f, stuck)
+			pub = stall
+		}
+		cfg.Hooks.BatchDone = func(r outbox.BatchResult) {
+			published[i].Add(int64(len(r.Published)))
+			if i != 0 {
+				stall.published(r.Published)
+			}
+		}
+		startRelay(t, pool, pub, cfg)
+		if i == 0 {
+			select {
+			case <-stall.held:
+			case <-time.After(30 * time.Second):
+				t.Fatal("the first relay never claimed a batch")
+			}
+		}
+	}
+
+	// Writers enqueue the other half while the relays run.
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	for w, part := range slices.Collect(slices.Chunk(msgs[events/2:], events/2/4)) {
+		wg.Go(func() {
+			for chunk := range slices.Chunk(part, 10) {
+				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+					e, err := outbox.Enqueue(ctx, tx, chunk...)
+					if err == nil {
+						record(chunk, e)
+					}
+					return err
+				})
+				if err != nil {
+					errs <- fmt.Errorf("writer %d: %w", w, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if len(written) != events {
+		t.Fatalf("%d events written, want %d", len(written), events)
 	}
 
 	var others []outbox.Enqueued
-	for i, e := range written {
-		if msgs[i].AggregateID != stuck {
+	for _, e := range written {
+		if aggOf[e.ID] != stuck {
 			others = append(others, e)
 		}
 	}
-	ds := b.waitDeliveries("every event of the healthy aggregates", 60*time.Second, allReceived(others))
+	ds := b.waitDeliveries("every event of the healthy aggregates", 90*time.Second, allReceived(others))
 	for _, d := range ds {
 		if d.Headers["aggregate_id"] == stuck {
 			t.Fatalf("an event of the failing aggregate was delivered: %s", d.MessageId)
@@ -436,6 +565,36 @@ func TestThreeRelaysKeepPerAggregateOrder(t *testing.T) {
 	}
 	waitFor(t, "outbox drained", 10*time.Second, outboxEmpty(pool))
 	checkMarkedWereReceived(t, pool, b)
+
+	// The held batch went out twice: from the relay that re-claimed it, and
+	// late from the stale relay.
+	select {
+	case <-stall.reclaim:
+	default:
+		t.Fatal("no other relay re-claimed the held batch after its lease")
+	}
+	counts := receivedIDs(b.deliveries())
+	twice := 0
+	for id := range stall.ids {
+		if counts[id] >= 2 {
+			twice++
+		}
+	}
+	if twice == 0 {
+		t.Fatal("no row of the held batch was delivered twice: the stale relay's late publish did not happen")
+	}
+	relays := 0
+	for i := range published {
+		if published[i].Load() > 0 {
+			relays++
+		}
+	}
+	if relays < 2 {
+		t.Fatalf("published per relay: %d, %d, %d; want more than one relay publishing",
+			published[0].Load(), published[1].Load(), published[2].Load())
+	}
+	t.Logf("published per relay: %d, %d, %d; %d rows of the held batch delivered twice",
+		published[0].Load(), published[1].Load(), published[2].Load(), twice)
 }
 
 // Writers, relays and the broker together: the out-of-order commit case under
