@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -239,10 +240,17 @@ func TestClaimOutlivedByItsHandlerIsTakenOverSafely(t *testing.T) {
 
 func TestHandlerErrorLeavesNoRecord(t *testing.T) {
 	t.Parallel()
-	for _, v := range standaloneVariants {
+	// With buffered records too: a record buffered before the handler
+	// succeeded would be seen by IsDone and by the redelivery.
+	variants := append(slices.Clone(standaloneVariants), struct {
+		name string
+		cfg  inbox.Config
+	}{"buffered", inbox.Config{FlushInterval: time.Hour}})
+	for _, v := range variants {
 		t.Run(v.name, func(t *testing.T) {
 			t.Parallel()
 			b := standalone(t, v.cfg)
+			t.Cleanup(func() { closeInbox(t, b.in) })
 			boom := errors.New("boom")
 			_, err := b.in.Process(t.Context(), "m-1", func(context.Context) error { return boom })
 			if !errors.Is(err, inbox.ErrHandler) || !errors.Is(err, boom) {
@@ -257,7 +265,14 @@ func TestHandlerErrorLeavesNoRecord(t *testing.T) {
 			if err != nil || res != inbox.Processed {
 				t.Fatalf("retry: %v, %v; want Processed", res, err)
 			}
+			if n := b.runs.Load(); n != 1 {
+				t.Fatalf("the retry's handler ran %d times, want once", n)
+			}
 			b.exactlyOnce(t, "m-1")
+			closeInbox(t, b.in)
+			if got := b.recordState(t, "m-1"); got != "done" {
+				t.Fatalf("record after the retry: state %q, want done", got)
+			}
 		})
 	}
 }
