@@ -67,6 +67,12 @@
 // as long as the client may write to it: the client drops notifications that
 // nobody reads, and a dropped return would be a lost message.
 //
+// Ready answers at once, without dialling, whether the publisher holds a live
+// connection and channel that the broker is not blocking, and otherwise why
+// not (ErrNotConnected with the lost connection's cause and the last failed
+// attempt, the broker's blocking reason, or ErrClosed): a readiness probe of
+// the relay's process reports the broker with it.
+//
 // One Publisher holds one connection and one channel; it is safe for
 // concurrent use by the relay's workers, whose batches are sent one after the
 // other and confirmed concurrently. Close it when the relay has stopped.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -136,6 +137,7 @@ func TestNewValidatesConfig(t *testing.T) {
 		"no exchange":         {URL: "amqp://localhost/"},
 		"negative timeout":    {URL: "amqp://localhost/", Exchange: "x", DialTimeout: -1},
 		"reconnect min > max": {URL: "amqp://localhost/", Exchange: "x", ReconnectMin: time.Minute, ReconnectMax: time.Second},
+		"negative in flight":  {URL: "amqp://localhost/", Exchange: "x", MaxInFlight: -1},
 	} {
 		if _, err := outboxamqp.New(cfg); err == nil {
 			t.Errorf("%s: accepted", name)
@@ -173,5 +175,57 @@ func TestPublishBatchWithoutConfirmsByTheDeadline(t *testing.T) {
 	px.dropReplies(false)
 	if errs := publishBatch(t, p, envelope(4, "o-4", 1, "order.created")); errs[0] != nil {
 		t.Fatalf("after the timeout, a new connection publishes: %v", errs[0])
+	}
+}
+
+// Ready answers at once whether the publisher holds a live connection: not
+// before the first WaitReady, yes once connected, no (with the cause) as soon
+// as the connection is cut and while the broker cannot be reached, yes again
+// after WaitReady reconnected, and ErrClosed after Close.
+func TestReadyReportsTheConnection(t *testing.T) {
+	t.Parallel()
+	b := newBroker(t, true)
+	px := newProxy(t)
+	p := newPublisher(t, px.url(t), b.exchange, testLogger(t, nil))
+	if err := p.Ready(); !errors.Is(err, outboxamqp.ErrNotConnected) {
+		t.Fatalf("Ready before connecting: %v, want ErrNotConnected", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := p.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Ready(); err != nil {
+		t.Fatalf("Ready when connected: %v", err)
+	}
+
+	px.Stop() // every connection cut, nothing listening
+	waitFor(t, "Ready to see the cut", 10*time.Second, func() (bool, error) {
+		return errors.Is(p.Ready(), outboxamqp.ErrNotConnected), nil
+	})
+	// A failed attempt to reconnect is named too.
+	short, cancelShort := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancelShort()
+	if err := p.WaitReady(short); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("WaitReady while the broker is unreachable: %v", err)
+	}
+	if err := p.Ready(); !errors.Is(err, outboxamqp.ErrNotConnected) || !strings.Contains(err.Error(), "connection refused") {
+		t.Fatalf("Ready while the broker is unreachable: %v, want ErrNotConnected naming the failed attempt", err)
+	}
+
+	if err := px.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Ready(); err != nil {
+		t.Fatalf("Ready after reconnecting: %v", err)
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Ready(); !errors.Is(err, outboxamqp.ErrClosed) {
+		t.Fatalf("Ready after Close: %v, want ErrClosed", err)
 	}
 }

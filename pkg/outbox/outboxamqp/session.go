@@ -39,10 +39,11 @@ type session struct {
 	inflight sync.Map
 	strays   atomic.Int64 // returns that matched no flight, logged by PublishBatch
 
-	mu        sync.Mutex
-	blocked   bool
-	unblocked chan struct{} // closed when the broker unblocks us
-	deadCause error
+	mu            sync.Mutex
+	blocked       bool
+	blockedReason string
+	unblocked     chan struct{} // closed when the broker unblocks us
+	deadCause     error
 
 	returns   chan amqp.Return // buffered: see drainReturns
 	syncReq   chan chan struct{}
@@ -152,7 +153,7 @@ func (s *session) drainBlocked(blocks <-chan amqp.Blocking) {
 		changed := b.Active != s.blocked
 		switch {
 		case b.Active && !s.blocked:
-			s.blocked = true
+			s.blocked, s.blockedReason = true, b.Reason
 			s.unblocked = make(chan struct{})
 		case !b.Active && s.blocked:
 			s.blocked = false
@@ -167,6 +168,13 @@ func (s *session) drainBlocked(blocks <-chan amqp.Blocking) {
 			s.log.Info("outboxamqp: broker unblocked publishing")
 		}
 	}
+}
+
+// blockedBy returns the broker's reason when it is blocking publishers.
+func (s *session) blockedBy() (reason string, blocked bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.blockedReason, s.blocked
 }
 
 // waitUnblocked returns nil when the broker accepts publishes, an error when the
