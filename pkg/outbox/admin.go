@@ -244,7 +244,7 @@ func (a *Admin) Discard(ctx context.Context, id int64, reason string) error {
 // StatusCountLimit bounds how many rows Admin.Status counts, so that its cost
 // stays the same however large the backlog grows (Status runs on every metrics
 // scrape of every process, and a backlog grows during a broker outage).
-const StatusCountLimit = 10_000
+const StatusCountLimit = 1000
 
 // Status describes the backlog.
 type Status struct {
@@ -271,28 +271,29 @@ type Status struct {
 	OldestPendingAge time.Duration
 }
 
-// statusSQL reads the backlog at a bounded cost: $1 is StatusCountLimit. Each
-// part reads the table in a way the planner picks even without column
+// statusSQL reads the backlog at a bounded cost. Each part reads the table in
+// a way the planner picks whatever the table's size and even without column
 // statistics (a table autovacuum never analyzed):
 //
 //   - est is the statistics' count of live rows in outbox: no table access.
-//   - counted counts the pending rows, and finds the oldest, up to $1 + 1 rows,
-//     and only when est says the backlog is small: above that, the one-time
-//     filter skips the scan.
-//   - dead counts dead letters, up to $1 + 1, in their partial index.
-//   - walk finds the pending row with the smallest id, one primary key lookup
-//     per row, past at most $1 dead letters.
-const statusSQL = `
+//   - counted counts the pending rows, and finds the oldest, reading one row
+//     more than the limit at most, and only when est says the backlog is
+//     small: above that, the one-time filter skips the scan.
+//   - walk finds the pending row with the smallest id, dead counts the dead
+//     letters up to one more than the limit: one index lookup per row, in the
+//     primary key and in the dead letters' partial index.
+//
+// It has no parameters, so a connection plans it once (a generic plan), and
+// that plan is the same on an empty outbox as on a large one: a plan made when
+// the process started stays cheap when an outage grows the backlog.
+var statusSQL = fmt.Sprintf(`
 WITH RECURSIVE est AS MATERIALIZED (
     SELECT greatest(coalesce(pg_stat_get_live_tuples('outbox'::regclass), 0), 0) AS live
 ), counted AS (
     SELECT count(*) AS n, min(created_at) AS oldest
     FROM (SELECT created_at FROM outbox
-          WHERE dead_lettered_at IS NULL AND (SELECT live FROM est) <= $1
-          LIMIT $1 + 1) p
-), dead AS (
-    SELECT count(*) AS n
-    FROM (SELECT 1 FROM outbox WHERE dead_lettered_at IS NOT NULL ORDER BY id LIMIT $1 + 1) d
+          WHERE dead_lettered_at IS NULL AND (SELECT live FROM est) <= %[1]d
+          LIMIT %[1]d + 1) p
 ), walk (id, created_at, dead, n) AS (
     (SELECT id, created_at, dead_lettered_at IS NOT NULL, 1 FROM outbox ORDER BY id LIMIT 1)
     UNION ALL
@@ -301,12 +302,21 @@ WITH RECURSIVE est AS MATERIALIZED (
      CROSS JOIN LATERAL (
          SELECT id, created_at, dead_lettered_at IS NOT NULL AS dead
          FROM outbox WHERE outbox.id > w.id ORDER BY outbox.id LIMIT 1) o
-     WHERE w.dead AND w.n <= $1)
+     WHERE w.dead AND w.n <= %[1]d)
+), dead (id, n) AS (
+    (SELECT id, 1 FROM outbox WHERE dead_lettered_at IS NOT NULL ORDER BY id LIMIT 1)
+    UNION ALL
+    (SELECT o.id, d.n + 1
+     FROM dead d
+     CROSS JOIN LATERAL (
+         SELECT id FROM outbox
+         WHERE dead_lettered_at IS NOT NULL AND outbox.id > d.id ORDER BY outbox.id LIMIT 1) o
+     WHERE d.n <= %[1]d)
 )
-SELECT (SELECT live FROM est), (SELECT n FROM counted), (SELECT n FROM dead),
+SELECT (SELECT live FROM est), (SELECT n FROM counted), (SELECT count(*) FROM dead),
        coalesce((extract(epoch FROM now() - least(
            (SELECT oldest FROM counted),
-           (SELECT created_at FROM walk WHERE NOT dead))) * 1e6)::bigint, 0)`
+           (SELECT created_at FROM walk WHERE NOT dead))) * 1e6)::bigint, 0)`, StatusCountLimit)
 
 // Status reads the backlog, at a cost bounded by StatusCountLimit rows however
 // large the backlog is: see Status for what is exact and what is estimated.
@@ -316,7 +326,7 @@ func (a *Admin) Status(ctx context.Context) (Status, error) {
 		live, counted, dead int64
 		ageMicros           int64
 	)
-	err := a.db.QueryRow(ctx, statusSQL, StatusCountLimit).Scan(&live, &counted, &dead, &ageMicros)
+	err := a.db.QueryRow(ctx, statusSQL).Scan(&live, &counted, &dead, &ageMicros)
 	if err != nil {
 		return Status{}, fmt.Errorf("outbox status: %w", err)
 	}
