@@ -31,13 +31,18 @@
 //
 // Events of one aggregate (an AggregateType and AggregateID pair, e.g. one
 // order) are published in the order they were written, with any number of
-// relays, across retries and crashes: an event is published only after every
-// earlier event of its aggregate was confirmed, so two events of one aggregate
-// are never in flight together. A duplicate may arrive after later events of
-// the same aggregate (a confirm lost, the event published again): consumers
-// tell it apart by its message id or by its aggregate_version, which is 1 for
-// an aggregate's first event and then grows without gaps. A failing event holds
-// back the later events of its own aggregate only; other aggregates flow.
+// relays, across retries and crashes: an event is handed to a publisher only
+// once every earlier event of its aggregate was confirmed by the broker at
+// least once (or discarded by an operator), so the first confirmed copy of
+// each event precedes every copy of the next. Copies of an event published
+// again can come later: after a confirm was lost, or when a relay's lease ended
+// before its mark (a stalled process, a slow database) so another relay
+// published the event again while the first, late, marked it and let the next
+// event go. Such a copy can be in flight together with, and arrive after,
+// later events of the aggregate; consumers tell it apart by its message id or
+// by its aggregate_version, which is 1 for an aggregate's first event and then
+// grows without gaps. A failing event holds back the later events of its own
+// aggregate only; other aggregates flow.
 //
 // Not guaranteed: exactly-once delivery (deduplicate on the consumer side), any
 // order across aggregates, and order on the consumer side when several
@@ -105,35 +110,72 @@
 //     transaction ends. Writers of one aggregate are therefore serialised from
 //     their Enqueue to their commit, and an aggregate's versions, ids and commit
 //     order agree. Enqueue late in the transaction, after the business row is
-//     locked or written, so the lock is held briefly; a long transaction also
-//     delays the relay's marking of that aggregate.
+//     locked or written, so the lock is held briefly.
+//   - Keep transactions that enqueue short (milliseconds, not seconds): this is
+//     the contract the relay relies on. While a writer's transaction is open,
+//     the aggregate's previous event, if still in the outbox, is locked by it
+//     and the relay cannot mark it published; the relay retries without
+//     waiting, and gives up when less than a quarter of the Lease is left: the
+//     event is then published again after the lease (a duplicate). Writers that follow each other
+//     back to back do not delay the relay: each holds the previous event only,
+//     for its own transaction.
+//   - Any isolation level works. At READ COMMITTED (PostgreSQL's default) a row
+//     behind an unpublished event is inserted "blocked" and costs the claim
+//     nothing until its turn. At REPEATABLE READ and SERIALIZABLE the
+//     writer's snapshot may be older than the relay's latest progress, so the
+//     row is inserted unblocked: the relay never makes such a writer fail with a
+//     serialization error, the claim still publishes the aggregate's events in
+//     order, but each such row waiting behind an earlier event of its
+//     aggregate costs every claim a little (the claim skips it). Prefer READ
+//     COMMITTED for aggregates with long queues. As always at those levels,
+//     two writers of one aggregate conflict (SQLSTATE 40001): retry the
+//     transaction.
 //   - A transaction that enqueues for several aggregates should do so in a
 //     consistent order (say, sorted by id), like any code that locks several
 //     rows, or concurrent writers can deadlock.
 //   - Never insert, update or delete outbox rows by hand: use Admin for
 //     operator actions. A row inserted without Enqueue has no correct version
 //     and blocked flag.
+//   - Never purge or truncate outbox_aggregates, even for aggregates whose
+//     events were all published: it holds the last version handed out, and an
+//     aggregate whose row is gone starts again at version 1, so consumers that
+//     track versions would take its new events for old ones.
 //   - Payload must be JSON (it is stored as jsonb: whitespace and key order are
-//     normalised on the way). Headers are strings, e.g. W3C trace context.
+//     normalised on the way, and of duplicate keys in an object only the last
+//     is kept). Headers are strings, e.g. W3C trace context.
 //
 // # How the relay works
 //
 // A relay's workers loop: claim a batch, publish it, record the outcome.
 //
 // Claim. One short statement leases up to BatchSize due rows: it sets their
-// next_attempt_at to now + Lease, increments attempts, and commits. Only the head
-// event of each aggregate can be claimed (see the schema below), FOR UPDATE SKIP
-// LOCKED keeps concurrent relays off each other's rows, and no transaction stays
-// open while talking to the broker. There is no id cursor: ids are allocated at
-// insert and rows commit in another order, so "id > last seen" would skip rows
-// that commit late. Pending is a state of the row, not a range of ids.
+// next_attempt_at to now + Lease, increments attempts, marks them in flight, and
+// commits. Only the head event of each aggregate can be claimed (see the schema
+// below), SKIP LOCKED keeps concurrent relays off each other's rows, and no
+// transaction stays open while talking to the broker. There is no id cursor: ids
+// are allocated at insert and rows commit in another order, so "id > last seen"
+// would skip rows that commit late. Pending is a state of the row, not a range
+// of ids.
+//
+// A due row still marked in flight is one whose relay stopped while publishing
+// it: a crash, a kill, an out-of-memory, a panic in user code such as a routing
+// key function (the relay does not recover panics: a panic is a bug to fix, and
+// the process state after one cannot be trusted). Such a row is claimed alone,
+// in a batch of its own, so if it is what kills relays, it takes no batch-mates
+// down with it; and a due row that already had MaxAttempts attempts is
+// dead-lettered by the claim, with a reason in last_error, instead of being
+// handed to a publisher again. A row that crashes every relay that publishes it
+// therefore costs MaxAttempts crashes, one lease apart, and then waits for an
+// operator like any dead letter.
 //
 // Publish. The whole batch goes to Publisher.PublishBatch, which pipelines it
 // and returns one verdict per message within PublishTimeout.
 //
 // Record. Confirmed rows are moved to outbox_published in one transaction per
 // batch (two statements, one round trip), which also unblocks the next event of
-// each aggregate. Failed rows keep their error in last_error and get an
+// each aggregate. A row the writer of its aggregate's next event holds (see
+// "What writers must do") is skipped and marked again a moment later, without
+// waiting on the writer. Failed rows keep their error in last_error and get an
 // exponential backoff with jitter in next_attempt_at; after MaxAttempts a row is
 // dead-lettered: kept in the table, visible through Admin, excluded from claims,
 // and holding back its aggregate until an operator retries it. A message the
@@ -141,9 +183,13 @@
 //
 // A relay wakes up on three signals: Wake, called in-process after a commit;
 // LISTEN on RelayConfig.NotifyChannel, matched by WriterConfig.NotifyChannel (off
-// by default: NOTIFY takes a lock at commit and does not pass a
-// transaction-pooling PgBouncer); and a poll every PollInterval, which alone is
-// enough for correctness and also picks up retries and expired leases.
+// by default: NOTIFY takes a lock at commit; it passes a transaction-pooling
+// PgBouncer, but LISTEN needs a session of its own and does not); and a poll
+// every PollInterval, which alone is enough for correctness and also picks up
+// retries and expired leases. The LISTEN connection is reopened when it breaks,
+// with a backoff that starts over after each successful LISTEN, and when it
+// stays silent past RelayConfig.ListenKeepalive and then does not answer a ping
+// (a connection that died without an error).
 //
 // # Schema
 //
@@ -162,18 +208,27 @@
 //     they are purged (RelayConfig.PublishedRetention or Admin.Purge, in small
 //     batches). The claim never reads it, so the claim's cost does not grow with
 //     history.
-//   - outbox_aggregates holds, per aggregate, the last version handed out and
-//     the last version published.
+//   - outbox_aggregates holds, per aggregate, the last version handed out. Only
+//     writers update it (its published_version column is no longer
+//     maintained), so the relay never conflicts with a writer's snapshot. Never
+//     purge it (see "What writers must do").
 //
 // A row is blocked while an earlier event of its aggregate is still in outbox.
-// Enqueue decides it from published_version, read under the aggregate's lock;
-// the relay advances published_version under the same lock (taken with SKIP
-// LOCKED, so it never waits for a business transaction), moves the row and
-// unblocks the next version in the same transaction. Either the writer sees the
-// relay's update or the relay sees the writer's row, so no row stays blocked
-// behind nothing. The claim's index (outbox_due) contains unblocked,
-// non-dead-lettered rows only: its size is the number of aggregates with work,
-// and a long queue behind one aggregate costs the claim nothing.
+// Enqueue (at READ COMMITTED), holding the aggregate's lock, looks for the
+// previous version in outbox; if it is there, Enqueue locks it FOR KEY SHARE
+// until commit and inserts its own row blocked. The relay moves a confirmed row
+// to outbox_published only if it can lock that row at once (FOR UPDATE SKIP
+// LOCKED), and then unblocks the next version in a later statement of the same
+// transaction. Either the writer sees the previous row gone and inserts its
+// row unblocked, or the relay can move the previous row only after the writer
+// committed, and then sees the writer's row: no row stays blocked behind
+// nothing, the relay never waits for a business transaction, and only the
+// writer of the very next version can hold it back. The claim's index
+// (outbox_due) contains unblocked, non-dead-lettered rows only: its size is the
+// number of aggregates with work, and a long queue behind one aggregate costs
+// the claim nothing. The claim still checks that each row it takes is its
+// aggregate's oldest: ordering rests on that check for rows written unblocked
+// at REPEATABLE READ or SERIALIZABLE.
 //
 // # Failure modes
 //
@@ -192,9 +247,20 @@
 //     published.
 //   - PostgreSQL unavailable: claims fail and are retried with backoff; a mark
 //     that fails is retried while the lease lasts, then the batch is published
-//     again after the lease.
-//   - A writer holds an aggregate while its previous event is being marked: the
-//     relay skips that aggregate and marks it a moment later, within the lease.
+//     again after the lease. Metrics.ClaimFailed, MarkFailed and Unmarked count
+//     these.
+//   - The writer of an aggregate's next event is still in its transaction while
+//     the previous event is being marked: the relay skips that row and marks it
+//     a moment later, within the lease. A steady stream of writers of one
+//     aggregate does not delay the relay: each writer holds only the event
+//     before its own.
+//   - A message that crashes the relay (a panic in user code, an
+//     out-of-memory): retried alone after each lease, dead-lettered by the
+//     claim after MaxAttempts, with a reason; the other rows of its first batch
+//     are retried alone too, and may be duplicates.
+//   - The LISTEN connection dies without an error (a partition, an idle-flow
+//     timeout): found within twice ListenKeepalive and reopened, counted by
+//     Metrics.ListenReconnected; meanwhile the poll keeps the relay going.
 //   - A publish slower than the lease: impossible by configuration
 //     (PublishTimeout is at most Lease/2) unless the broker holds a message past
 //     the publisher's own close of the connection; keep the default margins.
@@ -224,8 +290,10 @@
 //
 // Admin lists and retries dead letters, reports Status (pending count, dead
 // letters, age of the oldest pending row: alert on the last two) and purges
-// published rows. Metrics receives counters and timings; Hooks let tests and
-// fault injection observe every batch. The relay logs with slog, with the keys
+// published rows. Metrics receives counters and timings; alert on
+// ClaimFailed, MarkFailed and Unmarked growing (database trouble: nothing or
+// not everything is being marked) and on ListenReconnected growing fast. Hooks
+// let tests and fault injection observe every batch. The relay logs with slog, with the keys
 // event_id, aggregate_id, event_type and attempt on per-event lines.
 //
 // Each relay worker uses a pool connection only while it claims or marks; a
