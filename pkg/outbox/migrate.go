@@ -86,14 +86,14 @@ func CheckSchema(ctx context.Context, db DB) error {
 		return fmt.Errorf("outbox check schema: %w", err)
 	}
 	if !found {
-		return fmt.Errorf("%w: no outbox table in search_path %q: run Migrate or apply Schema", ErrSchemaMissing, path)
+		return fmt.Errorf("%w: no outbox table in search_path %q (Migrate or Schema creates it)", ErrSchemaMissing, path)
 	}
 	v, err := strconv.Atoi(strings.TrimPrefix(comment, schemaMarker))
 	if !strings.HasPrefix(comment, schemaMarker) || err != nil {
-		return fmt.Errorf("%w: the outbox table has no schema version (comment %q), want %d: run Migrate or apply Schema", ErrSchemaOutdated, comment, SchemaVersion)
+		return fmt.Errorf("%w: the outbox table has no schema version (comment %q), want %d (Migrate or Schema updates it)", ErrSchemaOutdated, comment, SchemaVersion)
 	}
 	if v < SchemaVersion {
-		return fmt.Errorf("%w: the outbox table is at schema version %d, want %d: run Migrate or apply Schema", ErrSchemaOutdated, v, SchemaVersion)
+		return fmt.Errorf("%w: the outbox table is at schema version %d, want %d (Migrate or Schema updates it)", ErrSchemaOutdated, v, SchemaVersion)
 	}
 	return nil
 }
