@@ -130,42 +130,26 @@ func (a *Admin) RetryAll(ctx context.Context) (int64, error) {
 // MaxDiscardReasonBytes bounds the reason of Admin.Discard.
 const MaxDiscardReasonBytes = 1000
 
-// discardLockAggregateSQL and discardLockEventSQL begin a discard: they lock the event's
-// aggregate, then the event itself, waiting for writers that hold either
-// (writers' transactions are short by contract, and an operator can wait): the
-// aggregate's row is what a writer holds from its Enqueue to its commit, and
-// the writer of the next version may also hold the event FOR KEY SHARE. It
-// says whether the event is a dead letter.
-const discardLockAggregateSQL = `
-SELECT 1
-FROM outbox_aggregates a
-JOIN outbox o ON a.aggregate_type = o.aggregate_type AND a.aggregate_id = o.aggregate_id
-WHERE o.id = $1
-FOR UPDATE OF a`
-
-const discardLockEventSQL = `
+// discardLockSQL is the first statement of a discard: it locks the event,
+// waiting for the writer of the aggregate's next version if that writer holds
+// it FOR KEY SHARE (see insertSQL; writers' transactions are short by contract,
+// and an operator can wait), and says whether the event is a dead letter.
+const discardLockSQL = `
 SELECT dead_lettered_at IS NOT NULL FROM outbox WHERE id = $1 FOR UPDATE`
 
-// discardSQL is the last statement, in the same transaction and with a
-// snapshot taken after the locks were granted. It does what a mark does for a
-// published event (see lockAggregatesSQL and moveSQL): advances the
-// aggregate's published_version past the event and unblocks the next one, and
-// moves the event to outbox_discarded instead of outbox_published. A writer of
-// the aggregate either committed before the lock was granted (its row is
-// visible here and gets unblocked) or waits for this transaction and reads the
-// new published_version.
+// discardSQL is the second statement, in the same transaction, with a snapshot
+// taken after the lock was granted. It does what a mark does for a published
+// event (see moveSQL and unblockSQL): takes the event out of outbox and
+// unblocks the aggregate's next event, which this snapshot shows if its writer
+// looked at the event before the lock was granted (a writer that looks later
+// waits for this transaction, finds the event gone and writes its row
+// unblocked). The event goes to outbox_discarded instead of outbox_published.
 const discardSQL = `
 WITH gone AS (
     DELETE FROM outbox o
     WHERE o.id = $1 AND o.dead_lettered_at IS NOT NULL
     RETURNING o.id, o.aggregate_type, o.aggregate_id, o.aggregate_version, o.event_type, o.payload,
               o.headers, o.created_at, o.attempts, o.last_error, o.dead_lettered_at
-), advanced AS (
-    UPDATE outbox_aggregates a
-    SET published_version = g.aggregate_version
-    FROM gone g
-    WHERE a.aggregate_type = g.aggregate_type AND a.aggregate_id = g.aggregate_id
-      AND a.published_version < g.aggregate_version
 ), unblocked AS (
     UPDATE outbox s
     SET blocked = false
@@ -192,8 +176,8 @@ FROM gone`
 // ErrNotFound when no event has the id (never existed, published, or already
 // discarded) and ErrNotDeadLettered when the event is pending, in flight or
 // blocked; nothing changes then. reason is required, at most
-// MaxDiscardReasonBytes of UTF-8. Discard waits for a writer that holds the
-// aggregate, like any writer of it.
+// MaxDiscardReasonBytes of UTF-8. Discard waits for a writer that is
+// enqueueing the aggregate's next event, until that writer's transaction ends.
 func (a *Admin) Discard(ctx context.Context, id int64, reason string) error {
 	switch {
 	case id <= 0:
@@ -207,17 +191,9 @@ func (a *Admin) Discard(ctx context.Context, id int64, reason string) error {
 		return fmt.Errorf("outbox discard %d: reason: %w", id, err)
 	}
 	err := pgx.BeginFunc(ctx, a.db, func(tx pgx.Tx) error {
-		var one int
-		err := tx.QueryRow(ctx, discardLockAggregateSQL, id).Scan(&one)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return fmt.Errorf("no event with this id: %w", ErrNotFound)
-		}
-		if err != nil {
-			return fmt.Errorf("lock aggregate: %w", err)
-		}
 		var dead bool
-		err = tx.QueryRow(ctx, discardLockEventSQL, id).Scan(&dead)
-		if errors.Is(err, pgx.ErrNoRows) { // published meanwhile
+		err := tx.QueryRow(ctx, discardLockSQL, id).Scan(&dead)
+		if errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("no event with this id: %w", ErrNotFound)
 		}
 		if err != nil {
