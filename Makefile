@@ -6,7 +6,7 @@ TEST_FLAGS ?=
 
 SHELL := /bin/bash
 
-.PHONY: test vet fmt-check demo services chaos bench
+.PHONY: test vet fmt-check demo services chaos bench generate
 
 ## test: gofmt check, go vet, and every test with the race detector. The
 ## end-to-end suite (short chaos profile) runs last and alone: it stops and
@@ -24,6 +24,13 @@ chaos: services
 ## (5 to 10 minutes; not part of test). See docs/benchmarks.md.
 bench: services
 	$(GO) run ./bench
+
+## generate: regenerate the orders store's queries with the pinned sqlc
+## (services/orders/internal/postgres/sqlc.yaml) and record the checksums a
+## test compares. The first run builds sqlc (a few minutes; then cached).
+generate:
+	cd services/orders/internal/postgres && $(GO) run github.com/sqlc-dev/sqlc/cmd/sqlc@v1.31.1 generate
+	$(GO) test -count=1 -run '^TestGeneratedQueriesAreCurrent$$' ./services/orders/internal/postgres/ -update
 
 vet:
 	$(GO) vet ./...

@@ -19,7 +19,12 @@ import (
 // the file and runs the same transaction shape as Store.Create.
 const ordersSchemaPath = "services/orders/internal/postgres/schema.sql"
 
-// insertOrderSQL is the INSERT of Store.insert (services/orders/internal/postgres/store.go).
+// ordersQueriesPath holds the queries sqlc generates the orders store's code
+// from (services/orders/internal/postgres/ordersdb).
+const ordersQueriesPath = "services/orders/internal/postgres/queries.sql"
+
+// insertOrderSQL is the InsertOrder query of ordersQueriesPath, which
+// Store.Create sends; TestInsertOrderSQLIsTheStores fails when they differ.
 const insertOrderSQL = `
 	INSERT INTO orders (id, customer_id, currency, items, total, status, version, created_at, updated_at)
 	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8)`

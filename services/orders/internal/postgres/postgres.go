@@ -1,5 +1,3 @@
-// Package postgres stores orders in PostgreSQL and writes their events to the
-// outbox in the same transaction.
 package postgres
 
 import (

@@ -9,10 +9,12 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-inbox/reference/pkg/outbox"
 	"github.com/outbox-inbox/reference/services/orders/internal/order"
+	"github.com/outbox-inbox/reference/services/orders/internal/postgres/ordersdb"
 )
 
 // Idempotency identifies a client's request across retries. The zero value
@@ -32,10 +34,13 @@ type StoreConfig struct {
 	BeforeCommit func(ctx context.Context, tx pgx.Tx) error
 }
 
-// Store reads and writes orders. Every state change writes its event to the
-// outbox in the same transaction.
+// Store reads and writes orders with the queries sqlc generates from
+// queries.sql (package ordersdb). Every state change writes its event to the
+// outbox in the same transaction: the generated queries run on the
+// transaction (Queries.WithTx) and outbox.Writer writes the event on it.
 type Store struct {
 	pool         *pgxpool.Pool
+	queries      *ordersdb.Queries
 	writer       *outbox.Writer
 	beforeCommit func(ctx context.Context, tx pgx.Tx) error
 }
@@ -46,103 +51,18 @@ func NewStore(pool *pgxpool.Pool, cfg StoreConfig) *Store {
 	if w == nil {
 		w, _ = outbox.NewWriter(outbox.WriterConfig{})
 	}
-	return &Store{pool: pool, writer: w, beforeCommit: cfg.BeforeCommit}
+	return &Store{pool: pool, queries: ordersdb.New(pool), writer: w, beforeCommit: cfg.BeforeCommit}
 }
 
 // Ping checks the database answers.
 func (s *Store) Ping(ctx context.Context) error { return s.pool.Ping(ctx) }
 
-const orderColumns = `id::text, customer_id, currency, items, total, status, version, created_at, updated_at`
-
-func scanOrder(row pgx.Row) (order.Order, error) {
-	var o order.Order
-	err := row.Scan(&o.ID, &o.CustomerID, &o.Currency, &o.Items, &o.Total, &o.Status, &o.Version, &o.CreatedAt, &o.UpdatedAt)
-	return o, err
-}
-
-// Create stores a new order and its order.created event in one transaction.
-// With an idempotency key already used for the same request, it returns the
-// order that request created and replayed=true, writing nothing. With a key
-// used for a different request it returns order.ErrIdempotencyKeyReused.
-func (s *Store) Create(ctx context.Context, n order.NewOrder, idem Idempotency, headers map[string]string) (o order.Order, replayed bool, err error) {
-	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		o, replayed = order.Order{}, false
-		if idem.Key != "" {
-			// The insert waits on a concurrent transaction holding the same key,
-			// so exactly one request creates the order.
-			// A retry finds the key taken: it reads the hash and order id in a
-			// new statement, whose snapshot sees the other transaction's commit.
-			var existingHash []byte
-			var existingID string
-			err := tx.QueryRow(ctx, `
-				INSERT INTO idempotency_keys (key, request_hash, order_id)
-				VALUES ($1, $2, gen_random_uuid())
-				ON CONFLICT (key) DO NOTHING
-				RETURNING order_id::text`, idem.Key, idem.RequestHash).Scan(&existingID)
-			if errors.Is(err, pgx.ErrNoRows) {
-				err = tx.QueryRow(ctx, `SELECT request_hash, order_id::text FROM idempotency_keys WHERE key = $1`,
-					idem.Key).Scan(&existingHash, &existingID)
-			}
-			if err != nil {
-				return fmt.Errorf("claim idempotency key: %w", err)
-			}
-			if existingHash != nil {
-				if !bytes.Equal(existingHash, idem.RequestHash) {
-					return order.ErrIdempotencyKeyReused
-				}
-				o, err = scanOrder(tx.QueryRow(ctx, `SELECT `+orderColumns+` FROM orders WHERE id = $1`, existingID))
-				if err != nil {
-					return fmt.Errorf("load order of idempotency key: %w", err)
-				}
-				replayed = true
-				return nil
-			}
-			return s.insert(ctx, tx, existingID, n, headers, &o)
-		}
-		return s.insert(ctx, tx, "", n, headers, &o)
-	})
-	if err != nil {
-		return order.Order{}, false, err
+// fromRow converts a generated row to the API's order.
+func fromRow(r ordersdb.Order) order.Order {
+	return order.Order{
+		ID: r.ID.String(), CustomerID: r.CustomerID, Currency: r.Currency, Items: r.Items, Total: r.Total,
+		Status: r.Status, Version: r.Version, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt,
 	}
-	return o, replayed, nil
-}
-
-// insertOrderSQL writes a new order. Create sends it in one batch with the
-// order.created event, so the order and its outbox row cost one round trip.
-const insertOrderSQL = `
-	INSERT INTO orders (id, customer_id, currency, items, total, status, version, created_at, updated_at)
-	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8)`
-
-// insert writes the order (id, or a new one when empty) and its order.created
-// event. The order is built here, id and timestamps included, so its event can
-// be encoded before anything is sent and both statements share a round trip.
-func (s *Store) insert(ctx context.Context, tx pgx.Tx, id string, n order.NewOrder, headers map[string]string, o *order.Order) error {
-	if id == "" {
-		id = uuid.NewString()
-	}
-	// PostgreSQL keeps microseconds: truncate so the event, the response and
-	// later reads show the same instant.
-	now := time.Now().UTC().Truncate(time.Microsecond)
-	*o = order.Order{
-		ID: id, CustomerID: n.CustomerID, Currency: n.Currency, Items: n.Items, Total: n.Total,
-		Status: order.StatusCreated, Version: 1, CreatedAt: now, UpdatedAt: now,
-	}
-	payload, err := order.CreatedEvent(*o)
-	if err != nil {
-		return fmt.Errorf("encode order.created: %w", err)
-	}
-	b := &pgx.Batch{}
-	b.Queue(insertOrderSQL, o.ID, o.CustomerID, o.Currency, o.Items, o.Total, o.Status, o.Version, o.CreatedAt)
-	if _, err := s.writer.Queue(b, outbox.Message{
-		AggregateType: order.AggregateType, AggregateID: o.ID, EventType: order.EventCreated,
-		Payload: payload, Headers: headers,
-	}); err != nil {
-		return fmt.Errorf("enqueue order.created: %w", err)
-	}
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return fmt.Errorf("insert order and its order.created event: %w", err)
-	}
-	return s.runBeforeCommit(ctx, tx)
 }
 
 // parseID turns an order id into the primary key's type, so the query finds
@@ -156,20 +76,97 @@ func parseID(id string) (uuid.UUID, error) {
 	return u, nil
 }
 
+// Create stores a new order and its order.created event in one transaction.
+// With an idempotency key already used for the same request, it returns the
+// order that request created and replayed=true, writing nothing. With a key
+// used for a different request it returns order.ErrIdempotencyKeyReused.
+func (s *Store) Create(ctx context.Context, n order.NewOrder, idem Idempotency, headers map[string]string) (o order.Order, replayed bool, err error) {
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		o, replayed = order.Order{}, false
+		if idem.Key == "" {
+			return s.insert(ctx, tx, uuid.New(), n, headers, &o)
+		}
+		q := s.queries.WithTx(tx)
+		// The insert waits on a concurrent transaction holding the same key,
+		// so exactly one request creates the order. A retry finds the key
+		// taken: it reads the hash and order id in a new statement, whose
+		// snapshot sees the other transaction's commit.
+		id, err := q.ClaimIdempotencyKey(ctx, ordersdb.ClaimIdempotencyKeyParams{Key: idem.Key, RequestHash: idem.RequestHash})
+		if err == nil {
+			return s.insert(ctx, tx, id, n, headers, &o)
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("claim idempotency key: %w", err)
+		}
+		taken, err := q.GetIdempotencyKey(ctx, idem.Key)
+		if err != nil {
+			return fmt.Errorf("read idempotency key: %w", err)
+		}
+		if !bytes.Equal(taken.RequestHash, idem.RequestHash) {
+			return order.ErrIdempotencyKeyReused
+		}
+		row, err := q.GetOrder(ctx, taken.OrderID)
+		if err != nil {
+			return fmt.Errorf("load order of idempotency key: %w", err)
+		}
+		o, replayed = fromRow(row), true
+		return nil
+	})
+	if err != nil {
+		return order.Order{}, false, err
+	}
+	return o, replayed, nil
+}
+
+// insert writes the order and its order.created event. The order is built
+// here, id and timestamps included, so its event can be encoded before
+// anything is sent, and the generated InsertOrder and the outbox's insert
+// travel in one batch: one round trip for both.
+func (s *Store) insert(ctx context.Context, tx pgx.Tx, id uuid.UUID, n order.NewOrder, headers map[string]string, o *order.Order) error {
+	// PostgreSQL keeps microseconds: truncate so the event, the response and
+	// later reads show the same instant.
+	now := time.Now().UTC().Truncate(time.Microsecond)
+	*o = order.Order{
+		ID: id.String(), CustomerID: n.CustomerID, Currency: n.Currency, Items: n.Items, Total: n.Total,
+		Status: order.StatusCreated, Version: 1, CreatedAt: now, UpdatedAt: now,
+	}
+	payload, err := order.CreatedEvent(*o)
+	if err != nil {
+		return fmt.Errorf("encode order.created: %w", err)
+	}
+	b := &pgx.Batch{}
+	if err := ordersdb.New(batchQueue{b}).InsertOrder(ctx, ordersdb.InsertOrderParams{
+		ID: id, CustomerID: o.CustomerID, Currency: o.Currency, Items: o.Items, Total: o.Total,
+		Status: o.Status, Version: o.Version, CreatedAt: now,
+	}); err != nil {
+		return fmt.Errorf("queue order insert: %w", err)
+	}
+	if _, err := s.writer.Queue(b, outbox.Message{
+		AggregateType: order.AggregateType, AggregateID: o.ID, EventType: order.EventCreated,
+		Payload: payload, Headers: headers,
+	}); err != nil {
+		return fmt.Errorf("enqueue order.created: %w", err)
+	}
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("insert order and its order.created event: %w", err)
+	}
+	return s.runBeforeCommit(ctx, tx)
+}
+
 // Get returns the order with id, or order.ErrNotFound.
 func (s *Store) Get(ctx context.Context, id string) (order.Order, error) {
 	key, err := parseID(id)
 	if err != nil {
 		return order.Order{}, err
 	}
-	o, err := scanOrder(s.pool.QueryRow(ctx, `SELECT `+orderColumns+` FROM orders WHERE id = $1`, key))
+	row, err := s.queries.GetOrder(ctx, key)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return order.Order{}, order.ErrNotFound
 	}
 	if err != nil {
 		return order.Order{}, fmt.Errorf("get order: %w", err)
 	}
-	return o, nil
+	return fromRow(row), nil
 }
 
 // Cancel cancels the order with id and writes its order.cancelled event in the
@@ -183,27 +180,27 @@ func (s *Store) Cancel(ctx context.Context, id string, headers map[string]string
 	}
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		o, changed = order.Order{}, false
-		var err error
-		o, err = scanOrder(tx.QueryRow(ctx, `SELECT `+orderColumns+` FROM orders WHERE id = $1 FOR UPDATE`, key))
+		q := s.queries.WithTx(tx)
+		row, err := q.LockOrder(ctx, key)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return order.ErrNotFound
 		}
 		if err != nil {
 			return fmt.Errorf("lock order: %w", err)
 		}
-		if o.Status == order.StatusCancelled {
+		if row.Status == order.StatusCancelled {
+			o = fromRow(row)
 			return nil
 		}
-		o, err = scanOrder(tx.QueryRow(ctx, `
-			UPDATE orders SET status = 'cancelled', version = version + 1, updated_at = now()
-			WHERE id = $1 RETURNING `+orderColumns, key))
-		if err != nil {
+		if row, err = q.CancelOrder(ctx, key); err != nil {
 			return fmt.Errorf("cancel order: %w", err)
 		}
+		o = fromRow(row)
 		payload, err := order.CancelledEvent(o)
 		if err != nil {
 			return fmt.Errorf("encode order.cancelled: %w", err)
 		}
+		// The event joins the generated queries' transaction: same tx.
 		if _, err := s.writer.Enqueue(ctx, tx, outbox.Message{
 			AggregateType: order.AggregateType, AggregateID: o.ID, EventType: order.EventCancelled,
 			Payload: payload, Headers: headers,
@@ -226,9 +223,24 @@ func (s *Store) runBeforeCommit(ctx context.Context, tx pgx.Tx) error {
 	return s.beforeCommit(ctx, tx)
 }
 
-func nullIfEmpty(s string) *string {
-	if s == "" {
-		return nil
-	}
-	return &s
+// errQueueOnly is what a batchQueue answers to a query that returns rows.
+var errQueueOnly = errors.New("batch queue: only statements without results (sqlc :exec) can be queued")
+
+// batchQueue is an ordersdb.DBTX that runs nothing: a generated :exec query
+// called on it queues its statement and arguments into b, for the caller to
+// send with other statements (the outbox's insert) in one round trip.
+// Exec's result is known only once the batch's results are read.
+type batchQueue struct{ b *pgx.Batch }
+
+func (q batchQueue) Exec(_ context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	q.b.Queue(sql, args...)
+	return pgconn.CommandTag{}, nil
 }
+
+func (batchQueue) Query(context.Context, string, ...any) (pgx.Rows, error) { return nil, errQueueOnly }
+
+func (batchQueue) QueryRow(context.Context, string, ...any) pgx.Row { return errRow{} }
+
+type errRow struct{}
+
+func (errRow) Scan(...any) error { return errQueueOnly }
