@@ -7,8 +7,8 @@
 //	go run ./bench -quick              smaller sizes, to check the harness
 //
 // Figures: relay_drain, write_overhead, e2e_latency, claim_flat,
-// inbox_throughput. See docs/benchmarks.md for what each measures and the
-// latest numbers.
+// status_scrape, inbox_throughput. See docs/benchmarks.md for what each
+// measures and the latest numbers.
 //
 // Every run works in resources of its own, removed at the end: one PostgreSQL
 // database per figure, RabbitMQ vhosts (created with rabbitmqctl), and
@@ -53,7 +53,7 @@ func main() {
 
 // figureOrder is the order figures run in: those that need the shipping
 // service and pkg/inbox last.
-var figureOrder = []string{"relay_drain", "write_overhead", "claim_flat", "inbox_throughput", "e2e_latency"}
+var figureOrder = []string{"relay_drain", "write_overhead", "claim_flat", "status_scrape", "inbox_throughput", "e2e_latency"}
 
 // config holds the sizes of one run.
 type config struct {
@@ -211,6 +211,7 @@ func (b *bench) runFigures(ctx context.Context, selected []string, report *Repor
 		"relay_drain":      b.runRelayDrain,
 		"write_overhead":   b.runWriteOverhead,
 		"claim_flat":       b.runClaimFlat,
+		"status_scrape":    b.runStatusScrape,
 		"inbox_throughput": b.runInboxThroughput,
 		"e2e_latency":      b.runE2ELatency,
 	}
