@@ -7,13 +7,21 @@
 // same pgx.Tx, so the order and its event commit or roll back together:
 //
 //	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-//		q := queries.WithTx(tx)
-//		o, err := q.CancelOrder(ctx, id)
+//		q := queries.WithTx(tx) // the generated queries, on tx
+//		row, err := q.CancelOrder(ctx, id)
 //		if err != nil {
 //			return err
 //		}
-//		_, err = writer.Enqueue(ctx, tx, outbox.Message{AggregateType: "order", ...})
-//		return err // an error here rolls back the order's change too
+//		payload, err := order.CancelledEvent(fromRow(row))
+//		if err != nil {
+//			return err
+//		}
+//		// The event, on the same tx: an error rolls back the order's change too.
+//		_, err = writer.Enqueue(ctx, tx, outbox.Message{
+//			AggregateType: "order", AggregateID: row.ID.String(),
+//			EventType: "order.cancelled", Payload: payload,
+//		})
+//		return err
 //	})
 //
 // Create saves a round trip: the generated InsertOrder is queued, not run,

@@ -15,10 +15,12 @@ import (
 	"github.com/outbox-inbox/reference/services/orders/internal/postgres/pgtest"
 )
 
-// statement is one query a Store sent, with its arguments.
+// statement is one query a Store sent, with its arguments. batch tells the
+// queries sent in a batch (one round trip for all) from the others.
 type statement struct {
-	sql  string
-	args []any
+	sql   string
+	args  []any
+	batch bool
 }
 
 // recorder is a pgx tracer that keeps every query sent through the pool.
@@ -30,11 +32,23 @@ type recorder struct {
 func (r *recorder) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.seen = append(r.seen, statement{d.SQL, d.Args})
+	r.seen = append(r.seen, statement{d.SQL, d.Args, false})
 	return ctx
 }
 
 func (r *recorder) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (r *recorder) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+
+func (r *recorder) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.seen = append(r.seen, statement{d.SQL, d.Args, true})
+}
+
+func (r *recorder) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
 
 func (r *recorder) take() []statement {
 	r.mu.Lock()
@@ -148,5 +162,32 @@ func TestInvalidIDIsNotFoundWithoutAQuery(t *testing.T) {
 	}
 	if seen := rec.take(); len(seen) != 0 {
 		t.Fatalf("invalid ids sent %d statements, first %q; want none", len(seen), seen[0].sql)
+	}
+}
+
+// Create sends the generated InsertOrder and the outbox's insert in one
+// batch: besides BEGIN and COMMIT, the order and its event cost one round
+// trip (write_overhead in make bench measures what that saves).
+func TestCreateSendsOrderAndEventInOneRoundTrip(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.NewPool(t)
+	rec := &recorder{}
+	store := postgres.NewStore(tracedPool(t, pool, rec), postgres.StoreConfig{})
+	if _, _, err := store.Create(context.Background(), newOrder(), postgres.Idempotency{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	var alone, batched []string
+	for _, st := range rec.take() {
+		if st.batch {
+			batched = append(batched, st.sql)
+		} else {
+			alone = append(alone, strings.ToLower(st.sql))
+		}
+	}
+	if len(alone) != 2 || alone[0] != "begin" || alone[1] != "commit" {
+		t.Errorf("statements sent on their own: %q, want only begin and commit", alone)
+	}
+	if len(batched) < 2 || !strings.Contains(batched[0], "INSERT INTO orders") || !strings.Contains(batched[len(batched)-1], "INSERT INTO outbox ") {
+		t.Errorf("batch: %q, want the order's insert then the outbox's statements", batched)
 	}
 }
