@@ -142,7 +142,16 @@
 //     track versions would take its new events for old ones.
 //   - Payload must be JSON (it is stored as jsonb: whitespace and key order are
 //     normalised on the way, and of duplicate keys in an object only the last
-//     is kept). Headers are strings, e.g. W3C trace context.
+//     is kept, so consumers receive an equivalent document, not the bytes
+//     given to Enqueue: a signature over those bytes would not verify).
+//     Headers are strings, e.g. W3C trace context.
+//   - A message must fit what the broker can take. Enqueue rejects
+//     (ErrInvalidMessage, nothing written) an EventType, AggregateType or
+//     header name over MaxNameBytes (255: they travel as AMQP short strings,
+//     and amqp091-go closes the whole connection on a longer one, at every
+//     retry, until the row is dead-lettered), headers over MaxHeaderBytes in
+//     all, and a Payload over WriterConfig.MaxPayloadBytes (1 MiB by default).
+//     A custom outboxamqp RoutingKey must keep its keys within 255 bytes too.
 //
 // # How the relay works
 //
@@ -178,7 +187,8 @@
 // waiting on the writer. Failed rows keep their error in last_error and get an
 // exponential backoff with jitter in next_attempt_at; after MaxAttempts a row is
 // dead-lettered: kept in the table, visible through Admin, excluded from claims,
-// and holding back its aggregate until an operator retries it. A message the
+// and holding back its aggregate until an operator retries it, or discards it
+// when it can never be published (Admin.Discard). A message the
 // publisher says it never sent (ErrNotSent) gets its attempt back.
 //
 // A relay wakes up on three signals: Wake, called in-process after a commit;
@@ -193,7 +203,7 @@
 //
 // # Schema
 //
-// Three tables, created by Migrate (see Schema for the exact SQL):
+// Four tables, created by Migrate (see Schema for the exact SQL):
 //
 //   - outbox holds the rows not published yet: due, in flight (leased), backing
 //     off, blocked behind an earlier event of their aggregate, or
@@ -212,6 +222,8 @@
 //     writers update it (its published_version column is no longer
 //     maintained), so the relay never conflicts with a writer's snapshot. Never
 //     purge it (see "What writers must do").
+//   - outbox_discarded keeps the dead letters an operator discarded
+//     (Admin.Discard), with the reason and the time. Nothing purges it.
 //
 // A row is blocked while an earlier event of its aggregate is still in outbox.
 // Enqueue (at READ COMMITTED), holding the aggregate's lock, looks for the
@@ -266,6 +278,9 @@
 //     the publisher's own close of the connection; keep the default margins.
 //   - Poison event that always fails: dead-lettered after MaxAttempts, its
 //     aggregate held back, everything else flowing. Watch Status.DeadLettered.
+//     Retry it once the cause is fixed; if it can never be published, discard
+//     it (Admin.Discard): it is kept aside with the reason, and the
+//     aggregate's next events go out, in order. Consumers never see it.
 //
 // # How late a duplicate can come
 //
@@ -288,9 +303,12 @@
 //
 // # Operating it
 //
-// Admin lists and retries dead letters, reports Status (pending count, dead
-// letters, age of the oldest pending row: alert on the last two) and purges
-// published rows. Metrics receives counters and timings; alert on
+// Admin lists, retries and discards dead letters, reports Status (pending
+// count, dead letters, age of the oldest pending row: alert on the last two)
+// and purges published rows. Status runs on every metrics scrape, so its cost
+// is bounded, the same with a million pending rows as with none: counts are
+// exact up to StatusCountLimit, and above it Pending is PostgreSQL's running
+// estimate of the table's rows (Status.PendingEstimated says so). Metrics receives counters and timings; alert on
 // ClaimFailed, MarkFailed and Unmarked growing (database trouble: nothing or
 // not everything is being marked) and on ListenReconnected growing fast. Hooks
 // let tests and fault injection observe every batch. The relay logs with slog, with the keys
