@@ -25,6 +25,7 @@ func newRelay(cfg config.Config, pool *pgxpool.Pool, reg prometheus.Registerer, 
 		URL:            cfg.AMQPURL,
 		Exchange:       config.Exchange,
 		ConnectionName: "orders-relay",
+		MaxInFlight:    2 * cfg.BatchSize, // the relay's default 2 workers x RELAY_BATCH_SIZE
 		Logger:         logger,
 	})
 	if err != nil {
@@ -84,7 +85,7 @@ func runRelay(ctx context.Context, getenv func(string) string, logOut io.Writer)
 	tasks := []func(context.Context) error{relay.Run}
 	if getenv("HTTP_ADDR") != "" {
 		tasks = append(tasks, func(ctx context.Context) error {
-			return serveHTTP(ctx, cfg.HTTPAddr, opsHandler(pool, reg), logger)
+			return serveHTTP(ctx, cfg.HTTPAddr, opsHandler(pool, reg, pub.Ready), logger)
 		})
 	}
 	logger.InfoContext(ctx, "relay started", "exchange", config.Exchange)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -98,7 +99,9 @@ func newRegistry(pool *pgxpool.Pool, logger *slog.Logger) *prometheus.Registry {
 }
 
 // opsHandler serves /healthz, /readyz and /metrics for the standalone relay.
-func opsHandler(pool *pgxpool.Pool, reg *prometheus.Registry) http.Handler {
+// /readyz answers 503 with a JSON body naming what is down: "database" when a
+// ping fails, "broker" when broker (the publisher's Ready) reports an error.
+func opsHandler(pool *pgxpool.Pool, reg *prometheus.Registry, broker func() error) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
@@ -107,13 +110,19 @@ func opsHandler(pool *pgxpool.Pool, reg *prometheus.Registry) http.Handler {
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
-		w.Header().Set("Content-Type", "application/json")
+		body := map[string]string{"status": "ready"}
 		if err := pool.Ping(ctx); err != nil {
-			w.WriteHeader(http.StatusServiceUnavailable)
-			_, _ = w.Write([]byte(`{"status":"unavailable"}` + "\n"))
-			return
+			body["database"] = err.Error()
 		}
-		_, _ = w.Write([]byte(`{"status":"ready"}` + "\n"))
+		if err := broker(); err != nil {
+			body["broker"] = err.Error()
+		}
+		w.Header().Set("Content-Type", "application/json")
+		if len(body) > 1 {
+			body["status"] = "unavailable"
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+		_ = json.NewEncoder(w).Encode(body)
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	return mux
