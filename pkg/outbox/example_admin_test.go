@@ -78,6 +78,67 @@ func ExampleAdmin_Retry() {
 	// pending=0 dead_lettered=0
 }
 
+// schemaRegistry accepts every event but the ones it rejects, and prints what
+// it publishes.
+type schemaRegistry struct{ rejects string }
+
+func (p *schemaRegistry) WaitReady(ctx context.Context) error { return ctx.Err() }
+
+func (p *schemaRegistry) PublishBatch(ctx context.Context, msgs []outbox.Envelope) []error {
+	errs := make([]error, len(msgs))
+	for i, m := range msgs {
+		if m.EventType == p.rejects {
+			errs[i] = errors.New("schema registry rejected the payload")
+			continue
+		}
+		fmt.Printf("published %s/%s v%d %s\n", m.AggregateType, m.AggregateID, m.AggregateVersion, m.EventType)
+	}
+	return errs
+}
+
+// An event that can never be published holds back the later events of its
+// aggregate until an operator discards it: it is kept in outbox_discarded
+// with the reason, and the aggregate's next events go out.
+func ExampleAdmin_Discard() {
+	ctx := context.Background()
+	pool, dropSchema := exampleDB()
+	defer dropSchema()
+	if err := outbox.Migrate(ctx, pool); err != nil {
+		log.Fatal(err)
+	}
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		_, err := outbox.Enqueue(ctx, tx,
+			outbox.Message{AggregateType: "order", AggregateID: "o-7", EventType: "order.created", Payload: []byte(`{"v": 0}`)},
+			outbox.Message{AggregateType: "order", AggregateID: "o-7", EventType: "order.paid", Payload: []byte(`{}`)})
+		return err
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	pub := &schemaRegistry{rejects: "order.created"}
+	runRelayUntil(pool, pub, func(r outbox.BatchResult) bool { return len(r.DeadLettered) > 0 })
+
+	admin := outbox.NewAdmin(pool)
+	dead, err := admin.DeadLetters(ctx, 0, 100)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := admin.Discard(ctx, dead[0].ID, "payload v0 is no longer accepted; the order was re-sent by hand"); err != nil {
+		log.Fatal(err)
+	}
+	runRelayUntil(pool, pub, func(r outbox.BatchResult) bool { return len(r.Published) > 0 })
+
+	var event, reason string
+	if err := pool.QueryRow(ctx, "SELECT event_type, reason FROM outbox_discarded").Scan(&event, &reason); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("discarded %s: %s\n", event, reason)
+	// Output:
+	// published order/o-7 v2 order.paid
+	// discarded order.created: payload v0 is no longer accepted; the order was re-sent by hand
+}
+
 // runRelayUntil runs a relay until a batch satisfies done.
 func runRelayUntil(pool *pgxpool.Pool, pub outbox.Publisher, done func(outbox.BatchResult) bool) {
 	ctx, stop := context.WithCancel(context.Background())
