@@ -2,6 +2,7 @@
 // order, applying each event exactly once in effect and in order.
 //
 //	go run ./services/shipping
+//	go run ./services/shipping dead-letters list|replay|discard   (the operator's CLI, see deadletters.go)
 //
 // Environment (defaults work against this machine's local services):
 //
@@ -9,6 +10,7 @@
 //	MONGO_URI    mongodb://127.0.0.1:27017            (the path is the database, default "shipping")
 //	HTTP_ADDR    127.0.0.1:8081
 //	LOG_LEVEL    info (debug, info, warn, error)
+//	ADMIN_TOKEN  unset: the /admin/dead-letters endpoints are off
 //	INBOX_FLUSH_INTERVAL  10ms: inbox records are written in bulk at this interval
 //	             where MongoDB has no transactions (0: each before its ack)
 //	CRASH_POINT, CRASH_AFTER  arm a crash point (internal/crashpoint), for the e2e suite
@@ -48,10 +50,14 @@ func main() {
 }
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	if len(args) > 0 && args[0] == "dead-letters" {
+		return deadLetters(ctx, args[1:], getenv, stdout)
+	}
 	cfg := app.Config{
-		AMQPURL:  cmp.Or(getenv("AMQP_URL"), "amqp://guest:guest@127.0.0.1:5672/"),
-		MongoURI: cmp.Or(getenv("MONGO_URI"), "mongodb://127.0.0.1:27017"),
-		HTTPAddr: cmp.Or(getenv("HTTP_ADDR"), "127.0.0.1:8081"),
+		AdminToken: getenv("ADMIN_TOKEN"),
+		AMQPURL:    cmp.Or(getenv("AMQP_URL"), "amqp://guest:guest@127.0.0.1:5672/"),
+		MongoURI:   cmp.Or(getenv("MONGO_URI"), "mongodb://127.0.0.1:27017"),
+		HTTPAddr:   cmp.Or(getenv("HTTP_ADDR"), "127.0.0.1:8081"),
 	}
 	fs := flag.NewFlagSet("shipping", flag.ContinueOnError)
 	fs.SetOutput(stdout)

@@ -21,6 +21,7 @@ import (
 
 	"github.com/outbox-inbox/reference/internal/crashpoint"
 	"github.com/outbox-inbox/reference/pkg/inbox"
+	"github.com/outbox-inbox/reference/services/shipping/internal/deadletter"
 	"github.com/outbox-inbox/reference/services/shipping/internal/httpapi"
 	"github.com/outbox-inbox/reference/services/shipping/internal/metrics"
 	"github.com/outbox-inbox/reference/services/shipping/internal/mongodb"
@@ -60,6 +61,12 @@ type Config struct {
 	// PurgeInterval is how often expired inbox records are purged where the
 	// server has no TTL index. Default: 10m.
 	PurgeInterval time.Duration
+	// AdminToken is the bearer token of the /admin/dead-letters endpoints.
+	// Default: "" (the admin endpoints are off).
+	AdminToken string
+	// DeadLetterStatsInterval is how often the dead-letter gauges (held
+	// orders, parked messages, the oldest's age) are refreshed. Default: 15s.
+	DeadLetterStatsInterval time.Duration
 	// Crash arms the service's crash points. Default: nil (disarmed).
 	Crash *crashpoint.Trigger
 	// WrapStore, when set, wraps the shipment store (tests inject failures).
@@ -75,6 +82,7 @@ type App struct {
 	client   *mongo.Client
 	inbox    *inbox.Inbox
 	store    *mongodb.Store
+	dead     *deadletter.Store
 	consumer *rabbitmq.Consumer
 	registry *prometheus.Registry
 	metrics  *metrics.Metrics
@@ -136,12 +144,15 @@ func New(cfg Config) (*App, error) {
 	if a.store, err = mongodb.New(db, ""); err != nil {
 		return fail(fmt.Errorf("shipping: %w", err))
 	}
+	if a.dead, err = deadletter.NewStore(db); err != nil {
+		return fail(fmt.Errorf("shipping: %w", err))
+	}
 	var store processor.Store = a.store
 	if cfg.WrapStore != nil {
 		store = cfg.WrapStore(store)
 	}
 	proc, err := processor.New(processor.Config{
-		Inbox: a.inbox, Store: store, Metrics: m,
+		Inbox: a.inbox, Store: store, Metrics: m, DeadLetters: a.dead,
 		MaxAttempts: cfg.MaxAttempts, MaxDeferrals: cfg.MaxDeferrals,
 		Crash: cfg.Crash, Logger: log,
 	})
@@ -156,14 +167,25 @@ func New(cfg Config) (*App, error) {
 	if err != nil {
 		return fail(fmt.Errorf("shipping: %w", err))
 	}
+	manager, err := deadletter.NewManager(deadletter.Config{
+		Store:     a.dead,
+		Publisher: deadletter.AMQPPublisher{URL: cfg.AMQPURL, Queue: a.consumer.Topology().Queue},
+		Skipper:   a.store,
+		Logger:    log,
+	})
+	if err != nil {
+		return fail(fmt.Errorf("shipping: %w", err))
+	}
 	h, err := httpapi.New(httpapi.Config{
 		Shipments: a.store,
 		Checks: map[string]httpapi.Check{
 			"mongodb": a.store.Ping,
 			"broker":  func(context.Context) error { return a.consumer.Ready() },
 		},
-		Gatherer: reg,
-		Logger:   log,
+		Gatherer:    reg,
+		Logger:      log,
+		DeadLetters: manager,
+		AdminToken:  cfg.AdminToken,
 	})
 	if err != nil {
 		return fail(fmt.Errorf("shipping: %w", err))
@@ -214,6 +236,7 @@ func (a *App) Run(parent context.Context) error {
 		}
 	})
 	wg.Go(func() { a.maintainInbox(ctx) })
+	wg.Go(func() { a.refreshDeadLetterStats(ctx) })
 	consumerDone := make(chan struct{})
 	wg.Go(func() {
 		defer close(consumerDone)
@@ -244,6 +267,30 @@ func (a *App) Run(parent context.Context) error {
 	}
 	a.log.InfoContext(ctx, "shipping service stopped")
 	return runErr
+}
+
+// refreshDeadLetterStats keeps the dead-letter gauges current.
+func (a *App) refreshDeadLetterStats(ctx context.Context) {
+	t := time.NewTicker(cmp.Or(a.cfg.DeadLetterStatsInterval, 15*time.Second))
+	defer t.Stop()
+	for {
+		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		st, err := a.dead.Stats(sctx, time.Now())
+		cancel()
+		if err == nil {
+			a.metrics.HeldOrders.Set(float64(st.HeldOrders))
+			a.metrics.ParkedMessages.Set(float64(st.Parked))
+			a.metrics.OldestParkedAge.Set(st.OldestParkedAge.Seconds())
+			a.metrics.DeadLetters.Set(float64(st.DeadLetters))
+		} else if ctx.Err() == nil {
+			a.log.DebugContext(ctx, "dead-letter stats", "error", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // maintainInbox creates the inbox's index (retrying until MongoDB answers),

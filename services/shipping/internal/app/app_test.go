@@ -81,9 +81,13 @@ func testCancelArrivingBeforeItsCreateIsAppliedAfterIt(t *testing.T, e *env) {
 	a := e.start(app.Config{})
 
 	e.pub.publish(cancelled("202", "order-2"))
-	waitFor(t, 30*time.Second, "the early cancel to be deferred", func() bool { return deferredGap(a) > 0 })
+	// Let the early cancel come back from the delay queue at least once.
+	waitFor(t, 30*time.Second, "the early cancel handled twice", func() bool { return deferredGap(a) >= 2 || processed(a) > 0 })
 	if vs := e.order.versions("order-2"); len(vs) != 0 {
 		t.Fatalf("versions %v applied before the create was published", vs)
+	}
+	if _, ok := e.shipment("order-2"); ok {
+		t.Fatal("the cancel was applied before its create")
 	}
 	e.pub.publish(created("201", "order-2"))
 	s := e.waitShipment("order-2", 2)

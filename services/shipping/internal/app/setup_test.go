@@ -189,6 +189,12 @@ func value(c prometheus.Counter) float64 {
 	return m.GetCounter().GetValue()
 }
 
+func gaugeValue(g prometheus.Gauge) float64 {
+	var m dto.Metric
+	_ = g.Write(&m)
+	return m.GetGauge().GetValue()
+}
+
 func processed(a *app.App) float64   { return value(a.Metrics().Processed) }
 func dupInbox(a *app.App) float64    { return value(a.Metrics().Duplicates.WithLabelValues("inbox")) }
 func dupVersion(a *app.App) float64  { return value(a.Metrics().Duplicates.WithLabelValues("version")) }

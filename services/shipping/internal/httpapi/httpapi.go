@@ -4,6 +4,9 @@
 //	GET /healthz               the process is up
 //	GET /readyz                MongoDB and the broker consumer are usable
 //	GET /metrics               Prometheus metrics
+//
+// and, with an AdminToken and DeadLetters, the operator's endpoints under
+// /admin/dead-letters (see mountAdmin).
 package httpapi
 
 import (
@@ -35,6 +38,12 @@ type Config struct {
 	Checks    map[string]Check    // readiness checks by name, e.g. "mongodb", "broker"
 	Gatherer  prometheus.Gatherer // required: what /metrics serves
 	Logger    *slog.Logger        // default: discard
+	// DeadLetters backs the /admin/dead-letters endpoints. Default: nil
+	// (endpoints off).
+	DeadLetters DeadLetters
+	// AdminToken is the bearer token the /admin endpoints require. Default:
+	// "" (the admin endpoints are off and answer 404).
+	AdminToken string
 }
 
 // New returns the service's HTTP handler.
@@ -54,6 +63,9 @@ func New(cfg Config) (http.Handler, error) {
 	})
 	r.Get("/readyz", a.ready)
 	r.Handle("/metrics", promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{}))
+	if cfg.DeadLetters != nil && cfg.AdminToken != "" {
+		a.mountAdmin(r)
+	}
 	r.NotFound(func(w http.ResponseWriter, _ *http.Request) {
 		writeError(w, http.StatusNotFound, "not found")
 	})

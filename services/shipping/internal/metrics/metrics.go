@@ -34,6 +34,13 @@ type Metrics struct {
 	BrokerConnections prometheus.Counter
 	// Consuming is 1 while the consumer is consuming.
 	Consuming prometheus.Gauge
+	// Parked counts messages parked behind a dead letter of their order.
+	Parked prometheus.Counter
+	// HeldOrders, ParkedMessages, OldestParkedAge and DeadLetters show what
+	// waits for an operator: orders held behind a dead letter, the messages
+	// parked behind them, the age of the oldest, and the dead letters kept
+	// for replay or discard. Refreshed periodically.
+	HeldOrders, ParkedMessages, OldestParkedAge, DeadLetters prometheus.Gauge
 }
 
 // New creates the metrics and registers them on reg.
@@ -67,9 +74,25 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		Consuming: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "shipping_consumer_up", Help: "1 while the consumer is consuming from the broker.",
 		}),
+		Parked: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "shipping_events_parked_total", Help: "Messages parked behind a dead letter of their order.",
+		}),
+		HeldOrders: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "shipping_parked_aggregates", Help: "Orders held behind a dead letter (their later versions are parked).",
+		}),
+		ParkedMessages: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "shipping_parked_messages", Help: "Messages parked behind a dead letter of their order.",
+		}),
+		OldestParkedAge: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "shipping_parked_oldest_age_seconds", Help: "Age of the oldest parked message (0: none).",
+		}),
+		DeadLetters: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "shipping_dead_letters", Help: "Dead letters kept for an operator to replay or discard.",
+		}),
 	}
 	for _, c := range []prometheus.Collector{m.Processed, m.Duplicates, m.DeadLettered, m.Deferred, m.UnknownType,
-		m.HandlerDuration, m.MongoUnavailable, m.BrokerConnections, m.Consuming} {
+		m.HandlerDuration, m.MongoUnavailable, m.BrokerConnections, m.Consuming,
+		m.Parked, m.HeldOrders, m.ParkedMessages, m.OldestParkedAge, m.DeadLetters} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register metrics: %w", err)
 		}

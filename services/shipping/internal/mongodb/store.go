@@ -73,6 +73,7 @@ type record struct {
 	MessageID string              `bson:"message_id"`
 	EventType string              `bson:"event_type"`
 	AppliedAt time.Time           `bson:"applied_at"`
+	Discarded bool                `bson:"discarded,omitempty"`
 	Created   *shipment.Created   `bson:"created,omitempty"`
 	Cancelled *shipment.Cancelled `bson:"cancelled,omitempty"`
 }
@@ -157,6 +158,20 @@ func (s *Store) existing(ctx context.Context, ev shipment.Event, id string) (Out
 	}
 }
 
+// Skip records version of orderID as discarded by an operator: it counts in
+// the chain, with no effect, so the versions after it apply. A version
+// already there (applied, or skipped before) is left as it is.
+func (s *Store) Skip(ctx context.Context, orderID string, version int64, messageID, eventType string) error {
+	rec := record{
+		ID: key(orderID, version), OrderID: orderID, Version: version, MessageID: messageID,
+		EventType: eventType, AppliedAt: time.Now().UTC(), Discarded: true,
+	}
+	if _, err := s.events.InsertOne(ctx, rec); err != nil && !mongo.IsDuplicateKeyError(err) {
+		return fmt.Errorf("skip shipment %s version %d: %w", orderID, version, err)
+	}
+	return nil
+}
+
 // Get returns the shipment of orderID, or shipment.ErrNotFound.
 func (s *Store) Get(ctx context.Context, orderID string) (shipment.Shipment, error) {
 	var recs []shipment.Record
@@ -170,7 +185,8 @@ func (s *Store) Get(ctx context.Context, orderID string) (shipment.Shipment, err
 			return shipment.Shipment{}, fmt.Errorf("read shipment %s version %d: %w", orderID, v, err)
 		}
 		recs = append(recs, shipment.Record{
-			Applied:   shipment.Applied{MessageID: r.MessageID, EventType: r.EventType, Version: r.Version, AppliedAt: r.AppliedAt},
+			Applied: shipment.Applied{MessageID: r.MessageID, EventType: r.EventType, Version: r.Version,
+				AppliedAt: r.AppliedAt, Discarded: r.Discarded},
 			Created:   r.Created,
 			Cancelled: r.Cancelled,
 		})

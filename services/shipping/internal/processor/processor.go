@@ -13,6 +13,7 @@ import (
 
 	"github.com/outbox-inbox/reference/internal/crashpoint"
 	"github.com/outbox-inbox/reference/pkg/inbox"
+	"github.com/outbox-inbox/reference/services/shipping/internal/deadletter"
 	"github.com/outbox-inbox/reference/services/shipping/internal/metrics"
 	"github.com/outbox-inbox/reference/services/shipping/internal/mongodb"
 	"github.com/outbox-inbox/reference/services/shipping/internal/rabbitmq"
@@ -39,9 +40,19 @@ type Store interface {
 	Ping(ctx context.Context) error
 }
 
+// DeadLetters keeps dead letters and parks the later versions of the
+// orders they hold (services/shipping/internal/deadletter).
+type DeadLetters interface {
+	Record(ctx context.Context, l deadletter.Letter) error
+	Held(ctx context.Context, orderID string) (*deadletter.Hold, error)
+	Park(ctx context.Context, p deadletter.Parked) error
+	Unpark(ctx context.Context, orderID string, version int64) (bool, error)
+}
+
 var (
 	_ Inbox            = (*inbox.Inbox)(nil)
 	_ Store            = (*mongodb.Store)(nil)
+	_ DeadLetters      = (*deadletter.Store)(nil)
 	_ rabbitmq.Handler = (*Processor)(nil)
 )
 
@@ -58,6 +69,13 @@ type Config struct {
 	// (reason gap_not_filled). With the default 1s delay, the default 300
 	// waits about five minutes.
 	MaxDeferrals int
+	// DeadLetters, when set, records each dead letter whose order and
+	// version are known, with its message, and holds its order: a later
+	// version of a held order that finds its predecessor missing is parked
+	// at once (acked, kept in MongoDB) instead of waiting in the delay queue,
+	// until an operator replays or discards the dead letter. Default: nil
+	// (dead letters only go to the dead-letter queue).
+	DeadLetters DeadLetters
 	// Crash arms the crash points shipping.after_effect_before_inbox and
 	// shipping.after_inbox_before_ack. Default: nil (disarmed).
 	Crash *crashpoint.Trigger
@@ -94,7 +112,7 @@ func (p *Processor) Handle(ctx context.Context, d rabbitmq.Delivery) (v rabbitmq
 	defer func() {
 		if r := recover(); r != nil {
 			// A bug, not a message problem; count it as a failed attempt.
-			v = p.failed(d, fmt.Errorf("panic: %v", r))
+			v = p.failed(ctx, d, shipment.Event{}, fmt.Errorf("panic: %v", r))
 		}
 		if v.Action != rabbitmq.Retry {
 			p.cfg.Metrics.HandlerDuration.Observe(time.Since(start).Seconds())
@@ -107,9 +125,9 @@ func (p *Processor) Handle(ctx context.Context, d rabbitmq.Delivery) (v rabbitmq
 	var inv *shipment.InvalidError
 	switch {
 	case errors.As(err, &inv):
-		return deadLetter(inv.Reason, inv.Err)
+		return p.deadLetter(ctx, d, ev, inv.Reason, inv.Err)
 	case err != nil:
-		return deadLetter(shipment.ReasonMalformedPayload, err)
+		return p.deadLetter(ctx, d, ev, shipment.ReasonMalformedPayload, err)
 	}
 	log := p.log.With("event_id", ev.MessageID, "aggregate_id", ev.OrderID, "event_type", ev.Type, "version", ev.Version)
 
@@ -126,13 +144,16 @@ func (p *Processor) Handle(ctx context.Context, d rabbitmq.Delivery) (v rabbitmq
 	switch {
 	case err == nil:
 	case errors.Is(err, shipment.ErrGap):
-		return p.deferred(ctx, log, d, "gap", err)
+		if v, parked := p.park(ctx, log, d, ev); parked {
+			return v
+		}
+		return p.deferred(ctx, log, d, ev, "gap", err)
 	case errors.Is(err, inbox.ErrInProgress):
-		return p.deferred(ctx, log, d, "in_progress", err)
+		return p.deferred(ctx, log, d, ev, "in_progress", err)
 	case errors.Is(err, shipment.ErrVersionConflict):
-		return deadLetter(shipment.ReasonVersionConflict, err)
+		return p.deadLetter(ctx, d, ev, shipment.ReasonVersionConflict, err)
 	case errors.Is(err, inbox.ErrInvalidMessageID):
-		return deadLetter(shipment.ReasonMissingMessageID, err)
+		return p.deadLetter(ctx, d, ev, shipment.ReasonMissingMessageID, err)
 	case ctx.Err() != nil:
 		return rabbitmq.Verdict{Action: rabbitmq.Retry} // shutting down or connection lost
 	default:
@@ -156,7 +177,7 @@ func (p *Processor) Handle(ctx context.Context, d rabbitmq.Delivery) (v rabbitmq
 			return rabbitmq.Verdict{Action: rabbitmq.Defer, Reason: "transient"}
 		}
 		log.WarnContext(ctx, "handler failed", "error", err)
-		return p.failed(d, err)
+		return p.failed(ctx, d, ev, err)
 	}
 
 	switch {
@@ -191,12 +212,129 @@ func deadLetter(r shipment.Reason, err error) rabbitmq.Verdict {
 	return rabbitmq.Verdict{Action: rabbitmq.DeadLetter, Reason: string(r), Detail: err.Error()}
 }
 
+// deadLetter dead-letters d. With DeadLetters, a message whose order and
+// version are known is recorded first (with its message, for a replay), and
+// holds its order unless its version is applied anyway (a version
+// conflict); if that record cannot be written, the delivery is kept.
+func (p *Processor) deadLetter(ctx context.Context, d rabbitmq.Delivery, ev shipment.Event, r shipment.Reason, err error) rabbitmq.Verdict {
+	v := deadLetter(r, err)
+	if p.cfg.DeadLetters == nil || r == shipment.ReasonMissingMessageID {
+		return v
+	}
+	orderID, version, typ := ev.OrderID, ev.Version, ev.Type
+	if orderID == "" {
+		var ok bool
+		if orderID, version, ok = shipment.Locate(p.message(d)); !ok {
+			return v
+		}
+		typ = d.Type
+	}
+	l := deadletter.Letter{
+		OrderID: orderID, Version: version, EventType: typ, Reason: string(r), Error: truncate(err.Error(), 1024),
+		Holds: r != shipment.ReasonVersionConflict, DeadLetteredAt: time.Now().UTC(), Message: keep(d),
+	}
+	if rerr := p.cfg.DeadLetters.Record(ctx, l); rerr != nil {
+		p.log.WarnContext(ctx, "could not record the dead letter, keeping the delivery", "event_id", d.MessageID,
+			"aggregate_id", orderID, "version", version, "reason", string(r), "error", rerr)
+		return rabbitmq.Verdict{Action: rabbitmq.Retry}
+	}
+	return v
+}
+
+// park parks d when its order is held behind a dead letter of an earlier
+// version. It reports whether it settled the delivery.
+func (p *Processor) park(ctx context.Context, log *slog.Logger, d rabbitmq.Delivery, ev shipment.Event) (rabbitmq.Verdict, bool) {
+	if p.cfg.DeadLetters == nil {
+		return rabbitmq.Verdict{}, false
+	}
+	retry := func(err error) (rabbitmq.Verdict, bool) {
+		log.WarnContext(ctx, "could not check or park behind a dead letter, keeping the delivery", "error", err)
+		return rabbitmq.Verdict{Action: rabbitmq.Retry}, true
+	}
+	hold, err := p.cfg.DeadLetters.Held(ctx, ev.OrderID)
+	if err != nil {
+		return retry(err)
+	}
+	if hold == nil || hold.State != deadletter.StateHeld || hold.Version >= ev.Version {
+		return rabbitmq.Verdict{}, false
+	}
+	err = p.cfg.DeadLetters.Park(ctx, deadletter.Parked{
+		OrderID: ev.OrderID, Version: ev.Version, ParkedAt: time.Now().UTC(), Message: keep(d),
+	})
+	if errors.Is(err, deadletter.ErrParkedConflict) {
+		return p.deadLetter(ctx, d, ev, shipment.ReasonVersionConflict, err), true
+	}
+	if err != nil {
+		return retry(err)
+	}
+	// A release that began meanwhile may not see this message: re-read the
+	// hold, and take the message back if it is no longer the one parked
+	// behind.
+	again, err := p.cfg.DeadLetters.Held(ctx, ev.OrderID)
+	if err != nil {
+		return retry(err) // handled again: parking is idempotent
+	}
+	if again != nil && again.State == deadletter.StateHeld && again.Token == hold.Token {
+		p.cfg.Metrics.Parked.Inc()
+		log.InfoContext(ctx, "parked behind a dead letter", "dead_version", hold.Version)
+		return rabbitmq.Verdict{Action: rabbitmq.Ack}, true
+	}
+	took, err := p.cfg.DeadLetters.Unpark(ctx, ev.OrderID, ev.Version)
+	if err != nil {
+		return retry(err)
+	}
+	if !took {
+		return rabbitmq.Verdict{Action: rabbitmq.Ack}, true // the release re-published it
+	}
+	return rabbitmq.Verdict{}, false
+}
+
+// message is d as shipment.Decode reads it.
+func (p *Processor) message(d rabbitmq.Delivery) shipment.Message {
+	return shipment.Message{MessageID: d.MessageID, Type: d.Type, RoutingKey: originalRoutingKey(d), Headers: d.Headers, Body: d.Body}
+}
+
+// transportHeaders are set by the consumer, the broker or this processor
+// on a delivery's trips; a kept message drops them, so a replay starts
+// afresh.
+var transportHeaders = []string{
+	HeaderAttempts, HeaderDeferrals, rabbitmq.HeaderReason, rabbitmq.HeaderError, rabbitmq.HeaderDeadLetteredBy,
+	"x-delivery-count", "x-shipping-publish-seq", "x-death", "x-first-death-exchange", "x-first-death-queue",
+	"x-first-death-reason", "x-last-death-exchange", "x-last-death-queue", "x-last-death-reason",
+}
+
+// keep is d as kept for a later re-publish.
+func keep(d rabbitmq.Delivery) deadletter.Message {
+	h := make(map[string]any, len(d.Headers))
+	for k, v := range d.Headers {
+		h[k] = v
+	}
+	for _, k := range transportHeaders {
+		delete(h, k)
+	}
+	if _, ok := h[rabbitmq.HeaderOriginalRoutingKey]; !ok {
+		h[rabbitmq.HeaderOriginalExchange] = d.Exchange
+		h[rabbitmq.HeaderOriginalRoutingKey] = d.RoutingKey
+	}
+	return deadletter.Message{
+		MessageID: d.MessageID, Type: d.Type, ContentType: "application/json",
+		RoutingKey: originalRoutingKey(d), Headers: h, Body: d.Body,
+	}
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n]
+}
+
 // deferred sends the message through the delay queue, up to MaxDeferrals
 // times.
-func (p *Processor) deferred(ctx context.Context, log *slog.Logger, d rabbitmq.Delivery, reason string, err error) rabbitmq.Verdict {
+func (p *Processor) deferred(ctx context.Context, log *slog.Logger, d rabbitmq.Delivery, ev shipment.Event, reason string, err error) rabbitmq.Verdict {
 	n := headerInt(d.Headers, HeaderDeferrals) + 1
 	if n > int64(p.cfg.MaxDeferrals) {
-		return deadLetter(shipment.ReasonGapNotFilled, fmt.Errorf("still waiting after %d deferrals: %w", n-1, err))
+		return p.deadLetter(ctx, d, ev, shipment.ReasonGapNotFilled, fmt.Errorf("still waiting after %d deferrals: %w", n-1, err))
 	}
 	log.DebugContext(ctx, "deferred", "reason", reason, "deferrals", n)
 	return rabbitmq.Verdict{Action: rabbitmq.Defer, Reason: reason, Headers: map[string]any{HeaderDeferrals: n}}
@@ -204,10 +342,10 @@ func (p *Processor) deferred(ctx context.Context, log *slog.Logger, d rabbitmq.D
 
 // failed counts a failed handler run: retry through the delay queue, or
 // dead-letter once MaxAttempts runs failed.
-func (p *Processor) failed(d rabbitmq.Delivery, err error) rabbitmq.Verdict {
+func (p *Processor) failed(ctx context.Context, d rabbitmq.Delivery, ev shipment.Event, err error) rabbitmq.Verdict {
 	n := headerInt(d.Headers, HeaderAttempts) + 1
 	if n >= int64(p.cfg.MaxAttempts) {
-		return deadLetter(shipment.ReasonHandlerFailed, fmt.Errorf("failed %d times, last: %w", n, err))
+		return p.deadLetter(ctx, d, ev, shipment.ReasonHandlerFailed, fmt.Errorf("failed %d times, last: %w", n, err))
 	}
 	return rabbitmq.Verdict{Action: rabbitmq.Defer, Reason: "retry", Headers: map[string]any{HeaderAttempts: n}}
 }

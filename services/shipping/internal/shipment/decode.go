@@ -150,6 +150,18 @@ func decodeIgnored(m Message, typ string, version int64) (Event, error) {
 	return Event{MessageID: m.MessageID, Type: typ, OrderID: orderID, Version: version, Ignored: true}, nil
 }
 
+// Locate returns the order and version a message claims in its headers
+// (aggregate_id, aggregate_version), whatever its payload: where a message
+// that cannot be applied would sit in its order's chain.
+func Locate(m Message) (orderID string, version int64, ok bool) {
+	orderID, _ = m.Headers["aggregate_id"].(string)
+	version, err := headerVersion(m.Headers)
+	if err != nil || text(orderID, 200) != nil {
+		return "", 0, false
+	}
+	return orderID, version, true
+}
+
 // headerVersion reads aggregate_version, an integer header.
 func headerVersion(h map[string]any) (int64, error) {
 	raw, ok := h["aggregate_version"]

@@ -79,6 +79,9 @@ type Applied struct {
 	EventType string    `json:"event_type"`
 	Version   int64     `json:"version"`
 	AppliedAt time.Time `json:"applied_at"`
+	// Discarded: an operator discarded this dead-lettered version; it
+	// counts in the chain, with no effect.
+	Discarded bool `json:"discarded,omitempty"`
 }
 
 // Shipment is the state built from an order's applied events.
@@ -104,7 +107,7 @@ type Record struct {
 // Records of event types this service ignores only advance the version. An
 // order whose chain has no order.created has no shipment (ErrNotFound).
 func Build(orderID string, records []Record) (Shipment, error) {
-	if len(records) == 0 || records[0].EventType != TypeCreated {
+	if len(records) == 0 || records[0].EventType != TypeCreated || records[0].Discarded {
 		return Shipment{}, ErrNotFound
 	}
 	s := Shipment{OrderID: orderID, Events: make([]Applied, 0, len(records))}
@@ -113,6 +116,7 @@ func Build(orderID string, records []Record) (Shipment, error) {
 			return Shipment{}, fmt.Errorf("shipment %s: record %d has version %d", orderID, i, r.Version)
 		}
 		switch {
+		case r.Discarded:
 		case r.EventType == TypeCreated && r.Created != nil:
 			s.Status = StatusPending
 			s.CustomerID, s.Currency, s.Items, s.Total = r.Created.CustomerID, r.Created.Currency, r.Created.Items, r.Created.Total

@@ -1,0 +1,178 @@
+package app_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/outbox-inbox/reference/services/shipping/internal/app"
+	"github.com/outbox-inbox/reference/services/shipping/internal/mongodb"
+	"github.com/outbox-inbox/reference/services/shipping/internal/processor"
+	"github.com/outbox-inbox/reference/services/shipping/internal/shipment"
+)
+
+// brokenStore fails every Apply of version 1 of one order while broken is
+// set.
+type brokenStore struct {
+	processor.Store
+	order  string
+	broken *atomic.Bool
+}
+
+func (b brokenStore) Apply(ctx context.Context, ev shipment.Event) (mongodb.Outcome, error) {
+	if ev.OrderID == b.order && ev.Version == 1 && b.broken.Load() {
+		return 0, errors.New("simulated bug for " + b.order)
+	}
+	return b.Store.Apply(ctx, ev)
+}
+
+func adminDo(t *testing.T, method, url, token string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequestWithContext(t.Context(), method, url, nil)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, url, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func gauge(a *app.App, name string) float64 {
+	var v float64
+	switch name {
+	case "held":
+		v = gaugeValue(a.Metrics().HeldOrders)
+	case "parked":
+		v = gaugeValue(a.Metrics().ParkedMessages)
+	}
+	return v
+}
+
+func TestDeadLetterParksItsOrderUntilReplayedWhileOthersFlow(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	var broken atomic.Bool
+	broken.Store(true)
+	a := e.start(app.Config{
+		MaxAttempts: 2, AdminToken: "s3cret", DeadLetterStatsInterval: 50 * time.Millisecond,
+		WrapStore: func(s processor.Store) processor.Store { return brokenStore{s, "held-1", &broken} },
+	})
+	base := "http://" + a.HTTPAddr()
+
+	e.pub.publish(created("1601", "held-1"))
+	var dead []amqp.Delivery
+	waitFor(t, 30*time.Second, "the create dead-lettered", func() bool {
+		dead = append(dead, e.deadLetters(a.Topology().DeadLetterQueue)...)
+		return len(dead) > 0
+	})
+	// Later versions of the held order are parked at once: no trip through
+	// the delay queue waiting for version 1.
+	e.pub.publish(cancelled("1602", "held-1"))
+	waitFor(t, 30*time.Second, "the cancel parked", func() bool { return value(a.Metrics().Parked) == 1 })
+	if g := deferredGap(a); g != 0 {
+		t.Errorf("the parked cancel was deferred %v times for a gap, want 0", g)
+	}
+	// Other orders flow.
+	e.pub.publish(created("1611", "free-1"))
+	e.pub.publish(cancelled("1612", "free-1"))
+	wantEvents(t, e.waitShipment("free-1", 2), "1611", "1612")
+	waitFor(t, 10*time.Second, "the gauges", func() bool { return gauge(a, "held") == 1 && gauge(a, "parked") == 1 })
+
+	if status, _ := adminDo(t, http.MethodGet, base+"/admin/dead-letters", ""); status != http.StatusUnauthorized {
+		t.Fatalf("list without a token: %d, want 401", status)
+	}
+	if status, _ := adminDo(t, http.MethodGet, base+"/admin/dead-letters", "wrong"); status != http.StatusUnauthorized {
+		t.Fatalf("list with a wrong token: %d, want 401", status)
+	}
+	status, body := adminDo(t, http.MethodGet, base+"/admin/dead-letters", "s3cret")
+	var list struct {
+		DeadLetters []struct {
+			OrderID string `json:"order_id"`
+			Version int64  `json:"version"`
+			Reason  string `json:"reason"`
+			Message struct {
+				MessageID string `json:"message_id"`
+			} `json:"message"`
+		} `json:"dead_letters"`
+		HeldOrders []struct {
+			OrderID     string `json:"order_id"`
+			DeadVersion int64  `json:"dead_version"`
+			Parked      int    `json:"parked"`
+		} `json:"held_orders"`
+	}
+	if err := json.Unmarshal([]byte(body), &list); status != http.StatusOK || err != nil {
+		t.Fatalf("list: %d %s (%v)", status, body, err)
+	}
+	if len(list.DeadLetters) != 1 || list.DeadLetters[0].Message.MessageID != "1601" || list.DeadLetters[0].Reason != "handler_failed" ||
+		len(list.HeldOrders) != 1 || list.HeldOrders[0].OrderID != "held-1" || list.HeldOrders[0].DeadVersion != 1 || list.HeldOrders[0].Parked != 1 {
+		t.Fatalf("list: %s", body)
+	}
+	if vs := e.order.versions("held-1"); len(vs) != 0 {
+		t.Fatalf("versions %v of the held order applied", vs)
+	}
+
+	broken.Store(false) // the fix is deployed
+	if status, body := adminDo(t, http.MethodPost, base+"/admin/dead-letters/held-1/7/replay", "s3cret"); status != http.StatusNotFound {
+		t.Fatalf("replay of no dead letter: %d %s, want 404", status, body)
+	}
+	status, body = adminDo(t, http.MethodPost, base+"/admin/dead-letters/held-1/1/replay", "s3cret")
+	if status != http.StatusOK || !strings.Contains(body, `"released":1`) {
+		t.Fatalf("replay: %d %s", status, body)
+	}
+	s := e.waitShipment("held-1", 2)
+	wantEvents(t, s, "1601", "1602")
+	if vs := e.order.versions("held-1"); fmt.Sprint(vs) != "[1 2]" {
+		t.Fatalf("application order %v, want [1 2]", vs)
+	}
+	e.waitDrained(a)
+	waitFor(t, 10*time.Second, "the gauges back to 0", func() bool { return gauge(a, "held") == 0 && gauge(a, "parked") == 0 })
+	if _, body := adminDo(t, http.MethodGet, base+"/admin/dead-letters", "s3cret"); !strings.Contains(body, `"dead_letters":[]`) || !strings.Contains(body, `"held_orders":[]`) {
+		t.Fatalf("after the replay: %s", body)
+	}
+}
+
+func TestDiscardedDeadLetterReleasesTheRestOfItsOrder(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	a := e.start(app.Config{AdminToken: "s3cret"})
+	base := "http://" + a.HTTPAddr()
+
+	e.pub.publish(created("1701", "disc-1"))
+	e.waitShipment("disc-1", 1)
+	bad := cancelled("1702", "disc-1")
+	bad.Body = []byte(`{"order_id": "disc-1",`) // version 2, malformed
+	e.pub.publish(bad)
+	waitFor(t, 30*time.Second, "the malformed version dead-lettered", func() bool {
+		return value(a.Metrics().DeadLettered.WithLabelValues("malformed_payload")) == 1
+	})
+	next := cancelled("1703", "disc-1")
+	next.Version = int64(3)
+	e.pub.publish(next)
+	waitFor(t, 30*time.Second, "version 3 parked", func() bool { return value(a.Metrics().Parked) == 1 })
+
+	status, body := adminDo(t, http.MethodPost, base+"/admin/dead-letters/disc-1/2/discard", "s3cret")
+	if status != http.StatusOK || !strings.Contains(body, `"released":1`) {
+		t.Fatalf("discard: %d %s", status, body)
+	}
+	s := e.waitShipment("disc-1", 3)
+	wantEvents(t, s, "1701", "1702", "1703")
+	if s.Status != shipment.StatusCancelled || !s.Events[1].Discarded || s.Events[2].Discarded {
+		t.Fatalf("shipment %+v: want cancelled by version 3, version 2 discarded", s)
+	}
+	if vs := e.order.versions("disc-1"); fmt.Sprint(vs) != "[1 3]" {
+		t.Fatalf("application order %v, want [1 3] (2 discarded)", vs)
+	}
+}

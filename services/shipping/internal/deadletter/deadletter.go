@@ -1,0 +1,300 @@
+// Package deadletter keeps the shipping service's dead letters, and the
+// messages parked behind them, in MongoDB, so that a dead letter holds back
+// only the later versions of its own order, and an operator can replay or
+// discard it and release what it held, in order.
+//
+// Versions of an order apply one after the other. When version v of an
+// order is dead-lettered (its handler kept failing, its payload is
+// malformed, its predecessor never came), every later version of that order
+// would wait for v in the delay queue until it too is dead-lettered. Instead:
+//
+//   - the dead letter is recorded (collection dead_letters, _id "order/v",
+//     with the message's body and headers) and, unless its version is
+//     applied anyway (a version conflict), the order is held (collection
+//     held_orders, _id the order id, with the dead version);
+//   - a later version of a held order that finds its predecessor missing is
+//     parked at once (collection parked, _id "order/version", with the
+//     message) and acked; other orders flow;
+//   - Replay re-publishes the dead letter to the consumer's queue (after a
+//     fix), Discard records its version as skipped in the shipment; both then
+//     release the order: its parked messages are re-published in version
+//     order and the hold is removed.
+//
+// A release is idempotent and resumable: the hold is first marked
+// "releasing" with a token; each parked message is deleted only after its
+// re-publish was confirmed; the hold is deleted last, and only if it still
+// carries the token (a replayed message that fails again holds the order
+// anew). A crash in the middle leaves the hold "releasing": running Replay
+// or Discard again for that order resumes it. A message re-published twice
+// is a duplicate, which the inbox absorbs; order is kept by the consumer's
+// version chain, which never applies a version before its predecessor.
+//
+// A consumer that parks a message re-reads the hold afterwards: if a
+// release began meanwhile, it takes its message back (or finds the release
+// already re-published it), so no message is parked behind a hold that is
+// gone.
+//
+// Lookups are by _id, except the listings (List, Stats, and a release's
+// parked messages of one order), which scan their small collections.
+package deadletter
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+)
+
+// Collection names.
+const (
+	LettersCollection = "dead_letters"
+	HoldsCollection   = "held_orders"
+	ParkedCollection  = "parked"
+)
+
+// Hold states.
+const (
+	StateHeld      = "held"
+	StateReleasing = "releasing"
+)
+
+// ErrNotFound: no dead letter at that order and version, and no release of
+// that order to resume.
+var ErrNotFound = errors.New("deadletter: no such dead letter")
+
+// Message is a message as kept for a later re-publish.
+type Message struct {
+	MessageID   string         `bson:"message_id" json:"message_id"`
+	Type        string         `bson:"type,omitempty" json:"type,omitempty"`
+	ContentType string         `bson:"content_type,omitempty" json:"content_type,omitempty"`
+	RoutingKey  string         `bson:"routing_key" json:"routing_key"` // as first published
+	Headers     map[string]any `bson:"headers,omitempty" json:"-"`
+	Body        []byte         `bson:"body" json:"-"`
+}
+
+// Letter is a recorded dead letter.
+type Letter struct {
+	OrderID        string    `bson:"order_id" json:"order_id"`
+	Version        int64     `bson:"version" json:"version"`
+	EventType      string    `bson:"event_type" json:"event_type"`
+	Reason         string    `bson:"reason" json:"reason"`
+	Error          string    `bson:"error" json:"error"`
+	Holds          bool      `bson:"holds" json:"holds_order"` // its order's later versions are parked behind it
+	DeadLetteredAt time.Time `bson:"dead_lettered_at" json:"dead_lettered_at"`
+	Message        Message   `bson:"message" json:"message"`
+}
+
+// Hold is an order whose later versions are parked behind a dead letter.
+type Hold struct {
+	OrderID string    `bson:"_id" json:"order_id"`
+	Version int64     `bson:"version" json:"dead_version"`
+	State   string    `bson:"state" json:"state"`
+	Token   string    `bson:"token" json:"-"`
+	Since   time.Time `bson:"since" json:"since"`
+	// Parked and OldestParkedAt are filled by List.
+	Parked         int        `bson:"-" json:"parked"`
+	OldestParkedAt *time.Time `bson:"-" json:"oldest_parked_at,omitempty"`
+}
+
+// Parked is a message parked behind its order's dead letter.
+type Parked struct {
+	OrderID  string    `bson:"order_id" json:"order_id"`
+	Version  int64     `bson:"version" json:"version"`
+	ParkedAt time.Time `bson:"parked_at" json:"parked_at"`
+	Message  Message   `bson:"message" json:"message"`
+}
+
+// Store keeps dead letters, holds and parked messages in MongoDB.
+type Store struct {
+	letters, holds, parked *mongo.Collection
+}
+
+// NewStore returns a Store on db.
+func NewStore(db *mongo.Database) (*Store, error) {
+	if db == nil {
+		return nil, errors.New("deadletter: nil database")
+	}
+	return &Store{
+		letters: db.Collection(LettersCollection),
+		holds:   db.Collection(HoldsCollection),
+		parked:  db.Collection(ParkedCollection),
+	}, nil
+}
+
+func key(orderID string, version int64) string { return orderID + "/" + strconv.FormatInt(version, 10) }
+
+func byID(id string) bson.D { return bson.D{{Key: "_id", Value: id}} }
+
+func newToken() string {
+	b := make([]byte, 12)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+type letterDoc struct {
+	ID     string `bson:"_id"`
+	Letter `bson:",inline"`
+}
+
+type parkedDoc struct {
+	ID     string `bson:"_id"`
+	Parked `bson:",inline"`
+}
+
+// Record records a dead letter (replacing an earlier one at the same order
+// and version) and, when it holds its order, holds it.
+func (s *Store) Record(ctx context.Context, l Letter) error {
+	id := key(l.OrderID, l.Version)
+	if _, err := s.letters.ReplaceOne(ctx, byID(id), letterDoc{ID: id, Letter: l}, options.Replace().SetUpsert(true)); err != nil {
+		return fmt.Errorf("record dead letter %s: %w", id, err)
+	}
+	if !l.Holds {
+		return nil
+	}
+	h := Hold{OrderID: l.OrderID, Version: l.Version, State: StateHeld, Token: newToken(), Since: l.DeadLetteredAt}
+	if _, err := s.holds.ReplaceOne(ctx, byID(l.OrderID), h, options.Replace().SetUpsert(true)); err != nil {
+		return fmt.Errorf("hold order %s behind dead letter %s: %w", l.OrderID, id, err)
+	}
+	return nil
+}
+
+// Held returns orderID's hold, or nil.
+func (s *Store) Held(ctx context.Context, orderID string) (*Hold, error) {
+	var h Hold
+	err := s.holds.FindOne(ctx, byID(orderID)).Decode(&h)
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read hold of order %s: %w", orderID, err)
+	}
+	return &h, nil
+}
+
+// ErrParkedConflict: another message is parked at that order and version.
+var ErrParkedConflict = errors.New("deadletter: another message is parked at this version")
+
+// Park parks p. Parking the same message twice is a no-op.
+func (s *Store) Park(ctx context.Context, p Parked) error {
+	id := key(p.OrderID, p.Version)
+	_, err := s.parked.InsertOne(ctx, parkedDoc{ID: id, Parked: p})
+	if err == nil {
+		return nil
+	}
+	if !mongo.IsDuplicateKeyError(err) {
+		return fmt.Errorf("park %s: %w", id, err)
+	}
+	var existing parkedDoc
+	if err := s.parked.FindOne(ctx, byID(id)).Decode(&existing); err != nil {
+		if errors.Is(err, mongo.ErrNoDocuments) { // released meanwhile: park again
+			return s.Park(ctx, p)
+		}
+		return fmt.Errorf("read parked %s: %w", id, err)
+	}
+	if existing.Message.MessageID != p.Message.MessageID {
+		return fmt.Errorf("%w: %s holds message %s, not %s", ErrParkedConflict, id, existing.Message.MessageID, p.Message.MessageID)
+	}
+	return nil
+}
+
+// Unpark deletes the parked message at orderID/version, reporting whether
+// it was there.
+func (s *Store) Unpark(ctx context.Context, orderID string, version int64) (bool, error) {
+	res, err := s.parked.DeleteOne(ctx, byID(key(orderID, version)))
+	if err != nil {
+		return false, fmt.Errorf("unpark %s: %w", key(orderID, version), err)
+	}
+	return res.DeletedCount > 0, nil
+}
+
+// parkedOf returns orderID's parked messages in version order.
+func (s *Store) parkedOf(ctx context.Context, orderID string) ([]Parked, error) {
+	cur, err := s.parked.Find(ctx, bson.D{{Key: "order_id", Value: orderID}}, options.Find().SetSort(bson.D{{Key: "version", Value: 1}}))
+	if err != nil {
+		return nil, fmt.Errorf("list parked messages of order %s: %w", orderID, err)
+	}
+	var out []Parked
+	if err := cur.All(ctx, &out); err != nil {
+		return nil, fmt.Errorf("list parked messages of order %s: %w", orderID, err)
+	}
+	return out, nil
+}
+
+// Stats is what the metrics show.
+type Stats struct {
+	HeldOrders      int
+	DeadLetters     int
+	Parked          int
+	OldestParkedAge time.Duration // 0 when nothing is parked
+}
+
+// Stats counts holds, dead letters and parked messages.
+func (s *Store) Stats(ctx context.Context, now time.Time) (Stats, error) {
+	var st Stats
+	n, err := s.holds.CountDocuments(ctx, bson.D{})
+	if err != nil {
+		return st, fmt.Errorf("count held orders: %w", err)
+	}
+	st.HeldOrders = int(n)
+	if n, err = s.letters.CountDocuments(ctx, bson.D{}); err != nil {
+		return st, fmt.Errorf("count dead letters: %w", err)
+	}
+	st.DeadLetters = int(n)
+	if n, err = s.parked.CountDocuments(ctx, bson.D{}); err != nil {
+		return st, fmt.Errorf("count parked messages: %w", err)
+	}
+	st.Parked = int(n)
+	if n > 0 {
+		var oldest Parked
+		err := s.parked.FindOne(ctx, bson.D{}, options.FindOne().SetSort(bson.D{{Key: "parked_at", Value: 1}})).Decode(&oldest)
+		if err != nil && !errors.Is(err, mongo.ErrNoDocuments) {
+			return st, fmt.Errorf("oldest parked message: %w", err)
+		}
+		if err == nil {
+			st.OldestParkedAge = max(0, now.Sub(oldest.ParkedAt))
+		}
+	}
+	return st, nil
+}
+
+// List returns every dead letter (oldest first) and every held order, with
+// its parked messages counted.
+func (s *Store) List(ctx context.Context) ([]Letter, []Hold, error) {
+	cur, err := s.letters.Find(ctx, bson.D{}, options.Find().SetSort(bson.D{{Key: "dead_lettered_at", Value: 1}}))
+	if err != nil {
+		return nil, nil, fmt.Errorf("list dead letters: %w", err)
+	}
+	letters := []Letter{}
+	if err := cur.All(ctx, &letters); err != nil {
+		return nil, nil, fmt.Errorf("list dead letters: %w", err)
+	}
+	cur, err = s.holds.Find(ctx, bson.D{}, options.Find().SetSort(bson.D{{Key: "since", Value: 1}}))
+	if err != nil {
+		return nil, nil, fmt.Errorf("list held orders: %w", err)
+	}
+	holds := []Hold{}
+	if err := cur.All(ctx, &holds); err != nil {
+		return nil, nil, fmt.Errorf("list held orders: %w", err)
+	}
+	for i := range holds {
+		ps, err := s.parkedOf(ctx, holds[i].OrderID)
+		if err != nil {
+			return nil, nil, err
+		}
+		holds[i].Parked = len(ps)
+		for _, p := range ps {
+			if holds[i].OldestParkedAt == nil || p.ParkedAt.Before(*holds[i].OldestParkedAt) {
+				at := p.ParkedAt
+				holds[i].OldestParkedAt = &at
+			}
+		}
+	}
+	return letters, holds, nil
+}

@@ -1,0 +1,170 @@
+package deadletter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+)
+
+// Publisher re-publishes a kept message to the consumer's queue and returns
+// once the broker confirmed it.
+type Publisher interface {
+	Publish(ctx context.Context, m Message) error
+}
+
+// Skipper records a version of an order as skipped, so that the versions
+// after it apply (services/shipping/internal/mongodb).
+type Skipper interface {
+	Skip(ctx context.Context, orderID string, version int64, messageID, eventType string) error
+}
+
+// Config configures a Manager.
+type Config struct {
+	Store     *Store    // required
+	Publisher Publisher // required
+	Skipper   Skipper   // required
+	// Logger. Default: discard.
+	Logger *slog.Logger
+	// afterPublish, when set (tests), runs after each confirmed re-publish of
+	// a parked message, before it is deleted; an error stops the release
+	// there, as a crash would.
+	afterPublish func(p Parked) error
+}
+
+// Manager replays and discards dead letters and releases their orders.
+type Manager struct {
+	cfg Config
+	log *slog.Logger
+}
+
+// NewManager returns a Manager.
+func NewManager(cfg Config) (*Manager, error) {
+	if cfg.Store == nil || cfg.Publisher == nil || cfg.Skipper == nil {
+		return nil, errors.New("deadletter: Store, Publisher and Skipper are required")
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Manager{cfg: cfg, log: log}, nil
+}
+
+// List returns the dead letters and the held orders.
+func (m *Manager) List(ctx context.Context) ([]Letter, []Hold, error) { return m.cfg.Store.List(ctx) }
+
+// Replay re-publishes the dead letter at orderID/version to the consumer's
+// queue, then releases its order's parked messages, in version order. It
+// returns how many parked messages it released. Replaying an order whose
+// release was interrupted resumes it.
+func (m *Manager) Replay(ctx context.Context, orderID string, version int64) (int, error) {
+	return m.settle(ctx, orderID, version, func(l Letter) error {
+		if err := m.cfg.Publisher.Publish(ctx, l.Message); err != nil {
+			return fmt.Errorf("replay dead letter %s: %w", key(orderID, version), err)
+		}
+		return nil
+	})
+}
+
+// Discard drops the dead letter at orderID/version: its version is recorded
+// as skipped in the shipment (so the versions after it apply), and its
+// order's parked messages are released, in version order. It returns how
+// many parked messages it released. Discarding an order whose release was
+// interrupted resumes it.
+func (m *Manager) Discard(ctx context.Context, orderID string, version int64) (int, error) {
+	return m.settle(ctx, orderID, version, func(l Letter) error {
+		if err := m.cfg.Skipper.Skip(ctx, orderID, version, l.Message.MessageID, l.EventType); err != nil {
+			return fmt.Errorf("discard dead letter %s: %w", key(orderID, version), err)
+		}
+		return nil
+	})
+}
+
+func (m *Manager) settle(ctx context.Context, orderID string, version int64, act func(Letter) error) (int, error) {
+	s := m.cfg.Store
+	id := key(orderID, version)
+	var doc letterDoc
+	err := s.letters.FindOne(ctx, byID(id)).Decode(&doc)
+	found := err == nil
+	if err != nil && !errors.Is(err, mongo.ErrNoDocuments) {
+		return 0, fmt.Errorf("read dead letter %s: %w", id, err)
+	}
+	hold, err := s.Held(ctx, orderID)
+	if err != nil {
+		return 0, err
+	}
+	if !found && (hold == nil || hold.State != StateReleasing) {
+		return 0, fmt.Errorf("%w: %s", ErrNotFound, id)
+	}
+
+	// Mark the release first: from now on no consumer parks behind this hold,
+	// and a crash leaves a trace that the next call resumes from.
+	token := newToken()
+	if hold != nil || (found && doc.Holds) {
+		h := Hold{OrderID: orderID, Version: version, State: StateReleasing, Token: token, Since: time.Now().UTC()}
+		if hold != nil {
+			h.Since = hold.Since
+		}
+		if _, err := s.holds.ReplaceOne(ctx, byID(orderID), h, options.Replace().SetUpsert(true)); err != nil {
+			return 0, fmt.Errorf("mark order %s releasing: %w", orderID, err)
+		}
+	}
+	if found {
+		if err := act(doc.Letter); err != nil {
+			return 0, err
+		}
+		// Unless it was dead-lettered again meanwhile (a replay that failed).
+		if _, err := s.letters.DeleteOne(ctx, bson.D{{Key: "_id", Value: id}, {Key: "dead_lettered_at", Value: doc.DeadLetteredAt}}); err != nil {
+			return 0, fmt.Errorf("delete dead letter %s: %w", id, err)
+		}
+	}
+
+	released, err := m.releaseParked(ctx, orderID)
+	if err != nil {
+		return released, err
+	}
+	res, err := s.holds.DeleteOne(ctx, bson.D{{Key: "_id", Value: orderID}, {Key: "token", Value: token}})
+	if err != nil {
+		return released, fmt.Errorf("delete hold of order %s: %w", orderID, err)
+	}
+	if res.DeletedCount == 1 {
+		// A consumer that parked just before the release began re-reads the
+		// hold and takes its message back; one that lost that race left it
+		// here: release it too.
+		n, err := m.releaseParked(ctx, orderID)
+		released += n
+		if err != nil {
+			return released, err
+		}
+	}
+	m.log.InfoContext(ctx, "order released", "aggregate_id", orderID, "version", version, "released", released, "resumed", !found)
+	return released, nil
+}
+
+// releaseParked re-publishes orderID's parked messages in version order,
+// deleting each after its confirm.
+func (m *Manager) releaseParked(ctx context.Context, orderID string) (int, error) {
+	ps, err := m.cfg.Store.parkedOf(ctx, orderID)
+	if err != nil {
+		return 0, err
+	}
+	for i, p := range ps {
+		if err := m.cfg.Publisher.Publish(ctx, p.Message); err != nil {
+			return i, fmt.Errorf("release %s: %w", key(p.OrderID, p.Version), err)
+		}
+		if m.cfg.afterPublish != nil {
+			if err := m.cfg.afterPublish(p); err != nil {
+				return i, err
+			}
+		}
+		if _, err := m.cfg.Store.Unpark(ctx, p.OrderID, p.Version); err != nil {
+			return i, err
+		}
+	}
+	return len(ps), nil
+}

@@ -1,0 +1,180 @@
+package deadletter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/outbox-inbox/reference/internal/mongolocal/mongotest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(mongotest.Suite(m)) }
+
+type fakePublisher struct {
+	mu        sync.Mutex
+	published []string // message ids
+}
+
+func (f *fakePublisher) Publish(_ context.Context, m Message) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.published = append(f.published, m.MessageID)
+	return nil
+}
+
+type fakeSkipper struct{ skipped []string }
+
+func (f *fakeSkipper) Skip(_ context.Context, orderID string, version int64, _, _ string) error {
+	f.skipped = append(f.skipped, key(orderID, version))
+	return nil
+}
+
+func msg(id string) Message {
+	return Message{MessageID: id, RoutingKey: "order.cancelled", Body: []byte("{}")}
+}
+
+// setup holds order o-1 behind a dead letter at version 2, with versions 3,
+// 4 and 5 parked (in another order than their versions).
+func setup(t *testing.T) (*Store, *fakePublisher, *fakeSkipper) {
+	t.Helper()
+	s, err := NewStore(mongotest.Database(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	now := time.Now().UTC()
+	if err := s.Record(ctx, Letter{OrderID: "o-1", Version: 2, EventType: "order.cancelled", Reason: "handler_failed",
+		Error: "boom", Holds: true, DeadLetteredAt: now, Message: msg("m2")}); err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range []int64{4, 3, 5} {
+		if err := s.Park(ctx, Parked{OrderID: "o-1", Version: v, ParkedAt: now, Message: msg(fmt.Sprintf("m%d", v))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Park(ctx, Parked{OrderID: "o-1", Version: 4, ParkedAt: now, Message: msg("m4")}); err != nil {
+		t.Fatalf("parking the same message twice: %v", err)
+	}
+	if err := s.Park(ctx, Parked{OrderID: "o-1", Version: 4, ParkedAt: now, Message: msg("other")}); !errors.Is(err, ErrParkedConflict) {
+		t.Fatalf("another message at a parked version: %v, want ErrParkedConflict", err)
+	}
+	return s, &fakePublisher{}, &fakeSkipper{}
+}
+
+func wantReleased(t *testing.T, s *Store) {
+	t.Helper()
+	letters, holds, err := s.List(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(letters) != 0 || len(holds) != 0 {
+		t.Fatalf("after the release: dead letters %+v, holds %+v; want none", letters, holds)
+	}
+	if ps, _ := s.parkedOf(t.Context(), "o-1"); len(ps) != 0 {
+		t.Fatalf("still parked: %+v", ps)
+	}
+}
+
+func TestReplayRepublishesTheDeadLetterThenTheParkedInVersionOrder(t *testing.T) {
+	t.Parallel()
+	s, pub, skip := setup(t)
+	st, err := s.Stats(t.Context(), time.Now())
+	if err != nil || st.HeldOrders != 1 || st.DeadLetters != 1 || st.Parked != 3 {
+		t.Fatalf("stats %+v, %v", st, err)
+	}
+	m, _ := NewManager(Config{Store: s, Publisher: pub, Skipper: skip})
+	n, err := m.Replay(t.Context(), "o-1", 2)
+	if err != nil || n != 3 {
+		t.Fatalf("Replay: %d, %v", n, err)
+	}
+	if want := []string{"m2", "m3", "m4", "m5"}; !slices.Equal(pub.published, want) {
+		t.Fatalf("published %v, want %v", pub.published, want)
+	}
+	if len(skip.skipped) != 0 {
+		t.Fatalf("replay skipped %v", skip.skipped)
+	}
+	wantReleased(t, s)
+	if _, err := m.Replay(t.Context(), "o-1", 2); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("second Replay: %v, want ErrNotFound", err)
+	}
+}
+
+func TestDiscardSkipsTheVersionThenReleasesTheParked(t *testing.T) {
+	t.Parallel()
+	s, pub, skip := setup(t)
+	m, _ := NewManager(Config{Store: s, Publisher: pub, Skipper: skip})
+	if n, err := m.Discard(t.Context(), "o-1", 2); err != nil || n != 3 {
+		t.Fatalf("Discard: %d, %v", n, err)
+	}
+	if !slices.Equal(skip.skipped, []string{"o-1/2"}) || !slices.Equal(pub.published, []string{"m3", "m4", "m5"}) {
+		t.Fatalf("skipped %v, published %v", skip.skipped, pub.published)
+	}
+	wantReleased(t, s)
+}
+
+func TestReleaseInterruptedMidwayResumesWithoutLossOrReorder(t *testing.T) {
+	t.Parallel()
+	s, pub, skip := setup(t)
+	crash := errors.New("crash")
+	// The release dies after version 4's re-publish was confirmed, before
+	// its parked copy is deleted.
+	m, _ := NewManager(Config{Store: s, Publisher: pub, Skipper: skip, afterPublish: func(p Parked) error {
+		if p.Version == 4 {
+			return crash
+		}
+		return nil
+	}})
+	if _, err := m.Replay(t.Context(), "o-1", 2); !errors.Is(err, crash) {
+		t.Fatalf("Replay: %v, want the crash", err)
+	}
+	h, err := s.Held(t.Context(), "o-1")
+	if err != nil || h == nil || h.State != StateReleasing {
+		t.Fatalf("hold after the crash: %+v, %v; want it releasing", h, err)
+	}
+
+	// The operator runs it again: it resumes.
+	m, _ = NewManager(Config{Store: s, Publisher: pub, Skipper: skip})
+	if _, err := m.Replay(t.Context(), "o-1", 2); err != nil {
+		t.Fatalf("resumed Replay: %v", err)
+	}
+	// Nothing lost; version 4 went out twice (the consumer's inbox absorbs
+	// the copy); first publications in version order.
+	if want := []string{"m2", "m3", "m4", "m4", "m5"}; !slices.Equal(pub.published, want) {
+		t.Fatalf("published %v, want %v", pub.published, want)
+	}
+	wantReleased(t, s)
+}
+
+func TestAReplayThatFailsAgainHoldsTheOrderAnew(t *testing.T) {
+	t.Parallel()
+	s, _, skip := setup(t)
+	// The replayed message is dead-lettered again while the release runs.
+	pub := publishFunc(func(ctx context.Context, m Message) error {
+		if m.MessageID == "m2" {
+			return s.Record(ctx, Letter{OrderID: "o-1", Version: 2, Reason: "handler_failed", Holds: true,
+				DeadLetteredAt: time.Now().UTC().Add(time.Second), Message: msg("m2")})
+		}
+		return nil
+	})
+	m, _ := NewManager(Config{Store: s, Publisher: pub, Skipper: skip})
+	if _, err := m.Replay(t.Context(), "o-1", 2); err != nil {
+		t.Fatal(err)
+	}
+	h, err := s.Held(t.Context(), "o-1")
+	if err != nil || h == nil || h.State != StateHeld {
+		t.Fatalf("hold %+v, %v: want the order held again", h, err)
+	}
+	if letters, _, err := s.List(t.Context()); err != nil || len(letters) != 1 || letters[0].Message.MessageID != "m2" {
+		t.Fatalf("dead letters %+v, %v: want the new one of m2 kept", letters, err)
+	}
+}
+
+type publishFunc func(ctx context.Context, m Message) error
+
+func (f publishFunc) Publish(ctx context.Context, m Message) error { return f(ctx, m) }
