@@ -301,6 +301,7 @@ type shipmentRecord struct {
 	MessageID string    `bson:"message_id"`
 	EventType string    `bson:"event_type"`
 	AppliedAt time.Time `bson:"applied_at"`
+	Discarded bool      `bson:"discarded"`
 }
 
 // readShipments reads every applied event from shipping's MongoDB collection
@@ -326,6 +327,12 @@ func readShipments(ctx context.Context, uri, database, collection string) (map[s
 	})
 	out := make(map[string]chaos.Shipment)
 	for _, r := range recs {
+		if r.Discarded || (r.EventType != chaos.EventCreated && r.EventType != chaos.EventCancelled) {
+			// A no-op: an event type shipping ignores, recorded at its
+			// version so that later versions apply, or a version an operator
+			// discarded. No effect.
+			continue
+		}
 		sh := out[r.OrderID]
 		sh.OrderID = r.OrderID
 		sh.Events = append(sh.Events, chaos.AppliedEvent{MessageID: r.MessageID, EventType: r.EventType, Version: r.Version})
