@@ -1,0 +1,44 @@
+package metrics_test
+
+import (
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/outbox-inbox/reference/services/orders/internal/metrics"
+)
+
+// The counters operators alert on are exposed under their documented names
+// and move with the relay's calls.
+func TestRelayExposesTheFailureCounters(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	m := metrics.NewRelay(reg)
+	m.ClaimFailed()
+	m.ClaimFailed()
+	m.MarkFailed()
+	m.Unmarked(3)
+	m.ListenReconnected()
+
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, f := range families {
+		for _, metric := range f.GetMetric() {
+			if c := metric.GetCounter(); c != nil {
+				got[f.GetName()] = c.GetValue()
+			}
+		}
+	}
+	for name, want := range map[string]float64{
+		"outbox_claim_failures_total":    2,
+		"outbox_mark_failures_total":     1,
+		"outbox_unmarked_total":          3,
+		"outbox_listen_reconnects_total": 1,
+	} {
+		if v, ok := got[name]; !ok || v != want {
+			t.Errorf("%s = %v (exposed: %v), want %v", name, v, ok, want)
+		}
+	}
+}
