@@ -41,8 +41,10 @@ type Metrics interface {
 	// event holding the row for longer than the lease allows): each will be
 	// published again after its lease, a duplicate.
 	Unmarked(n int)
-	// ListenReconnected counts losses of the LISTEN connection (broken, or
-	// silent beyond ListenKeepalive), each followed by a reconnection.
+	// ListenReconnected counts the times the relay had to open its LISTEN
+	// connection again: it broke, stayed silent beyond ListenKeepalive and did
+	// not answer a ping, or could not be opened. A steady rise means
+	// notifications are being missed (the poll still finds the rows).
 	ListenReconnected()
 }
 

@@ -605,6 +605,8 @@ func TestNewRelayValidatesConfig(t *testing.T) {
 		"long channel":                 {NotifyChannel: string(make([]byte, 64))},
 		"huge purge batch":             {PurgeBatchSize: outbox.MaxPurgeBatch + 1},
 		"vacuum every -2":              {VacuumEvery: -2},
+		"tiny listen keepalive":        {ListenKeepalive: time.Microsecond},
+		"negative listen keepalive":    {ListenKeepalive: -time.Second},
 	}
 	for name, cfg := range cases {
 		if _, err := outbox.NewRelay(pool, pub, cfg); err == nil {
