@@ -38,11 +38,13 @@ type pendingRecord struct {
 type recordBuffer struct {
 	interval time.Duration
 	batch    int
+	max      int // most records held
 
 	mu      sync.Mutex
 	pending map[string]*pendingRecord // by message id
 	started bool                      // the flusher was started
 	closed  bool                      // Close was called: no more buffering
+	full    bool                      // the buffer was found full (logged once until it has room)
 
 	wake     chan struct{} // a record was buffered (capacity 1)
 	kick     chan struct{} // batch records wait (capacity 1)
@@ -53,10 +55,11 @@ type recordBuffer struct {
 	flushMu sync.Mutex // one flush at a time
 }
 
-func newRecordBuffer(interval time.Duration, batch int) *recordBuffer {
+func newRecordBuffer(interval time.Duration, batch, maxRecords int) *recordBuffer {
 	return &recordBuffer{
 		interval: interval,
 		batch:    batch,
+		max:      maxRecords,
 		pending:  map[string]*pendingRecord{},
 		wake:     make(chan struct{}, 1),
 		kick:     make(chan struct{}, 1),
@@ -90,8 +93,8 @@ func (b *recordBuffer) len() int {
 }
 
 // bufferDone buffers msgID's done record, starting the flusher if needed. It
-// returns false, buffering nothing, once Close was called: the caller then
-// writes the record itself.
+// returns false, buffering nothing, once Close was called or while the
+// buffer is full: the caller then writes the record itself.
 func (in *Inbox) bufferDone(msgID string) bool {
 	b := in.buf
 	b.mu.Lock()
@@ -100,6 +103,18 @@ func (in *Inbox) bufferDone(msgID string) bool {
 		return false
 	}
 	if _, ok := b.pending[msgID]; !ok { // a concurrent duplicate's is as good
+		if len(b.pending) >= b.max {
+			first := !b.full
+			b.full = true
+			b.mu.Unlock()
+			if first {
+				in.log.Warn("inbox: buffer of done records full, writing records synchronously until flushes catch up",
+					"records", b.max, "consumer", in.consumer)
+			}
+			signal(b.kick)
+			return false
+		}
+		b.full = false
 		b.pending[msgID] = &pendingRecord{at: time.Now()}
 	}
 	n := len(b.pending)

@@ -409,12 +409,15 @@ func TestNewRejectsInvalidCacheAndBufferConfig(t *testing.T) {
 	t.Parallel()
 	db := inboxtest.Database(t)
 	for name, cfg := range map[string]inbox.Config{
-		"negative flush interval":   {Consumer: "c", FlushInterval: -time.Millisecond},
-		"flush in transaction mode": {Consumer: "c", Mode: inbox.ModeTransaction, FlushInterval: time.Millisecond},
-		"flush with a lease":        {Consumer: "c", Lease: time.Second, FlushInterval: time.Millisecond},
-		"flush with a lease (auto)": {Consumer: "c", Mode: inbox.ModeAuto, Lease: time.Second, FlushInterval: time.Millisecond},
-		"negative flush batch":      {Consumer: "c", FlushInterval: time.Millisecond, FlushBatch: -1},
-		"cache size below -1":       {Consumer: "c", DoneCacheSize: -2},
+		"negative flush interval":             {Consumer: "c", FlushInterval: -time.Millisecond},
+		"flush in transaction mode":           {Consumer: "c", Mode: inbox.ModeTransaction, FlushInterval: time.Millisecond},
+		"flush with a lease":                  {Consumer: "c", Lease: time.Second, FlushInterval: time.Millisecond},
+		"flush with a lease (auto)":           {Consumer: "c", Mode: inbox.ModeAuto, Lease: time.Second, FlushInterval: time.Millisecond},
+		"negative flush batch":                {Consumer: "c", FlushInterval: time.Millisecond, FlushBatch: -1},
+		"flush batch without flush interval":  {Consumer: "c", FlushBatch: 10},
+		"buffer bound without flush interval": {Consumer: "c", MaxBufferedRecords: 10},
+		"negative buffer bound":               {Consumer: "c", FlushInterval: time.Millisecond, MaxBufferedRecords: -1},
+		"cache size below -1":                 {Consumer: "c", DoneCacheSize: -2},
 	} {
 		t.Run(name, func(t *testing.T) {
 			if _, err := inbox.New(db, cfg); err == nil {
@@ -437,4 +440,52 @@ func TestNewRejectsInvalidCacheAndBufferConfig(t *testing.T) {
 			}
 		})
 	}
+}
+
+func TestFullBufferMakesProcessWriteItsRecordAndFailWhileFlushesFail(t *testing.T) {
+	t.Parallel()
+	db := inboxtest.Database(t)
+	const bound = 4
+	logs := &logCapture{}
+	b := buffered(t, db, inbox.Config{
+		FlushInterval: 5 * time.Millisecond, FlushBatch: 2, MaxBufferedRecords: bound, Logger: slog.New(logs),
+	})
+	// Every write of a record of consumer "test" fails: a unique index on
+	// consumer, and a document holding "test" there.
+	blocker := b.in.Collection()
+	if _, err := blocker.Indexes().CreateOne(t.Context(), mongo.IndexModel{
+		Keys: bson.D{{Key: "consumer", Value: 1}}, Options: options.Index().SetName("block").SetUnique(true),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := blocker.InsertOne(t.Context(), bson.D{{Key: "_id", Value: "blocker"}, {Key: "consumer", Value: "test"}}); err != nil {
+		t.Fatal(err)
+	}
+
+	for i := range bound {
+		b.process(t, fmt.Sprintf("m-%d", i), inbox.Processed) // buffered
+	}
+	// The buffer is full and its flushes fail: Process writes the record
+	// itself, and that fails too: an error that is not the handler's.
+	res, err := b.in.Process(t.Context(), "m-full", b.apply("m-full"))
+	if err == nil || errors.Is(err, inbox.ErrHandler) {
+		t.Fatalf("Process with a full buffer while writes fail: %v, %v; want a database error, not ErrHandler", res, err)
+	}
+	if done, err := b.in.IsDone(t.Context(), "m-full"); err != nil || done {
+		t.Fatalf("IsDone(m-full) = %v, %v; want false: its record was neither written nor buffered", done, err)
+	}
+	if len(logs.warnings()) == 0 {
+		t.Fatal("no warning logged for the failed flushes")
+	}
+
+	// The database accepts records again.
+	if err := blocker.Indexes().DropOne(t.Context(), "block"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := blocker.DeleteOne(t.Context(), bson.D{{Key: "_id", Value: "blocker"}}); err != nil {
+		t.Fatal(err)
+	}
+	b.process(t, "m-full", inbox.Processed) // the idempotent handler runs again
+	b.waitRecords(t, bound+1)
+	b.exactlyOnce(t, "m-0", "m-1", "m-2", "m-3", "m-full")
 }

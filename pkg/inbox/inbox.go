@@ -16,6 +16,8 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+	"go.mongodb.org/mongo-driver/v2/mongo/writeconcern"
 )
 
 // Mode selects how Process makes the handler's effect and the inbox record
@@ -98,8 +100,10 @@ type Config struct {
 	// its handler, so a concurrent duplicate gets ErrInProgress instead of
 	// running the handler at the same time; a claim whose holder died is
 	// taken over once Lease has passed. Set it above the handler's longest
-	// run. Default: 0, no claim: concurrent duplicates may both run the
-	// (idempotent) handler, and recovery after a crash is immediate.
+	// run. Rejected with ModeTransaction; ignored, with a warning logged,
+	// when ModeAuto resolves to ModeTransaction. Default: 0, no claim:
+	// concurrent duplicates may both run the (idempotent) handler, and
+	// recovery after a crash is immediate.
 	Lease time.Duration
 	// DoneCacheSize bounds the in-process cache of message ids this Inbox
 	// knows are done (recorded, buffered, or found done by a lookup), which
@@ -123,8 +127,15 @@ type Config struct {
 	FlushInterval time.Duration
 	// FlushBatch is, with FlushInterval, how many buffered records trigger a
 	// flush before FlushInterval has passed, and the most one InsertMany
-	// writes. Default: 256.
+	// writes. Rejected without FlushInterval. Default: 256.
 	FlushBatch int
+	// MaxBufferedRecords bounds, with FlushInterval, how many records the
+	// buffer holds. When it is full (flushes keep failing, or fall behind),
+	// Process writes its message's record itself before it returns, as
+	// without FlushInterval: while the database fails, Process fails (do not
+	// ack), which holds the consumer back instead of growing the buffer.
+	// Default: 16 × FlushBatch.
+	MaxBufferedRecords int
 	// TransactionRetryBudget bounds, in ModeTransaction, how long Process
 	// retries a message through transient errors: write conflicts
 	// (TransientTransactionError) with a concurrent duplicate or with an
@@ -171,7 +182,8 @@ type Inbox struct {
 	txBackoff   func(attempt int) time.Duration // pause before a transaction's attempt (or a commit's), attempt >= 2
 
 	modeMu   sync.Mutex
-	mode     Mode // resolved; "" until known
+	mode     Mode                                               // resolved; "" until known
+	detect   func(context.Context, *mongo.Client) (Mode, error) // ModeAuto's question to the server
 	ttlIndex atomic.Bool
 }
 
@@ -203,6 +215,12 @@ func New(db *mongo.Database, cfg Config) (*Inbox, error) {
 	if cfg.FlushBatch < 0 {
 		return nil, fmt.Errorf("inbox: FlushBatch %d: want a positive number (or 0 for the default)", cfg.FlushBatch)
 	}
+	if cfg.MaxBufferedRecords < 0 {
+		return nil, fmt.Errorf("inbox: MaxBufferedRecords %d: want a positive number (or 0 for the default)", cfg.MaxBufferedRecords)
+	}
+	if cfg.FlushInterval == 0 && (cfg.FlushBatch != 0 || cfg.MaxBufferedRecords != 0) {
+		return nil, errors.New("inbox: FlushBatch and MaxBufferedRecords apply only with FlushInterval (buffered records)")
+	}
 	if cfg.FlushInterval > 0 && cfg.Mode == ModeTransaction {
 		return nil, errors.New("inbox: FlushInterval applies to ModeStandalone only: in ModeTransaction the record commits with the effect")
 	}
@@ -216,11 +234,14 @@ func New(db *mongo.Database, cfg Config) (*Inbox, error) {
 		return nil, fmt.Errorf("inbox: MaxTransactionAttempts %d: want a positive number (or 0 for the default)", cfg.MaxTransactionAttempts)
 	}
 	in := &Inbox{
-		db:          db,
-		coll:        db.Collection(coll),
+		db: db,
+		// ModeStandalone's record writes wait for the journal: see the
+		// package documentation, "Durability".
+		coll:        db.Collection(coll, options.Collection().SetWriteConcern(writeconcern.Journaled())),
 		tx:          newMongoTxStore(db.Collection(coll)),
 		txBudget:    cmp.Or(cfg.TransactionRetryBudget, defaultTxBudget),
 		txBackoff:   backoff,
+		detect:      detectMode,
 		consumer:    cfg.Consumer,
 		retention:   cmp.Or(cfg.Retention, 7*24*time.Hour),
 		lease:       cfg.Lease,
@@ -231,7 +252,8 @@ func New(db *mongo.Database, cfg Config) (*Inbox, error) {
 		in.cache = newDoneCache(cmp.Or(cfg.DoneCacheSize, defaultDoneCacheSize))
 	}
 	if cfg.FlushInterval > 0 {
-		in.buf = newRecordBuffer(cfg.FlushInterval, cmp.Or(cfg.FlushBatch, defaultFlushBatch))
+		batch := cmp.Or(cfg.FlushBatch, defaultFlushBatch)
+		in.buf = newRecordBuffer(cfg.FlushInterval, batch, cmp.Or(cfg.MaxBufferedRecords, 16*batch))
 	}
 	if in.log == nil {
 		in.log = slog.New(slog.DiscardHandler)
@@ -263,7 +285,7 @@ func (in *Inbox) Mode(ctx context.Context) (Mode, error) {
 	if in.mode != "" {
 		return in.mode, nil
 	}
-	m, err := detectMode(ctx, in.db.Client())
+	m, err := in.detect(ctx, in.db.Client())
 	if err != nil {
 		return "", err
 	}
@@ -271,6 +293,10 @@ func (in *Inbox) Mode(ctx context.Context) (Mode, error) {
 	in.log.InfoContext(ctx, "inbox mode detected", "mode", string(m), "consumer", in.consumer)
 	if m == ModeTransaction && in.buf != nil {
 		in.log.InfoContext(ctx, "inbox: FlushInterval ignored in transaction mode: records commit with the effect", "consumer", in.consumer)
+	}
+	if m == ModeTransaction && in.lease > 0 {
+		in.log.WarnContext(ctx, "inbox: Lease ignored in transaction mode: a concurrent duplicate meets a write conflict and is retried instead of getting ErrInProgress",
+			"consumer", in.consumer, "lease", in.lease)
 	}
 	return m, nil
 }

@@ -12,6 +12,9 @@ import (
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/event"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/outbox-inbox/reference/pkg/inbox"
 	"github.com/outbox-inbox/reference/pkg/inbox/internal/inboxtest"
@@ -444,5 +447,52 @@ func TestResultString(t *testing.T) {
 		if got := r.String(); got != want {
 			t.Errorf("%d.String() = %q, want %q", int(r), got, want)
 		}
+	}
+}
+
+func TestStandaloneRecordWritesWaitForTheJournal(t *testing.T) {
+	t.Parallel()
+	base := inboxtest.Database(t)
+	var mu sync.Mutex
+	var unjournaled []string
+	client, err := mongo.Connect(options.Client().ApplyURI(inboxtest.URI(t)).SetMonitor(&event.CommandMonitor{
+		Started: func(_ context.Context, e *event.CommandStartedEvent) {
+			switch e.CommandName {
+			case "insert", "update", "delete":
+			default:
+				return
+			}
+			if coll, _ := e.Command.Lookup(e.CommandName).StringValueOK(); coll != "inbox" {
+				return
+			}
+			if j, _ := e.Command.Lookup("writeConcern", "j").BooleanOK(); !j {
+				mu.Lock()
+				defer mu.Unlock()
+				unjournaled = append(unjournaled, e.Command.String())
+			}
+		},
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = client.Disconnect(context.WithoutCancel(t.Context())) })
+	db := client.Database(base.Name())
+	for _, v := range []struct {
+		name string
+		cfg  inbox.Config
+	}{{"plain", inbox.Config{Consumer: "plain"}}, {"claim", inbox.Config{Consumer: "claim", Lease: time.Minute}}, {"buffered", inbox.Config{Consumer: "buffered", FlushInterval: time.Hour}}} {
+		b := setup(t, db, v.cfg)
+		if res, err := b.in.Process(t.Context(), "m-1", b.apply(v.name+"/m-1")); err != nil || res != inbox.Processed {
+			t.Fatalf("%s: %v, %v", v.name, res, err)
+		}
+		closeInbox(t, b.in)
+	}
+	if n := func() int64 { n, _ := db.Collection("inbox").CountDocuments(t.Context(), bson.D{}); return n }(); n != 3 {
+		t.Fatalf("%d records, want 3", n)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(unjournaled) != 0 {
+		t.Fatalf("record writes without j:true: %v", unjournaled)
 	}
 }
