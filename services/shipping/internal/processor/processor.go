@@ -189,7 +189,7 @@ func (p *Processor) Handle(ctx context.Context, d rabbitmq.Delivery) (v rabbitmq
 		log.DebugContext(ctx, "duplicate (already applied)")
 	case ev.Ignored:
 		p.cfg.Metrics.UnknownType.Inc()
-		log.InfoContext(ctx, "event type not handled here, recorded as a no-op at its version")
+		log.WarnContext(ctx, "unknown event type, recorded as a no-op at its version so that later versions apply")
 	default:
 		p.cfg.Metrics.Processed.Inc()
 		log.DebugContext(ctx, "applied")

@@ -11,6 +11,7 @@ import (
 
 	"github.com/outbox-inbox/reference/internal/crashpoint"
 	"github.com/outbox-inbox/reference/pkg/inbox"
+	"github.com/outbox-inbox/reference/services/shipping/internal/deadletter"
 	"github.com/outbox-inbox/reference/services/shipping/internal/metrics"
 	"github.com/outbox-inbox/reference/services/shipping/internal/mongodb"
 	"github.com/outbox-inbox/reference/services/shipping/internal/processor"
@@ -243,5 +244,147 @@ func TestInboxErrorsThatAreNotTheHandlersNeverDeadLetter(t *testing.T) {
 				t.Errorf("dead-lettered %v", n)
 			}
 		})
+	}
+}
+
+// fakeDeadLetters is an in-memory processor.DeadLetters.
+type fakeDeadLetters struct {
+	recorded  []deadletter.Letter
+	hold      *deadletter.Hold
+	parked    []deadletter.Parked
+	recordErr error
+	// afterPark, when set, runs after Park (a release beginning meanwhile).
+	afterPark func(f *fakeDeadLetters)
+}
+
+func (f *fakeDeadLetters) Record(_ context.Context, l deadletter.Letter) error {
+	if f.recordErr != nil {
+		return f.recordErr
+	}
+	f.recorded = append(f.recorded, l)
+	return nil
+}
+
+func (f *fakeDeadLetters) Held(context.Context, string) (*deadletter.Hold, error) {
+	if f.hold == nil {
+		return nil, nil
+	}
+	h := *f.hold
+	return &h, nil
+}
+
+func (f *fakeDeadLetters) Park(_ context.Context, p deadletter.Parked) error {
+	f.parked = append(f.parked, p)
+	if f.afterPark != nil {
+		f.afterPark(f)
+	}
+	return nil
+}
+
+func (f *fakeDeadLetters) Unpark(context.Context, string, int64) (bool, error) {
+	n := len(f.parked)
+	f.parked = nil
+	return n > 0, nil
+}
+
+func newDeadLetterProcessor(t *testing.T, store processor.Store, dl processor.DeadLetters) (*processor.Processor, *metrics.Metrics) {
+	t.Helper()
+	m, _ := metrics.New(prometheus.NewRegistry())
+	p, err := processor.New(processor.Config{Inbox: fakeInbox{}, Store: store, Metrics: m, MaxAttempts: 3, MaxDeferrals: 10, DeadLetters: dl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p, m
+}
+
+func cancelDelivery(version int64, extra map[string]any) rabbitmq.Delivery {
+	h := map[string]any{"aggregate_version": version}
+	for k, v := range extra {
+		h[k] = v
+	}
+	d := delivery(h)
+	d.Type, d.RoutingKey, d.Body = shipment.TypeCancelled, shipment.TypeCancelled, []byte(`{"order_id":"o-1","cancelled_at":"2026-11-29T22:01:00Z"}`)
+	return d
+}
+
+func TestDeadLettersAreRecordedAndHoldTheirOrder(t *testing.T) {
+	dl := &fakeDeadLetters{}
+	p, _ := newDeadLetterProcessor(t, fakeStore{err: errors.New("bug")}, dl)
+	d := cancelDelivery(2, map[string]any{processor.HeaderAttempts: int64(2), processor.HeaderDeferrals: int64(1)})
+	if v := p.Handle(t.Context(), d); v.Action != rabbitmq.DeadLetter || v.Reason != "handler_failed" {
+		t.Fatalf("verdict %v %q", v.Action, v.Reason)
+	}
+	if len(dl.recorded) != 1 {
+		t.Fatalf("recorded %+v, want one dead letter", dl.recorded)
+	}
+	l := dl.recorded[0]
+	if l.OrderID != "o-1" || l.Version != 2 || !l.Holds || l.Reason != "handler_failed" || l.Message.MessageID != "7" ||
+		string(l.Message.Body) != string(d.Body) || l.Message.RoutingKey != shipment.TypeCancelled {
+		t.Fatalf("recorded %+v", l)
+	}
+	for _, h := range []string{processor.HeaderAttempts, processor.HeaderDeferrals} {
+		if _, ok := l.Message.Headers[h]; ok {
+			t.Errorf("kept message has %s: a replay would not start afresh", h)
+		}
+	}
+
+	// A malformed payload with its order in the headers holds the order too;
+	// a version conflict does not (its version is applied).
+	dl.recorded = nil
+	bad := cancelDelivery(2, nil)
+	bad.Body = []byte(`{"order_id":`)
+	p.Handle(t.Context(), bad)
+	pc, _ := newDeadLetterProcessor(t, fakeStore{err: shipment.ErrVersionConflict}, dl)
+	pc.Handle(t.Context(), cancelDelivery(2, nil))
+	if len(dl.recorded) != 2 || !dl.recorded[0].Holds || dl.recorded[0].Reason != "malformed_payload" ||
+		dl.recorded[1].Holds || dl.recorded[1].Reason != "version_conflict" {
+		t.Fatalf("recorded %+v", dl.recorded)
+	}
+}
+
+func TestDeadLetterThatCannotBeRecordedKeepsTheDelivery(t *testing.T) {
+	dl := &fakeDeadLetters{recordErr: errors.New("mongo down")}
+	p, _ := newDeadLetterProcessor(t, fakeStore{err: errors.New("bug")}, dl)
+	if v := p.Handle(t.Context(), cancelDelivery(2, map[string]any{processor.HeaderAttempts: int64(2)})); v.Action != rabbitmq.Retry {
+		t.Fatalf("verdict %v %q, want retry", v.Action, v.Reason)
+	}
+}
+
+func TestLaterVersionOfAHeldOrderIsParkedAtOnce(t *testing.T) {
+	dl := &fakeDeadLetters{hold: &deadletter.Hold{OrderID: "o-1", Version: 2, State: deadletter.StateHeld, Token: "t1"}}
+	p, m := newDeadLetterProcessor(t, fakeStore{err: shipment.ErrGap}, dl)
+	if v := p.Handle(t.Context(), cancelDelivery(3, nil)); v.Action != rabbitmq.Ack {
+		t.Fatalf("verdict %v %q, want ack (parked)", v.Action, v.Reason)
+	}
+	if len(dl.parked) != 1 || dl.parked[0].Version != 3 || counter(m.Parked) != 1 || counter(m.Deferred.WithLabelValues("gap")) != 0 {
+		t.Fatalf("parked %+v, parked count %v", dl.parked, counter(m.Parked))
+	}
+
+	// Not parked: an order without a hold, a hold of a later version, a
+	// release under way.
+	for name, hold := range map[string]*deadletter.Hold{
+		"no hold":        nil,
+		"later version":  {OrderID: "o-1", Version: 5, State: deadletter.StateHeld},
+		"being released": {OrderID: "o-1", Version: 2, State: deadletter.StateReleasing},
+	} {
+		dl := &fakeDeadLetters{hold: hold}
+		p, _ := newDeadLetterProcessor(t, fakeStore{err: shipment.ErrGap}, dl)
+		if v := p.Handle(t.Context(), cancelDelivery(3, nil)); v.Action != rabbitmq.Defer || v.Reason != "gap" || len(dl.parked) != 0 {
+			t.Errorf("%s: verdict %v %q, parked %v; want a plain deferral", name, v.Action, v.Reason, dl.parked)
+		}
+	}
+}
+
+func TestParkedMessageIsTakenBackWhenAReleaseBeganMeanwhile(t *testing.T) {
+	dl := &fakeDeadLetters{
+		hold:      &deadletter.Hold{OrderID: "o-1", Version: 2, State: deadletter.StateHeld, Token: "t1"},
+		afterPark: func(f *fakeDeadLetters) { f.hold.State, f.hold.Token = deadletter.StateReleasing, "t2" },
+	}
+	p, _ := newDeadLetterProcessor(t, fakeStore{err: shipment.ErrGap}, dl)
+	if v := p.Handle(t.Context(), cancelDelivery(3, nil)); v.Action != rabbitmq.Defer || v.Reason != "gap" {
+		t.Fatalf("verdict %v %q, want the message taken back and deferred", v.Action, v.Reason)
+	}
+	if len(dl.parked) != 0 {
+		t.Fatalf("still parked: %+v", dl.parked)
 	}
 }
