@@ -199,9 +199,10 @@ func (c *Consumer) Ready() error {
 // Run connects, declares the topology, and consumes until ctx ends,
 // reconnecting with backoff whenever the connection or a channel is lost,
 // the broker cancels the consumer (its queue was deleted), or a republished
-// copy is returned because its queue is gone: each new session declares the
-// topology again. On ctx's end it stops taking deliveries, lets in-flight
-// ones finish (within ShutdownTimeout) and returns nil.
+// copy cannot be routed because its queue or exchange is gone: each new
+// session declares the topology again. On ctx's end it stops taking
+// deliveries, lets in-flight ones finish (within ShutdownTimeout) and
+// returns nil.
 //
 // Deferred and dead-lettered copies are published on a connection of their
 // own (named ConnectionName+"-publisher"), kept across sessions: RabbitMQ
@@ -234,7 +235,8 @@ func (c *Consumer) Run(ctx context.Context) error {
 }
 
 // errTopologyLost marks the session ends that a redeclaration cures: the
-// broker cancelled the consumer, or returned a republished copy.
+// broker cancelled the consumer, returned a republished copy, or had no
+// exchange for it.
 var errTopologyLost = errors.New("topology lost")
 
 func dial(url, name string) (*amqp.Connection, error) {
@@ -406,10 +408,10 @@ func (c *Consumer) handle(ctx context.Context, s *sessionState, d amqp.Delivery)
 			if err == nil {
 				return
 			}
-			if errors.Is(err, errReturned) {
-				// Its queue is gone: a new session redeclares it, and the
-				// delivery, unacked, comes again.
-				c.log.WarnContext(ctx, "republished copy returned by the broker; ending the session to redeclare the topology",
+			if errors.Is(err, errReturned) || errors.Is(err, errNoExchange) {
+				// Its queue or exchange is gone: a new session redeclares
+				// it, and the delivery, unacked, comes again.
+				c.log.WarnContext(ctx, "republished copy not routed; ending the session to redeclare the topology",
 					"event_id", d.MessageId, "action", v.Action.String(), "error", err)
 				s.end(fmt.Errorf("%w: %w", errTopologyLost, err))
 				return

@@ -19,6 +19,7 @@ const headerPublishSeq = "x-shipping-publish-seq"
 var (
 	errPublisherClosed = errors.New("publisher channel closed")
 	errReturned        = errors.New("message returned by the broker: no queue bound for it")
+	errNoExchange      = errors.New("exchange not found: the broker closed the publishing channel")
 	errNacked          = errors.New("message nacked by the broker")
 )
 
@@ -55,13 +56,16 @@ func newPublisher(conn *amqp.Connection, inFlight int) (*publisher, error) {
 		return nil, fmt.Errorf("enable publisher confirms: %w", err)
 	}
 	p := &publisher{ch: ch, pending: map[uint64]*pendingPublish{}, done: make(chan struct{})}
+	// The client reports a channel's closing error before it closes the
+	// confirms channel.
+	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
 	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, inFlight))
 	returns := ch.NotifyReturn(make(chan amqp.Return))
-	go p.drain(confirms, returns)
+	go p.drain(confirms, returns, closed)
 	return p, nil
 }
 
-func (p *publisher) drain(confirms <-chan amqp.Confirmation, returns <-chan amqp.Return) {
+func (p *publisher) drain(confirms <-chan amqp.Confirmation, returns <-chan amqp.Return, closed <-chan *amqp.Error) {
 	defer close(p.done)
 	for {
 		select {
@@ -81,9 +85,18 @@ func (p *publisher) drain(confirms <-chan amqp.Confirmation, returns <-chan amqp
 			p.mu.Unlock()
 		case c, ok := <-confirms:
 			if !ok {
+				cause := errPublisherClosed
+				select {
+				case e := <-closed:
+					if e != nil && e.Code == amqp.NotFound {
+						// A publish to a deleted exchange.
+						cause = fmt.Errorf("%w: %v", errNoExchange, e)
+					}
+				default:
+				}
 				p.mu.Lock()
 				for seq, pp := range p.pending {
-					pp.result <- errPublisherClosed
+					pp.result <- cause
 					delete(p.pending, seq)
 				}
 				p.mu.Unlock()

@@ -111,13 +111,31 @@ func TestConsumerRedeclaresItsQueueAfterTheBrokerCancelsIt(t *testing.T) {
 	await(t, ids, "after", 60*time.Second)
 }
 
-// A deferred or dead-lettered copy returned by the broker (its queue was
-// deleted) ends the session, so the reconnection redeclares the topology and
-// the copy is published again.
-func TestReturnedRepublishRedeclaresTheTopology(t *testing.T) {
+// A deferred or dead-lettered copy that cannot be routed (its queue or the
+// dead-letter exchange was deleted) ends the session, so the reconnection
+// redeclares the topology and the copy is published again.
+func TestMissingRepublishTargetRedeclaresTheTopology(t *testing.T) {
 	t.Parallel()
-	for _, action := range []Action{Defer, DeadLetter} {
-		t.Run(action.String(), func(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		action Action
+		remove func(t *testing.T, vhost, url string, top Topology)
+	}{
+		{"delay queue deleted", Defer, func(t *testing.T, vhost, _ string, top Topology) {
+			amqptest.DeleteQueue(t, vhost, top.DelayQueue) // the copy is returned
+		}},
+		{"dead-letter queue deleted", DeadLetter, func(t *testing.T, vhost, _ string, top Topology) {
+			amqptest.DeleteQueue(t, vhost, top.DeadLetterQueue) // the copy is returned
+		}},
+		{"dead-letter exchange deleted", DeadLetter, func(t *testing.T, _, url string, top Topology) {
+			// The publish closes the publishing channel (404 NOT_FOUND).
+			_, ch := channel(t, url)
+			if err := ch.ExchangeDelete(top.DeadLetterExchange, false, false); err != nil {
+				t.Fatalf("delete exchange %s: %v", top.DeadLetterExchange, err)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			vhost, url := amqptest.VHost(t)
 			back := make(chan string, 16)
@@ -127,22 +145,18 @@ func TestReturnedRepublishRedeclaresTheTopology(t *testing.T) {
 						back <- d.MessageID // came back through the delay queue
 						return Verdict{Action: Ack}
 					}
-					return Verdict{Action: action, Reason: "test"}
+					return Verdict{Action: tc.action, Reason: "test"}
 				}))
 			top := c.Topology()
-			gone := top.DelayQueue
-			if action == DeadLetter {
-				gone = top.DeadLetterQueue
-			}
-			amqptest.DeleteQueue(t, vhost, gone)
+			tc.remove(t, vhost, url, top)
 			_, ch := channel(t, url)
 			publishEvent(t, ch, "m")
 
-			if action == Defer {
+			if tc.action == Defer {
 				await(t, back, "m", 60*time.Second)
 			} else {
-				waitUntil(t, 60*time.Second, "the dead letter in a redeclared "+gone, func() bool {
-					ready, _, ok := amqptest.TryQueueCounts(t, vhost, gone)
+				waitUntil(t, 60*time.Second, "the dead letter in "+top.DeadLetterQueue, func() bool {
+					ready, _, ok := amqptest.TryQueueCounts(t, vhost, top.DeadLetterQueue)
 					return ok && ready == 1
 				})
 			}

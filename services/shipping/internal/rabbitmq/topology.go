@@ -7,11 +7,11 @@
 // A session (one consuming connection) ends, and the next one declares the
 // topology again, when the connection or channel is lost, when the broker
 // cancels the consumer (its queue was deleted: basic.cancel closes the
-// deliveries channel), or when a deferred or dead-lettered copy is returned
-// as unroutable (the delay queue or the dead-letter queue is gone); while no
-// session consumes, Consumer.Ready fails. The copies are published on a
-// second connection, kept across sessions, so that a broker blocking
-// publishers under a memory or disk alarm does not hold up the acks.
+// deliveries channel), or when a deferred or dead-lettered copy cannot be
+// routed (the delay queue, the dead-letter queue or the dead-letter exchange
+// is gone); while no session consumes, Consumer.Ready fails. The copies are
+// published on a second connection, kept across sessions, so that a broker
+// blocking publishers under a memory or disk alarm does not hold up the acks.
 package rabbitmq
 
 import (
