@@ -6,7 +6,7 @@
 //	go run ./bench -only relay_drain   some figures, comma-separated
 //	go run ./bench -quick              smaller sizes, to check the harness
 //
-// Figures: relay_drain, write_overhead, e2e_latency, claim_flat,
+// Figures: relay_drain, write_overhead, read_flat, e2e_latency, claim_flat,
 // status_scrape, inbox_throughput. See docs/benchmarks.md for what each
 // measures and the latest numbers.
 //
@@ -53,7 +53,7 @@ func main() {
 
 // figureOrder is the order figures run in: those that need the shipping
 // service and pkg/inbox last.
-var figureOrder = []string{"relay_drain", "write_overhead", "claim_flat", "status_scrape", "inbox_throughput", "e2e_latency"}
+var figureOrder = []string{"relay_drain", "write_overhead", "read_flat", "claim_flat", "status_scrape", "inbox_throughput", "e2e_latency"}
 
 // config holds the sizes of one run.
 type config struct {
@@ -76,6 +76,10 @@ type config struct {
 	relayWorkers  int
 	// relayVacuumEvery is RelayConfig.VacuumEvery (0: auto, the service's).
 	relayVacuumEvery int
+
+	// readOrders and readBaseOrders are the table sizes read_flat compares,
+	// readRequests the GETs it times on each.
+	readOrders, readBaseOrders, readRequests int
 }
 
 func defaultConfig() config {
@@ -95,6 +99,10 @@ func defaultConfig() config {
 		claimRate:     500,
 		inboxMessages: 1000,
 		inboxClients:  8,
+
+		readOrders:     1_000_000,
+		readBaseOrders: 1000,
+		readRequests:   5000,
 	}
 }
 
@@ -104,6 +112,8 @@ func quickConfig() config {
 	c.reps = 1
 	c.drainBacklog = 10_000
 	c.writeOrders = 500
+	c.readOrders = 100_000
+	c.readRequests = 500
 	c.e2eDuration = 5 * time.Second
 	c.e2eWarmup = time.Second
 	c.e2eDrainWait = 15 * time.Second
@@ -210,6 +220,7 @@ func (b *bench) runFigures(ctx context.Context, selected []string, report *Repor
 	runners := map[string]func(context.Context) ([]Figure, error){
 		"relay_drain":      b.runRelayDrain,
 		"write_overhead":   b.runWriteOverhead,
+		"read_flat":        b.runReadFlat,
 		"claim_flat":       b.runClaimFlat,
 		"status_scrape":    b.runStatusScrape,
 		"inbox_throughput": b.runInboxThroughput,
