@@ -1,6 +1,28 @@
 // Package processor turns an order-event delivery into a verdict: decode and
 // validate it, apply it to its shipment through the inbox, and decide
-// whether to ack, defer, dead-letter, or keep it until MongoDB is back.
+// whether to ack, defer, park, dead-letter, or keep it until MongoDB is back.
+//
+//   - applied, or a duplicate (inbox record, or its version already holds
+//     it): ack. An event type this service does not handle is applied as a
+//     no-op at its version, so its order's later versions can apply.
+//   - its previous version is missing: defer through the delay queue (at
+//     most MaxDeferrals times, then dead-letter gap_not_filled), unless its
+//     order is held behind a dead letter of an earlier version: then park it
+//     (kept in MongoDB, acked) until an operator replays or discards that
+//     dead letter (package deadletter).
+//   - the handler failed: defer as a retry, MaxAttempts times, then
+//     dead-letter handler_failed.
+//   - the inbox failed by itself (inbox.ErrTransient, a database error while
+//     MongoDB answers pings): defer "transient", never counted as an attempt
+//     nor dead-lettered. MongoDB not answering at all: keep the delivery and
+//     retry (Retry), so its delivery limit is not burnt.
+//   - a message that can never apply: dead-letter with its reason. With
+//     Config.DeadLetters, a dead letter whose order and version are known is
+//     recorded with its message first, and holds its order.
+//
+// The event type is the AMQP type property, else the event_type header, else
+// the routing key the message was first published with (the delay queue
+// changes the routing key; the original is kept in x-original-routing-key).
 package processor
 
 import (
@@ -156,6 +178,13 @@ func (p *Processor) Handle(ctx context.Context, d rabbitmq.Delivery) (v rabbitmq
 		return p.deadLetter(ctx, d, ev, shipment.ReasonMissingMessageID, err)
 	case ctx.Err() != nil:
 		return rabbitmq.Verdict{Action: rabbitmq.Retry} // shutting down or connection lost
+	case errors.Is(err, inbox.ErrTransient):
+		// Transaction mode: transient errors (a write conflict with an
+		// orphaned transaction, a failover) outlasted the inbox's retry
+		// budget, whatever error the last attempt carried. Not the message's
+		// fault: try it again later without counting an attempt.
+		log.WarnContext(ctx, "transient inbox failure, deferring the message", "error", err)
+		return rabbitmq.Verdict{Action: rabbitmq.Defer, Reason: "transient"}
 	default:
 		// Is MongoDB there at all? If not, keep the delivery and wait:
 		// burning attempts on an outage would dead-letter good messages.

@@ -228,6 +228,8 @@ func TestInboxErrorsThatAreNotTheHandlersNeverDeadLetter(t *testing.T) {
 		"database error":  errors.New("inbox: insert record 7: connection reset by peer"),
 		"commit unknown":  fmt.Errorf("inbox: commit message 7: %w", errors.New("UnknownTransactionCommitResult")),
 		"context expired": fmt.Errorf("inbox: read record 7: %w", context.DeadlineExceeded),
+		"transient, last error the handler's": &inbox.TransientError{MessageID: "7", Attempts: 40,
+			Err: fmt.Errorf("%w: WriteConflict", inbox.ErrHandler)},
 	} {
 		t.Run(name, func(t *testing.T) {
 			p, m := newProcessor(t, failingInbox{err: err}, fakeStore{outcome: mongodb.Applied})
