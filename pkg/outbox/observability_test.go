@@ -92,6 +92,15 @@ func TestRelayCountsFailedMarksAndUnmarkedRows(t *testing.T) {
 	if m.markFailures.Load() == 0 || m.unmarked.Load() != 1 {
 		t.Fatalf("mark failures %d, unmarked %d; want at least 1 and 1", m.markFailures.Load(), m.unmarked.Load())
 	}
+	// The relay knows the row was published: it is not taken for the orphan of
+	// a crash, to be retried alone.
+	var inFlight bool
+	if err := pool.QueryRow(ctx, "SELECT in_flight FROM outbox WHERE id = $1", e.ID).Scan(&inFlight); err != nil {
+		t.Fatal(err)
+	}
+	if inFlight {
+		t.Fatal("the unmarked row is still in flight")
+	}
 	if _, err := pool.Exec(ctx, "ALTER TABLE outbox_published_away RENAME TO outbox_published"); err != nil {
 		t.Fatal(err)
 	}

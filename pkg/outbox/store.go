@@ -282,6 +282,27 @@ func recordFailures(ctx context.Context, db DB, fs []failure) (map[int64]bool, e
 	return out, nil
 }
 
+// releaseUnmarkedSQL takes rows the relay published but could not mark out of
+// flight, keeping their lease: they are due again when it ends, like any
+// failed attempt, and claimed in a batch rather than alone. The attempts
+// column fences off rows another relay claimed since.
+const releaseUnmarkedSQL = `
+UPDATE outbox o
+SET in_flight = false
+FROM unnest($1::bigint[], $2::int[]) AS f(id, attempts)
+WHERE o.id = f.id AND o.attempts = f.attempts AND o.in_flight`
+
+func releaseUnmarked(ctx context.Context, db DB, envs []Envelope) error {
+	attempts := make([]int32, len(envs))
+	for i, e := range envs {
+		attempts[i] = int32(e.Attempt)
+	}
+	if _, err := db.Exec(ctx, releaseUnmarkedSQL, ids(envs), attempts); err != nil {
+		return fmt.Errorf("release unmarked outbox rows: %w", err)
+	}
+	return nil
+}
+
 func ids(envs []Envelope) []int64 {
 	out := make([]int64, len(envs))
 	for i, e := range envs {
