@@ -6,6 +6,12 @@
 // An event applies only on top of the version before it, so a cancel that
 // overtook its create waits (it is deferred), and a second copy of an
 // applied event is recognised by its version.
+//
+// Versions count every event of an order, including types this service does
+// not handle (an order.paid added by the producer later): such an event is
+// decoded as Ignored and recorded at its version as a no-op, so the next
+// version finds its predecessor. A version an operator discarded (a dead
+// letter) is recorded the same way, marked Discarded.
 package shipment
 
 import (
