@@ -28,15 +28,24 @@
 //	defer in.Close(shutdownCtx)                  // after the consumer stopped acking
 //
 //	res, err := in.Process(ctx, delivery.MessageId, func(ctx context.Context) error {
-//		return shipments.Apply(ctx, event)       // use THIS ctx
+//		return shipments.Apply(ctx, event)       // use THIS ctx; see "Handler rules"
 //	})
-//	if err == nil {
+//	switch {
+//	case err == nil:
 //		delivery.Ack(false)                      // res is Processed or Duplicate
+//	case errors.Is(err, inbox.ErrTransient):     // transaction mode: try again later,
+//		retryLater(delivery)                     // not a failure of the handler
+//	case errors.Is(err, inbox.ErrHandler):
+//		countFailureOrDeadLetter(delivery, err)  // the handler's own error, wrapped
+//	default:
+//		retryLater(delivery)                     // the database failed; do not ack
 //	}
 //
 // Acknowledge the delivery only after Process returned without error. A
 // record is the inbox's promise that the effect is durable; the ack is the
-// consumer's promise to the broker; the second must follow the first.
+// consumer's promise to the broker; the second must follow the first. Only
+// an ErrHandler is the handler's failure: count those towards a
+// dead-letter limit, and retry the rest without counting them.
 //
 // # Two modes, chosen from the server
 //
@@ -44,19 +53,44 @@
 // mongos (msg "isdbgrid") gets ModeTransaction, a standalone server or
 // FerretDB gets ModeStandalone.
 //
-// ModeTransaction. Process inserts the record (_id: consumer + message id)
-// and runs the handler inside one multi-document transaction (snapshot read
-// concern, majority write concern), then commits. Guarantee: the record and
-// the handler's writes commit together or not at all, so a message's effect
-// is applied exactly once within the retention window, whatever the handler
-// does, provided all its writes use the context it is given. A duplicate-key
-// error on the record means the message was committed before (Duplicate); a
-// concurrent duplicate's insert meets a write conflict, is retried, and then
-// sees the committed record. Transient errors (TransientTransactionError) are
-// retried, and an unknown commit outcome (UnknownTransactionCommitResult)
-// re-commits, at most MaxTransactionAttempts times each: Process does not use
-// Session.WithTransaction, which keeps retrying for two minutes and would
-// also retry around a handler that swallowed the error.
+// ModeTransaction. Each attempt is one multi-document transaction
+// (snapshot read concern, majority write concern): read the record; if it
+// is there, abort and answer Duplicate; if not, insert it, run the handler,
+// commit. Guarantee: the record and the handler's writes commit together or
+// not at all, so a message's effect is applied exactly once within the
+// retention window, provided the handler follows the rules below. Nothing is
+// recovered inside a transaction: on the server any write error (a
+// duplicate key included) aborts it, and every later operation in it fails
+// with NoSuchTransaction, so Process aborts and, if the error is transient,
+// starts a new transaction.
+//   - Transient errors (label TransientTransactionError: a write conflict
+//     with a concurrent duplicate, or with the orphaned transaction of a
+//     consumer that died holding the record; a failover) are retried with
+//     backoff (10ms doubling to 1s) within Config.TransactionRetryBudget,
+//     90s by default: longer than the server's
+//     transactionLifetimeLimitSeconds (60s), after which it aborts an
+//     orphan. When the budget runs out, Process returns a *TransientError
+//     (errors.Is ErrTransient), which is not a handler failure: retry the
+//     message later without counting it.
+//   - A duplicate key, or a record in the snapshot, is answered Duplicate
+//     only after a majority read (read concern majority, outside the
+//     aborted transaction) finds the record: the unique index sees the
+//     primary's latest data, committed to a majority or not, and a record
+//     not yet majority-committed can still be rolled back by a failover.
+//     Until a majority read confirms it, Process tries again.
+//   - An unknown commit outcome (UnknownTransactionCommitResult) is
+//     committed again (a commit is idempotent on the server), never re-run,
+//     with backoff within the budget; if still unknown then, the
+//     *TransientError has CommitUnknown set, and a redelivery finds either
+//     the committed record (Duplicate) or nothing (processed again).
+//   - A handler error ends Process at once with ErrHandler (unless it
+//     carries TransientTransactionError: then it is retried). A transaction
+//     the server had aborted although the handler returned nil (its commit
+//     fails with NoSuchTransaction) is retried; three times in a row, it is
+//     reported as ErrHandler: the handler swallowed a write error.
+//
+// Process does not use Session.WithTransaction, which retries for a fixed
+// two minutes and around a handler that swallowed an error.
 //
 // ModeStandalone (no transactions: a standalone mongod, FerretDB). Process
 // checks the record, runs the handler, then inserts the record. Guarantee,
@@ -86,12 +120,57 @@
 // taker, and idempotence still keeps one effect. Lease comparisons use the
 // consumers' clocks.
 //
+// # Handler rules
+//
+// In both modes the handler does its database work with the ctx it is given
+// and returns every error it does not fully understand.
+//
+// ModeTransaction: read before you write, and never recover from a write
+// error inside the transaction. A handler that inserts and takes a
+// duplicate key for "already applied" cannot work there: the duplicate key
+// has aborted the transaction, so the inbox's commit fails (Process reports
+// it as ErrHandler, see above) and the message is never recorded. Instead,
+// look up what the message would change (the applied version of its
+// aggregate, a document keyed by the effect) and decide from what you read:
+// applied already (an effect whose inbox record expired, or was written in
+// standalone mode) is a no-op returning nil, which records the message; an
+// unexpected state is a domain error returned to the caller, wrapped in
+// ErrHandler (errors.Is finds it, so the consumer can tell a version
+// conflict from a failure); otherwise write, and return the write's error
+// as it is. The writes themselves may be plain (not idempotent): the
+// transaction keeps them to one.
+//
+// ModeStandalone: the effect must be idempotent on its own key, because the
+// handler can run twice for one message (a crash between the effect and the
+// record, a record buffered and lost, two consumers at once). A unique key
+// whose duplicate-key error means "already applied" is the safe guard; on
+// FerretDB it is the only one (see below). The same read-first handler
+// written for transaction mode is right here too, provided its final write
+// is guarded by such a key and its duplicate key is returned, or treated as
+// applied.
+//
 // Without transactions the inbox cannot make a non-idempotent handler safe:
 // ModeStandalone moves the duplicate check into the handler's own
 // conditional write, and the record turns redeliveries into cheap skips. In
 // ModeTransaction the handler's writes may be plain, but side effects outside
 // the database (an e-mail, an HTTP call) are not rolled back with the
 // transaction and are at-least-once in both modes.
+//
+// # Durability
+//
+// In ModeTransaction the commit uses majority write concern: a record and
+// its effect are on a majority of the replica set before Process returns.
+//
+// In ModeStandalone the inbox's record writes use a journaled write concern
+// (j: true). On a single mongod the journal is one ordered log, so a record
+// journaled after the handler's writes were acknowledged also makes those
+// writes durable: a mongod crash after Process returned loses neither.
+// Without FlushInterval that holds whatever write concern the handler uses.
+// With FlushInterval the record is written after the message was
+// acknowledged, so a mongod crash within its journal commit interval (100ms
+// by default) after a handler's unjournaled write can lose that effect
+// after the ack: if that matters, have the handler write with j: true, or do
+// not buffer records.
 //
 // # Fewer round trips: the done cache and buffered records
 //
@@ -125,7 +204,11 @@
 // unbuffered path (a concurrent duplicate recorded it, or a Lease-mode claim
 // is there and is turned into done); any other failure keeps the record in
 // the buffer, is logged (message_id, error, attempt) and is retried at the
-// next flush, with a growing pause while failures last. Close stops the
+// next flush, with a growing pause while failures last. The buffer holds at
+// most Config.MaxBufferedRecords (16 × FlushBatch by default): when it is
+// full, Process writes its message's record itself before returning, so
+// while the database keeps failing Process fails too (no ack) instead of
+// the buffer growing. Close stops the
 // flusher and writes what is buffered; call it at shutdown, after the
 // consumer stopped acknowledging, with a deadline.
 //
@@ -144,8 +227,10 @@
 // small interval (10ms) keeps the window short and the batches useful. It
 // is refused with ModeTransaction (there the record commits with the effect,
 // in the same round trips) and with a Lease (a claim is turned into done
-// synchronously); when ModeAuto resolves to ModeTransaction, FlushInterval
-// is ignored and records commit with the effect as usual.
+// synchronously), and FlushBatch or MaxBufferedRecords without it are
+// refused; when ModeAuto resolves to ModeTransaction, FlushInterval is
+// ignored and records commit with the effect as usual (logged at INFO), and
+// so is a Lease (logged as a warning).
 //
 // # The session-context rule
 //
@@ -164,7 +249,13 @@
 // A done record carries expire_at = processed_at + Retention. EnsureIndexes
 // creates a TTL index on expire_at where the server has TTL indexes; FerretDB
 // answers NotImplemented, and then a plain index is created and RunPurger (or
-// Purge) deletes expired records. A duplicate that arrives after its record
+// Purge) deletes expired records, in batches: find up to 500 expired _ids,
+// delete them by _id, repeat. Each write stays short, so the hot path is not
+// held up behind one long delete. FerretDB's SQLite backend pushes no filter
+// but {_id: x} down to SQLite, so there a purge still reads the whole
+// collection about once (the plain index does not help it), while its
+// deletes by _id are pushed down: run it every hour or so, not every
+// second. BenchmarkPurge measures it. A duplicate that arrives after its record
 // expired is processed again, so Retention must exceed the longest delay
 // between a message's first delivery and its last possible redelivery:
 //   - the outbox relay's redelivery after a crash between publish and mark
@@ -194,16 +285,19 @@
 //   - MongoDB unreachable while records are buffered: the flusher keeps them
 //     and retries, logging each failure; Close returns an error naming the
 //     records it could not write before its deadline.
-//   - Commit outcome unknown (ModeTransaction): retried; if still unknown,
-//     Process returns an error without ack, and the redelivery finds either
-//     the committed record (Duplicate) or nothing (processed again).
+//   - Commit outcome unknown (ModeTransaction): committed again within
+//     TransactionRetryBudget; if still unknown, a *TransientError with
+//     CommitUnknown and no ack; the redelivery finds either the committed
+//     record (Duplicate) or nothing (processed again).
 //   - Handler error: ErrHandler; nothing recorded, nothing committed in
 //     ModeTransaction. Retry with a bound and dead-letter after it.
 //   - A record expired by retention: a late duplicate is processed again.
 //   - A consumer that dies inside a transaction (ModeTransaction) leaves it
 //     open until the server aborts it (transactionLifetimeLimitSeconds, 60s
-//     by default): a redelivery meanwhile meets write conflicts, retries a
-//     bounded number of times, and fails without ack until then.
+//     by default): a redelivery meanwhile meets write conflicts and retries
+//     them within TransactionRetryBudget (90s), so it is applied as soon as
+//     the orphan is gone; if the budget runs out first, ErrTransient: retry
+//     later, never a dead letter for it.
 //
 // # FerretDB
 //
@@ -222,6 +316,21 @@
 // only and relies on nothing but the unique _id on insert for exclusion; a
 // lease takeover is best effort there (two takers may both run the
 // idempotent handler).
+//
+// # Tests
+//
+// The package's tests need nothing from the repository around it (its
+// servers come from its own internal/inboxtest): the standalone protocol
+// runs on a FerretDB embedded in the test binary, or on TEST_MONGO_URI. The
+// transaction state machine (transient retries, the budget, unknown commits,
+// aborts, duplicate confirmation, a handler that swallowed a write error) is
+// tested without a server, through an unexported seam (txStore) that
+// returns the driver's errors with their real labels and codes. The tests
+// against a real replica set (an orphaned transaction holding the record, an
+// effect without a record, a version conflict, concurrent duplicates,
+// rollback) run on TEST_MONGO_REPLSET_URI, or on a testcontainers replica
+// set where Docker answers; without either they are skipped, also under
+// CI=true, and the test binary prints how many did not run and why.
 //
 // # Schema
 //

@@ -496,3 +496,75 @@ func TestStandaloneRecordWritesWaitForTheJournal(t *testing.T) {
 		t.Fatalf("record writes without j:true: %v", unjournaled)
 	}
 }
+
+func TestPurgeWorksInBatchesOfDeletesByID(t *testing.T) {
+	t.Parallel()
+	base := inboxtest.Database(t)
+	var mu sync.Mutex
+	var finds, deleteStatements int
+	var notByID []string
+	client, err := mongo.Connect(options.Client().ApplyURI(inboxtest.URI(t)).SetMonitor(&event.CommandMonitor{
+		Started: func(_ context.Context, e *event.CommandStartedEvent) {
+			if e.DatabaseName != base.Name() {
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			switch e.CommandName {
+			case "find":
+				finds++
+			case "delete":
+				stmts, _ := e.Command.Lookup("deletes").Array().Values()
+				for _, st := range stmts {
+					deleteStatements++
+					q, _ := st.Document().Lookup("q").DocumentOK()
+					if elems, _ := q.Elements(); len(elems) != 1 || elems[0].Key() != "_id" {
+						notByID = append(notByID, q.String())
+					}
+				}
+			}
+		},
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = client.Disconnect(context.WithoutCancel(t.Context())) })
+	b := setup(t, client.Database(base.Name()), inbox.Config{Retention: time.Hour})
+
+	const expired, live = 1100, 50 // expired: more than two batches
+	docs := make([]any, 0, expired+live)
+	now := time.Now()
+	for i := range expired + live {
+		at := now.Add(-2 * time.Hour)
+		if i >= expired {
+			at = now
+		}
+		docs = append(docs, bson.D{
+			{Key: "_id", Value: fmt.Sprintf("test/%d", i)}, {Key: "consumer", Value: "test"}, {Key: "message_id", Value: fmt.Sprint(i)},
+			{Key: "state", Value: "done"}, {Key: "processed_at", Value: at}, {Key: "expire_at", Value: at.Add(time.Hour)},
+		})
+	}
+	if _, err := b.in.Collection().InsertMany(t.Context(), docs); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	finds, deleteStatements = 0, 0
+	mu.Unlock()
+
+	deleted, err := b.in.Purge(t.Context(), now)
+	if err != nil || deleted != expired {
+		t.Fatalf("Purge deleted %d, %v; want %d", deleted, err, expired)
+	}
+	if n := b.records(t); n != live {
+		t.Fatalf("%d records left, want the %d live ones", n, live)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(notByID) != 0 || deleteStatements != expired {
+		t.Fatalf("%d delete statements, %d not selecting by _id alone (%v); want one by _id per expired record (the one filter FerretDB pushes down)",
+			deleteStatements, len(notByID), notByID[:min(len(notByID), 3)])
+	}
+	if finds < 3 {
+		t.Fatalf("%d finds, want batches (at least 3 for %d expired records)", finds, expired)
+	}
+}
