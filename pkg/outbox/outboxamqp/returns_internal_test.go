@@ -144,3 +144,71 @@ func TestSyncReturnsHonoursTheContext(t *testing.T) {
 		t.Fatalf("syncReturns without a reader: %v, want the context's deadline", err)
 	}
 }
+
+// The same through a relay: with the publisher's logger stuck, unroutable
+// events are failed attempts, and none is marked published.
+func TestRelayNeverMarksAReturnedEventWhileTheLoggerBlocks(t *testing.T) {
+	t.Parallel()
+	pool := outboxtest.Pool(t)
+	conn, err := amqp.Dial(outboxtest.AMQPURL())
+	if err != nil {
+		outboxtest.Unavailable(t, "RabbitMQ at "+outboxtest.AMQPURL(), err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	exchange := "outboxamqp-test-returns-" + hex.EncodeToString(b)
+	if err := ch.ExchangeDeclare(exchange, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	defer ch.ExchangeDelete(exchange, false, false) //nolint:errcheck
+
+	var records atomic.Int64
+	p, err := New(Config{URL: outboxtest.AMQPURL(), Exchange: exchange, Logger: slog.New(stuckHandler{stuck: 6 * time.Second, records: &records})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() }) // after the relay has stopped: cleanups run last first
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := p.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.sess.Load().ch.PublishWithContext(ctx, exchange, "nowhere", true, false, amqp.Publishing{MessageId: "stray"}); err != nil {
+		t.Fatal(err)
+	}
+
+	var msgs []outbox.Message
+	for i := range 5 {
+		msgs = append(msgs, outboxtest.Msg("o-"+strconv.Itoa(i), "order.created"))
+	}
+	events := outboxtest.Enqueue(t, pool, msgs...)
+	done := make(chan outbox.BatchResult, 16)
+	cfg := outbox.RelayConfig{
+		BatchSize: 100, Workers: 1, PollInterval: time.Second, Lease: 40 * time.Second, PublishTimeout: 20 * time.Second,
+		RetryBackoffMin: time.Minute, RetryBackoffMax: time.Minute,
+		Logger: slog.New(slog.DiscardHandler),
+		Hooks:  outbox.Hooks{BatchDone: func(r outbox.BatchResult) { done <- r }},
+	}
+	outboxtest.StartRelay(t, pool, p, cfg)
+
+	select {
+	case r := <-done:
+		if len(r.Published) != 0 || len(r.Failed) != len(events) {
+			t.Fatalf("first batch: %d published, %d failed; want none published and all %d failed (returned)", len(r.Published), len(r.Failed), len(events))
+		}
+	case <-ctx.Done():
+		t.Fatal("no batch done")
+	}
+	var marked int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM outbox_published").Scan(&marked); err != nil {
+		t.Fatal(err)
+	}
+	if marked != 0 {
+		t.Fatalf("%d unroutable events marked published", marked)
+	}
+}
