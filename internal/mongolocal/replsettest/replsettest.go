@@ -16,6 +16,8 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -39,6 +41,9 @@ var shared struct {
 	uri       string
 	skip      string // non-empty: no Docker engine, the reason
 	err       error
+
+	skipped    []string // tests skipped for want of a replica set
+	skipReason string
 }
 
 // Runner is what goleak.VerifyTestMain and os.Exit-style TestMains need.
@@ -47,7 +52,9 @@ type Runner interface{ Run() int }
 type suite struct{ r mongotest.Runner }
 
 // Suite wraps m: its Run runs the tests (through mongotest.Suite, so the
-// embedded FerretDB stops too), then terminates the container, if one was
+// embedded FerretDB stops too), prints one line saying how many tests were
+// skipped for want of a replica set and why (go test shows it with -v or
+// when the package fails), then terminates the container, if one was
 // started.
 func Suite(m *testing.M) Runner { return suite{r: mongotest.Suite(m)} }
 
@@ -55,6 +62,11 @@ func (s suite) Run() int {
 	code := s.r.Run()
 	shared.mu.Lock()
 	defer shared.mu.Unlock()
+	if n := len(shared.skipped); n > 0 {
+		slices.Sort(shared.skipped)
+		fmt.Printf("replsettest: %d transaction-mode tests did not run: %s: %s\n",
+			n, shared.skipReason, strings.Join(shared.skipped, ", "))
+	}
 	if shared.container != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
@@ -81,11 +93,15 @@ func URI(t testing.TB) string {
 	}
 	switch {
 	case shared.skip != "":
-		t.Skipf("replsettest: no replica set: Docker is absent (%s) and TEST_MONGO_REPLSET_URI is unset", shared.skip)
+		shared.skipReason = fmt.Sprintf("no replica set: Docker is absent (%s) and TEST_MONGO_REPLSET_URI is unset", shared.skip)
+		shared.skipped = append(shared.skipped, t.Name())
+		t.Skipf("replsettest: %s", shared.skipReason)
 	case shared.err != nil && os.Getenv("CI") == "true":
 		t.Fatalf("replsettest: start a MongoDB replica set container: %v (required under CI=true)", shared.err)
 	case shared.err != nil:
-		t.Skipf("replsettest: start a MongoDB replica set container: %v", shared.err)
+		shared.skipReason = fmt.Sprintf("no replica set: the container did not start: %v", shared.err)
+		shared.skipped = append(shared.skipped, t.Name())
+		t.Skipf("replsettest: %s", shared.skipReason)
 	}
 	return shared.uri
 }
