@@ -164,12 +164,14 @@ func appPool(t *testing.T, pool *pgxpool.Pool, host string, port uint16) (*pgxpo
 	return p, app
 }
 
-// listenerPID returns the pid of app's LISTEN session started after since, or 0.
+// listenerPID returns the pid of app's LISTEN session started after since, or
+// 0, once its LISTEN has completed (state idle): a session terminated while its
+// LISTEN still runs is a failed attempt, which rightly grows the backoff.
 func listenerPID(ctx context.Context, pool *pgxpool.Pool, app string, since time.Time) (int, error) {
 	var pid int
 	err := pool.QueryRow(ctx, `
 SELECT coalesce(max(pid), 0) FROM pg_stat_activity
-WHERE application_name = $1 AND query LIKE 'LISTEN%' AND backend_start > $2`, app, since).Scan(&pid)
+WHERE application_name = $1 AND query LIKE 'LISTEN%' AND state = 'idle' AND backend_start > $2`, app, since).Scan(&pid)
 	return pid, err
 }
 
