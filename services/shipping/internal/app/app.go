@@ -83,6 +83,7 @@ type App struct {
 	inbox    *inbox.Inbox
 	store    *mongodb.Store
 	dead     *deadletter.Store
+	releases *deadletter.Manager
 	consumer *rabbitmq.Consumer
 	registry *prometheus.Registry
 	metrics  *metrics.Metrics
@@ -167,7 +168,7 @@ func New(cfg Config) (*App, error) {
 	if err != nil {
 		return fail(fmt.Errorf("shipping: %w", err))
 	}
-	manager, err := deadletter.NewManager(deadletter.Config{
+	a.releases, err = deadletter.NewManager(deadletter.Config{
 		Store:     a.dead,
 		Publisher: deadletter.AMQPPublisher{URL: cfg.AMQPURL, Queue: a.consumer.Topology().Queue},
 		Skipper:   a.store,
@@ -184,7 +185,7 @@ func New(cfg Config) (*App, error) {
 		},
 		Gatherer:    reg,
 		Logger:      log,
-		DeadLetters: manager,
+		DeadLetters: a.releases,
 		AdminToken:  cfg.AdminToken,
 	})
 	if err != nil {
@@ -269,11 +270,28 @@ func (a *App) Run(parent context.Context) error {
 	return runErr
 }
 
-// refreshDeadLetterStats keeps the dead-letter gauges current.
+// refreshDeadLetterStats keeps the dead-letter gauges current. First it
+// finishes the releases of dead letters that a crash interrupted (retrying
+// at each tick until MongoDB and the broker answer).
 func (a *App) refreshDeadLetterStats(ctx context.Context) {
 	t := time.NewTicker(cmp.Or(a.cfg.DeadLetterStatsInterval, 15*time.Second))
 	defer t.Stop()
+	resumed := false
 	for {
+		if !resumed {
+			rctx, cancel := context.WithTimeout(ctx, time.Minute)
+			n, err := a.releases.Resume(rctx)
+			cancel()
+			switch {
+			case err == nil:
+				resumed = true
+				if n > 0 {
+					a.log.InfoContext(ctx, "interrupted dead-letter releases finished", "count", n)
+				}
+			case ctx.Err() == nil:
+				a.log.WarnContext(ctx, "could not finish interrupted dead-letter releases yet", "error", err)
+			}
+		}
 		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		st, err := a.dead.Stats(sctx, time.Now())
 		cancel()

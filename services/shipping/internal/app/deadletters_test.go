@@ -13,8 +13,10 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/outbox-inbox/reference/services/shipping/internal/app"
+	"github.com/outbox-inbox/reference/services/shipping/internal/deadletter"
 	"github.com/outbox-inbox/reference/services/shipping/internal/mongodb"
 	"github.com/outbox-inbox/reference/services/shipping/internal/processor"
 	"github.com/outbox-inbox/reference/services/shipping/internal/shipment"
@@ -174,5 +176,42 @@ func TestDiscardedDeadLetterReleasesTheRestOfItsOrder(t *testing.T) {
 	}
 	if vs := e.order.versions("disc-1"); fmt.Sprint(vs) != "[1 3]" {
 		t.Fatalf("application order %v, want [1 3] (2 discarded)", vs)
+	}
+}
+
+func TestServiceFinishesAReleaseACrashInterruptedAtStart(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	// What a service killed in the middle of a replay leaves: the order's
+	// hold marked releasing, the dead letter and a parked version still there.
+	store, err := deadletter.NewStore(e.db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept := func(ev event) deadletter.Message {
+		return deadletter.Message{MessageID: ev.MessageID, Type: ev.Type, ContentType: "application/json", RoutingKey: ev.Type,
+			Headers: map[string]any{"aggregate_type": "order", "aggregate_id": ev.OrderID, "event_type": ev.Type, "aggregate_version": ev.Version},
+			Body:    ev.Body}
+	}
+	now := time.Now().UTC()
+	if err := store.Record(t.Context(), deadletter.Letter{OrderID: "res-1", Version: 1, EventType: shipment.TypeCreated,
+		Reason: "handler_failed", Holds: true, DeadLetteredAt: now, Message: kept(created("1801", "res-1"))}); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Park(t.Context(), deadletter.Parked{OrderID: "res-1", Version: 2, ParkedAt: now, Message: kept(cancelled("1802", "res-1"))}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.db.Collection(deadletter.HoldsCollection).UpdateOne(t.Context(), bson.D{{Key: "_id", Value: "res-1"}},
+		bson.D{{Key: "$set", Value: bson.D{{Key: "state", Value: deadletter.StateReleasing}, {Key: "action", Value: "replay"}}}}); err != nil {
+		t.Fatal(err)
+	}
+
+	a := e.start(app.Config{})
+	s := e.waitShipment("res-1", 2)
+	wantEvents(t, s, "1801", "1802")
+	e.waitDrained(a)
+	letters, holds, err := store.List(t.Context())
+	if err != nil || len(letters) != 0 || len(holds) != 0 {
+		t.Fatalf("after the restart: dead letters %+v, holds %+v, %v; want the release finished", letters, holds, err)
 	}
 }

@@ -24,8 +24,9 @@
 // "releasing" with a token; each parked message is deleted only after its
 // re-publish was confirmed; the hold is deleted last, and only if it still
 // carries the token (a replayed message that fails again holds the order
-// anew). A crash in the middle leaves the hold "releasing": running Replay
-// or Discard again for that order resumes it. A message re-published twice
+// anew). A crash in the middle leaves the hold "releasing", with the action
+// asked: running Replay or Discard again for that order, or Resume (the
+// service calls it at start), finishes it. A message re-published twice
 // is a duplicate, which the inbox absorbs; order is kept by the consumer's
 // version chain, which never applies a version before its predecessor.
 //
@@ -93,11 +94,14 @@ type Letter struct {
 
 // Hold is an order whose later versions are parked behind a dead letter.
 type Hold struct {
-	OrderID string    `bson:"_id" json:"order_id"`
-	Version int64     `bson:"version" json:"dead_version"`
-	State   string    `bson:"state" json:"state"`
-	Token   string    `bson:"token" json:"-"`
-	Since   time.Time `bson:"since" json:"since"`
+	OrderID string `bson:"_id" json:"order_id"`
+	Version int64  `bson:"version" json:"dead_version"`
+	State   string `bson:"state" json:"state"`
+	// Action is, while releasing, what the operator asked: "replay" or
+	// "discard" (Resume repeats it).
+	Action string    `bson:"action,omitempty" json:"action,omitempty"`
+	Token  string    `bson:"token" json:"-"`
+	Since  time.Time `bson:"since" json:"since"`
 	// Parked and OldestParkedAt are filled by List.
 	Parked         int        `bson:"-" json:"parked"`
 	OldestParkedAt *time.Time `bson:"-" json:"oldest_parked_at,omitempty"`

@@ -63,7 +63,7 @@ func (m *Manager) List(ctx context.Context) ([]Letter, []Hold, error) { return m
 // returns how many parked messages it released. Replaying an order whose
 // release was interrupted resumes it.
 func (m *Manager) Replay(ctx context.Context, orderID string, version int64) (int, error) {
-	return m.settle(ctx, orderID, version, func(l Letter) error {
+	return m.settle(ctx, orderID, version, actionReplay, func(l Letter) error {
 		if err := m.cfg.Publisher.Publish(ctx, l.Message); err != nil {
 			return fmt.Errorf("replay dead letter %s: %w", key(orderID, version), err)
 		}
@@ -77,7 +77,7 @@ func (m *Manager) Replay(ctx context.Context, orderID string, version int64) (in
 // many parked messages it released. Discarding an order whose release was
 // interrupted resumes it.
 func (m *Manager) Discard(ctx context.Context, orderID string, version int64) (int, error) {
-	return m.settle(ctx, orderID, version, func(l Letter) error {
+	return m.settle(ctx, orderID, version, actionDiscard, func(l Letter) error {
 		if err := m.cfg.Skipper.Skip(ctx, orderID, version, l.Message.MessageID, l.EventType); err != nil {
 			return fmt.Errorf("discard dead letter %s: %w", key(orderID, version), err)
 		}
@@ -85,7 +85,38 @@ func (m *Manager) Discard(ctx context.Context, orderID string, version int64) (i
 	})
 }
 
-func (m *Manager) settle(ctx context.Context, orderID string, version int64, act func(Letter) error) (int, error) {
+// Release actions, kept on a releasing hold.
+const (
+	actionReplay  = "replay"
+	actionDiscard = "discard"
+)
+
+// Resume finishes every release that was interrupted (its hold is still
+// "releasing"), repeating the action the operator asked. It returns how
+// many releases it finished.
+func (m *Manager) Resume(ctx context.Context) (int, error) {
+	_, holds, err := m.cfg.Store.List(ctx)
+	if err != nil {
+		return 0, err
+	}
+	done := 0
+	for _, h := range holds {
+		if h.State != StateReleasing {
+			continue
+		}
+		do := m.Replay
+		if h.Action == actionDiscard {
+			do = m.Discard
+		}
+		if _, err := do(ctx, h.OrderID, h.Version); err != nil && !errors.Is(err, ErrNotFound) {
+			return done, fmt.Errorf("resume the release of order %s: %w", h.OrderID, err)
+		}
+		done++
+	}
+	return done, nil
+}
+
+func (m *Manager) settle(ctx context.Context, orderID string, version int64, action string, act func(Letter) error) (int, error) {
 	s := m.cfg.Store
 	id := key(orderID, version)
 	var doc letterDoc
@@ -106,7 +137,7 @@ func (m *Manager) settle(ctx context.Context, orderID string, version int64, act
 	// and a crash leaves a trace that the next call resumes from.
 	token := newToken()
 	if hold != nil || (found && doc.Holds) {
-		h := Hold{OrderID: orderID, Version: version, State: StateReleasing, Token: token, Since: time.Now().UTC()}
+		h := Hold{OrderID: orderID, Version: version, State: StateReleasing, Action: action, Token: token, Since: time.Now().UTC()}
 		if hold != nil {
 			h.Since = hold.Since
 		}

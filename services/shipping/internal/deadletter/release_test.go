@@ -178,3 +178,28 @@ func TestAReplayThatFailsAgainHoldsTheOrderAnew(t *testing.T) {
 type publishFunc func(ctx context.Context, m Message) error
 
 func (f publishFunc) Publish(ctx context.Context, m Message) error { return f(ctx, m) }
+
+func TestResumeFinishesAnInterruptedDiscard(t *testing.T) {
+	t.Parallel()
+	s, pub, skip := setup(t)
+	crash := errors.New("crash")
+	m, _ := NewManager(Config{Store: s, Publisher: pub, Skipper: skip, afterPublish: func(Parked) error { return crash }})
+	if _, err := m.Discard(t.Context(), "o-1", 2); !errors.Is(err, crash) {
+		t.Fatalf("Discard: %v, want the crash", err)
+	}
+	// The service restarts and resumes what was interrupted.
+	m, _ = NewManager(Config{Store: s, Publisher: pub, Skipper: skip})
+	if n, err := m.Resume(t.Context()); err != nil || n != 1 {
+		t.Fatalf("Resume: %d, %v; want 1 release finished", n, err)
+	}
+	if want := []string{"m3", "m3", "m4", "m5"}; !slices.Equal(pub.published, want) {
+		t.Fatalf("published %v, want %v", pub.published, want)
+	}
+	if !slices.Equal(skip.skipped, []string{"o-1/2"}) {
+		t.Fatalf("skipped %v: the discard must not turn into a replay", skip.skipped)
+	}
+	wantReleased(t, s)
+	if n, err := m.Resume(t.Context()); err != nil || n != 0 {
+		t.Fatalf("Resume with nothing to do: %d, %v", n, err)
+	}
+}
