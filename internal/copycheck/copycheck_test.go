@@ -1,0 +1,127 @@
+package copycheck
+
+import (
+	"bytes"
+	"context"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+)
+
+// thisModule is the module path the packages have in this repository.
+const thisModule = "github.com/outbox-inbox/reference"
+
+// TestPackagesCopyIntoAModuleOfTheirOwn copies each package directory (with
+// its subpackages and tests) into a scratch module whose go.mod requires
+// the versions this repository's go.mod does, rewrites the package's own
+// import path, and runs go build, go vet and the package's examples there,
+// with -mod=mod against the local module cache (and GOPROXY as the
+// environment sets it). A copy that still imports anything of this
+// repository (say, its internal test helpers) fails: nothing provides it.
+func TestPackagesCopyIntoAModuleOfTheirOwn(t *testing.T) {
+	if testing.Short() {
+		t.Skip("copycheck: compiles two modules; not in -short")
+	}
+	gomod := goEnv(t, "GOMOD")
+	root := filepath.Dir(gomod)
+	mod, err := os.ReadFile(gomod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum, err := os.ReadFile(filepath.Join(root, "go.sum"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, pkg := range []string{"pkg/outbox", "pkg/inbox"} {
+		t.Run(pkg, func(t *testing.T) {
+			t.Parallel()
+			dir := t.TempDir()
+			const copyModule = "example.com/copy"
+			copyTree(t, filepath.Join(root, pkg), dir, thisModule+"/"+pkg, copyModule)
+			if err := os.WriteFile(filepath.Join(dir, "go.mod"), scratchGoMod(mod, copyModule), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(dir, "go.sum"), sum, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			for _, args := range [][]string{
+				{"build", "./..."},
+				{"vet", "./..."},
+				{"test", "-count=1", "-run", "Example", "./..."},
+			} {
+				run(t, dir, args...)
+			}
+		})
+	}
+}
+
+// copyTree copies src into dst, rewriting the import path from to to in Go
+// files.
+func copyTree(t *testing.T, src, dst, from, to string) {
+	t.Helper()
+	err := filepath.WalkDir(src, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(src, path)
+		if err != nil {
+			return err
+		}
+		target := filepath.Join(dst, rel)
+		if d.IsDir() {
+			return os.MkdirAll(target, 0o755)
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		if strings.HasSuffix(path, ".go") {
+			b = bytes.ReplaceAll(b, []byte(`"`+from), []byte(`"`+to))
+		}
+		return os.WriteFile(target, b, 0o644)
+	})
+	if err != nil {
+		t.Fatalf("copy %s: %v", src, err)
+	}
+}
+
+var moduleLine = regexp.MustCompile(`(?m)^module .*$`)
+
+// scratchGoMod is this repository's go.mod under another module path: the
+// same go version and the same required versions.
+func scratchGoMod(mod []byte, module string) []byte {
+	return moduleLine.ReplaceAll(mod, []byte("module "+module))
+}
+
+func goEnv(t *testing.T, key string) string {
+	t.Helper()
+	out, err := exec.Command("go", "env", key).Output()
+	if err != nil {
+		t.Fatalf("go env %s: %v", key, err)
+	}
+	v := strings.TrimSpace(string(out))
+	if v == "" || v == os.DevNull {
+		t.Fatalf("go env %s: %q, want this repository's go.mod", key, v)
+	}
+	return v
+}
+
+func run(t *testing.T, dir string, args ...string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "go", args...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod -buildvcs=false", "GOWORK=off")
+	start := time.Now()
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("go %s in the copy: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	t.Logf("go %s: ok in %v", strings.Join(args, " "), time.Since(start).Round(time.Millisecond))
+}
