@@ -178,6 +178,8 @@ FROM gone`
 // blocked; nothing changes then. reason is required, at most
 // MaxDiscardReasonBytes of UTF-8. Discard waits for a writer that is
 // enqueueing the aggregate's next event, until that writer's transaction ends.
+// Its transaction runs at READ COMMITTED whatever the default isolation level;
+// an Admin made on a pgx.Tx at another level gets an error instead.
 func (a *Admin) Discard(ctx context.Context, id int64, reason string) error {
 	switch {
 	case id <= 0:
@@ -191,6 +193,14 @@ func (a *Admin) Discard(ctx context.Context, id int64, reason string) error {
 		return fmt.Errorf("outbox discard %d: reason: %w", id, err)
 	}
 	err := pgx.BeginFunc(ctx, a.db, func(tx pgx.Tx) error {
+		// discardSQL needs a snapshot of its own, taken after the lock was
+		// granted: at REPEATABLE READ (a server or role default) it would reuse
+		// the one taken before the wait and miss the waited-for writer's row,
+		// leaving it blocked behind nothing. Inside a caller's transaction
+		// already at another level, this fails rather than strand that row.
+		if _, err := tx.Exec(ctx, "SET TRANSACTION ISOLATION LEVEL READ COMMITTED"); err != nil {
+			return fmt.Errorf("set read committed: %w", err)
+		}
 		var dead bool
 		err := tx.QueryRow(ctx, discardLockSQL, id).Scan(&dead)
 		if errors.Is(err, pgx.ErrNoRows) {

@@ -333,6 +333,65 @@ func TestDiscardWaitsForAWriterHoldingTheAggregate(t *testing.T) {
 	}
 }
 
+// Discard relies on a snapshot taken after its lock was granted. On a server
+// (or role) whose default_transaction_isolation is REPEATABLE READ, a writer
+// at READ COMMITTED that committed while Discard waited must still have its
+// event unblocked, not stranded behind the discarded one.
+func TestDiscardUnblocksTheWaitedWriterUnderARepeatableReadDefault(t *testing.T) {
+	t.Parallel()
+	pool := newTestPool(t)
+	ctx := context.Background()
+	first := enqueue(t, pool, msg("o-1", "order.created"))[0]
+	deadLetter(t, pool, first.ID)
+
+	cfg := pool.Config()
+	cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = "repeatable read"
+	rrPool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rrPool.Close()
+
+	tx, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
+	second, err := outbox.Enqueue(ctx, tx, msg("o-1", "order.cancelled"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var writerPID int32
+	if err := tx.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&writerPID); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- outbox.NewAdmin(rrPool).Discard(ctx, first.ID, "never publishable") }()
+	waitFor(t, "Discard waiting for the writer", 10*time.Second, func() (bool, error) {
+		var waiting bool
+		err := pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid)))", writerPID).Scan(&waiting)
+		return waiting, err
+	})
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Discard: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Discard did not return after the writer committed")
+	}
+	var blocked bool
+	if err := pool.QueryRow(ctx, "SELECT blocked FROM outbox WHERE id = $1", second[0].ID).Scan(&blocked); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		t.Fatal(err)
+	}
+	if blocked {
+		t.Fatalf("event %d is still blocked, behind the discarded %d", second[0].ID, first.ID)
+	}
+}
+
 // Only a dead letter can be discarded: a pending event, a missing id and bad
 // arguments are errors, and nothing changes.
 func TestDiscardRejectsWhatIsNotADeadLetter(t *testing.T) {
