@@ -11,14 +11,17 @@
 //   - the dead letter is recorded (collection dead_letters, _id "order/v",
 //     with the message's body and headers) and, unless its version is
 //     applied anyway (a version conflict), the order is held (collection
-//     held_orders, _id the order id, with the dead version);
+//     held_orders, _id the order id, with its earliest holding dead
+//     version: a later dead letter of the same order does not move it);
 //   - a later version of a held order that finds its predecessor missing is
 //     parked at once (collection parked, _id "order/version", with the
 //     message) and acked; other orders flow;
 //   - Replay re-publishes the dead letter to the consumer's queue (after a
 //     fix), Discard records its version as skipped in the shipment; both then
 //     release the order: its parked messages are re-published in version
-//     order and the hold is removed.
+//     order and the hold is removed, or, while another dead letter of the
+//     order still holds it, moved to that one (the released versions after
+//     it find their gap again and park again).
 //
 // A release is idempotent and resumable: the hold is first marked
 // "releasing" with a token; each parked message is deleted only after its
@@ -162,6 +165,17 @@ func (s *Store) Record(ctx context.Context, l Letter) error {
 	if !l.Holds {
 		return nil
 	}
+	// The hold stays at the order's earliest dead version: a later dead
+	// letter (a malformed message parked behind it would not be, but one
+	// dead-lettered by itself is) must not let the versions between them
+	// through. A release in progress is replaced: its order is held anew.
+	cur, err := s.Held(ctx, l.OrderID)
+	if err != nil {
+		return fmt.Errorf("hold order %s behind dead letter %s: %w", l.OrderID, id, err)
+	}
+	if cur != nil && cur.State == StateHeld && cur.Version < l.Version {
+		return nil
+	}
 	h := Hold{OrderID: l.OrderID, Version: l.Version, State: StateHeld, Token: newToken(), Since: l.DeadLetteredAt}
 	if _, err := s.holds.ReplaceOne(ctx, byID(l.OrderID), h, options.Replace().SetUpsert(true)); err != nil {
 		return fmt.Errorf("hold order %s behind dead letter %s: %w", l.OrderID, id, err)
@@ -216,6 +230,21 @@ func (s *Store) Unpark(ctx context.Context, orderID string, version int64) (bool
 		return false, fmt.Errorf("unpark %s: %w", key(orderID, version), err)
 	}
 	return res.DeletedCount > 0, nil
+}
+
+// nextHolding returns orderID's dead letter of the lowest version that
+// holds its order, or nil.
+func (s *Store) nextHolding(ctx context.Context, orderID string) (*Letter, error) {
+	var l Letter
+	err := s.letters.FindOne(ctx, bson.D{{Key: "order_id", Value: orderID}, {Key: "holds", Value: true}},
+		options.FindOne().SetSort(bson.D{{Key: "version", Value: 1}})).Decode(&l)
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("find the dead letters holding order %s: %w", orderID, err)
+	}
+	return &l, nil
 }
 
 // parkedOf returns orderID's parked messages in version order.

@@ -159,6 +159,22 @@ func (m *Manager) settle(ctx context.Context, orderID string, version int64, act
 	if err != nil {
 		return released, err
 	}
+	// Another dead letter of this order still holds it: the order stays held
+	// behind that one (the released versions after it come back to a gap and
+	// park again), unless the hold changed meanwhile.
+	next, err := s.nextHolding(ctx, orderID)
+	if err != nil {
+		return released, err
+	}
+	if next != nil {
+		h := Hold{OrderID: orderID, Version: next.Version, State: StateHeld, Token: newToken(), Since: next.DeadLetteredAt}
+		if _, err := s.holds.ReplaceOne(ctx, bson.D{{Key: "_id", Value: orderID}, {Key: "token", Value: token}}, h); err != nil {
+			return released, fmt.Errorf("hold order %s behind dead letter %s: %w", orderID, key(orderID, next.Version), err)
+		}
+		m.log.InfoContext(ctx, "order released, still held behind another dead letter", "aggregate_id", orderID,
+			"version", version, "released", released, "dead_version", next.Version)
+		return released, nil
+	}
 	res, err := s.holds.DeleteOne(ctx, bson.D{{Key: "_id", Value: orderID}, {Key: "token", Value: token}})
 	if err != nil {
 		return released, fmt.Errorf("delete hold of order %s: %w", orderID, err)

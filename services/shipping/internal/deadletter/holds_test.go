@@ -1,0 +1,77 @@
+package deadletter
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/outbox-inbox/reference/internal/mongolocal/mongotest"
+)
+
+// An order can hold two dead letters: version 2 (its handler kept failing)
+// and version 4 (a malformed message that came while 2 held the order). The
+// hold must stay at the earliest dead version, and settling one of them must
+// leave the order held behind the other: otherwise the versions parked after
+// it are released into gaps and deferred until they are dead-lettered too.
+func TestAnOrderWithTwoDeadLettersStaysHeldUntilBothAreSettled(t *testing.T) {
+	t.Parallel()
+	s, err := NewStore(mongotest.Database(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	now := time.Now().UTC()
+	record := func(v int64, reason string) {
+		t.Helper()
+		if err := s.Record(ctx, Letter{OrderID: "o-1", Version: v, Reason: reason, Holds: true,
+			DeadLetteredAt: now.Add(time.Duration(v) * time.Millisecond), Message: msg(msgID(v))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	park := func(v int64) {
+		t.Helper()
+		if err := s.Park(ctx, Parked{OrderID: "o-1", Version: v, ParkedAt: now, Message: msg(msgID(v))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	held := func() *Hold {
+		t.Helper()
+		h, err := s.Held(ctx, "o-1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return h
+	}
+
+	record(2, "handler_failed")
+	park(3)
+	record(4, "malformed_payload")
+	if h := held(); h == nil || h.Version != 2 || h.State != StateHeld {
+		t.Fatalf("hold after a second dead letter at version 4: %+v; want it still at version 2", h)
+	}
+	park(5)
+
+	pub, skip := &fakePublisher{}, &fakeSkipper{}
+	m, _ := NewManager(Config{Store: s, Publisher: pub, Skipper: skip})
+	if _, err := m.Replay(ctx, "o-1", 2); err != nil {
+		t.Fatalf("Replay 2: %v", err)
+	}
+	if h := held(); h == nil || h.Version != 4 || h.State != StateHeld {
+		t.Fatalf("hold after replaying version 2 while version 4 is still dead: %+v; want the order held at version 4", h)
+	}
+	// Version 3 can apply now; 5 comes back to a gap and parks again.
+	if want := []string{"m2", "m3", "m5"}; !slices.Equal(pub.published, want) {
+		t.Fatalf("published %v, want %v", pub.published, want)
+	}
+
+	park(5)
+	if _, err := m.Discard(ctx, "o-1", 4); err != nil {
+		t.Fatalf("Discard 4: %v", err)
+	}
+	if want := []string{"m2", "m3", "m5", "m5"}; !slices.Equal(pub.published, want) {
+		t.Fatalf("published %v, want %v", pub.published, want)
+	}
+	wantReleased(t, s)
+}
+
+func msgID(v int64) string { return "m" + string(rune('0'+v)) }
