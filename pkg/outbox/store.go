@@ -9,8 +9,8 @@ import (
 )
 
 // claimSQL leases up to $1 due head events for $2 milliseconds, in one short
-// transaction of its own, and dead-letters due rows that already had $3
-// (MaxAttempts) attempts.
+// transaction of its own, and dead-letters due rows still in flight that
+// already had $3 (MaxAttempts) attempts.
 //
 // A head event is the oldest event of its aggregate still in the outbox. Rows
 // behind it are "blocked" and are not in the outbox_due index at all, so the
@@ -32,9 +32,13 @@ import (
 // flight lost its relay mid-publish (see the schema). If any is among the due
 // rows, the claim takes the first one alone, so that a row that crashes relays
 // is retried without batch-mates; the others are claimed by the next claim. A
-// due row that reached MaxAttempts is dead-lettered here, with a reason, and
-// never handed to the publisher again: without this, a row that kills every
-// relay that publishes it would never get a failure recorded.
+// due row still in flight that reached MaxAttempts is dead-lettered here, with
+// a reason, and never handed to the publisher again: without this, a row that
+// kills every relay that publishes it would never get a failure recorded. A
+// row that is not in flight has an outcome: a failure, which dead-lettered it
+// already at MaxAttempts (failSQL), or a confirm its relay could not mark
+// (releaseUnmarkedSQL), which is no failure: it is claimed again whatever its
+// attempts, and dead-lettered only if that attempt fails.
 //
 // The result has the claimed rows (dead = false), then the dead-lettered ones.
 //
@@ -59,12 +63,9 @@ WITH due AS (
     UPDATE outbox o
     SET dead_lettered_at = now(),
         in_flight = false,
-        last_error = CASE WHEN d.in_flight
-            THEN format('no outcome after attempt %s of %s: the relay stopped (crashed, was killed or ran out of memory) while publishing it, and the lease ended', o.attempts, $3::int)
-            ELSE format('reached the maximum of %s attempts (attempts: %s); last error: %s', $3::int, o.attempts, coalesce(o.last_error, 'none'))
-        END
+        last_error = format('no outcome after attempt %s of %s: the relay stopped (crashed, was killed or ran out of memory) while publishing it, and the lease ended', o.attempts, $3::int)
     FROM due d
-    WHERE o.id = d.id AND d.attempts >= $3::int
+    WHERE o.id = d.id AND d.in_flight AND d.attempts >= $3::int
     RETURNING o.id, o.aggregate_type, o.aggregate_id, o.aggregate_version, o.event_type,
               o.payload, o.headers, o.created_at, o.attempts, o.last_error
 ), orphan AS (
@@ -72,7 +73,7 @@ WITH due AS (
 ), pick AS (
     SELECT id FROM orphan
     UNION ALL
-    SELECT id FROM due WHERE NOT in_flight AND attempts < $3::int AND NOT EXISTS (SELECT FROM orphan)
+    SELECT id FROM due WHERE NOT in_flight AND NOT EXISTS (SELECT FROM orphan)
 ), claimed AS (
     UPDATE outbox o
     SET attempts = o.attempts + 1,
