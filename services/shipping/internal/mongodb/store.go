@@ -22,6 +22,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
+	"go.mongodb.org/mongo-driver/v2/mongo/writeconcern"
 
 	"github.com/outbox-inbox/reference/services/shipping/internal/shipment"
 )
@@ -62,7 +63,11 @@ func New(db *mongo.Database, collection string) (*Store, error) {
 	if collection == "" {
 		collection = DefaultCollection
 	}
-	return &Store{db: db, events: db.Collection(collection)}, nil
+	// Journaled: without transactions the inbox may buffer the message's
+	// record and the message is acked right after this write, so the write
+	// itself must survive a mongod crash. Inside a transaction the driver
+	// sends no write concern with it; the commit's (majority) applies.
+	return &Store{db: db, events: db.Collection(collection, options.Collection().SetWriteConcern(writeconcern.Journaled()))}, nil
 }
 
 // record is a stored event.
