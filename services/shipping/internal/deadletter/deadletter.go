@@ -54,6 +54,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
+	"go.mongodb.org/mongo-driver/v2/mongo/writeconcern"
 )
 
 // Collection names.
@@ -128,10 +129,15 @@ func NewStore(db *mongo.Database) (*Store, error) {
 	if db == nil {
 		return nil, errors.New("deadletter: nil database")
 	}
+	// Journaled: a parked message is acked once parked, so the parked copy
+	// is its only one, and on a standalone mongod a plain write is
+	// acknowledged before its journal commit (a crash then would lose it).
+	// Dead letters and holds are written the same way.
+	j := options.Collection().SetWriteConcern(writeconcern.Journaled())
 	return &Store{
-		letters: db.Collection(LettersCollection),
-		holds:   db.Collection(HoldsCollection),
-		parked:  db.Collection(ParkedCollection),
+		letters: db.Collection(LettersCollection, j),
+		holds:   db.Collection(HoldsCollection, j),
+		parked:  db.Collection(ParkedCollection, j),
 	}, nil
 }
 
