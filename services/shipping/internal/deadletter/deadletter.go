@@ -39,7 +39,8 @@
 // gone.
 //
 // Lookups are by _id, except the listings (List, Stats, and a release's
-// parked messages of one order), which scan their small collections.
+// parked messages and remaining dead letters of one order), which scan their
+// small collections.
 package deadletter
 
 import (
