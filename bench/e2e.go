@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -64,23 +63,29 @@ func freeAddr() (string, error) {
 
 // startShipping runs the shipping binary against url and mongoURI, logging to
 // logPath, and waits until its /readyz answers 200. It returns a function
-// that stops the process (SIGTERM, then SIGKILL after 20s); the run's close
-// calls it too.
+// that stops the process; the run's close calls it too.
 func (b *bench) startShipping(ctx context.Context, bin, url, mongoURI, logPath string) (func() error, error) {
 	addr, err := freeAddr()
 	if err != nil {
 		return nil, err
 	}
+	env := append(os.Environ(), "AMQP_URL="+url, "MONGO_URI="+mongoURI, "HTTP_ADDR="+addr, "LOG_LEVEL=warn")
+	return b.startProcess(ctx, "shipping", exec.Command(bin), env, addr, logPath)
+}
+
+// startProcess starts cmd with env, logging to logPath, and waits until
+// http://addr/readyz answers 200. It returns a function that stops the
+// process (SIGTERM, then SIGKILL after 20s), which the run's close calls too.
+func (b *bench) startProcess(ctx context.Context, name string, cmd *exec.Cmd, env []string, addr, logPath string) (func() error, error) {
 	logFile, err := os.Create(logPath)
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(bin)
-	cmd.Env = append(os.Environ(), "AMQP_URL="+url, "MONGO_URI="+mongoURI, "HTTP_ADDR="+addr, "LOG_LEVEL=warn")
+	cmd.Env = env
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	if err := cmd.Start(); err != nil {
 		_ = logFile.Close()
-		return nil, fmt.Errorf("start shipping: %w", err)
+		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
 	exited := make(chan struct{})
 	var waitErr error
@@ -99,12 +104,12 @@ func (b *bench) startShipping(ctx context.Context, bin, url, mongoURI, logPath s
 			case <-time.After(20 * time.Second):
 				_ = cmd.Process.Kill()
 				<-exited
-				stopErr = errors.New("shipping did not stop within 20s of SIGTERM; killed")
+				stopErr = fmt.Errorf("%s did not stop within 20s of SIGTERM; killed", name)
 			}
 		})
 		return stopErr
 	}
-	b.env.onClose("shipping process", func(context.Context) error { return stop() })
+	b.env.onClose(name+" process "+addr, func(context.Context) error { return stop() })
 
 	client := &http.Client{Timeout: 2 * time.Second}
 	deadline := time.Now().Add(90 * time.Second)
@@ -118,13 +123,13 @@ func (b *bench) startShipping(ctx context.Context, bin, url, mongoURI, logPath s
 		}
 		select {
 		case <-exited:
-			return nil, fmt.Errorf("shipping exited before it was ready (%v); see %s", waitErr, logPath)
+			return nil, fmt.Errorf("%s exited before it was ready (%v); see %s", name, waitErr, logPath)
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		case <-time.After(100 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("shipping not ready after 90s; see %s", logPath)
+			return nil, fmt.Errorf("%s not ready after 90s; see %s", name, logPath)
 		}
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/md5"
-	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -14,8 +13,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -203,62 +200,8 @@ func (b *bench) buildOrders(ctx context.Context, dir string) (string, error) {
 }
 
 // startOrders runs `orders serve` with env, logging to logPath, and waits
-// until its /readyz answers 200. The run's close stops it (SIGTERM, then
-// SIGKILL after 20s).
+// until its /readyz answers 200. The run's close stops it.
 func (b *bench) startOrders(ctx context.Context, bin string, env []string, addr, logPath string) error {
-	logFile, err := os.Create(logPath)
-	if err != nil {
-		return err
-	}
-	cmd := exec.Command(bin, "serve")
-	cmd.Env = env
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	if err := cmd.Start(); err != nil {
-		_ = logFile.Close()
-		return fmt.Errorf("start orders: %w", err)
-	}
-	exited := make(chan struct{})
-	var waitErr error
-	go func() {
-		waitErr = cmd.Wait()
-		close(exited)
-	}()
-	var once sync.Once
-	b.env.onClose("orders process "+addr, func(context.Context) error {
-		var stopErr error
-		once.Do(func() {
-			defer logFile.Close()
-			_ = cmd.Process.Signal(syscall.SIGTERM)
-			select {
-			case <-exited:
-			case <-time.After(20 * time.Second):
-				_ = cmd.Process.Kill()
-				<-exited
-				stopErr = errors.New("orders did not stop within 20s of SIGTERM; killed")
-			}
-		})
-		return stopErr
-	})
-
-	client := &http.Client{Timeout: 2 * time.Second}
-	deadline := time.Now().Add(90 * time.Second)
-	for {
-		resp, err := client.Get("http://" + addr + "/readyz")
-		if err == nil {
-			_ = resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		select {
-		case <-exited:
-			return fmt.Errorf("orders exited before it was ready (%v); see %s", waitErr, logPath)
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(100 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("orders not ready after 90s; see %s", logPath)
-		}
-	}
+	_, err := b.startProcess(ctx, "orders", exec.Command(bin, "serve"), env, addr, logPath)
+	return err
 }

@@ -34,10 +34,11 @@ type timerStart struct {
 	at   time.Time
 }
 
-// claimKind recognises the relay's claim: the only statement that leases due
-// rows with SKIP LOCKED and returns them.
+// claimKind recognises the relay's claim: the only statement that selects
+// due rows (next_attempt_at <= now()) with SKIP LOCKED and returns the rows it
+// leased.
 func claimKind(sql string) string {
-	if strings.Contains(sql, "FOR UPDATE SKIP LOCKED") && strings.Contains(sql, "next_attempt_at") &&
+	if strings.Contains(sql, "SKIP LOCKED") && strings.Contains(sql, "next_attempt_at <= now()") &&
 		strings.Contains(sql, "RETURNING") && strings.Contains(sql, "UPDATE outbox") {
 		return "claim"
 	}
