@@ -183,6 +183,14 @@ WHERE s.aggregate_type = m.aggregate_type
 // markPublished moves confirmed rows to outbox_published, in one transaction of
 // two statements sent in one round trip. It returns the rows it could not mark
 // yet because the writer of their aggregate's next event held them.
+//
+// The transaction sets READ COMMITTED itself: unblockSQL must take a snapshot
+// of its own, after moveSQL locked the rows, which a REPEATABLE READ or
+// SERIALIZABLE session default (ALTER ROLE/DATABASE ... SET
+// default_transaction_isolation) would not give it. BEGIN and COMMIT travel in
+// the same batch, so this costs no round trip; if a statement fails, the
+// connection is left in an aborted transaction and the pool discards it on
+// release.
 func markPublished(ctx context.Context, db batchSender, envs []Envelope) (deferred []Envelope, err error) {
 	types := make([]string, len(envs))
 	aggIDs := make([]string, len(envs))
@@ -192,11 +200,16 @@ func markPublished(ctx context.Context, db batchSender, envs []Envelope) (deferr
 	}
 
 	b := &pgx.Batch{}
+	b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
 	b.Queue(moveSQL, ids(envs))
 	b.Queue(unblockSQL, types, aggIDs, versions)
+	b.Queue("COMMIT")
 	br := db.SendBatch(ctx, b)
 	defer br.Close()
 
+	if _, err := br.Exec(); err != nil {
+		return nil, fmt.Errorf("mark outbox rows published: begin: %w", err)
+	}
 	rows, err := br.Query()
 	if err != nil {
 		return nil, fmt.Errorf("mark outbox rows published: move: %w", err)
@@ -207,6 +220,9 @@ func markPublished(ctx context.Context, db batchSender, envs []Envelope) (deferr
 	}
 	if _, err := br.Exec(); err != nil {
 		return nil, fmt.Errorf("mark outbox rows published: unblock: %w", err)
+	}
+	if _, err := br.Exec(); err != nil {
+		return nil, fmt.Errorf("mark outbox rows published: commit: %w", err)
 	}
 	if err := br.Close(); err != nil {
 		return nil, fmt.Errorf("mark outbox rows published: %w", err)
