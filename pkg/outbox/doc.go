@@ -129,7 +129,9 @@
 //     aggregate costs every claim a little (the claim skips it). Prefer READ
 //     COMMITTED for aggregates with long queues. As always at those levels,
 //     two writers of one aggregate conflict (SQLSTATE 40001): retry the
-//     transaction.
+//     transaction. The relay's mark and Admin.Discard run at READ COMMITTED
+//     whatever the session's default: they rely on a fresh snapshot per
+//     statement.
 //   - A transaction that enqueues for several aggregates should do so in a
 //     consistent order (say, sorted by id), like any code that locks several
 //     rows, or concurrent writers can deadlock.
@@ -245,7 +247,9 @@
 // # Failure modes
 //
 //   - Relay killed before publishing: its rows stay leased and are claimed again
-//     when the lease ends, with the attempt counted.
+//     when the lease ends, with the attempt counted, one row per claim (a row
+//     with no outcome may be the one that killed the relay, so it is not given
+//     batch-mates); the other due rows wait until those are retried.
 //   - Relay killed after the broker confirmed, before the mark
 //     (Hooks.AfterPublishBeforeMark marks this window): the rows are published
 //     again after the lease. Consumers see a duplicate with the same message id.
