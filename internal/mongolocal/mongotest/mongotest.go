@@ -17,11 +17,13 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"go.mongodb.org/mongo-driver/v2/event"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
@@ -146,4 +148,43 @@ func unavailable(t testing.TB, format string, args ...any) {
 		t.Fatalf("mongotest: "+format+" (required under CI=true)", args...)
 	}
 	t.Skipf("mongotest: "+format, args...)
+}
+
+// Commands records the commands a client sent, for tests that check how a
+// write was made (its write concern, say). Safe for concurrent use.
+type Commands struct {
+	mu   sync.Mutex
+	cmds []*event.CommandStartedEvent
+}
+
+// Named returns the recorded commands named one of names, in order.
+func (c *Commands) Named(names ...string) []*event.CommandStartedEvent {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []*event.CommandStartedEvent
+	for _, e := range c.cmds {
+		if slices.Contains(names, e.CommandName) {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// Watched returns a fresh database, like Database, on a client of its own
+// whose every command is recorded in the returned Commands.
+func Watched(t testing.TB) (*mongo.Database, *Commands) {
+	t.Helper()
+	uri, name := ForTest(t)
+	cmds := &Commands{}
+	client, err := mongo.Connect(options.Client().ApplyURI(uri).SetServerSelectionTimeout(10 * time.Second).
+		SetMonitor(&event.CommandMonitor{Started: func(_ context.Context, e *event.CommandStartedEvent) {
+			cmds.mu.Lock()
+			cmds.cmds = append(cmds.cmds, e)
+			cmds.mu.Unlock()
+		}}))
+	if err != nil {
+		t.Fatalf("mongotest: connect %s: %v", uri, err)
+	}
+	t.Cleanup(func() { _ = client.Disconnect(context.WithoutCancel(t.Context())) })
+	return client.Database(name), cmds
 }

@@ -1,15 +1,10 @@
 package deadletter
 
 import (
-	"context"
-	"sync"
 	"testing"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
-	"go.mongodb.org/mongo-driver/v2/event"
-	"go.mongodb.org/mongo-driver/v2/mongo"
-	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/outbox-inbox/reference/internal/mongolocal/mongotest"
 )
@@ -20,23 +15,8 @@ import (
 // The dead letter and the hold are written the same way.
 func TestParkedMessagesAndDeadLettersAreWrittenJournaled(t *testing.T) {
 	t.Parallel()
-	uri, dbName := mongotest.ForTest(t)
-	var mu sync.Mutex
-	writes := map[string]bson.Raw{}
-	client, err := mongo.Connect(options.Client().ApplyURI(uri).SetServerSelectionTimeout(10 * time.Second).
-		SetMonitor(&event.CommandMonitor{Started: func(_ context.Context, e *event.CommandStartedEvent) {
-			if e.CommandName == "insert" || e.CommandName == "update" {
-				coll, _ := e.Command.Lookup(e.CommandName).StringValueOK()
-				mu.Lock()
-				writes[e.CommandName+" "+coll] = e.Command
-				mu.Unlock()
-			}
-		}}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = client.Disconnect(context.WithoutCancel(t.Context())) })
-	s, err := NewStore(client.Database(dbName))
+	db, cmds := mongotest.Watched(t)
+	s, err := NewStore(db)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,8 +28,11 @@ func TestParkedMessagesAndDeadLettersAreWrittenJournaled(t *testing.T) {
 	if err := s.Park(t.Context(), Parked{OrderID: "o-1", Version: 3, ParkedAt: now, Message: msg("m3")}); err != nil {
 		t.Fatal(err)
 	}
-	mu.Lock()
-	defer mu.Unlock()
+	writes := map[string]bson.Raw{}
+	for _, e := range cmds.Named("insert", "update") {
+		coll, _ := e.Command.Lookup(e.CommandName).StringValueOK()
+		writes[e.CommandName+" "+coll] = e.Command
+	}
 	for _, w := range []string{"insert " + ParkedCollection, "update " + LettersCollection, "update " + HoldsCollection} {
 		cmd, ok := writes[w]
 		if !ok {

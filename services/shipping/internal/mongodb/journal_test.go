@@ -1,15 +1,7 @@
 package mongodb_test
 
 import (
-	"context"
-	"sync"
 	"testing"
-	"time"
-
-	"go.mongodb.org/mongo-driver/v2/bson"
-	"go.mongodb.org/mongo-driver/v2/event"
-	"go.mongodb.org/mongo-driver/v2/mongo"
-	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/outbox-inbox/reference/internal/mongolocal/mongotest"
 	"github.com/outbox-inbox/reference/services/shipping/internal/mongodb"
@@ -24,22 +16,8 @@ import (
 // commit).
 func TestEffectsAreWrittenWithAJournaledWriteConcern(t *testing.T) {
 	t.Parallel()
-	uri, dbName := mongotest.ForTest(t)
-	var mu sync.Mutex
-	var inserts []bson.Raw
-	client, err := mongo.Connect(options.Client().ApplyURI(uri).SetServerSelectionTimeout(10 * time.Second).
-		SetMonitor(&event.CommandMonitor{Started: func(_ context.Context, e *event.CommandStartedEvent) {
-			if e.CommandName == "insert" {
-				mu.Lock()
-				inserts = append(inserts, e.Command)
-				mu.Unlock()
-			}
-		}}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = client.Disconnect(context.WithoutCancel(t.Context())) })
-	s, err := mongodb.New(client.Database(dbName), "")
+	db, cmds := mongotest.Watched(t)
+	s, err := mongodb.New(db, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,15 +27,14 @@ func TestEffectsAreWrittenWithAJournaledWriteConcern(t *testing.T) {
 	if err := s.Skip(t.Context(), "o-1", 2, "2", "order.paid"); err != nil {
 		t.Fatal(err)
 	}
-	mu.Lock()
-	defer mu.Unlock()
+	inserts := cmds.Named("insert")
 	if len(inserts) != 2 {
 		t.Fatalf("%d inserts, want 2", len(inserts))
 	}
-	for _, cmd := range inserts {
-		j, ok := cmd.Lookup("writeConcern", "j").BooleanOK()
+	for _, e := range inserts {
+		j, ok := e.Command.Lookup("writeConcern", "j").BooleanOK()
 		if !ok || !j {
-			t.Fatalf("insert %s: want writeConcern {j: true}", cmd)
+			t.Fatalf("insert %s: want writeConcern {j: true}", e.Command)
 		}
 	}
 }
