@@ -294,41 +294,10 @@ func TestDiscardWaitsForAWriterHoldingTheAggregate(t *testing.T) {
 	first := enqueue(t, pool, msg("o-1", "order.created"))[0]
 	deadLetter(t, pool, first.ID)
 
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
-	second, err := outbox.Enqueue(ctx, tx, msg("o-1", "order.cancelled"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var writerPID int32
-	if err := tx.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&writerPID); err != nil {
-		t.Fatal(err)
-	}
-
-	done := make(chan error, 1)
-	go func() { done <- outbox.NewAdmin(pool).Discard(ctx, first.ID, "never publishable") }()
-	waitFor(t, "Discard waiting for the writer", 10*time.Second, func() (bool, error) {
-		var waiting bool
-		err := pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid)))", writerPID).Scan(&waiting)
-		return waiting, err
-	})
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("Discard: %v", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("Discard did not return after the writer committed")
-	}
+	second := discardWhileAWriterHoldsTheEvent(t, pool, pool, first.ID)
 	waitFor(t, "the writer's event published", 10*time.Second, outboxEmpty(pool))
 	var n int
-	if err := pool.QueryRow(ctx, "SELECT count(*) FROM outbox_published WHERE id = $1", second[0].ID).Scan(&n); err != nil || n != 1 {
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM outbox_published WHERE id = $1", second.ID).Scan(&n); err != nil || n != 1 {
 		t.Fatalf("the writer's event is not published: %d, %v", n, err)
 	}
 }
@@ -352,6 +321,24 @@ func TestDiscardUnblocksTheWaitedWriterUnderARepeatableReadDefault(t *testing.T)
 	}
 	defer rrPool.Close()
 
+	second := discardWhileAWriterHoldsTheEvent(t, pool, rrPool, first.ID)
+	var blocked bool
+	if err := pool.QueryRow(ctx, "SELECT blocked FROM outbox WHERE id = $1", second.ID).Scan(&blocked); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		t.Fatal(err)
+	}
+	if blocked {
+		t.Fatalf("event %d is still blocked, behind the discarded %d", second.ID, first.ID)
+	}
+}
+
+// discardWhileAWriterHoldsTheEvent discards the dead letter firstID through
+// an Admin on adminPool while a writer at READ COMMITTED, on pool, holds it
+// (it enqueued the aggregate's next event and has not committed): it waits
+// until Discard is blocked by the writer, commits the writer, and returns the
+// writer's event once Discard returned.
+func discardWhileAWriterHoldsTheEvent(t *testing.T, pool, adminPool *pgxpool.Pool, firstID int64) outbox.Enqueued {
+	t.Helper()
+	ctx := context.Background()
 	tx, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	if err != nil {
 		t.Fatal(err)
@@ -366,7 +353,7 @@ func TestDiscardUnblocksTheWaitedWriterUnderARepeatableReadDefault(t *testing.T)
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
-	go func() { done <- outbox.NewAdmin(rrPool).Discard(ctx, first.ID, "never publishable") }()
+	go func() { done <- outbox.NewAdmin(adminPool).Discard(ctx, firstID, "never publishable") }()
 	waitFor(t, "Discard waiting for the writer", 10*time.Second, func() (bool, error) {
 		var waiting bool
 		err := pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid)))", writerPID).Scan(&waiting)
@@ -383,13 +370,7 @@ func TestDiscardUnblocksTheWaitedWriterUnderARepeatableReadDefault(t *testing.T)
 	case <-time.After(10 * time.Second):
 		t.Fatal("Discard did not return after the writer committed")
 	}
-	var blocked bool
-	if err := pool.QueryRow(ctx, "SELECT blocked FROM outbox WHERE id = $1", second[0].ID).Scan(&blocked); err != nil && !errors.Is(err, pgx.ErrNoRows) {
-		t.Fatal(err)
-	}
-	if blocked {
-		t.Fatalf("event %d is still blocked, behind the discarded %d", second[0].ID, first.ID)
-	}
+	return second[0]
 }
 
 // Only a dead letter can be discarded: a pending event, a missing id and bad
