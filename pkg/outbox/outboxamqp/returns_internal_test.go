@@ -41,22 +41,7 @@ func (h stuckHandler) WithGroup(string) slog.Handler      { return h }
 // longer awaits), which is the kind of return a reader would log.
 func TestReturnsAreKeptWhileTheLoggerBlocks(t *testing.T) {
 	t.Parallel()
-	conn, err := amqp.Dial(outboxtest.AMQPURL())
-	if err != nil {
-		outboxtest.Unavailable(t, "RabbitMQ at "+outboxtest.AMQPURL(), err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	exchange := "outboxamqp-test-returns-" + hex.EncodeToString(b)
-	if err := ch.ExchangeDeclare(exchange, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
-		t.Fatal(err)
-	}
-	defer ch.ExchangeDelete(exchange, false, false) //nolint:errcheck
+	ch, exchange := returnsExchange(t)
 	q, err := ch.QueueDeclare("", false, true, true, false, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -150,22 +135,7 @@ func TestSyncReturnsHonoursTheContext(t *testing.T) {
 func TestRelayNeverMarksAReturnedEventWhileTheLoggerBlocks(t *testing.T) {
 	t.Parallel()
 	pool := outboxtest.Pool(t)
-	conn, err := amqp.Dial(outboxtest.AMQPURL())
-	if err != nil {
-		outboxtest.Unavailable(t, "RabbitMQ at "+outboxtest.AMQPURL(), err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	exchange := "outboxamqp-test-returns-" + hex.EncodeToString(b)
-	if err := ch.ExchangeDeclare(exchange, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
-		t.Fatal(err)
-	}
-	defer ch.ExchangeDelete(exchange, false, false) //nolint:errcheck
+	_, exchange := returnsExchange(t)
 
 	var records atomic.Int64
 	p, err := New(Config{URL: outboxtest.AMQPURL(), Exchange: exchange, Logger: slog.New(stuckHandler{stuck: 6 * time.Second, records: &records})})
@@ -211,4 +181,27 @@ func TestRelayNeverMarksAReturnedEventWhileTheLoggerBlocks(t *testing.T) {
 	if marked != 0 {
 		t.Fatalf("%d unroutable events marked published", marked)
 	}
+}
+
+// returnsExchange declares a topic exchange of the test's own, deleted in
+// cleanup, and returns it with the channel that declared it.
+func returnsExchange(t *testing.T) (*amqp.Channel, string) {
+	t.Helper()
+	conn, err := amqp.Dial(outboxtest.AMQPURL())
+	if err != nil {
+		outboxtest.Unavailable(t, "RabbitMQ at "+outboxtest.AMQPURL(), err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	exchange := "outboxamqp-test-returns-" + hex.EncodeToString(b)
+	if err := ch.ExchangeDeclare(exchange, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ch.ExchangeDelete(exchange, false, false) })
+	return ch, exchange
 }
