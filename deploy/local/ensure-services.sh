@@ -19,6 +19,16 @@ if ! pg_isready -h 127.0.0.1 -p 5432 >/dev/null 2>&1; then
 	wait_for PostgreSQL 60 pg_isready -h 127.0.0.1 -p 5432
 fi
 
+# The WAL relay (pkg/outbox/outboxwal) reads the outbox through logical
+# replication, which needs wal_level=logical. Changing it takes one restart.
+pgver=$(ls /etc/postgresql | head -n1)
+if [ "$(psql -h 127.0.0.1 -U postgres -Atc 'SHOW wal_level' 2>/dev/null)" != "logical" ]; then
+	echo "ensure-services: setting PostgreSQL's wal_level to logical and restarting it once (the WAL relay's tests need it)"
+	psql -h 127.0.0.1 -U postgres -qc "ALTER SYSTEM SET wal_level = logical"
+	pg_ctlcluster --skip-systemctl-redirect "$pgver" main restart
+	wait_for PostgreSQL 60 pg_isready -h 127.0.0.1 -p 5432
+fi
+
 if ! rabbitmqctl -q await_startup --timeout 5 >/dev/null 2>&1; then
 	echo "ensure-services: starting RabbitMQ"
 	rabbitmq-server -detached || true
