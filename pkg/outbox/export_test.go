@@ -10,3 +10,6 @@ const ClaimSQL = claimSQL
 func ClaimArgs(limit int, lease time.Duration) []any {
 	return []any{limit, lease.Milliseconds(), defaultMaxAttempts}
 }
+
+// ClaimHandedOverSQL lets the external tests check the handed-over claim.
+var ClaimHandedOverSQL = claimHandedOverSQL

@@ -94,6 +94,12 @@ type RelayConfig struct {
 	Metrics Metrics
 	// Hooks observe the relay's protocol, for fault injection and tests.
 	Hooks Hooks
+	// HandedOverOnly makes the relay claim only rows whose last_error is set:
+	// the rows a relay that reads the write-ahead log (package outboxwal)
+	// handed over to polling, because they failed, were dead-lettered, or wait
+	// behind a dead letter of their aggregate. Such a relay runs one of these
+	// itself; leave it false otherwise.
+	HandedOverOnly bool
 }
 
 // Hooks are called synchronously by the relay's workers: they must be safe for
@@ -368,7 +374,7 @@ func (r *Relay) runBatch(ctx context.Context) (BatchResult, error) {
 	start := time.Now()
 
 	cctx, cancel := context.WithTimeout(detached, dbTimeout)
-	envs, dead, err := claim(cctx, r.pool, r.cfg.BatchSize, r.cfg.Lease, r.cfg.MaxAttempts)
+	envs, dead, err := claim(cctx, r.pool, r.cfg.BatchSize, r.cfg.Lease, r.cfg.MaxAttempts, r.cfg.HandedOverOnly)
 	cancel()
 	if err != nil {
 		return BatchResult{}, err

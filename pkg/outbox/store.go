@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -97,8 +98,19 @@ type deadAtClaim struct {
 	reason string
 }
 
-func claim(ctx context.Context, db DB, limit int, lease time.Duration, maxAttempts int) ([]Envelope, []deadAtClaim, error) {
-	rows, err := db.Query(ctx, claimSQL, limit, lease.Milliseconds(), maxAttempts)
+// claimHandedOverSQL is claimSQL restricted to rows whose last_error is set
+// (RelayConfig.HandedOverOnly). Rows never leave that state: a failure writes
+// last_error, and Admin.Retry keeps it.
+var claimHandedOverSQL = strings.Replace(claimSQL,
+	"WHERE o.dead_lettered_at IS NULL\n      AND NOT o.blocked",
+	"WHERE o.dead_lettered_at IS NULL\n      AND NOT o.blocked\n      AND o.last_error IS NOT NULL", 1)
+
+func claim(ctx context.Context, db DB, limit int, lease time.Duration, maxAttempts int, handedOverOnly bool) ([]Envelope, []deadAtClaim, error) {
+	query := claimSQL
+	if handedOverOnly {
+		query = claimHandedOverSQL
+	}
+	rows, err := db.Query(ctx, query, limit, lease.Milliseconds(), maxAttempts)
 	if err != nil {
 		return nil, nil, fmt.Errorf("claim outbox batch: %w", err)
 	}
