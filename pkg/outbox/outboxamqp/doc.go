@@ -55,6 +55,15 @@
 // connection or of its channel ends the session: outstanding confirms fail, and
 // the next WaitReady dials again.
 //
+// On a RabbitMQ cluster, Config.URL lists the nodes, separated by commas. A
+// connection attempt tries them in turn (each within DialTimeout), starting
+// after the node of the last connection, and backs off only when every node
+// failed; so a connection lost with its node moves to another one. The
+// contract does not change: a message counts as published only on its
+// confirm, which a quorum queue sends once a majority of its replicas hold the
+// message; a confirm lost with the node leaves the outcome unknown and the
+// relay publishes the message again.
+//
 // RabbitMQ blocks publishers (connection.blocked) when it runs low on memory
 // or disk. WaitReady then waits for connection.unblocked, and a batch being
 // sent pauses between messages. If a deadline passes while a write is stuck on

@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -22,7 +23,12 @@ import (
 // Config configures a Publisher. The zero value of every optional field means
 // its default.
 type Config struct {
-	// URL is the broker, e.g. amqp://guest:guest@127.0.0.1:5672/vhost. Required.
+	// URL is the broker, e.g. amqp://guest:guest@127.0.0.1:5672/vhost.
+	// Required. For a cluster it may list the nodes as URLs separated by
+	// commas (amqp://u:p@node1:5672/v,amqp://u:p@node2:5672/v; a comma in a
+	// password is written %2C): each connection attempt tries them in turn,
+	// starting after the node of the last connection, so a lost connection
+	// moves to another node. See ParseURLs.
 	URL string
 	// Exchange receives every message. It is declared (durable, not
 	// auto-deleted) on every connection, so a broker that lost it gets it back;
@@ -67,12 +73,14 @@ type Config struct {
 // after any failure, and is safe for concurrent use.
 type Publisher struct {
 	cfg    Config
-	uri    amqp.URI
+	urls   []string // the nodes, from Config.URL
+	nodes  []string // their host:port, for logs
 	log    *slog.Logger
 	dialMu chan struct{} // one dialer at a time; a channel so waiting honours ctx
 
 	sess      atomic.Pointer[session]
 	failures  int                   // consecutive failed dials, under dialMu
+	next      int                   // the node the next dial tries first, under dialMu
 	dialErr   atomic.Pointer[error] // the last failed dial's error; nil once connected
 	closed    atomic.Bool
 	closeOnce sync.Once
@@ -90,9 +98,16 @@ func New(cfg Config) (*Publisher, error) {
 	if cfg.URL == "" {
 		return nil, errors.New("outboxamqp: URL is required")
 	}
-	uri, err := amqp.ParseURI(cfg.URL)
+	urls, err := ParseURLs(cfg.URL)
 	if err != nil {
 		return nil, fmt.Errorf("outboxamqp: URL: %w", err)
+	}
+	nodes := make([]string, len(urls))
+	vhost := ""
+	for i, u := range urls {
+		uri, _ := amqp.ParseURI(u) // checked by ParseURLs
+		nodes[i] = net.JoinHostPort(uri.Host, strconv.Itoa(uri.Port))
+		vhost = uri.Vhost
 	}
 	if cfg.Exchange == "" {
 		return nil, errors.New("outboxamqp: Exchange is required")
@@ -125,10 +140,11 @@ func New(cfg Config) (*Publisher, error) {
 		cfg.Logger = slog.Default()
 	}
 	return &Publisher{
-		cfg: cfg,
-		uri: uri,
-		log: cfg.Logger.With(slog.String("broker", net.JoinHostPort(uri.Host, strconv.Itoa(uri.Port))),
-			slog.String("vhost", uri.Vhost), slog.String("exchange", cfg.Exchange)),
+		cfg:   cfg,
+		urls:  urls,
+		nodes: nodes,
+		log: cfg.Logger.With(slog.String("broker", strings.Join(nodes, ",")),
+			slog.String("vhost", vhost), slog.String("exchange", cfg.Exchange)),
 		dialMu:  make(chan struct{}, 1),
 		closing: make(chan struct{}),
 	}, nil
@@ -241,11 +257,40 @@ func (p *Publisher) session(ctx context.Context) (*session, error) {
 	}
 }
 
+// dial connects to one node: it tries each of them once, starting with
+// p.next, and returns the first session that opens. The next dial starts
+// after the node connected to, so a lost connection moves to another node. It
+// runs under dialMu.
 func (p *Publisher) dial(ctx context.Context) (*session, error) {
+	var errs []error
+	for range p.urls {
+		i := p.next
+		p.next = (p.next + 1) % len(p.urls)
+		s, err := p.dialNode(ctx, i)
+		if err == nil {
+			if len(p.urls) > 1 {
+				p.log.InfoContext(ctx, "outboxamqp: connected", slog.String("node", p.nodes[i]))
+			}
+			return s, nil
+		}
+		if ctx.Err() != nil {
+			return nil, err
+		}
+		if len(p.urls) > 1 {
+			err = fmt.Errorf("%s: %w", p.nodes[i], err)
+		}
+		errs = append(errs, err)
+	}
+	return nil, errors.Join(errs...)
+}
+
+// dialNode connects to the i-th node, opens the confirm-mode channel and
+// declares the exchange.
+func (p *Publisher) dialNode(ctx context.Context, i int) (*session, error) {
 	props := amqp.NewConnectionProperties()
 	props.SetClientConnectionName(p.cfg.ConnectionName)
 	dialer := &net.Dialer{Timeout: p.cfg.DialTimeout}
-	conn, err := amqp.DialConfig(p.cfg.URL, amqp.Config{
+	conn, err := amqp.DialConfig(p.urls[i], amqp.Config{
 		Heartbeat:       p.cfg.Heartbeat,
 		TLSClientConfig: p.cfg.TLS,
 		Properties:      props,
@@ -265,7 +310,11 @@ func (p *Publisher) dial(ctx context.Context) (*session, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dial: %w", err)
 	}
-	s, err := newSession(conn, p.log, p.cfg.MaxInFlight)
+	log := p.log
+	if len(p.urls) > 1 {
+		log = log.With(slog.String("node", p.nodes[i]))
+	}
+	s, err := newSession(conn, log, p.cfg.MaxInFlight)
 	if err != nil {
 		_ = conn.Close()
 		return nil, err
@@ -275,6 +324,25 @@ func (p *Publisher) dial(ctx context.Context) (*session, error) {
 		return nil, fmt.Errorf("declare exchange %q: %w", p.cfg.Exchange, err)
 	}
 	return s, nil
+}
+
+// ParseURLs splits a Config.URL listing several nodes at its commas and
+// checks each part as an AMQP URI (amqp:// or amqps://). Spaces around the
+// parts are ignored; an empty part is an error. A single URL gives one
+// element.
+func ParseURLs(s string) ([]string, error) {
+	var urls []string
+	for part := range strings.SplitSeq(s, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			return nil, fmt.Errorf("empty address in %d-address list", strings.Count(s, ",")+1)
+		}
+		if _, err := amqp.ParseURI(part); err != nil {
+			return nil, fmt.Errorf("address %d: %w", len(urls)+1, err)
+		}
+		urls = append(urls, part)
+	}
+	return urls, nil
 }
 
 // PublishBatch publishes msgs, all sent before any confirm is awaited, and
