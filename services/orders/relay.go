@@ -31,6 +31,7 @@ func newRelay(cfg config.Config, pool *pgxpool.Pool, reg prometheus.Registerer, 
 	if err != nil {
 		return nil, nil, err
 	}
+	metrics.RegisterPublisherReady(reg, pub.Ready)
 	relayCfg := outbox.RelayConfig{
 		BatchSize:          cfg.BatchSize,
 		PollInterval:       cfg.PollInterval,

@@ -69,7 +69,7 @@ func serve(ctx context.Context, getenv func(string) string, logOut io.Writer) er
 		wake = relay.Wake
 	}
 	api, err := httpapi.New(httpapi.Config{
-		Orders:     store,
+		Orders:     countedOrders{Orders: store, m: metrics.NewOrders(reg)},
 		Outbox:     outbox.NewAdmin(pool),
 		AdminToken: cfg.AdminToken,
 		Wake:       wake,
