@@ -7,6 +7,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/outbox-inbox/reference/services/shipping/internal/amqpaddr"
 )
 
 // AMQPPublisher re-publishes kept messages straight to the consumer's queue
@@ -14,7 +16,9 @@ import (
 // exchange sees them again), persistent and mandatory, with a publisher
 // confirm. Each Publish uses a connection of its own: releases are rare.
 type AMQPPublisher struct {
-	URL   string // the broker; its path is the vhost
+	// URL is the broker; its path is the vhost. For a cluster it lists the
+	// nodes' URLs separated by commas, tried in turn (amqpaddr).
+	URL   string
 	Queue string // the consumer's queue
 }
 
@@ -22,7 +26,11 @@ var _ Publisher = AMQPPublisher{}
 
 // Publish sends m and waits for the broker's confirm.
 func (p AMQPPublisher) Publish(ctx context.Context, m Message) error {
-	conn, err := amqp.DialConfig(p.URL, amqp.Config{Heartbeat: 10 * time.Second})
+	nodes, err := amqpaddr.New(p.URL)
+	if err != nil {
+		return fmt.Errorf("broker URL: %w", err)
+	}
+	conn, _, err := nodes.Dial(amqp.Config{Heartbeat: 10 * time.Second})
 	if err != nil {
 		return fmt.Errorf("dial broker: %w", err)
 	}

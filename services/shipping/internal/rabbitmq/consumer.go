@@ -16,6 +16,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/outbox-inbox/reference/services/shipping/internal/amqpaddr"
 	"github.com/outbox-inbox/reference/services/shipping/internal/metrics"
 )
 
@@ -105,7 +106,10 @@ func (f HandlerFunc) Handle(ctx context.Context, d Delivery) Verdict { return f(
 
 // Config configures a Consumer.
 type Config struct {
-	// URL is the broker's AMQP URL; its path is the vhost. Required.
+	// URL is the broker's AMQP URL; its path is the vhost. Required. For a
+	// cluster it lists the nodes' URLs separated by commas: each connection
+	// tries them in turn, starting after the node it last connected to, so a
+	// connection lost with its node moves to another one (amqpaddr).
 	URL string
 	// Topology names the exchanges and queues (defaults in Topology).
 	Topology Topology
@@ -137,6 +141,7 @@ type Config struct {
 // Consumer consumes Topology.Queue and applies the Handler's verdicts.
 type Consumer struct {
 	cfg     Config
+	nodes   *amqpaddr.Nodes // the consuming connection's; the republisher forks them
 	h       Handler
 	log     *slog.Logger
 	ready   atomic.Bool
@@ -148,7 +153,8 @@ func New(cfg Config, h Handler) (*Consumer, error) {
 	if cfg.URL == "" {
 		return nil, errors.New("rabbitmq: URL is required")
 	}
-	if _, err := amqp.ParseURI(cfg.URL); err != nil {
+	nodes, err := amqpaddr.New(cfg.URL)
+	if err != nil {
 		return nil, fmt.Errorf("rabbitmq: URL: %w", err)
 	}
 	if h == nil {
@@ -182,7 +188,7 @@ func New(cfg Config, h Handler) (*Consumer, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Consumer{cfg: cfg, h: h, log: log, tagBase: cfg.ConnectionName + "-" + hex.EncodeToString(randBytes(4))}, nil
+	return &Consumer{cfg: cfg, nodes: nodes, h: h, log: log, tagBase: cfg.ConnectionName + "-" + hex.EncodeToString(randBytes(4))}, nil
 }
 
 // Topology returns the topology with defaults filled in.
@@ -210,7 +216,7 @@ func (c *Consumer) Ready() error {
 // consuming connection, which carries the acks, must not be one of them.
 func (c *Consumer) Run(ctx context.Context) error {
 	pub := &republisher{
-		url: c.cfg.URL, name: c.cfg.ConnectionName + "-publisher",
+		nodes: c.nodes.Fork(), name: c.cfg.ConnectionName + "-publisher",
 		inFlight: c.cfg.Prefetch + c.cfg.Concurrency, log: c.log,
 	}
 	defer pub.close()
@@ -239,16 +245,19 @@ func (c *Consumer) Run(ctx context.Context) error {
 // exchange for it.
 var errTopologyLost = errors.New("topology lost")
 
-func dial(url, name string) (*amqp.Connection, error) {
+// dial connects to one of the nodes (amqpaddr.Nodes.Dial), the next after
+// the one it last connected to.
+func dial(nodes *amqpaddr.Nodes, name string) (*amqp.Connection, error) {
 	props := amqp.NewConnectionProperties()
 	props.SetClientConnectionName(name)
-	return amqp.DialConfig(url, amqp.Config{Properties: props, Heartbeat: 10 * time.Second})
+	conn, _, err := nodes.Dial(amqp.Config{Properties: props, Heartbeat: 10 * time.Second})
+	return conn, err
 }
 
 // session runs one connection's lifetime. connected reports whether it got
 // as far as consuming.
 func (c *Consumer) session(ctx context.Context, pub *republisher) (connected bool, err error) {
-	conn, err := dial(c.cfg.URL, c.cfg.ConnectionName)
+	conn, err := dial(c.nodes, c.cfg.ConnectionName)
 	if err != nil {
 		return false, fmt.Errorf("dial: %w", err)
 	}

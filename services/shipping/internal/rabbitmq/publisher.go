@@ -10,6 +10,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/outbox-inbox/reference/services/shipping/internal/amqpaddr"
 )
 
 // headerPublishSeq tags each republished message with its publish sequence
@@ -178,9 +180,10 @@ func (p *publisher) closed() bool {
 // clears; the consuming connection, which only acks, keeps flowing. It dials
 // on first use and again after its connection or channel is lost.
 type republisher struct {
-	url, name string
-	inFlight  int
-	log       *slog.Logger
+	nodes    *amqpaddr.Nodes
+	name     string
+	inFlight int
+	log      *slog.Logger
 
 	mu      sync.Mutex
 	conn    *amqp.Connection
@@ -199,7 +202,7 @@ func (r *republisher) current() (*publisher, error) {
 		r.log.Warn("publishing connection lost, reconnecting", "connection", r.name)
 	}
 	r.closeLocked()
-	conn, err := dial(r.url, r.name)
+	conn, err := dial(r.nodes, r.name)
 	if err != nil {
 		return nil, fmt.Errorf("dial publishing connection: %w", err)
 	}
