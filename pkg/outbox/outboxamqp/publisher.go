@@ -436,6 +436,14 @@ func (p *Publisher) PublishBatch(ctx context.Context, msgs []outbox.Envelope) []
 	return errs
 }
 
+// Exchange returns the exchange every message is published to (Config.Exchange),
+// e.g. for a tracing decorator's messaging.destination.name.
+func (p *Publisher) Exchange() string { return p.cfg.Exchange }
+
+// RoutingKey returns the routing key e is published with (Config.RoutingKey,
+// by default its event type).
+func (p *Publisher) RoutingKey(e outbox.Envelope) string { return p.cfg.RoutingKey(e) }
+
 // Close closes the connection. Later WaitReady calls return ErrClosed. Batches
 // in flight get their confirms reported as failed.
 func (p *Publisher) Close() error {
