@@ -10,13 +10,18 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/outbox-inbox/reference/pkg/outbox/outboxamqp"
 )
 
 // Config is the orders service's configuration.
 type Config struct {
 	// DatabaseURL is DATABASE_URL. Default: postgres://postgres@127.0.0.1:5432/orders?sslmode=disable.
 	DatabaseURL string
-	// AMQPURL is AMQP_URL. Default: amqp://guest:guest@127.0.0.1:5672/.
+	// AMQPURL is AMQP_URL. Default: amqp://guest:guest@127.0.0.1:5672/. On a
+	// RabbitMQ cluster it lists the nodes' URLs separated by commas; the
+	// relay's connection tries them in turn and moves to another node when
+	// its own is lost (outboxamqp.Config.URL).
 	AMQPURL string
 	// HTTPAddr is HTTP_ADDR. Default: 127.0.0.1:8080.
 	HTTPAddr string
@@ -76,6 +81,9 @@ func FromEnv(getenv func(string) string) (Config, error) {
 		AMQPURL:     cmp.Or(getenv("AMQP_URL"), "amqp://guest:guest@127.0.0.1:5672/"),
 		HTTPAddr:    cmp.Or(getenv("HTTP_ADDR"), "127.0.0.1:8080"),
 		AdminToken:  getenv("ADMIN_TOKEN"),
+	}
+	if _, err := outboxamqp.ParseURLs(c.AMQPURL); err != nil {
+		return c, fmt.Errorf("AMQP_URL: %w", err)
 	}
 	var err error
 	if c.Relay, err = boolVar(getenv, "RELAY", true); err != nil {
