@@ -2,6 +2,8 @@ package outbox
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -12,12 +14,21 @@ import (
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 )
 
+// errNoNotifications is the probe's verdict on a LISTEN connection that
+// notifications do not reach.
+var errNoNotifications = errors.New("the notification the relay sent itself did not arrive")
+
 // listen wakes the relay on every notification on the configured channel. It
-// holds one connection of its own, opened from the pool's configuration but
-// outside the pool, and reopens it with backoff when it breaks; every
+// holds one connection of its own, outside the pool (from ListenConfig, or the
+// pool's configuration), and reopens it with backoff when it breaks; every
 // (re)connection wakes the relay too, since notifications sent while it was
 // down are lost. The backoff starts over once a LISTEN succeeded, so a
 // connection that breaks now and then is reopened at once each time.
+//
+// Each connection is first probed (see RelayConfig.ListenProbeTimeout): when
+// the relay's own notification does not come back, as behind a
+// transaction-pooling PgBouncer, the relay falls back on its poll and tries
+// again ListenProbeRetry later.
 func (r *Relay) listen(ctx context.Context) {
 	stmt := "LISTEN " + pgx.Identifier{r.cfg.NotifyChannel}.Sanitize()
 	var failures int
@@ -25,6 +36,16 @@ func (r *Relay) listen(ctx context.Context) {
 		listened, err := r.listenOnce(ctx, stmt)
 		if ctx.Err() != nil {
 			return
+		}
+		if errors.Is(err, errNoNotifications) {
+			failures = 0
+			r.cfg.Metrics.ListenFallback(true)
+			r.log.WarnContext(ctx, "outbox relay: notifications do not arrive on the LISTEN connection, falling back to polling; "+
+				"behind a transaction-pooling PgBouncer, give the relay a direct connection for LISTEN",
+				slog.String("notify_channel", r.cfg.NotifyChannel), slog.Any("error", err),
+				slog.Duration("poll_interval", r.cfg.PollInterval), slog.Duration("retry_in", r.cfg.ListenProbeRetry))
+			sleep(ctx, r.cfg.ListenProbeRetry)
+			continue
 		}
 		if listened {
 			failures = 0
@@ -48,7 +69,12 @@ func (r *Relay) listen(ctx context.Context) {
 // deadline to interrupt a wait, which leaves it usable; see pgconn's
 // DeadlineContextWatcherHandler.
 func (r *Relay) listenOnce(ctx context.Context, stmt string) (listened bool, err error) {
-	cfg := r.pool.Config().ConnConfig.Copy()
+	var cfg *pgx.ConnConfig
+	if r.cfg.ListenConfig != nil {
+		cfg = r.cfg.ListenConfig.Copy()
+	} else {
+		cfg = r.pool.Config().ConnConfig.Copy()
+	}
 	cfg.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
 		return &pgconn.DeadlineContextWatcherHandler{Conn: c.Conn()}
 	}
@@ -68,6 +94,11 @@ func (r *Relay) listenOnce(ctx context.Context, stmt string) (listened bool, err
 	cancel()
 	if err != nil {
 		return false, fmt.Errorf("listen: %w", err)
+	}
+	if r.cfg.ListenProbeTimeout > 0 {
+		if err := r.probe(ctx, conn); err != nil {
+			return true, err
+		}
 	}
 	r.Wake()
 	for {
@@ -91,6 +122,52 @@ func (r *Relay) listenOnce(ctx context.Context, stmt string) (listened bool, err
 				return true, ctx.Err()
 			}
 			return true, fmt.Errorf("keepalive ping: no answer within %v: %w", r.cfg.ListenKeepalive, err)
+		}
+	}
+}
+
+// probe sends a notification on the channel through the pool, as writers do,
+// and waits up to ListenProbeTimeout for it on conn, which LISTENs. Other
+// notifications that come meanwhile wake the relay. It returns
+// errNoNotifications when its own did not come in time although conn still
+// answers a ping.
+func (r *Relay) probe(ctx context.Context, conn *pgx.Conn) error {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	payload := "outbox-listen-probe-" + hex.EncodeToString(b)
+	pctx, cancel := context.WithTimeout(ctx, r.cfg.ListenProbeTimeout)
+	defer cancel()
+	if _, err := r.pool.Exec(pctx, "SELECT pg_notify($1, $2)", r.cfg.NotifyChannel, payload); err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return fmt.Errorf("listen probe: send a notification: %w", err)
+	}
+	for {
+		n, err := conn.WaitForNotification(pctx)
+		switch {
+		case err == nil && n.Payload == payload:
+			r.cfg.Metrics.ListenFallback(false)
+			return nil
+		case err == nil:
+			r.Wake()
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case errors.Is(err, context.DeadlineExceeded):
+			// A connection that died silently during the probe delivers
+			// nothing either: reconnect rather than fall back.
+			kctx, cancel := context.WithTimeout(ctx, r.cfg.ListenKeepalive)
+			err := conn.Ping(kctx)
+			cancel()
+			if err != nil {
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				return fmt.Errorf("listen probe: keepalive ping: no answer within %v: %w", r.cfg.ListenKeepalive, err)
+			}
+			return fmt.Errorf("%w within %v", errNoNotifications, r.cfg.ListenProbeTimeout)
+		default:
+			return fmt.Errorf("listen probe: wait for notification: %w", err)
 		}
 	}
 }

@@ -46,6 +46,15 @@ type Metrics interface {
 	// not answer a ping, or could not be opened. A steady rise means
 	// notifications are being missed (the poll still finds the rows).
 	ListenReconnected()
+	// ListenFallback reports whether the relay, configured to LISTEN
+	// (NotifyChannel), gave up on notifications and relies on its poll
+	// alone: true when the notification it sent itself at start did not
+	// arrive within ListenProbeTimeout (typically a transaction-pooling
+	// PgBouncer between the relay and PostgreSQL: LISTEN needs a session of
+	// its own; see RelayConfig.ListenConfig), false once one arrived. Events
+	// still flow, up to PollInterval late. Never called without
+	// NotifyChannel.
+	ListenFallback(fallback bool)
 }
 
 // NopMetrics discards everything. It is the relay's default.
@@ -63,3 +72,4 @@ func (NopMetrics) ClaimFailed()                 {}
 func (NopMetrics) MarkFailed()                  {}
 func (NopMetrics) Unmarked(int)                 {}
 func (NopMetrics) ListenReconnected()           {}
+func (NopMetrics) ListenFallback(bool)          {}

@@ -38,6 +38,27 @@ type RelayConfig struct {
 	// writers. The relay opens one dedicated connection (not from the pool) for
 	// it. Default "" (off): in-process Wake and the ticker only.
 	NotifyChannel string
+	// ListenConfig is the connection the relay LISTENs on, when it must not
+	// be the pool's: behind a transaction-pooling PgBouncer (or any pooler
+	// that hands a client a server connection per transaction), LISTEN
+	// cannot work through the pool, so give a direct connection to
+	// PostgreSQL here (pgx.ParseConfig of a URL that bypasses the pooler).
+	// Default nil: a connection made from the pool's configuration. Used
+	// only with NotifyChannel.
+	ListenConfig *pgx.ConnConfig
+	// ListenProbeTimeout bounds the relay's check, on each LISTEN
+	// connection, that notifications arrive: once it is listening it sends
+	// one to itself through the pool, the way writers do, and waits this
+	// long for it. If it does not come, the relay logs a warning, reports
+	// Metrics.ListenFallback(true), closes that connection and relies on
+	// its poll alone, and probes again ListenProbeRetry later. Default 2s;
+	// -1 skips the check (the relay then trusts its LISTEN). Used only with
+	// NotifyChannel.
+	ListenProbeTimeout time.Duration
+	// ListenProbeRetry is how long the relay polls before it tries LISTEN
+	// again after a probe found notifications were not arriving. Default
+	// 1m.
+	ListenProbeRetry time.Duration
 	// ListenKeepalive is how long the LISTEN connection may stay silent before
 	// the relay pings it; a ping without an answer within ListenKeepalive
 	// makes the relay reconnect. It detects a connection that died without
@@ -154,6 +175,8 @@ const (
 	defaultPurgeInterval   = time.Minute
 	defaultPurgeBatchSize  = 1000
 	defaultListenKeepalive = 30 * time.Second
+	defaultListenProbe     = 2 * time.Second
+	defaultListenRetry     = time.Minute
 	minListenKeepalive     = 10 * time.Millisecond
 
 	// dbTimeout bounds each claim and mark statement. They run on a context
@@ -175,6 +198,7 @@ func (c RelayConfig) withDefaults() (RelayConfig, error) {
 		{"RetryBackoffMin", int64(c.RetryBackoffMin)}, {"RetryBackoffMax", int64(c.RetryBackoffMax)},
 		{"PublishedRetention", int64(c.PublishedRetention)}, {"PurgeInterval", int64(c.PurgeInterval)},
 		{"PurgeBatchSize", int64(c.PurgeBatchSize)}, {"ListenKeepalive", int64(c.ListenKeepalive)},
+		{"ListenProbeRetry", int64(c.ListenProbeRetry)},
 	} {
 		if f.v < 0 {
 			return c, fmt.Errorf("outbox relay config: %s is negative", f.name)
@@ -191,6 +215,11 @@ func (c RelayConfig) withDefaults() (RelayConfig, error) {
 	c.PurgeInterval = cmp.Or(c.PurgeInterval, defaultPurgeInterval)
 	c.PurgeBatchSize = cmp.Or(c.PurgeBatchSize, defaultPurgeBatchSize)
 	c.ListenKeepalive = cmp.Or(c.ListenKeepalive, defaultListenKeepalive)
+	if c.ListenProbeTimeout < -1 {
+		return c, fmt.Errorf("outbox relay config: ListenProbeTimeout %v: want -1 (no probe), 0 (default) or a duration", c.ListenProbeTimeout)
+	}
+	c.ListenProbeTimeout = cmp.Or(c.ListenProbeTimeout, defaultListenProbe)
+	c.ListenProbeRetry = cmp.Or(c.ListenProbeRetry, defaultListenRetry)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}

@@ -26,6 +26,7 @@ type Relay struct {
 	markFailures     prometheus.Counter
 	unmarked         prometheus.Counter
 	listenReconnects prometheus.Counter
+	listenFallback   prometheus.Gauge
 }
 
 var _ outbox.Metrics = (*Relay)(nil)
@@ -54,9 +55,11 @@ func NewRelay(reg prometheus.Registerer) *Relay {
 			Name: "outbox_unmarked_total", Help: "Messages the broker confirmed that could not be marked published: each is published again after its lease."}),
 		listenReconnects: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "outbox_listen_reconnects_total", Help: "Times the relay's LISTEN connection was lost (broken or silent) and reopened."}),
+		listenFallback: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "outbox_listen_fallback", Help: "1 while the relay is configured to LISTEN but its own test notification did not arrive (e.g. LISTEN through a transaction-pooling PgBouncer; set OUTBOX_LISTEN_URL), so it relies on polling; 0 otherwise."}),
 	}
 	reg.MustRegister(m.published, m.failed, m.returned, m.deadLettered, m.batchDuration, m.confirmLatency,
-		m.claimFailures, m.markFailures, m.unmarked, m.listenReconnects)
+		m.claimFailures, m.markFailures, m.unmarked, m.listenReconnects, m.listenFallback)
 	return m
 }
 
@@ -70,6 +73,15 @@ func (m *Relay) ClaimFailed()                   { m.claimFailures.Inc() }
 func (m *Relay) MarkFailed()                    { m.markFailures.Inc() }
 func (m *Relay) Unmarked(n int)                 { m.unmarked.Add(float64(n)) }
 func (m *Relay) ListenReconnected()             { m.listenReconnects.Inc() }
+
+// ListenFallback sets outbox_listen_fallback to 1 or 0.
+func (m *Relay) ListenFallback(fallback bool) {
+	v := 0.0
+	if fallback {
+		v = 1
+	}
+	m.listenFallback.Set(v)
+}
 
 // StatusReader reads the outbox backlog; *outbox.Admin implements it.
 type StatusReader interface {

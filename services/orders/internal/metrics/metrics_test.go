@@ -18,6 +18,7 @@ func TestRelayExposesTheFailureCounters(t *testing.T) {
 	m.MarkFailed()
 	m.Unmarked(3)
 	m.ListenReconnected()
+	m.ListenFallback(true)
 
 	families, err := reg.Gather()
 	if err != nil {
@@ -29,6 +30,9 @@ func TestRelayExposesTheFailureCounters(t *testing.T) {
 			if c := metric.GetCounter(); c != nil {
 				got[f.GetName()] = c.GetValue()
 			}
+			if g := metric.GetGauge(); g != nil {
+				got[f.GetName()] = g.GetValue()
+			}
 		}
 	}
 	for name, want := range map[string]float64{
@@ -36,6 +40,7 @@ func TestRelayExposesTheFailureCounters(t *testing.T) {
 		"outbox_mark_failures_total":     1,
 		"outbox_unmarked_total":          3,
 		"outbox_listen_reconnects_total": 1,
+		"outbox_listen_fallback":         1,
 	} {
 		if v, ok := got[name]; !ok || v != want {
 			t.Errorf("%s = %v (exposed: %v), want %v", name, v, ok, want)
