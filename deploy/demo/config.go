@@ -31,9 +31,12 @@ type config struct {
 	// MongoURI is MONGO_URI; the embedded server listens on its address.
 	// Default: mongodb://127.0.0.1:27017/shipping.
 	MongoURI string
-	// OrdersAddr, RelayAddr and ShippingAddr are the processes' HTTP_ADDR.
-	// Defaults: 127.0.0.1:8080, 127.0.0.1:8082, 127.0.0.1:8081.
-	OrdersAddr, RelayAddr, ShippingAddr string
+	// OrdersAddr, RelayAddr, Relay2Addr and ShippingAddr are the processes'
+	// HTTP_ADDR. Defaults: 127.0.0.1:8080, 127.0.0.1:8082, 127.0.0.1:8083,
+	// 127.0.0.1:8081.
+	OrdersAddr, RelayAddr, Relay2Addr, ShippingAddr string
+	// UIAddr is where the live view listens. Default: 127.0.0.1:8090.
+	UIAddr string
 	// Load starts the load generator at LoadRate orders per second.
 	// Default: off, 20.
 	Load     bool
@@ -63,7 +66,9 @@ func parseConfig(args []string, getenv func(string) string, out io.Writer) (conf
 	fs.StringVar(&c.StateDir, "state", "", "directory for the embedded MongoDB's data and the pid files (default: outbox-inbox/demo in the user cache dir)")
 	fs.StringVar(&c.OrdersAddr, "orders-addr", "127.0.0.1:8080", "HTTP_ADDR of the orders API")
 	fs.StringVar(&c.ShippingAddr, "shipping-addr", "127.0.0.1:8081", "HTTP_ADDR of the shipping API")
-	fs.StringVar(&c.RelayAddr, "relay-addr", "127.0.0.1:8082", "HTTP_ADDR of the standalone relay (health and metrics)")
+	fs.StringVar(&c.RelayAddr, "relay-addr", "127.0.0.1:8082", "HTTP_ADDR of relay-1 (health and metrics)")
+	fs.StringVar(&c.Relay2Addr, "relay2-addr", "127.0.0.1:8083", "HTTP_ADDR of relay-2 (health and metrics)")
+	fs.StringVar(&c.UIAddr, "ui-addr", "127.0.0.1:8090", "address of the live view (the web page)")
 	fs.BoolVar(&c.Load, "load", false, "also run the load generator")
 	fs.Float64Var(&c.LoadRate, "load-rate", 20, "orders per second of the load generator")
 	fs.DurationVar(&c.ReadyTimeout, "ready-timeout", time.Minute, "how long each process may take to become ready")
@@ -98,15 +103,18 @@ func (c config) validate() error {
 			errs = append(errs, fmt.Errorf("-bin %s: no %s binary there (deploy/demo.sh builds them)", c.BinDir, name))
 		}
 	}
+	seen := map[string]bool{}
 	for _, a := range []struct{ flag, addr string }{
 		{"-orders-addr", c.OrdersAddr}, {"-shipping-addr", c.ShippingAddr}, {"-relay-addr", c.RelayAddr},
+		{"-relay2-addr", c.Relay2Addr}, {"-ui-addr", c.UIAddr},
 	} {
 		if _, _, err := net.SplitHostPort(a.addr); err != nil {
 			errs = append(errs, fmt.Errorf("%s %q: want host:port", a.flag, a.addr))
 		}
+		seen[a.addr] = true
 	}
-	if c.OrdersAddr == c.ShippingAddr || c.OrdersAddr == c.RelayAddr || c.ShippingAddr == c.RelayAddr {
-		errs = append(errs, errors.New("-orders-addr, -shipping-addr and -relay-addr must differ"))
+	if len(seen) < 5 {
+		errs = append(errs, errors.New("-orders-addr, -shipping-addr, -relay-addr, -relay2-addr and -ui-addr must differ"))
 	}
 	if u, err := url.Parse(c.DatabaseURL); err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
 		errs = append(errs, fmt.Errorf("DATABASE_URL %q: want postgres://...", c.DatabaseURL))

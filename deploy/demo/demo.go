@@ -20,11 +20,12 @@ type demo struct {
 	term   *terminal
 	failed chan error
 
-	procs []*proc // in start order
+	procs      []*proc // in start order; fixed once startAll returned
+	deliveries *deliveryLog
 }
 
 func newDemo(cfg config, out io.Writer) *demo {
-	return &demo{cfg: cfg, term: &terminal{w: out}, failed: make(chan error, 8)}
+	return &demo{cfg: cfg, term: &terminal{w: out}, failed: make(chan error, 8), deliveries: newDeliveryLog()}
 }
 
 const nameWidth = len("mongolocal")
@@ -50,6 +51,11 @@ func (d *demo) run(ctx context.Context) (err error) {
 		}
 		return err
 	}
+	view, err := startLiveView(ctx, d)
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, view.close()) }()
 	d.banner()
 	select {
 	case <-ctx.Done():
@@ -67,7 +73,8 @@ func (d *demo) checkPortsFree() error {
 	mongo, _ := mongoAddr(d.cfg.MongoURI)
 	for _, a := range []struct{ what, addr string }{
 		{"orders API", d.cfg.OrdersAddr}, {"shipping API", d.cfg.ShippingAddr},
-		{"standalone relay", d.cfg.RelayAddr}, {"embedded MongoDB", mongo},
+		{"relay-1", d.cfg.RelayAddr}, {"relay-2", d.cfg.Relay2Addr},
+		{"live view", d.cfg.UIAddr}, {"embedded MongoDB", mongo},
 	} {
 		ln, err := net.Listen("tcp", a.addr)
 		if err != nil {
@@ -111,28 +118,42 @@ func (d *demo) startAll(ctx context.Context) error {
 
 	// Shipping before orders: it declares the queue the relay's events are
 	// routed to (an event published before any queue exists is unroutable,
-	// and the relay retries it with backoff).
+	// and the relay retries it with backoff). Shipping logs at the debug
+	// level: its line per settled delivery feeds the live view (and is kept
+	// off the terminal). The orders API runs without a relay of its own
+	// (RELAY=false; it then sends NOTIFY on every write, and the relays
+	// LISTEN), so that the live view can stop every relay and still take
+	// orders.
 	specs := []procSpec{
 		{
 			name:    "shipping",
 			path:    bin("shipping"),
-			env:     []string{"AMQP_URL=" + d.cfg.AMQPURL, "MONGO_URI=" + d.cfg.MongoURI, "HTTP_ADDR=" + d.cfg.ShippingAddr},
+			env:     []string{"AMQP_URL=" + d.cfg.AMQPURL, "MONGO_URI=" + d.cfg.MongoURI, "HTTP_ADDR=" + d.cfg.ShippingAddr, "LOG_LEVEL=debug"},
 			ready:   httpReady("http://" + d.cfg.ShippingAddr + "/readyz"),
 			restart: true,
+			keep:    d.deliveries.line,
 		},
 		{
 			name:    "orders",
 			path:    bin("orders"),
-			env:     append(slicesClone(ordersEnv), "HTTP_ADDR="+d.cfg.OrdersAddr),
+			env:     append(slicesClone(ordersEnv), "HTTP_ADDR="+d.cfg.OrdersAddr, "RELAY=false"),
 			ready:   httpReady("http://" + d.cfg.OrdersAddr + "/readyz"),
 			restart: true,
 		},
 		{
-			name:    "relay",
+			name:    "relay-1",
 			path:    bin("orders"),
 			args:    []string{"relay"},
 			env:     append(slicesClone(ordersEnv), "HTTP_ADDR="+d.cfg.RelayAddr),
 			ready:   httpReady("http://" + d.cfg.RelayAddr + "/readyz"),
+			restart: true,
+		},
+		{
+			name:    "relay-2",
+			path:    bin("orders"),
+			args:    []string{"relay"},
+			env:     append(slicesClone(ordersEnv), "HTTP_ADDR="+d.cfg.Relay2Addr),
+			ready:   httpReady("http://" + d.cfg.Relay2Addr + "/readyz"),
 			restart: true,
 		},
 	}
@@ -156,9 +177,11 @@ func slicesClone(s []string) []string { return append([]string(nil), s...) }
 // startAndWait starts a process and waits until it is ready, it dies, or
 // ReadyTimeout passes.
 func (d *demo) startAndWait(ctx context.Context, s procSpec) error {
+	out := newPrefixer(d.term, s.name, nameWidth)
+	out.keep = s.keep
 	p := &proc{
 		spec:    s,
-		out:     newPrefixer(d.term, s.name, nameWidth),
+		out:     out,
 		pidFile: pidFilePath(d.cfg.StateDir, s.name),
 		failed:  d.failed,
 	}
@@ -233,8 +256,12 @@ func (d *demo) banner() {
 	lines := []string{
 		"",
 		"everything is up; Ctrl-C stops it all",
-		fmt.Sprintf("  orders API    http://%s        (API + relay, pid %d)", d.cfg.OrdersAddr, pids["orders"]),
-		fmt.Sprintf("  relay         http://%s        (standalone relay, pid %d)", d.cfg.RelayAddr, pids["relay"]),
+		"",
+		fmt.Sprintf("  LIVE VIEW     http://%s        <- open this: watch the flow, break things with a click", d.cfg.UIAddr),
+		"",
+		fmt.Sprintf("  orders API    http://%s        (API, pid %d)", d.cfg.OrdersAddr, pids["orders"]),
+		fmt.Sprintf("  relay-1       http://%s        (standalone relay, pid %d)", d.cfg.RelayAddr, pids["relay-1"]),
+		fmt.Sprintf("  relay-2       http://%s        (standalone relay, pid %d)", d.cfg.Relay2Addr, pids["relay-2"]),
 		fmt.Sprintf("  shipping API  http://%s        (pid %d)", d.cfg.ShippingAddr, pids["shipping"]),
 		fmt.Sprintf("  PostgreSQL    %s", redacted(d.cfg.DatabaseURL)),
 		fmt.Sprintf("  RabbitMQ      %s", redacted(d.cfg.AMQPURL)),

@@ -257,12 +257,13 @@ func TestDemoRunsTheSystemLocally(t *testing.T) {
 	amqpURL := demoVhost(t)
 	bin := buildBinaries(t)
 	state := t.TempDir()
-	orders, shipping, relay, mongo := freePort(t), freePort(t), freePort(t), freePort(t)
-	args := []string{"-bin", bin, "-state", state, "-orders-addr", orders, "-shipping-addr", shipping, "-relay-addr", relay}
+	orders, shipping, relay, relay2, ui, mongo := freePort(t), freePort(t), freePort(t), freePort(t), freePort(t), freePort(t)
+	args := []string{"-bin", bin, "-state", state, "-orders-addr", orders, "-shipping-addr", shipping,
+		"-relay-addr", relay, "-relay2-addr", relay2, "-ui-addr", ui}
 	env := map[string]string{"DATABASE_URL": dbURL, "AMQP_URL": amqpURL, "MONGO_URI": "mongodb://" + mongo + "/shipping"}
 
 	d := startDemo(t, args, env)
-	for _, want := range []string{"http://" + orders, "http://" + shipping, "orders_demotest_", "mongodb://" + mongo} {
+	for _, want := range []string{"http://" + ui, "http://" + orders, "http://" + shipping, "orders_demotest_", "mongodb://" + mongo} {
 		if !strings.Contains(d.out.String(), want) {
 			t.Errorf("the banner does not say where %s is:\n%s", want, d.out.String())
 		}
@@ -282,22 +283,22 @@ func TestDemoRunsTheSystemLocally(t *testing.T) {
 	}
 
 	pids := map[string]int{}
-	for _, name := range []string{"mongolocal", "orders", "relay", "shipping"} {
+	for _, name := range []string{"mongolocal", "orders", "relay-1", "relay-2", "shipping"} {
 		if pids[name] = readPidFile(t, state, name); pids[name] == 0 || !alive(pids[name]) {
 			t.Fatalf("%s: no live pid in its pid file", name)
 		}
 	}
-	if err := syscall.Kill(pids["relay"], syscall.SIGKILL); err != nil {
+	if err := syscall.Kill(pids["relay-1"], syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "the relay to come back", func() bool {
-		p := readPidFile(t, state, "relay")
-		return p != 0 && p != pids["relay"] && strings.Contains(d.out.String(), "relay restarted")
+		p := readPidFile(t, state, "relay-1")
+		return p != 0 && p != pids["relay-1"] && strings.Contains(d.out.String(), "relay-1 restarted")
 	})
-	newRelay := readPidFile(t, state, "relay")
+	newRelay := readPidFile(t, state, "relay-1")
 
 	d.stop(t)
-	pids["relay"] = newRelay
+	pids["relay-1"] = newRelay
 	for name, pid := range pids {
 		if alive(pid) {
 			t.Errorf("%s (pid %d) still alive after the demo stopped", name, pid)

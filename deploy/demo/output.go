@@ -30,6 +30,9 @@ func (t *terminal) println(line string) {
 type prefixer struct {
 	term   *terminal
 	prefix string
+	// keep, when set, sees every complete line first and decides whether
+	// the terminal shows it.
+	keep func(line []byte) bool
 
 	mu  sync.Mutex
 	buf []byte
@@ -48,7 +51,9 @@ func (p *prefixer) Write(b []byte) (int, error) {
 		if i < 0 {
 			break
 		}
-		p.term.println(p.prefix + formatLine(p.buf[:i]))
+		if p.keep == nil || p.keep(p.buf[:i]) {
+			p.term.println(p.prefix + formatLine(p.buf[:i]))
+		}
 		p.buf = p.buf[i+1:]
 	}
 	if len(p.buf) > 64<<10 { // a very long line without a newline: show it anyway

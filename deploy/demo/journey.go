@@ -1,0 +1,170 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// journey is one order's way through the system, for /api/journey.
+type journey struct {
+	OrderID   string         `json:"order_id"`
+	Status    string         `json:"status"`
+	Version   int64          `json:"version"`
+	CreatedAt time.Time      `json:"created_at"`
+	Events    []journeyEvent `json:"events"`
+	// Shipment is the shipment's status, "" while shipping has none.
+	Shipment string `json:"shipment"`
+}
+
+// journeyEvent is one of the order's events: its outbox row, what the relay
+// did with it, what shipping did with each delivery, and whether its effect
+// was applied.
+type journeyEvent struct {
+	MessageID string    `json:"message_id"`
+	EventType string    `json:"event_type"`
+	Version   int64     `json:"version"`
+	WrittenAt time.Time `json:"written_at"`
+	// State is pending, in_flight, dead_lettered, published or discarded.
+	State          string     `json:"state"`
+	Attempts       int64      `json:"attempts"`
+	LastError      string     `json:"last_error,omitempty"`
+	NextAttemptAt  *time.Time `json:"next_attempt_at,omitempty"`
+	PublishedAt    *time.Time `json:"published_at,omitempty"`
+	DeadLetteredAt *time.Time `json:"dead_lettered_at,omitempty"`
+	Deliveries     []delivery `json:"deliveries"`
+	// Applied counts the shipment's entries for this version: 1 once
+	// applied, and never more.
+	Applied   int        `json:"applied"`
+	AppliedAt *time.Time `json:"applied_at,omitempty"`
+}
+
+const journeySQL = `
+SELECT id, event_type, aggregate_version, created_at, attempts,
+       CASE WHEN dead_lettered_at IS NOT NULL THEN 'dead_lettered'
+            WHEN in_flight THEN 'in_flight' ELSE 'pending' END,
+       last_error, next_attempt_at, NULL::timestamptz, dead_lettered_at
+FROM outbox WHERE aggregate_type = 'order' AND aggregate_id = $1
+UNION ALL
+SELECT id, event_type, aggregate_version, created_at, attempts, 'published', NULL, NULL, published_at, NULL
+FROM outbox_published WHERE aggregate_type = 'order' AND aggregate_id = $1
+UNION ALL
+SELECT id, event_type, aggregate_version, created_at, attempts, 'discarded', last_error, NULL, NULL, dead_lettered_at
+FROM outbox_discarded WHERE aggregate_type = 'order' AND aggregate_id = $1
+ORDER BY 3`
+
+func (v *liveView) serveJourney(w http.ResponseWriter, r *http.Request) {
+	id := r.URL.Query().Get("order")
+	if _, err := uuid.Parse(id); err != nil || len(id) != 36 {
+		writeError(w, http.StatusBadRequest, "invalid_order_id", "order: want an order id (a UUID)")
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+	defer cancel()
+	j, status, err := v.journey(ctx, id)
+	if err != nil {
+		writeError(w, status, "unavailable", err.Error())
+		return
+	}
+	writeJSON(w, http.StatusOK, j)
+}
+
+func (v *liveView) journey(ctx context.Context, id string) (journey, int, error) {
+	var j journey
+	var order struct {
+		ID        string    `json:"id"`
+		Status    string    `json:"status"`
+		Version   int64     `json:"version"`
+		CreatedAt time.Time `json:"created_at"`
+	}
+	status, err := v.getJSON(ctx, "http://"+v.d.cfg.OrdersAddr+"/orders/"+id, &order)
+	switch {
+	case err != nil:
+		return j, http.StatusBadGateway, fmt.Errorf("orders API: %w", err)
+	case status == http.StatusNotFound:
+		return j, http.StatusNotFound, fmt.Errorf("no order %s", id)
+	case status != http.StatusOK:
+		return j, http.StatusBadGateway, fmt.Errorf("orders API answered %d", status)
+	}
+	j = journey{OrderID: order.ID, Status: order.Status, Version: order.Version, CreatedAt: order.CreatedAt, Events: []journeyEvent{}}
+
+	rows, err := v.pool.Query(ctx, journeySQL, id)
+	if err != nil {
+		return j, http.StatusBadGateway, fmt.Errorf("outbox rows: %w", err)
+	}
+	for rows.Next() {
+		var e journeyEvent
+		var msgID int64
+		var lastErr *string
+		if err := rows.Scan(&msgID, &e.EventType, &e.Version, &e.WrittenAt, &e.Attempts, &e.State,
+			&lastErr, &e.NextAttemptAt, &e.PublishedAt, &e.DeadLetteredAt); err != nil {
+			rows.Close()
+			return j, http.StatusBadGateway, fmt.Errorf("outbox rows: %w", err)
+		}
+		if lastErr != nil {
+			e.LastError = *lastErr
+		}
+		e.MessageID = strconv.FormatInt(msgID, 10)
+		e.Deliveries = v.d.deliveries.of(e.MessageID)
+		if e.Deliveries == nil {
+			e.Deliveries = []delivery{}
+		}
+		j.Events = append(j.Events, e)
+	}
+	if err := rows.Err(); err != nil {
+		return j, http.StatusBadGateway, fmt.Errorf("outbox rows: %w", err)
+	}
+
+	var shipment struct {
+		Status string `json:"status"`
+		Events []struct {
+			Version   int64     `json:"version"`
+			AppliedAt time.Time `json:"applied_at"`
+		} `json:"events"`
+	}
+	status, err = v.getJSON(ctx, "http://"+v.d.cfg.ShippingAddr+"/shipments/"+id, &shipment)
+	if err != nil || (status != http.StatusOK && status != http.StatusNotFound) {
+		// Shipping down (killed, restarting): the rest of the journey stands.
+		return j, http.StatusOK, nil
+	}
+	j.Shipment = shipment.Status
+	for i := range j.Events {
+		for _, a := range shipment.Events {
+			if a.Version == j.Events[i].Version {
+				j.Events[i].Applied++
+				at := a.AppliedAt
+				j.Events[i].AppliedAt = &at
+			}
+		}
+	}
+	return j, http.StatusOK, nil
+}
+
+// getJSON GETs url into out (on 200) and returns the status.
+func (v *liveView) getJSON(ctx context.Context, url string, out any) (int, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := v.client.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return 0, err
+	}
+	if resp.StatusCode == http.StatusOK {
+		if err := json.Unmarshal(body, out); err != nil {
+			return 0, fmt.Errorf("GET %s: %w", url, err)
+		}
+	}
+	return resp.StatusCode, nil
+}
