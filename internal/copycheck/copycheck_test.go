@@ -56,6 +56,13 @@ func TestPackagesCopyIntoAModuleOfTheirOwn(t *testing.T) {
 			} {
 				run(t, dir, args...)
 			}
+			// The packages may use the OpenTelemetry API (outbox/outboxotel
+			// does) but never its SDK, which is the application's choice.
+			for _, dep := range strings.Fields(output(t, dir, "list", "-deps", "./...")) {
+				if strings.HasPrefix(dep, "go.opentelemetry.io/otel/sdk") || strings.HasPrefix(dep, "go.opentelemetry.io/otel/exporters") {
+					t.Errorf("%s imports %s (the OpenTelemetry SDK is for applications, not for these packages)", pkg, dep)
+				}
+			}
 		})
 	}
 }
@@ -113,15 +120,24 @@ func goEnv(t *testing.T, key string) string {
 
 func run(t *testing.T, dir string, args ...string) {
 	t.Helper()
+	output(t, dir, args...)
+}
+
+// output runs go with args in dir, the copy, and returns its standard output.
+func output(t *testing.T, dir string, args ...string) string {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "go", args...)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod -buildvcs=false", "GOWORK=off")
 	start := time.Now()
-	out, err := cmd.CombinedOutput()
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
 	if err != nil {
-		t.Fatalf("go %s in the copy: %v\n%s", strings.Join(args, " "), err, out)
+		t.Fatalf("go %s in the copy: %v\n%s%s", strings.Join(args, " "), err, out, stderr.Bytes())
 	}
 	t.Logf("go %s: ok in %v", strings.Join(args, " "), time.Since(start).Round(time.Millisecond))
+	return string(out)
 }
