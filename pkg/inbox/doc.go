@@ -244,6 +244,21 @@
 // use. In ModeStandalone the context is a plain one, and the same handler
 // works unchanged.
 //
+// # Observing Process: Hooks
+//
+// Config.Hooks observe the steps of each Process call without changing
+// them: StepCheck (is the message recorded already: the done cache, the
+// lookup, the claim, or in ModeTransaction each attempt's read and insert of
+// the record) and StepRecord (the done record written or buffered, or the
+// transaction committed). StartStep may return a context for the step (a
+// tracing span in it); the step's database operations use it and EndStep
+// receives it with the step's StepResult (Duplicate, Cached, Buffered,
+// Err). The handler always runs with Process's own context, so the caller
+// observes the effect by wrapping its handler, and learns whether a message
+// was a duplicate from Process's Result (or from StepCheck's). The package
+// itself imports no tracing library; the optional package inboxotel turns
+// the hooks into OpenTelemetry spans.
+//
 // # Retention
 //
 // A done record carries expire_at = processed_at + Retention. EnsureIndexes

@@ -159,6 +159,9 @@ type Config struct {
 	// buffered records, with "message_id", "error" and "attempt").
 	// Default: discard.
 	Logger *slog.Logger
+	// Hooks observe each Process call's steps (the check, the record), for
+	// tracing or metrics; see Hooks. Default: none.
+	Hooks Hooks
 }
 
 // Maximum length of a message id, in bytes.
@@ -180,6 +183,7 @@ type Inbox struct {
 	tx          txStore       // ModeTransaction's access to MongoDB
 	txBudget    time.Duration
 	txBackoff   func(attempt int) time.Duration // pause before a transaction's attempt (or a commit's), attempt >= 2
+	hooks       Hooks
 
 	modeMu   sync.Mutex
 	mode     Mode                                               // resolved; "" until known
@@ -247,6 +251,7 @@ func New(db *mongo.Database, cfg Config) (*Inbox, error) {
 		lease:       cfg.Lease,
 		maxAttempts: cfg.MaxTransactionAttempts,
 		log:         cfg.Logger,
+		hooks:       cfg.Hooks,
 	}
 	if cfg.DoneCacheSize != -1 {
 		in.cache = newDoneCache(cmp.Or(cfg.DoneCacheSize, defaultDoneCacheSize))
@@ -366,6 +371,9 @@ func (in *Inbox) Process(ctx context.Context, msgID string, handler Handler) (Re
 		return 0, errors.New("inbox: nil handler")
 	}
 	if in.cache.contains(msgID) {
+		if in.hooks.StartStep != nil || in.hooks.EndStep != nil {
+			in.endStep(in.startStep(ctx, StepCheck, msgID), StepCheck, msgID, StepResult{Duplicate: true, Cached: true})
+		}
 		return Duplicate, nil
 	}
 	mode, err := in.Mode(ctx)

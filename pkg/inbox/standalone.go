@@ -21,7 +21,9 @@ import (
 // the redelivery runs the handler again, which its idempotence turns into a
 // no-op.
 func (in *Inbox) processStandalone(ctx context.Context, msgID string, handler Handler) (Result, error) {
-	done, err := in.IsDone(ctx, msgID)
+	cctx := in.startStep(ctx, StepCheck, msgID)
+	done, err := in.IsDone(cctx, msgID)
+	in.endStep(cctx, StepCheck, msgID, StepResult{Duplicate: done && err == nil, Err: err})
 	if err != nil {
 		return 0, err
 	}
@@ -31,11 +33,15 @@ func (in *Inbox) processStandalone(ctx context.Context, msgID string, handler Ha
 	if err := handler(ctx); err != nil {
 		return 0, handlerError(err)
 	}
+	rctx := in.startStep(ctx, StepRecord, msgID)
 	if in.buf != nil && in.bufferDone(msgID) {
 		in.cache.add(msgID)
+		in.endStep(rctx, StepRecord, msgID, StepResult{Buffered: true})
 		return Processed, nil
 	}
-	if err := in.recordDone(ctx, msgID); err != nil {
+	err = in.recordDone(rctx, msgID)
+	in.endStep(rctx, StepRecord, msgID, StepResult{Err: err})
+	if err != nil {
 		return 0, err
 	}
 	in.cache.add(msgID)
@@ -105,7 +111,9 @@ func (in *Inbox) markDone(ctx context.Context, msgID string, now time.Time) erro
 // died expires after the lease and is taken over.
 func (in *Inbox) processClaimed(ctx context.Context, msgID string, handler Handler) (Result, error) {
 	token := newToken()
-	res, err := in.claim(ctx, msgID, token)
+	cctx := in.startStep(ctx, StepCheck, msgID)
+	res, err := in.claim(cctx, msgID, token)
+	in.endStep(cctx, StepCheck, msgID, StepResult{Duplicate: res == Duplicate, Err: err})
 	if err != nil || res == Duplicate {
 		if res == Duplicate {
 			in.cache.add(msgID)
@@ -133,7 +141,10 @@ func (in *Inbox) processClaimed(ctx context.Context, msgID string, handler Handl
 	// If the lease ran out while the handler ran, another consumer may hold
 	// the claim now: our effect is durable and its run is absorbed by the
 	// handler's idempotence, so writing done over its claim is right.
-	if err := in.markDone(ctx, msgID, time.Now()); err != nil {
+	rctx := in.startStep(ctx, StepRecord, msgID)
+	err = in.markDone(rctx, msgID, time.Now())
+	in.endStep(rctx, StepRecord, msgID, StepResult{Err: err})
+	if err != nil {
 		return 0, err
 	}
 	in.cache.add(msgID)

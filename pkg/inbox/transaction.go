@@ -171,30 +171,17 @@ func (in *Inbox) tryTx(ctx context.Context, sess txSession, msgID string, handle
 	}
 	key := in.key(msgID)
 
-	// Read before insert: inserting a record that is there would abort the
-	// transaction on the server with a duplicate key.
-	rec, err := sess.readRecord(sctx, key)
-	if err != nil {
-		abort()
-		return transientOr(err, fmt.Errorf("inbox: read record %s: %w", msgID, err))
+	// The check: is the record there, and if not, insert it. Its operations
+	// use the step's context, carrying the session too.
+	cctx, csctx := in.startStep(ctx, StepCheck, msgID), sctx
+	if cctx != ctx {
+		csctx = sess.context(cctx)
 	}
-	if rec != nil {
-		abort()
-		if rec.State != stateDone {
-			return txOutcome{err: ErrInProgress} // a ModeStandalone Lease claim on the same collection
-		}
-		return in.confirmDuplicate(ctx, msgID)
+	if out, decided := in.checkTx(cctx, csctx, sess, msgID, key, abort); decided {
+		in.endStep(cctx, StepCheck, msgID, StepResult{Duplicate: out.res == Duplicate && out.err == nil, Err: out.err})
+		return out
 	}
-
-	if err := sess.insertRecord(sctx, in.newRecord(msgID, in.doneFields(time.Now()))); err != nil {
-		abort()
-		if mongo.IsDuplicateKeyError(err) {
-			// Committed after this transaction's snapshot, perhaps only on
-			// the primary: Duplicate once a majority has it.
-			return in.confirmDuplicate(ctx, msgID)
-		}
-		return transientOr(err, fmt.Errorf("inbox: insert record %s: %w", msgID, err))
-	}
+	in.endStep(cctx, StepCheck, msgID, StepResult{})
 
 	if err := handler(sctx); err != nil {
 		abort()
@@ -208,7 +195,43 @@ func (in *Inbox) tryTx(ctx context.Context, sess txSession, msgID string, handle
 		abort()
 		return txOutcome{err: fmt.Errorf("inbox: before commit of message %s: %w", msgID, err)}
 	}
-	return in.commitTx(ctx, sess, msgID, deadline)
+	rctx := in.startStep(ctx, StepRecord, msgID)
+	out := in.commitTx(rctx, sess, msgID, deadline)
+	in.endStep(rctx, StepRecord, msgID, StepResult{Err: out.err})
+	return out
+}
+
+// checkTx is tryTx's check: read the record in the transaction's snapshot
+// and, if it is not there, insert it. decided: the attempt ends with out
+// (a duplicate, an error, or a retry) and the transaction was aborted;
+// otherwise the record is inserted and the handler runs next. ctx is the
+// step's context, sctx the same carrying the session.
+func (in *Inbox) checkTx(ctx, sctx context.Context, sess txSession, msgID, key string, abort func()) (out txOutcome, decided bool) {
+	// Read before insert: inserting a record that is there would abort the
+	// transaction on the server with a duplicate key.
+	rec, err := sess.readRecord(sctx, key)
+	if err != nil {
+		abort()
+		return transientOr(err, fmt.Errorf("inbox: read record %s: %w", msgID, err)), true
+	}
+	if rec != nil {
+		abort()
+		if rec.State != stateDone {
+			return txOutcome{err: ErrInProgress}, true // a ModeStandalone Lease claim on the same collection
+		}
+		return in.confirmDuplicate(ctx, msgID), true
+	}
+
+	if err := sess.insertRecord(sctx, in.newRecord(msgID, in.doneFields(time.Now()))); err != nil {
+		abort()
+		if mongo.IsDuplicateKeyError(err) {
+			// Committed after this transaction's snapshot, perhaps only on
+			// the primary: Duplicate once a majority has it.
+			return in.confirmDuplicate(ctx, msgID), true
+		}
+		return transientOr(err, fmt.Errorf("inbox: insert record %s: %w", msgID, err)), true
+	}
+	return txOutcome{}, false
 }
 
 // commitTx commits, and commits again while the outcome is unknown, within

@@ -316,3 +316,54 @@ func TestTxCancelledContextStopsTheRetries(t *testing.T) {
 		t.Fatalf("Process: %v; want context.Canceled", err)
 	}
 }
+
+func TestTxHooksSeeEachAttemptsCheckAndTheCommit(t *testing.T) {
+	t.Parallel()
+	fake := newFakeTx()
+	fake.fail(opInsert, errWriteConflict) // the first attempt's check fails, transiently
+	type stepKey struct{}
+	var steps []string
+	var bad []string
+	in := txInbox(t, fake, Config{Hooks: Hooks{
+		StartStep: func(ctx context.Context, step Step, msgID string) context.Context {
+			return context.WithValue(ctx, stepKey{}, step)
+		},
+		EndStep: func(ctx context.Context, step Step, msgID string, r StepResult) {
+			if ctx.Value(stepKey{}) != step {
+				bad = append(bad, "EndStep without its step's context")
+			}
+			s := step.String()
+			switch {
+			case r.Err != nil:
+				s += " error"
+			case r.Duplicate:
+				s += " duplicate"
+			}
+			steps = append(steps, s)
+		},
+	}})
+	handler := func(ctx context.Context) error {
+		if ctx.Value(stepKey{}) != nil {
+			bad = append(bad, "the handler got a step's context")
+		}
+		if ctx.Value(fakeSessionKey{}) == nil {
+			bad = append(bad, "the handler got no session")
+		}
+		steps = append(steps, "handler")
+		return nil
+	}
+	res, err := in.Process(t.Context(), "m-1", handler)
+	if err != nil || res != Processed {
+		t.Fatalf("Process: %v, %v", res, err)
+	}
+	res, err = in.Process(t.Context(), "m-1", handler)
+	if err != nil || res != Duplicate {
+		t.Fatalf("second Process: %v, %v", res, err)
+	}
+	if len(bad) > 0 {
+		t.Fatal(strings.Join(bad, "; "))
+	}
+	if got, want := strings.Join(steps, ", "), "check error, check, handler, record, check duplicate"; got != want {
+		t.Fatalf("steps %q, want %q", got, want)
+	}
+}
