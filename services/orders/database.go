@@ -28,7 +28,11 @@ func migrate(ctx context.Context, getenv func(string) string, stdout io.Writer) 
 	if err != nil {
 		return err
 	}
-	pool, err := postgres.Open(ctx, cfg.DatabaseURL)
+	pcfg, err := postgres.PoolConfig(cfg.DatabaseURL, cfg.DatabasePooler)
+	if err != nil {
+		return err
+	}
+	pool, err := postgres.Open(ctx, pcfg)
 	if err != nil {
 		return err
 	}
@@ -41,13 +45,17 @@ func migrate(ctx context.Context, getenv func(string) string, stdout io.Writer) 
 // both schemas, unless MIGRATE=true, which creates and migrates it first.
 func serveDatabase(ctx context.Context, cfg config.Config) (*pgxpool.Pool, error) {
 	if cfg.Migrate {
-		pool, err := postgres.Open(ctx, cfg.DatabaseURL)
+		pcfg, err := postgres.PoolConfig(cfg.DatabaseURL, cfg.DatabasePooler)
+		if err != nil {
+			return nil, err
+		}
+		pool, err := postgres.Open(ctx, pcfg)
 		if err != nil {
 			return nil, err
 		}
 		pool.Close()
 	}
-	return connect(ctx, cfg.DatabaseURL, true)
+	return connect(ctx, cfg, true)
 }
 
 // openDatabase opens the database of DATABASE_URL for the operator's commands:
@@ -57,17 +65,18 @@ func openDatabase(ctx context.Context, getenv func(string) string) (*pgxpool.Poo
 	if err != nil {
 		return nil, err
 	}
-	return connect(ctx, cfg.DatabaseURL, false)
+	return connect(ctx, cfg, false)
 }
 
-// connect opens databaseURL's database without creating or changing anything,
-// and checks its outbox schema, and with ordersTables the orders service's
-// tables too. A missing database, or a schema that is missing or outdated, is an
-// error that names the database and says to run `orders migrate`.
-func connect(ctx context.Context, databaseURL string, ordersTables bool) (*pgxpool.Pool, error) {
-	cfg, err := pgxpool.ParseConfig(databaseURL)
+// connect opens DATABASE_URL's database without creating or changing
+// anything, and checks its outbox schema, and with ordersTables the orders
+// service's tables too. A missing database, or a schema that is missing or
+// outdated, is an error that names the database and says to run `orders
+// migrate`.
+func connect(ctx context.Context, c config.Config, ordersTables bool) (*pgxpool.Pool, error) {
+	cfg, err := postgres.PoolConfig(c.DatabaseURL, c.DatabasePooler)
 	if err != nil {
-		return nil, fmt.Errorf("parse DATABASE_URL: %w", err)
+		return nil, err
 	}
 	name := cfg.ConnConfig.Database
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)

@@ -16,6 +16,7 @@ import (
 	"github.com/outbox-inbox/reference/pkg/outbox/outboxamqp"
 	"github.com/outbox-inbox/reference/services/orders/internal/config"
 	"github.com/outbox-inbox/reference/services/orders/internal/metrics"
+	"github.com/outbox-inbox/reference/services/orders/internal/postgres"
 )
 
 // newRelay builds the relay and its RabbitMQ publisher. The caller runs it and
@@ -49,6 +50,10 @@ func newRelay(cfg config.Config, pool *pgxpool.Pool, reg prometheus.Registerer, 
 	}
 	if cfg.Listen {
 		relayCfg.NotifyChannel = config.NotifyChannel
+		if relayCfg.ListenConfig, err = postgres.ListenConfig(cfg.ListenURL); err != nil {
+			_ = pub.Close()
+			return nil, nil, err
+		}
 	}
 	relay, err := outbox.NewRelay(pool, pub, relayCfg)
 	if err != nil {
@@ -70,7 +75,7 @@ func runRelay(ctx context.Context, getenv func(string) string, logOut io.Writer)
 	if err != nil {
 		return err
 	}
-	pool, err := connect(ctx, cfg.DatabaseURL, false)
+	pool, err := connect(ctx, cfg, false)
 	if err != nil {
 		return err
 	}

@@ -18,6 +18,26 @@ import (
 type Config struct {
 	// DatabaseURL is DATABASE_URL. Default: postgres://postgres@127.0.0.1:5432/orders?sslmode=disable.
 	DatabaseURL string
+	// DatabasePooler is DATABASE_POOLER, what DATABASE_URL points at:
+	// PoolerNone ("none", the default), PostgreSQL itself or a pooler that
+	// gives each client a server session of its own (PgBouncer's
+	// pool_mode=session); or PoolerTransaction ("transaction"), a pooler
+	// that hands clients server connections one transaction at a time
+	// (PgBouncer's pool_mode=transaction). With "transaction" every command
+	// (migrate, serve, relay, the CLI) runs its statements without named
+	// prepared statements (pgx's default_query_exec_mode cache_describe,
+	// unless DATABASE_URL names exec or simple_protocol), and refuses a
+	// DATABASE_URL that sets search_path or options, which PgBouncer does
+	// not carry to the server. See docs/pgbouncer.md.
+	DatabasePooler string
+	// ListenURL is OUTBOX_LISTEN_URL: a direct connection to the same
+	// PostgreSQL database, bypassing the pooler, for the relays' LISTEN.
+	// Default: "" (LISTEN on a connection made from DATABASE_URL). LISTEN
+	// cannot work through a transaction pooler: without OUTBOX_LISTEN_URL a
+	// relay behind one finds at start that its test notification does not
+	// arrive, warns, sets outbox_listen_fallback to 1 and polls every
+	// RELAY_POLL_INTERVAL.
+	ListenURL string
 	// AMQPURL is AMQP_URL. Default: amqp://guest:guest@127.0.0.1:5672/. On a
 	// RabbitMQ cluster it lists the nodes' URLs separated by commas; the
 	// relay's connection tries them in turn and moves to another node when
@@ -71,6 +91,12 @@ type Config struct {
 // Exchange is the topic exchange the relay publishes to (docs/events.md).
 const Exchange = "orders.events"
 
+// DATABASE_POOLER values.
+const (
+	PoolerNone        = "none"
+	PoolerTransaction = "transaction"
+)
+
 // NotifyChannel is the LISTEN/NOTIFY channel the writer and the relays share.
 const NotifyChannel = "outbox_orders"
 
@@ -81,6 +107,12 @@ func FromEnv(getenv func(string) string) (Config, error) {
 		AMQPURL:     cmp.Or(getenv("AMQP_URL"), "amqp://guest:guest@127.0.0.1:5672/"),
 		HTTPAddr:    cmp.Or(getenv("HTTP_ADDR"), "127.0.0.1:8080"),
 		AdminToken:  getenv("ADMIN_TOKEN"),
+		ListenURL:   strings.TrimSpace(getenv("OUTBOX_LISTEN_URL")),
+
+		DatabasePooler: strings.ToLower(cmp.Or(strings.TrimSpace(getenv("DATABASE_POOLER")), PoolerNone)),
+	}
+	if c.DatabasePooler != PoolerNone && c.DatabasePooler != PoolerTransaction {
+		return c, fmt.Errorf("DATABASE_POOLER=%q: want %s or %s", getenv("DATABASE_POOLER"), PoolerNone, PoolerTransaction)
 	}
 	if _, err := outboxamqp.ParseURLs(c.AMQPURL); err != nil {
 		return c, fmt.Errorf("AMQP_URL: %w", err)

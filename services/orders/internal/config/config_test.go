@@ -44,3 +44,21 @@ func TestMigrateIsOffByDefault(t *testing.T) {
 		t.Error(`MIGRATE="yes please" accepted`)
 	}
 }
+
+func TestDatabasePoolerAndListenURL(t *testing.T) {
+	for env, want := range map[string]string{"": config.PoolerNone, "none": config.PoolerNone, "Transaction": config.PoolerTransaction} {
+		cfg, err := config.FromEnv(func(k string) string { return map[string]string{"DATABASE_POOLER": env}[k] })
+		if err != nil || cfg.DatabasePooler != want {
+			t.Errorf("DATABASE_POOLER=%q: %q (%v), want %q", env, cfg.DatabasePooler, err, want)
+		}
+	}
+	if _, err := config.FromEnv(func(k string) string { return map[string]string{"DATABASE_POOLER": "pgbouncer"}[k] }); err == nil {
+		t.Error("DATABASE_POOLER=pgbouncer accepted")
+	}
+	cfg, err := config.FromEnv(func(k string) string {
+		return map[string]string{"OUTBOX_LISTEN_URL": " postgres://db:5432/orders "}[k]
+	})
+	if err != nil || cfg.ListenURL != "postgres://db:5432/orders" {
+		t.Errorf("OUTBOX_LISTEN_URL: %q (%v)", cfg.ListenURL, err)
+	}
+}

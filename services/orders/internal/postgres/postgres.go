@@ -18,14 +18,10 @@ var schema string
 
 const migrateLockKey int64 = 0x6f7264657273 // "orders"
 
-// Open connects to databaseURL, creating the database first when it does not
-// exist (so the service runs with zero setup against a fresh server), and
-// applies the orders and outbox schemas.
-func Open(ctx context.Context, databaseURL string) (*pgxpool.Pool, error) {
-	cfg, err := pgxpool.ParseConfig(databaseURL)
-	if err != nil {
-		return nil, fmt.Errorf("parse DATABASE_URL: %w", err)
-	}
+// Open connects to cfg's database (see PoolConfig), creating it first when it
+// does not exist (so the service runs with zero setup against a fresh server),
+// and applies the orders and outbox schemas.
+func Open(ctx context.Context, cfg *pgxpool.Config) (*pgxpool.Pool, error) {
 	if err := ensureDatabase(ctx, cfg.ConnConfig); err != nil {
 		return nil, err
 	}

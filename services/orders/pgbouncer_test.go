@@ -1,0 +1,107 @@
+package main
+
+import (
+	"context"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/outbox-inbox/reference/internal/pgbouncertest"
+	"github.com/outbox-inbox/reference/services/orders/internal/postgres/pgtest"
+)
+
+// bouncedDatabase creates a database of the test's own (directly, dropped
+// when the test ends) and starts a PgBouncer in transaction pooling in front
+// of the server. It returns the URL of the database through PgBouncer.
+func bouncedDatabase(t *testing.T, opts pgbouncertest.Options) (*pgbouncertest.Bouncer, string, string) {
+	t.Helper()
+	direct := newDatabaseURL(t)
+	name := databaseName(t, direct)
+	admin := pgtest.Connect(t)
+	if _, err := admin.Exec(t.Context(), "CREATE DATABASE "+name); err != nil {
+		t.Fatal(err)
+	}
+	b := pgbouncertest.Start(t, opts)
+	return b, b.URL(name, nil), direct
+}
+
+// A process killed and started again behind the same transaction-pooling
+// PgBouncer finds the server connections its predecessor used, with the
+// prepared statements it left there: pgx's statement cache names them after
+// the query text, so the new process's first statements collided with them
+// ("prepared statement "stmtcache_..." already exists", SQLSTATE 42P05) and
+// every start failed. With DATABASE_POOLER=transaction each command runs
+// without named prepared statements, and starts again and again.
+func TestCommandsStartAgainBehindTransactionPooler(t *testing.T) {
+	t.Parallel()
+	// One server connection: every process gets the one its predecessor used.
+	_, dbURL, _ := bouncedDatabase(t, pgbouncertest.Options{PoolSize: 1})
+	env := map[string]string{"DATABASE_URL": dbURL, "DATABASE_POOLER": "transaction"}
+
+	for i := range 3 {
+		if out, err := runCommand(t.Context(), env, "migrate"); err != nil {
+			t.Fatalf("orders migrate, run %d: %v\n%s", i+1, err, out)
+		}
+	}
+	for _, args := range [][]string{{"outbox-status"}, {"outbox-status"}, {"dead-letters", "list"}, {"dead-letters", "list"}} {
+		if out, err := runCommand(t.Context(), env, args...); err != nil {
+			t.Fatalf("orders %v: %v\n%s", args, err, out)
+		}
+	}
+
+	// The API with its relay, killed (its context cancelled) and started
+	// again, twice: each must come up and take orders.
+	amqpURL := newVhost(t)
+	for i := range 3 {
+		addr := freeAddr(t)
+		ctx, cancel := context.WithCancel(t.Context())
+		var logs syncBuffer
+		srvEnv := map[string]string{"DATABASE_URL": dbURL, "DATABASE_POOLER": "transaction",
+			"AMQP_URL": amqpURL, "HTTP_ADDR": addr}
+		done := make(chan error, 1)
+		go func() { done <- run(ctx, nil, func(k string) string { return srvEnv[k] }, &logs, &logs) }()
+		base := "http://" + addr
+		waitServing(t, base, done, &logs)
+		if status, o := post(t, base+"/orders", orderBody); status != 201 {
+			t.Fatalf("serve, run %d: create: %d %v\nlogs:\n%s", i+1, status, o, logs.String())
+		}
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("serve, run %d: %v\nlogs:\n%s", i+1, err, logs.String())
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("serve, run %d did not stop", i+1)
+		}
+	}
+}
+
+// waitServing waits for base's /readyz to answer 200, failing the test if the
+// process returns first.
+func waitServing(t *testing.T, base string, done <-chan error, logs *syncBuffer) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if status, _ := getStatus(base + "/readyz"); status == 200 {
+			return
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("process returned before it was ready: %v\nlogs:\n%s", err, logs.String())
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s not ready after 30s\nlogs:\n%s", base, logs.String())
+		}
+	}
+}
+
+func getStatus(u string) (int, error) {
+	resp, err := http.Get(u)
+	if err != nil {
+		return 0, err
+	}
+	resp.Body.Close()
+	return resp.StatusCode, nil
+}
