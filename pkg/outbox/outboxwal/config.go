@@ -1,0 +1,169 @@
+package outboxwal
+
+import (
+	"cmp"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"time"
+
+	"github.com/outbox-inbox/reference/pkg/outbox"
+)
+
+// Config configures a Relay. The zero value of every field means its default.
+type Config struct {
+	// Slot is the logical replication slot the relay reads, created by Run when
+	// missing. One relay at a time streams from a slot; others wait. Lower
+	// case letters, digits and underscores, at most 63. Default "outbox_wal".
+	Slot string
+	// Publication is the publication of the outbox table's inserts the slot
+	// decodes, created by Run when missing. Default "outbox_wal".
+	Publication string
+	// BatchSize is how many events one PublishBatch carries, at most one per
+	// aggregate. Default 500, at most 10,000.
+	BatchSize int
+	// Workers is how many batches are in flight at once. Default 4, at most 64.
+	Workers int
+	// MaxInMemory bounds the events decoded and not yet confirmed (or handed
+	// over) that the relay holds; past it, it stops reading the stream until
+	// confirms free room. Default 20,000.
+	MaxInMemory int
+	// PublishTimeout bounds one batch's publish. Default 10s.
+	PublishTimeout time.Duration
+	// MaxAttempts is how many failed attempts make the relay dead-letter an
+	// event in PostgreSQL. Attempts are counted in memory: a relay that
+	// restarts counts again from zero. Default 20.
+	MaxAttempts int
+	// RetryBackoffMin and RetryBackoffMax bound the exponential backoff of a
+	// failing event, with jitter. Defaults 1s and 5m.
+	RetryBackoffMin time.Duration
+	RetryBackoffMax time.Duration
+	// StatusInterval is how often the relay reports its position to the slot
+	// (the standby status update, whose flush position lets PostgreSQL recycle
+	// WAL). Default 1s, at most 10s (wal_sender_timeout is 60s by default).
+	StatusInterval time.Duration
+	// SweepInterval is how often the rows of confirmed events are deleted from
+	// the outbox table (or moved to outbox_published, see Archive), in one
+	// statement. Default 100ms.
+	SweepInterval time.Duration
+	// Archive moves the rows of confirmed events to outbox_published, as the
+	// polling relay does, instead of deleting them. Default false: delete.
+	Archive bool
+	// TakeoverInterval is how often a relay that waits for the slot (another
+	// relay streams from it) tries again. Default 1s.
+	TakeoverInterval time.Duration
+	// Poll configures the polling relay that publishes the rows this relay
+	// hands over: events that were dead-lettered (once an operator retries
+	// them), the later events of their aggregates, and rows that were in the
+	// outbox when the slot was created. Its HandedOverOnly is always set. Its
+	// Logger and Metrics default to this Config's.
+	Poll outbox.RelayConfig
+	// Logger receives the relay's logs. Default slog.Default().
+	Logger *slog.Logger
+	// Metrics receives the same counters as the polling relay's: Published,
+	// Failed, Returned, DeadLettered, ConfirmLatency, BatchDuration (one
+	// batch's publish), MarkFailed (a sweep or a hand-over failed). Default
+	// outbox.NopMetrics.
+	Metrics outbox.Metrics
+	// Hooks observe the relay, for tests and fault injection.
+	Hooks Hooks
+}
+
+// Hooks are called synchronously by the relay's goroutines.
+type Hooks struct {
+	// Confirmed is called with the ids the broker confirmed in a batch, before
+	// their rows are swept: the window where a crash publishes them again.
+	Confirmed func(ids []int64)
+	// Acknowledged is called after each standby status update the relay sent,
+	// with the position it acknowledged.
+	Acknowledged func(lsn uint64)
+}
+
+const (
+	defaultName            = "outbox_wal"
+	defaultBatchSize       = 500
+	maxBatchSize           = 10_000
+	defaultWorkers         = 4
+	maxWorkers             = 64
+	defaultMaxInMemory     = 20_000
+	defaultPublishTimeout  = 10 * time.Second
+	defaultMaxAttempts     = 20
+	defaultBackoffMin      = time.Second
+	defaultBackoffMax      = 5 * time.Minute
+	defaultStatusInterval  = time.Second
+	maxStatusInterval      = 10 * time.Second
+	defaultSweepInterval   = 100 * time.Millisecond
+	defaultTakeoverEvery   = time.Second
+	dbTimeout              = 10 * time.Second
+	maxErrorText           = 2000
+	sweepChunk             = 10_000
+	minInterval            = time.Millisecond
+	handedOverIndexName    = "outbox_handed_over"
+	handedOverAggIndexName = "outbox_handed_over_aggregates"
+)
+
+var namePattern = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
+
+func (c Config) withDefaults() (Config, error) {
+	for _, f := range []struct {
+		name string
+		v    int64
+	}{
+		{"BatchSize", int64(c.BatchSize)}, {"Workers", int64(c.Workers)}, {"MaxInMemory", int64(c.MaxInMemory)},
+		{"PublishTimeout", int64(c.PublishTimeout)}, {"MaxAttempts", int64(c.MaxAttempts)},
+		{"RetryBackoffMin", int64(c.RetryBackoffMin)}, {"RetryBackoffMax", int64(c.RetryBackoffMax)},
+		{"StatusInterval", int64(c.StatusInterval)}, {"SweepInterval", int64(c.SweepInterval)},
+		{"TakeoverInterval", int64(c.TakeoverInterval)},
+	} {
+		if f.v < 0 {
+			return c, fmt.Errorf("outboxwal config: %s is negative", f.name)
+		}
+	}
+	c.Slot = cmp.Or(c.Slot, defaultName)
+	c.Publication = cmp.Or(c.Publication, defaultName)
+	c.BatchSize = cmp.Or(c.BatchSize, defaultBatchSize)
+	c.Workers = cmp.Or(c.Workers, defaultWorkers)
+	c.MaxInMemory = cmp.Or(c.MaxInMemory, defaultMaxInMemory)
+	c.PublishTimeout = cmp.Or(c.PublishTimeout, defaultPublishTimeout)
+	c.MaxAttempts = cmp.Or(c.MaxAttempts, defaultMaxAttempts)
+	c.RetryBackoffMin = cmp.Or(c.RetryBackoffMin, defaultBackoffMin)
+	c.RetryBackoffMax = cmp.Or(c.RetryBackoffMax, max(defaultBackoffMax, c.RetryBackoffMin))
+	c.StatusInterval = cmp.Or(c.StatusInterval, defaultStatusInterval)
+	c.SweepInterval = cmp.Or(c.SweepInterval, defaultSweepInterval)
+	c.TakeoverInterval = cmp.Or(c.TakeoverInterval, defaultTakeoverEvery)
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Metrics == nil {
+		c.Metrics = outbox.NopMetrics{}
+	}
+	c.Poll.HandedOverOnly = true
+	if c.Poll.Logger == nil {
+		c.Poll.Logger = c.Logger
+	}
+	if c.Poll.Metrics == nil {
+		c.Poll.Metrics = c.Metrics
+	}
+	if c.Poll.MaxAttempts == 0 {
+		c.Poll.MaxAttempts = c.MaxAttempts
+	}
+	switch {
+	case !namePattern.MatchString(c.Slot):
+		return c, fmt.Errorf("outboxwal config: Slot %q: want 1 to 63 lower case letters, digits or underscores", c.Slot)
+	case !namePattern.MatchString(c.Publication):
+		return c, fmt.Errorf("outboxwal config: Publication %q: want 1 to 63 lower case letters, digits or underscores", c.Publication)
+	case c.BatchSize > maxBatchSize:
+		return c, fmt.Errorf("outboxwal config: BatchSize %d: at most %d", c.BatchSize, maxBatchSize)
+	case c.Workers > maxWorkers:
+		return c, fmt.Errorf("outboxwal config: Workers %d: at most %d", c.Workers, maxWorkers)
+	case c.MaxInMemory < c.BatchSize:
+		return c, fmt.Errorf("outboxwal config: MaxInMemory %d: at least BatchSize (%d)", c.MaxInMemory, c.BatchSize)
+	case c.RetryBackoffMin > c.RetryBackoffMax:
+		return c, fmt.Errorf("outboxwal config: RetryBackoffMin %v exceeds RetryBackoffMax %v", c.RetryBackoffMin, c.RetryBackoffMax)
+	case c.StatusInterval > maxStatusInterval:
+		return c, fmt.Errorf("outboxwal config: StatusInterval %v: at most %v", c.StatusInterval, maxStatusInterval)
+	case c.StatusInterval < minInterval || c.SweepInterval < minInterval || c.TakeoverInterval < minInterval:
+		return c, fmt.Errorf("outboxwal config: StatusInterval, SweepInterval and TakeoverInterval must be at least %v", minInterval)
+	}
+	return c, nil
+}

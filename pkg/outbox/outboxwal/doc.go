@@ -1,0 +1,138 @@
+// Package outboxwal is a relay for package outbox that reads the outbox's
+// inserts from PostgreSQL's write-ahead log (logical replication, pgoutput)
+// instead of polling the table, and publishes them through the same
+// outbox.Publisher. Writers do not change: outbox.Enqueue and Writer.Queue.
+//
+// # Why
+//
+// The polling relay spends about 100 µs of PostgreSQL work per event: the
+// claim's update, the move to outbox_published, the unblock of the
+// aggregate's next event. The committed inserts are already in the WAL, in
+// commit order: this relay reads them from a replication slot, keeps the
+// per-event state in memory, and writes to the outbox table only to delete
+// the rows the broker confirmed, many thousands per statement. See
+// docs/benchmarks.md for the figures on this repository's machine.
+//
+// # Use
+//
+//	pub, err := outboxamqp.New(outboxamqp.Config{URL: amqpURL, Exchange: "orders.events"})
+//	...
+//	relay, err := outboxwal.New(pool, pub, outboxwal.Config{Slot: "orders_outbox", Publication: "orders_outbox"})
+//	...
+//	err = relay.Run(ctx) // until ctx is cancelled
+//
+// Run creates the publication (FOR TABLE outbox WITH (publish = 'insert'))
+// and the slot when they are missing, and two partial indexes on outbox (on
+// last_error, empty while nothing fails). Start as many relays as you like on
+// one slot: one streams, the others wait and take over within
+// TakeoverInterval of the slot becoming free (see Failover). Never run the
+// polling relay (outbox.Relay) on the same outbox at the same time: both would
+// publish every event. To go back to polling, stop the WAL relays, run the
+// polling relay, and Drop the slot.
+//
+// # Guarantees
+//
+// The same as the polling relay's (see package outbox):
+//
+//   - At least once. The slot is acknowledged (the standby status update's
+//     flush position) only up to the end of the last transaction below which
+//     every event is resolved: confirmed by the broker and its row deleted (or
+//     moved to outbox_published with Config.Archive), or handed over to
+//     polling (below). After a crash, a lost replication connection, a
+//     PostgreSQL restart or a takeover, the stream resumes from that position:
+//     events after it are published again (duplicates with the same message
+//     id, which consumers deduplicate). Events decoded from before the
+//     session began are first looked up in the outbox: those whose rows are
+//     gone were confirmed and are not published again.
+//   - Order per aggregate. Writers of one aggregate are serialised by Enqueue
+//     until they commit, so the stream gives each aggregate's events in
+//     version order. An event is handed to the publisher only once the
+//     previous event of its aggregate was confirmed; batches hold at most one
+//     event per aggregate, many batches are in flight (Workers x BatchSize
+//     messages, confirms pipelined by the publisher).
+//   - Failures. An unroutable or refused message, or one without a verdict
+//     within PublishTimeout, is retried with exponential backoff (in memory;
+//     the slot is not acknowledged past it meanwhile). After MaxAttempts it is
+//     dead-lettered in PostgreSQL, exactly as the polling relay does it:
+//     dead_lettered_at, attempts, last_error, visible to outbox.Admin.
+//   - Dead letters hold back their aggregate only. Every later event of that
+//     aggregate, already decoded or decoded later, is parked: left in the
+//     outbox table, its last_error set to say why, blocked behind the dead
+//     letter as Enqueue wrote it. These rows are "handed over": a polling
+//     relay that only claims rows with a last_error (outbox.RelayConfig
+//     HandedOverOnly), run by this relay, publishes them with the polling
+//     relay's protocol once an operator retries the dead letter
+//     (Admin.Retry) or discards it (Admin.Discard), in order. When no
+//     handed-over row of the aggregate is left, the relay publishes its next
+//     events from the stream again. Other aggregates flow throughout.
+//   - Admin.Status is right: the rows of published events leave the outbox
+//     within SweepInterval, and the table holds the backlog, the dead letters
+//     and the parked rows only.
+//
+// Unlike the polling relay, a relay that crashes while publishing counts no
+// attempt: failed attempts are counted in memory, from zero again after a
+// restart. An event that crashes the relay process every time it is published
+// is therefore never dead-lettered by this relay; the crash loop shows in the
+// logs and in the slot's lag.
+//
+// When the slot is created, the rows already in the outbox are not in its
+// stream: Run hands them over to polling in the same step (in the snapshot
+// the slot exports), so switching from the polling relay loses nothing, and
+// those rows go out before the later events of their aggregates.
+//
+// # Table size
+//
+// The rows of confirmed events are deleted (or archived) every SweepInterval
+// in one statement per up to 10,000 rows, skipping (and retrying a moment
+// later) a row the writer of its aggregate's next event holds. The slot is
+// acknowledged past an event only after its row is gone, so a row is never
+// left behind by a crash. The schema's autovacuum settings for outbox (a
+// fixed threshold of 5,000 changes) keep dead tuples in check. This costs a
+// few microseconds of PostgreSQL per event (docs/benchmarks.md); partitioning
+// the table by time, the other way to keep it small, would change the schema
+// every writer and the polling relay use, for little more.
+//
+// # Operating it: WAL retention
+//
+// A slot keeps every WAL segment from its acknowledged position on, for as
+// long as it exists. While no relay streams from it (every relay down, a
+// crash loop, a broker outage that keeps events unconfirmed), WAL accumulates
+// on the server's disk at the rate the whole server writes it, not just the
+// outbox. Watch Slot(...).LagBytes (the orders service exports it as a
+// metric) and Stats().OldestUnconfirmedAge, and alert well before the disk
+// fills. Set max_slot_wal_keep_size on the server to cap what a slot may
+// retain: past it, PostgreSQL invalidates the slot ("wal_status = lost") to
+// save the server, the relay can no longer stream, and the events written in
+// the gap would not be published by it. Recover then by stopping the relays,
+// dropping the slot (Drop), and starting a relay: it creates a new slot and
+// hands every row still in the outbox over to polling, so nothing in the
+// outbox is lost; events published but not yet swept are published again.
+// Drop the slot of a relay you retire for good.
+//
+// # Failover
+//
+// Another relay waiting on the same slot takes over within TakeoverInterval
+// once PostgreSQL frees the slot: at once when the active relay's process
+// exits or its connection closes, and after wal_sender_timeout (60s by
+// default) when its host vanishes without closing the connection. Before
+// PostgreSQL 17, logical slots are not copied to physical standbys: after a
+// failover of PostgreSQL itself the new primary has no slot, and the relay
+// creates one, handing over to polling whatever is in the outbox then; events
+// that were committed on the old primary, reached the standby, and were in
+// flight are published again (duplicates), and none are lost as long as the
+// outbox rows themselves survived the failover. With PostgreSQL 17's failover
+// slots (failover = true, synchronized_standby_slots) the slot survives.
+//
+// # What PostgreSQL needs
+//
+// wal_level = logical (a restart to change it), a free replication slot and
+// WAL sender (max_replication_slots, max_wal_senders), and a role with the
+// REPLICATION attribute (or superuser) that owns the outbox table (to create
+// the publication and the indexes). Managed services: Amazon RDS and Aurora
+// set rds.logical_replication = 1 and grant rds_replication; Google Cloud SQL
+// sets cloudsql.logical_decoding = on and the role needs REPLICATION; Azure
+// Database for PostgreSQL sets wal_level = logical as a server parameter.
+// The relay's replication connection uses the pool's connection settings with
+// replication=database: it cannot go through PgBouncer, so point the pool
+// (or a second pool used for the relay) at PostgreSQL directly.
+package outboxwal

@@ -1,0 +1,702 @@
+package outboxwal
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outbox-inbox/reference/pkg/outbox"
+)
+
+// Relay publishes the outbox's rows as it reads their inserts from the
+// write-ahead log. Run it in as many processes as you like: one streams from
+// the slot, the others wait and take over when it stops.
+type Relay struct {
+	pool    *pgxpool.Pool
+	pub     outbox.Publisher
+	cfg     Config
+	log     *slog.Logger
+	running atomic.Bool
+
+	mu      sync.Mutex
+	current *state // the session streaming now, nil while waiting
+	active  atomic.Bool
+	acked   atomic.Uint64
+}
+
+// New returns a relay that publishes the outbox in pool's database (the
+// schema of its search_path) through pub. It validates cfg and touches
+// neither the database nor the broker: Run does. pool's connection settings
+// are also used for the replication connection, which needs a role with the
+// REPLICATION attribute (or a superuser).
+func New(pool *pgxpool.Pool, pub outbox.Publisher, cfg Config) (*Relay, error) {
+	if pool == nil {
+		return nil, errors.New("outboxwal: nil pool")
+	}
+	if pub == nil {
+		return nil, errors.New("outboxwal: nil publisher")
+	}
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	return &Relay{pool: pool, pub: pub, cfg: cfg, log: cfg.Logger}, nil
+}
+
+// Stats is what a relay knows about its progress.
+type Stats struct {
+	// Active says this relay streams from the slot now (the others wait).
+	Active bool
+	// Acknowledged is the last position the relay acknowledged to the slot.
+	Acknowledged uint64
+	// InMemory counts events decoded and not yet confirmed, swept or handed
+	// over.
+	InMemory int
+	// OldestUnconfirmedAge is how long ago the oldest event not yet
+	// confirmed (or handed over) committed; 0 when there is none.
+	OldestUnconfirmedAge time.Duration
+}
+
+// Stats returns the relay's progress. It is cheap: no database access.
+func (r *Relay) Stats() Stats {
+	st := Stats{Active: r.active.Load(), Acknowledged: r.acked.Load()}
+	r.mu.Lock()
+	s := r.current
+	r.mu.Unlock()
+	if s != nil {
+		st.InMemory = s.inMemory()
+		if t := s.oldest(); !t.IsZero() {
+			st.OldestUnconfirmedAge = max(0, time.Since(t))
+		}
+	}
+	return st
+}
+
+// Run publishes until ctx is cancelled, then finishes the batches in flight,
+// sweeps what they confirmed, acknowledges the slot and returns nil. It
+// creates the publication and the slot when missing. While another relay
+// streams from the slot, it waits, trying again every TakeoverInterval.
+// Database, replication and broker outages do not make it return: it logs,
+// reconnects, and resumes from the slot's acknowledged position (events
+// after it are published again: duplicates, never losses). It returns an
+// error only when called while already running.
+func (r *Relay) Run(ctx context.Context) error {
+	if !r.running.CompareAndSwap(false, true) {
+		return errors.New("outboxwal: Run called while already running")
+	}
+	defer r.running.Store(false)
+	r.log.InfoContext(ctx, "outbox WAL relay started", slog.String("slot", r.cfg.Slot), slog.String("publication", r.cfg.Publication))
+	var failures int
+	waiting := false
+	for ctx.Err() == nil {
+		streamed, err := r.session(ctx)
+		if ctx.Err() != nil {
+			break
+		}
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "55006" { // object_in_use: another relay has the slot
+			if !waiting {
+				r.log.InfoContext(ctx, "outbox WAL relay: the slot is in use by another relay; waiting to take over",
+					slog.String("slot", r.cfg.Slot), slog.String("detail", pgErr.Message))
+			}
+			waiting = true
+			sleep(ctx, r.cfg.TakeoverInterval)
+			continue
+		}
+		waiting = false
+		if streamed {
+			failures = 0
+		}
+		failures++
+		wait := jitter(backoff(failures, 100*time.Millisecond, 5*time.Second))
+		r.log.ErrorContext(ctx, "outbox WAL relay: replication stopped, reconnecting",
+			slog.Any("error", err), slog.Duration("retry_in", wait))
+		sleep(ctx, wait)
+	}
+	r.log.InfoContext(context.WithoutCancel(ctx), "outbox WAL relay stopped")
+	return nil
+}
+
+// replicationConfig is pool's connection configuration for a replication
+// connection.
+func (r *Relay) replicationConfig() *pgconn.Config {
+	c := r.pool.Config().ConnConfig.Config.Copy()
+	c.RuntimeParams["replication"] = "database"
+	c.RuntimeParams["DateStyle"] = "ISO"
+	c.RuntimeParams["TimeZone"] = "UTC"
+	return c
+}
+
+// session connects, takes the slot and streams until ctx ends or something
+// breaks. streamed says it got as far as streaming.
+func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
+	cctx, cancel := context.WithTimeout(ctx, dbTimeout)
+	defer cancel()
+	if err := ensurePublication(cctx, r.pool, r.cfg.Publication); err != nil {
+		return false, err
+	}
+	conn, err := pgconn.ConnectConfig(cctx, r.replicationConfig())
+	if err != nil {
+		return false, fmt.Errorf("replication connection: %w", err)
+	}
+	defer func() {
+		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = conn.Close(closeCtx)
+	}()
+	if err := r.ensureSlot(cctx, conn); err != nil {
+		return false, err
+	}
+	err = pglogrepl.StartReplication(cctx, conn, r.cfg.Slot, 0, pglogrepl.StartReplicationOptions{
+		PluginArgs: []string{"proto_version '1'", "publication_names '" + r.cfg.Publication + "'"},
+	})
+	if err != nil {
+		return false, fmt.Errorf("start replication from slot %s: %w", r.cfg.Slot, err)
+	}
+	// The slot is ours: any relay that streamed from it before has stopped.
+	// Transactions that committed before now may have been seen by it.
+	var boundary pglogrepl.LSN
+	if err := r.pool.QueryRow(cctx, "SELECT pg_current_wal_insert_lsn()").Scan(&boundary); err != nil {
+		return false, fmt.Errorf("read the WAL position: %w", err)
+	}
+	held, err := loadHeld(cctx, r.pool)
+	if err != nil {
+		return false, err
+	}
+	cancel()
+
+	s := newState(r.cfg)
+	s.setHeld(held, 0, false)
+	r.mu.Lock()
+	r.current = s
+	r.mu.Unlock()
+	r.active.Store(true)
+	defer func() {
+		r.active.Store(false)
+		r.mu.Lock()
+		r.current = nil
+		r.mu.Unlock()
+	}()
+	r.log.InfoContext(ctx, "outbox WAL relay: streaming", slog.String("slot", r.cfg.Slot),
+		slog.Int("aggregates_held", len(held)))
+
+	poller, err := outbox.NewRelay(r.pool, r.pub, r.cfg.Poll)
+	if err != nil {
+		return true, fmt.Errorf("polling relay for handed-over rows: %w", err)
+	}
+
+	sctx, stop := context.WithCancel(ctx)
+	defer stop()
+	var workers, helpers sync.WaitGroup
+	for range r.cfg.Workers {
+		workers.Go(func() { r.work(sctx, s) })
+	}
+	wctx, stopWriter := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopWriter()
+	writerDone := make(chan struct{})
+	go func() {
+		defer close(writerDone)
+		r.writer(wctx, sctx, s, poller)
+	}()
+	helpers.Go(func() { _ = poller.Run(sctx) })
+	helpers.Go(func() { r.refresh(sctx, s) })
+
+	err = r.stream(sctx, conn, s, uint64(boundary))
+
+	// Wind down: no new batches; those in flight finish; what they confirmed
+	// is swept; then the last acknowledgement.
+	stop()
+	workers.Wait()
+	s.close()
+	stopWriter()
+	<-writerDone
+	helpers.Wait()
+	if err == nil || ctx.Err() != nil {
+		if ferr := r.sendStatus(context.WithoutCancel(ctx), conn, s); ferr != nil && err == nil {
+			err = ferr
+		}
+	}
+	if ctx.Err() != nil {
+		return true, nil
+	}
+	return true, err
+}
+
+// ensureSlot creates the slot when missing, and hands over to polling the
+// rows already in the outbox then: the slot's stream starts after them.
+func (r *Relay) ensureSlot(ctx context.Context, conn *pgconn.PgConn) error {
+	var (
+		plugin string
+		sameDB bool
+	)
+	err := r.pool.QueryRow(ctx, `
+SELECT coalesce(plugin, ''), coalesce(database = current_database(), false)
+FROM pg_replication_slots WHERE slot_name = $1`, r.cfg.Slot).Scan(&plugin, &sameDB)
+	switch {
+	case err == nil && (plugin != "pgoutput" || !sameDB):
+		return fmt.Errorf("slot %s exists but is not a pgoutput logical slot of this database", r.cfg.Slot)
+	case err == nil:
+		return nil
+	case !errors.Is(err, pgx.ErrNoRows):
+		return fmt.Errorf("look for slot %s: %w", r.cfg.Slot, err)
+	}
+	res, err := pglogrepl.CreateReplicationSlot(ctx, conn, r.cfg.Slot, "pgoutput", pglogrepl.CreateReplicationSlotOptions{
+		Mode: pglogrepl.LogicalReplication, SnapshotAction: "EXPORT_SNAPSHOT",
+	})
+	if err != nil {
+		return fmt.Errorf("create slot %s: %w", r.cfg.Slot, err)
+	}
+	n, err := handOverPreexisting(ctx, r.pool, res.SnapshotName)
+	if err != nil {
+		// Without the hand-over, rows older than the slot would never be
+		// published: start over with a new slot.
+		if _, derr := r.pool.Exec(context.WithoutCancel(ctx), `SELECT pg_drop_replication_slot($1)`, r.cfg.Slot); derr != nil {
+			err = errors.Join(err, fmt.Errorf("drop the new slot: %w", derr))
+		}
+		return err
+	}
+	r.log.InfoContext(ctx, "outbox WAL relay: created the replication slot", slog.String("slot", r.cfg.Slot),
+		slog.String("consistent_point", res.ConsistentPoint), slog.Int64("rows_handed_over", n))
+	return nil
+}
+
+// stream reads the replication stream until ctx ends or it fails, and
+// acknowledges progress every StatusInterval.
+func (r *Relay) stream(ctx context.Context, conn *pgconn.PgConn, s *state, boundary uint64) error {
+	relations := map[uint32]*relation{}
+	types := pgtype.NewMap()
+	var cur *txn
+	var curCheck bool
+	nextStatus := time.Now()
+	for {
+		if time.Now().After(nextStatus) {
+			if err := r.sendStatus(ctx, conn, s); err != nil {
+				return err
+			}
+			nextStatus = time.Now().Add(r.cfg.StatusInterval)
+		}
+		if s.inMemory() >= r.cfg.MaxInMemory {
+			sleep(ctx, 5*time.Millisecond)
+			if ctx.Err() != nil {
+				return nil
+			}
+			continue
+		}
+		rctx, cancel := context.WithDeadline(ctx, nextStatus)
+		msg, err := conn.ReceiveMessage(rctx)
+		cancel()
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err != nil {
+			if pgconn.Timeout(err) {
+				continue
+			}
+			return fmt.Errorf("receive: %w", err)
+		}
+		switch msg := msg.(type) {
+		case *pgproto3.ErrorResponse:
+			return fmt.Errorf("replication stream: %w", pgconn.ErrorResponseToPgError(msg))
+		case *pgproto3.CopyDone:
+			return errors.New("replication stream ended by the server")
+		case *pgproto3.CopyData:
+			if len(msg.Data) == 0 {
+				continue
+			}
+			switch msg.Data[0] {
+			case pglogrepl.PrimaryKeepaliveMessageByteID:
+				pkm, err := pglogrepl.ParsePrimaryKeepaliveMessage(msg.Data[1:])
+				if err != nil {
+					return fmt.Errorf("parse keepalive: %w", err)
+				}
+				if cur == nil {
+					s.position(uint64(pkm.ServerWALEnd))
+				}
+				if pkm.ReplyRequested {
+					nextStatus = time.Time{}
+				}
+			case pglogrepl.XLogDataByteID:
+				xld, err := pglogrepl.ParseXLogData(msg.Data[1:])
+				if err != nil {
+					return fmt.Errorf("parse XLogData: %w", err)
+				}
+				lm, err := pglogrepl.Parse(xld.WALData)
+				if err != nil {
+					return fmt.Errorf("parse logical message: %w", err)
+				}
+				switch m := lm.(type) {
+				case *pglogrepl.RelationMessage:
+					relations[m.RelationID] = newRelation(m)
+				case *pglogrepl.BeginMessage:
+					cur = s.begin(m.CommitTime)
+					curCheck = uint64(m.FinalLSN) < boundary
+				case *pglogrepl.InsertMessage:
+					rel := relations[m.RelationID]
+					if rel == nil || cur == nil {
+						return fmt.Errorf("insert into unknown relation %d", m.RelationID)
+					}
+					env, err := rel.decode(types, m.Tuple)
+					if err != nil {
+						return fmt.Errorf("decode outbox row: %w", err)
+					}
+					s.add(cur, env, curCheck)
+				case *pglogrepl.CommitMessage:
+					if cur != nil {
+						s.seal(cur, uint64(m.TransactionEndLSN))
+						cur = nil
+					}
+				}
+			}
+		default:
+			return fmt.Errorf("unexpected message %T on the replication stream", msg)
+		}
+	}
+}
+
+// sendStatus acknowledges the position below which every event is resolved.
+func (r *Relay) sendStatus(ctx context.Context, conn *pgconn.PgConn, s *state) error {
+	pos := s.ack()
+	if pos == 0 {
+		pos = r.acked.Load()
+	}
+	if pos == 0 {
+		return nil
+	}
+	err := pglogrepl.SendStandbyStatusUpdate(ctx, conn, pglogrepl.StandbyStatusUpdate{WALWritePosition: pglogrepl.LSN(pos)})
+	if err != nil {
+		return fmt.Errorf("send standby status: %w", err)
+	}
+	r.acked.Store(pos)
+	if h := r.cfg.Hooks.Acknowledged; h != nil {
+		h(pos)
+	}
+	return nil
+}
+
+// work publishes ready events in batches until ctx ends.
+func (r *Relay) work(ctx context.Context, s *state) {
+	for ctx.Err() == nil {
+		if err := r.pub.WaitReady(ctx); err != nil {
+			if ctx.Err() == nil {
+				r.log.ErrorContext(ctx, "outbox WAL relay: publisher unavailable", slog.Any("error", err))
+				sleep(ctx, time.Second)
+			}
+			continue
+		}
+		batch := s.take(r.cfg.BatchSize)
+		if len(batch) == 0 {
+			s.waitWork(ctx, 100*time.Millisecond)
+			continue
+		}
+		r.publish(context.WithoutCancel(ctx), s, batch)
+	}
+}
+
+// publish sends one batch and records its outcome.
+func (r *Relay) publish(ctx context.Context, s *state, batch []*event) {
+	start := time.Now()
+	var checkIDs []int64
+	for _, ev := range batch {
+		if ev.check {
+			checkIDs = append(checkIDs, ev.env.ID)
+		}
+	}
+	if len(checkIDs) > 0 {
+		cctx, cancel := context.WithTimeout(ctx, dbTimeout)
+		present, handed, err := checkRows(cctx, r.pool, checkIDs)
+		cancel()
+		if err != nil {
+			// Publish them anyway: at worst a duplicate of an event published
+			// before the restart.
+			r.log.WarnContext(ctx, "outbox WAL relay: could not check rows decoded from before this session", slog.Any("error", err))
+		} else {
+			var keep, gone []*event
+			for _, ev := range batch {
+				switch {
+				case !ev.check:
+					keep = append(keep, ev)
+				case handed[ev.env.ID]:
+					s.handAll(ev, false, "")
+				case !present[ev.env.ID]:
+					gone = append(gone, ev)
+				default:
+					ev.check = false
+					keep = append(keep, ev)
+				}
+			}
+			s.gone(gone)
+			batch = keep
+		}
+	}
+	if len(batch) == 0 {
+		return
+	}
+	envs := make([]outbox.Envelope, len(batch))
+	for i, ev := range batch {
+		envs[i] = ev.env
+		envs[i].Attempt = ev.failures + 1
+	}
+	pctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
+	results := r.pub.PublishBatch(pctx, envs)
+	cancel()
+	r.cfg.Metrics.ConfirmLatency(time.Since(start))
+	if len(results) != len(envs) {
+		err := fmt.Errorf("outboxwal: publisher returned %d results for %d messages", len(results), len(envs))
+		results = make([]error, len(envs))
+		for i := range results {
+			results[i] = err
+		}
+	}
+	var confirmed []*event
+	var failed, returned, dead int
+	for i, ev := range batch {
+		err := results[i]
+		if err == nil {
+			confirmed = append(confirmed, ev)
+			continue
+		}
+		attrs := append(envAttrs(envs[i]), slog.Any("error", err))
+		if errors.Is(err, outbox.ErrNotSent) {
+			s.retryLater(ev, 10*time.Millisecond)
+			continue
+		}
+		failed++
+		if errors.Is(err, outbox.ErrUnroutable) {
+			returned++
+		}
+		ev.failures++
+		if ev.failures >= r.cfg.MaxAttempts {
+			dead++
+			r.log.ErrorContext(ctx, "outbox event dead-lettered after its last attempt; its aggregate is handed over to polling", attrs...)
+			s.handAll(ev, true, err.Error())
+			continue
+		}
+		delay := jitter(backoff(ev.failures, r.cfg.RetryBackoffMin, r.cfg.RetryBackoffMax))
+		r.log.WarnContext(ctx, "outbox event publish failed, will retry", append(attrs, slog.Duration("retry_in", delay))...)
+		s.retryLater(ev, delay)
+	}
+	if len(confirmed) > 0 {
+		if h := r.cfg.Hooks.Confirmed; h != nil {
+			ids := make([]int64, len(confirmed))
+			for i, ev := range confirmed {
+				ids[i] = ev.env.ID
+			}
+			h(ids)
+		}
+		s.confirmed(confirmed)
+		r.cfg.Metrics.Published(len(confirmed))
+	}
+	r.cfg.Metrics.Failed(failed)
+	r.cfg.Metrics.Returned(returned)
+	r.cfg.Metrics.DeadLettered(dead)
+	r.cfg.Metrics.BatchDuration(time.Since(start))
+}
+
+// writer sweeps confirmed rows and writes hand-overs every SweepInterval,
+// until wctx ends; it then writes what is left, once. While sctx lasts, it
+// wakes the poller after a hand-over.
+func (r *Relay) writer(wctx, sctx context.Context, s *state, poller *outbox.Relay) {
+	t := time.NewTicker(r.cfg.SweepInterval)
+	defer t.Stop()
+	var failures int
+	flush := func(ctx context.Context) bool {
+		for s.pendingWrites() > 0 {
+			sweep, hand := s.takeWrites(sweepChunk)
+			dctx, cancel := context.WithTimeout(ctx, dbTimeout)
+			swept, skipped, handed, postponed, err := write(dctx, r.pool, r.cfg.Archive, sweep, hand)
+			cancel()
+			if err != nil {
+				s.writeFailed(sweep, hand)
+				r.cfg.Metrics.MarkFailed()
+				failures++
+				r.log.ErrorContext(ctx, "outbox WAL relay: could not sweep or hand over rows", slog.Any("error", err),
+					slog.Int("rows", len(sweep)+len(hand)))
+				return false
+			}
+			failures = 0
+			s.written(swept, skipped, handed, postponed)
+			if len(handed) > 0 {
+				poller.Wake()
+			}
+			if len(skipped) > 0 || len(postponed) > 0 {
+				return true // locked by a writer for a moment: next tick
+			}
+		}
+		return true
+	}
+	for {
+		select {
+		case <-wctx.Done():
+			// The session ends: what the workers confirmed is swept before the
+			// last acknowledgement, within a bound.
+			fctx, cancel := context.WithTimeout(context.Background(), dbTimeout)
+			for i := 0; i < 20 && s.pendingWrites() > 0 && fctx.Err() == nil; i++ {
+				if !flush(fctx) {
+					break
+				}
+				if s.pendingWrites() > 0 {
+					sleep(fctx, 20*time.Millisecond)
+				}
+			}
+			cancel()
+			return
+		case <-t.C:
+			if failures > 0 {
+				sleep(wctx, jitter(backoff(failures, 100*time.Millisecond, 5*time.Second)))
+			}
+			flush(wctx)
+		}
+	}
+}
+
+// refresh keeps the set of held aggregates up to date: aggregates whose
+// handed-over rows were all published or discarded are released, so their
+// next events are published from the stream again.
+func (r *Relay) refresh(ctx context.Context, s *state) {
+	every := r.cfg.Poll.PollInterval
+	if every <= 0 {
+		every = time.Second
+	}
+	for {
+		sleep(ctx, every)
+		if ctx.Err() != nil {
+			return
+		}
+		any, gen := s.heldSnapshot()
+		if !any {
+			continue
+		}
+		qctx, cancel := context.WithTimeout(ctx, dbTimeout)
+		present, err := loadHeld(qctx, r.pool)
+		cancel()
+		if err != nil {
+			if ctx.Err() == nil {
+				r.log.WarnContext(ctx, "outbox WAL relay: could not refresh the aggregates handed over", slog.Any("error", err))
+			}
+			continue
+		}
+		s.setHeld(present, gen, true)
+	}
+}
+
+// relation maps the outbox table's columns as the stream sends them.
+type relation struct {
+	cols map[string]int
+	oids []uint32
+}
+
+func newRelation(m *pglogrepl.RelationMessage) *relation {
+	r := &relation{cols: map[string]int{}}
+	for i, c := range m.Columns {
+		r.cols[c.Name] = i
+		r.oids = append(r.oids, c.DataType)
+	}
+	return r
+}
+
+// decode turns an inserted tuple into an envelope.
+func (rel *relation) decode(types *pgtype.Map, t *pglogrepl.TupleData) (outbox.Envelope, error) {
+	var e outbox.Envelope
+	col := func(name string) ([]byte, error) {
+		i, ok := rel.cols[name]
+		if !ok || i >= len(t.Columns) {
+			return nil, fmt.Errorf("column %s missing", name)
+		}
+		c := t.Columns[i]
+		if c.DataType != pglogrepl.TupleDataTypeText {
+			return nil, fmt.Errorf("column %s: no value in text form (%c)", name, c.DataType)
+		}
+		return c.Data, nil
+	}
+	var err error
+	field := func(name string, f func([]byte) error) {
+		if err != nil {
+			return
+		}
+		b, cerr := col(name)
+		if cerr != nil {
+			err = cerr
+			return
+		}
+		if ferr := f(b); ferr != nil {
+			err = fmt.Errorf("column %s: %w", name, ferr)
+		}
+	}
+	field("id", func(b []byte) (err error) { e.ID, err = strconv.ParseInt(string(b), 10, 64); return })
+	field("aggregate_type", func(b []byte) error { e.AggregateType = string(b); return nil })
+	field("aggregate_id", func(b []byte) error { e.AggregateID = string(b); return nil })
+	field("aggregate_version", func(b []byte) (err error) {
+		e.AggregateVersion, err = strconv.ParseInt(string(b), 10, 64)
+		return
+	})
+	field("event_type", func(b []byte) error { e.EventType = string(b); return nil })
+	field("payload", func(b []byte) error { e.Payload = b; return nil })
+	field("headers", func(b []byte) error { return json.Unmarshal(b, &e.Headers) })
+	field("created_at", func(b []byte) error {
+		var ts pgtype.Timestamptz
+		if err := types.Scan(pgtype.TimestamptzOID, pgtype.TextFormatCode, b, &ts); err != nil {
+			return err
+		}
+		e.CreatedAt = ts.Time
+		return nil
+	})
+	if err != nil {
+		return outbox.Envelope{}, err
+	}
+	if e.Headers == nil {
+		e.Headers = map[string]string{}
+	}
+	return e, nil
+}
+
+func envAttrs(e outbox.Envelope) []any {
+	return []any{
+		slog.Int64("event_id", e.ID),
+		slog.String("aggregate_type", e.AggregateType),
+		slog.String("aggregate_id", e.AggregateID),
+		slog.Int64("aggregate_version", e.AggregateVersion),
+		slog.String("event_type", e.EventType),
+		slog.Int("attempt", e.Attempt),
+	}
+}
+
+// backoff is base * 2^(n-1), capped at limit.
+func backoff(n int, base, limit time.Duration) time.Duration {
+	d := base
+	for i := 1; i < n && d < limit; i++ {
+		d *= 2
+	}
+	return min(d, limit)
+}
+
+// jitter spreads d uniformly over [d/2, d].
+func jitter(d time.Duration) time.Duration {
+	if d <= 1 {
+		return d
+	}
+	return d/2 + rand.N(d/2+1)
+}
+
+// sleep waits d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}

@@ -1,0 +1,378 @@
+package outboxwal_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/pkg/outbox/outboxwal"
+)
+
+// Events written by Enqueue reach the queue through the WAL relay, their rows
+// leave the outbox, and the slot is acknowledged past them.
+func TestPublishesConfirmsSweepsAndAcknowledges(t *testing.T) {
+	for _, archive := range []bool{false, true} {
+		t.Run(fmt.Sprintf("archive=%v", archive), func(t *testing.T) {
+			ctx := context.Background()
+			pool := walPool(t)
+			b := newBroker(t, "#")
+			cfg := walConfig(t, pool)
+			cfg.Archive = archive
+			relay, _ := startWAL(t, pool, newPublisherForTest(t, b), cfg)
+			waitActive(t, relay)
+
+			var want []outbox.Enqueued
+			for i := range 20 {
+				want = append(want, enqueue(t, pool, msg(fmt.Sprintf("o-%d", i%5), "order.created"),
+					msg(fmt.Sprintf("p-%d", i), "order.created"))...)
+			}
+			got := b.waitIDs("every event", want)
+			checkAggregateOrder(t, got)
+			for _, d := range got {
+				if d.Headers["traceparent"] == nil || len(d.Body) == 0 {
+					t.Fatalf("delivery %s lacks its header or payload: %v %q", d.MessageId, d.Headers, d.Body)
+				}
+			}
+			waitFor(t, "the outbox swept", 30*time.Second, outboxEmpty(pool))
+			waitFor(t, "the slot acknowledged", 30*time.Second, slotCaughtUp(t, pool, cfg.Slot))
+			wantArchived := 0
+			if archive {
+				wantArchived = len(want)
+			}
+			if n := count(t, pool, "SELECT count(*) FROM outbox_published"); n != wantArchived {
+				t.Fatalf("outbox_published has %d rows, want %d", n, wantArchived)
+			}
+			st, err := outbox.NewAdmin(pool).Status(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.Pending != 0 || st.DeadLettered != 0 {
+				t.Fatalf("status %+v, want nothing pending", st)
+			}
+			s, err := outboxwal.Slot(ctx, pool, cfg.Slot)
+			if err != nil || !s.Exists || !s.Active {
+				t.Fatalf("slot status %+v, %v: want an active slot", s, err)
+			}
+		})
+	}
+}
+
+func newPublisherForTest(t testing.TB, b *broker) outbox.Publisher {
+	return newPublisher(t, testAMQPURL(), b.exchange)
+}
+
+// Rows in the outbox before the slot existed are not in its stream: the relay
+// hands them over to polling when it creates the slot, and the later events of
+// their aggregates wait behind them.
+func TestRowsOlderThanTheSlotArePublishedFirst(t *testing.T) {
+	pool := walPool(t)
+	b := newBroker(t, "#")
+	old := enqueue(t, pool, msg("a", "order.created"), msg("b", "order.created"))
+	cfg := walConfig(t, pool)
+	relay, _ := startWAL(t, pool, newPublisherForTest(t, b), cfg)
+	waitActive(t, relay)
+	later := enqueue(t, pool, msg("a", "order.paid"), msg("c", "order.created"))
+	got := b.waitIDs("old and new events", append(old, later...))
+	checkAggregateOrder(t, got)
+	waitFor(t, "the outbox swept", 30*time.Second, outboxEmpty(pool))
+}
+
+// A relay stopped with events unpublished, and events written while no relay
+// runs, are published by the next relay on the slot.
+func TestRestartResumesFromTheSlot(t *testing.T) {
+	pool := walPool(t)
+	b := newBroker(t, "#")
+	cfg := walConfig(t, pool)
+	pub := newPublisherForTest(t, b)
+	relay, stop := startWAL(t, pool, pub, cfg)
+	waitActive(t, relay)
+	first := enqueue(t, pool, msg("a", "order.created"), msg("b", "order.created"))
+	b.waitIDs("the first events", first)
+	stop()
+
+	var while []outbox.Enqueued
+	for i := range 30 {
+		while = append(while, enqueue(t, pool, msg(fmt.Sprintf("o-%d", i%3), "order.created"))...)
+	}
+	relay2, _ := startWAL(t, pool, pub, cfg)
+	waitActive(t, relay2)
+	after := enqueue(t, pool, msg("a", "order.paid"))
+	got := b.waitIDs("the events written while no relay ran", append(while, after...))
+	checkAggregateOrder(t, got)
+	waitFor(t, "the outbox swept", 30*time.Second, outboxEmpty(pool))
+}
+
+// The replication connection is cut (its backend terminated) right after the
+// broker confirmed a batch, before the relay swept and acknowledged it: the
+// relay reconnects, resumes from the slot, and nothing is lost. Events it
+// swept before the cut are not published again; the others may be.
+func TestReplicationCutAfterConfirmLosesNothing(t *testing.T) {
+	ctx := context.Background()
+	pool := walPool(t)
+	b := newBroker(t, "#")
+	cfg := walConfig(t, pool)
+	var once sync.Once
+	cut := make(chan struct{})
+	cfg.Hooks.Confirmed = func([]int64) {
+		once.Do(func() {
+			if _, err := pool.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1`, cfg.Slot); err != nil {
+				t.Errorf("terminate the walsender: %v", err)
+			}
+			close(cut)
+		})
+	}
+	relay, _ := startWAL(t, pool, newPublisherForTest(t, b), cfg)
+	waitActive(t, relay)
+	var want []outbox.Enqueued
+	for i := range 40 {
+		want = append(want, enqueue(t, pool, msg(fmt.Sprintf("o-%d", i%4), "order.created"))...)
+	}
+	<-cut
+	more := enqueue(t, pool, msg("o-1", "order.paid"))
+	got := b.waitIDs("every event after the cut", append(want, more...))
+	checkAggregateOrder(t, got)
+	waitFor(t, "the outbox swept", 30*time.Second, outboxEmpty(pool))
+	waitFor(t, "the slot acknowledged", 30*time.Second, slotCaughtUp(t, pool, cfg.Slot))
+}
+
+// While the broker is unreachable nothing is acknowledged past the events it
+// did not confirm; once it is back, everything is published.
+func TestBrokerOutage(t *testing.T) {
+	pool := walPool(t)
+	b := newBroker(t, "#")
+	p := newProxy(t)
+	cfg := walConfig(t, pool)
+	relay, _ := startWAL(t, pool, newPublisher(t, p.url(t), b.exchange), cfg)
+	waitActive(t, relay)
+	first := enqueue(t, pool, msg("a", "order.created"))
+	b.waitIDs("the first event", first)
+
+	p.Stop()
+	var during []outbox.Enqueued
+	for i := range 20 {
+		during = append(during, enqueue(t, pool, msg(fmt.Sprintf("o-%d", i%4), "order.created"))...)
+	}
+	waitFor(t, "the relay holding the events", 30*time.Second, func() (bool, error) {
+		return relay.Stats().InMemory == len(during), nil
+	})
+	if n := count(t, pool, "SELECT count(*) FROM outbox"); n != len(during) {
+		t.Fatalf("%d rows in the outbox during the outage, want %d", n, len(during))
+	}
+	if err := p.Start(); err != nil {
+		t.Fatal(err)
+	}
+	got := b.waitIDs("the events written during the outage", during)
+	checkAggregateOrder(t, got)
+	waitFor(t, "the outbox swept", 30*time.Second, outboxEmpty(pool))
+	waitFor(t, "the slot acknowledged", 30*time.Second, slotCaughtUp(t, pool, cfg.Slot))
+}
+
+// Concurrent writers of shared aggregates: every aggregate's events arrive in
+// version order, none missing.
+func TestOrderPerAggregateWithConcurrentWriters(t *testing.T) {
+	ctx := context.Background()
+	pool := walPool(t)
+	b := newBroker(t, "#")
+	cfg := walConfig(t, pool)
+	cfg.Workers = 4
+	cfg.BatchSize = 5
+	relay, _ := startWAL(t, pool, newPublisherForTest(t, b), cfg)
+	waitActive(t, relay)
+
+	var (
+		mu   sync.Mutex
+		want []outbox.Enqueued
+		wg   sync.WaitGroup
+	)
+	for w := range 6 {
+		wg.Go(func() {
+			for i := range 25 {
+				agg := fmt.Sprintf("agg-%d", rand.N(5))
+				var out []outbox.Enqueued
+				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+					var err error
+					out, err = outbox.Enqueue(ctx, tx, msg(agg, "order.updated"), msg(fmt.Sprintf("w%d-%d", w, i), "order.created"))
+					return err
+				})
+				if err != nil {
+					t.Errorf("enqueue: %v", err)
+					return
+				}
+				mu.Lock()
+				want = append(want, out...)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	got := b.waitIDs("every event", want)
+	versions := checkAggregateOrder(t, got)
+	var total int64
+	for i := range 5 {
+		total += versions[fmt.Sprintf("agg-%d", i)]
+	}
+	if total != 150 {
+		t.Fatalf("the shared aggregates got %d distinct versions, want 150", total)
+	}
+	waitFor(t, "the outbox swept", 30*time.Second, outboxEmpty(pool))
+}
+
+// An event the broker keeps refusing (unroutable) is dead-lettered in
+// PostgreSQL, visible to Admin; the later events of its aggregate are held
+// back behind it while other aggregates flow; Admin.Retry (once the cause is
+// fixed) gets it and the held events published in order, and the aggregate's
+// later events flow from the stream again. Admin.Discard of another dead
+// letter releases its aggregate without ever delivering it.
+func TestDeadLetterHoldsBackItsAggregateUntilRetryOrDiscard(t *testing.T) {
+	ctx := context.Background()
+	pool := walPool(t)
+	b := newBroker(t, "order.#")
+	cfg := walConfig(t, pool)
+	cfg.MaxAttempts = 3
+	relay, _ := startWAL(t, pool, newPublisherForTest(t, b), cfg)
+	waitActive(t, relay)
+	admin := outbox.NewAdmin(pool)
+
+	bad := func(agg string) outbox.Message { return msg(agg, "bad.event") } // no binding: unroutable
+	first := enqueue(t, pool, msg("p", "order.created"), msg("d", "order.created"))
+	poisonP := enqueue(t, pool, bad("p"))
+	poisonD := enqueue(t, pool, bad("d"))
+	heldP := enqueue(t, pool, msg("p", "order.paid"), msg("p", "order.shipped"))
+	heldD := enqueue(t, pool, msg("d", "order.paid"))
+	others := enqueue(t, pool, msg("x", "order.created"), msg("y", "order.created"))
+	b.waitIDs("the first and the other aggregates' events", append(first, others...))
+
+	waitFor(t, "two dead letters", 30*time.Second, func() (bool, error) {
+		dl, err := admin.DeadLetters(ctx, 0, 10)
+		return len(dl) == 2, err
+	})
+	dl, err := admin.DeadLetters(ctx, 0, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dl[0].ID != poisonP[0].ID || dl[1].ID != poisonD[0].ID || dl[0].Attempts != 3 || dl[0].LastError == "" {
+		t.Fatalf("dead letters %+v, want events %d and %d after 3 attempts", dl, poisonP[0].ID, poisonD[0].ID)
+	}
+	// Later events of the two aggregates keep coming from the stream: held too.
+	heldP = append(heldP, enqueue(t, pool, msg("p", "order.closed"))...)
+	more := enqueue(t, pool, msg("x", "order.paid"))
+	b.waitIDs("other aggregates still flowing", more)
+	waitFor(t, "the held events parked", 30*time.Second, func() (bool, error) {
+		st, err := admin.Status(ctx)
+		return st.Pending == int64(len(heldP)+len(heldD)) && st.DeadLettered == 2, err
+	})
+	seen := receivedIDs(b.deliveries())
+	for _, e := range append(append(append(poisonP, poisonD...), heldP...), heldD...) {
+		if seen[e.ID] > 0 {
+			t.Fatalf("event %d was delivered while its aggregate is held", e.ID)
+		}
+	}
+
+	b.bind("bad.#")
+	if err := admin.Retry(ctx, poisonP[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.Discard(ctx, poisonD[0].ID, "never valid"); err != nil {
+		t.Fatal(err)
+	}
+	got := b.waitIDs("the retried dead letter and the events held back", append(append(poisonP, heldP...), heldD...))
+	discarded := map[string]int64{"d": poisonD[0].AggregateVersion}
+	checkAggregateOrderSkipping(t, got, discarded)
+	if receivedIDs(got)[poisonD[0].ID] > 0 {
+		t.Fatalf("the discarded event was delivered")
+	}
+	// Once the hand-over drained, the aggregates are released: new events go
+	// out from the stream, after the held ones.
+	after := enqueue(t, pool, msg("p", "order.archived"), msg("d", "order.shipped"))
+	got = b.waitIDs("events written after the release", after)
+	checkAggregateOrderSkipping(t, got, discarded)
+	waitFor(t, "the outbox empty", 30*time.Second, outboxEmpty(pool))
+	waitFor(t, "the slot acknowledged", 30*time.Second, slotCaughtUp(t, pool, cfg.Slot))
+	if n := count(t, pool, "SELECT count(*) FROM outbox_discarded"); n != 1 {
+		t.Fatalf("%d discarded rows, want 1", n)
+	}
+}
+
+// A second relay on the same slot waits while the first streams, and takes
+// over when the first stops; nothing is lost meanwhile.
+func TestSecondRelayTakesOver(t *testing.T) {
+	pool := walPool(t)
+	b := newBroker(t, "#")
+	cfg := walConfig(t, pool)
+	pub := newPublisherForTest(t, b)
+	first, stopFirst := startWAL(t, pool, pub, cfg)
+	waitActive(t, first)
+	second, _ := startWAL(t, pool, newPublisherForTest(t, b), cfg)
+
+	one := enqueue(t, pool, msg("a", "order.created"))
+	b.waitIDs("an event through the first relay", one)
+	// The second keeps trying for a while and does not get the slot.
+	time.Sleep(5 * cfg.TakeoverInterval)
+	if second.Stats().Active {
+		t.Fatal("two relays stream from one slot")
+	}
+	stopFirst()
+	two := enqueue(t, pool, msg("a", "order.paid"), msg("b", "order.created"))
+	waitActive(t, second)
+	got := b.waitIDs("events through the second relay", two)
+	checkAggregateOrder(t, got)
+	if first.Stats().Active {
+		t.Fatal("the stopped relay still says it streams")
+	}
+}
+
+// A relay whose replication connection is killed (the walsender terminated,
+// as when its host dies) loses the slot; another relay waiting takes it.
+func TestTakeoverAfterTheActiveRelayLosesItsConnection(t *testing.T) {
+	ctx := context.Background()
+	pool := walPool(t)
+	b := newBroker(t, "#")
+	cfg := walConfig(t, pool)
+	first, stopFirst := startWAL(t, pool, newPublisherForTest(t, b), cfg)
+	waitActive(t, first)
+	second, _ := startWAL(t, pool, newPublisherForTest(t, b), cfg)
+	time.Sleep(3 * cfg.TakeoverInterval)
+
+	// Both now race for the slot: one of them gets it, and events flow.
+	if _, err := pool.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1`, cfg.Slot); err != nil {
+		t.Fatal(err)
+	}
+	stopFirst()
+	want := enqueue(t, pool, msg("a", "order.created"))
+	waitActive(t, second)
+	b.waitIDs("the event through the relay that took over", want)
+}
+
+func TestConfigRejectsBadValues(t *testing.T) {
+	pool, err := pgxpool.New(context.Background(), "postgres://nobody@127.0.0.1:1/none")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	pub := newPublisher(t, testAMQPURL(), "unused")
+	for name, cfg := range map[string]outboxwal.Config{
+		"slot name":   {Slot: "Bad-Name"},
+		"negative":    {Workers: -1},
+		"memory":      {BatchSize: 500, MaxInMemory: 10},
+		"backoff":     {RetryBackoffMin: time.Minute, RetryBackoffMax: time.Second},
+		"status":      {StatusInterval: time.Minute},
+		"publication": {Publication: "x;drop"},
+	} {
+		if _, err := outboxwal.New(pool, pub, cfg); err == nil {
+			t.Errorf("%s: no error", name)
+		}
+	}
+	if _, err := outboxwal.New(pool, pub, outboxwal.Config{}); err != nil {
+		t.Errorf("defaults: %v", err)
+	}
+	if _, err := outboxwal.New(nil, pub, outboxwal.Config{}); err == nil {
+		t.Errorf("nil pool: no error")
+	}
+}

@@ -1,0 +1,363 @@
+package outboxwal_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.uber.org/goleak"
+
+	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/pkg/outbox/internal/outboxtest"
+	"github.com/outbox-inbox/reference/pkg/outbox/outboxamqp"
+	"github.com/outbox-inbox/reference/pkg/outbox/outboxwal"
+)
+
+var (
+	testAMQPURL = outboxtest.AMQPURL
+	unavailable = outboxtest.Unavailable
+	msg         = outboxtest.Msg
+	enqueue     = outboxtest.Enqueue
+	waitFor     = outboxtest.WaitFor
+	outboxEmpty = outboxtest.OutboxEmpty
+)
+
+// slotPrefix names the slots these tests create. A slot left behind keeps
+// WAL on the server forever, so TestMain drops the ones of earlier runs that
+// died before their cleanup (their name says when they were made).
+const slotPrefix = "outboxwal_test_"
+
+func TestMain(m *testing.M) {
+	dropStaleSlots()
+	goleak.VerifyTestMain(m)
+}
+
+func dropStaleSlots() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, outboxtest.DatabaseURL())
+	if err != nil {
+		return
+	}
+	defer conn.Close(ctx)
+	rows, err := conn.Query(ctx, `SELECT slot_name FROM pg_replication_slots WHERE NOT active AND slot_name LIKE $1`, slotPrefix+"%")
+	if err != nil {
+		return
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return
+	}
+	for _, n := range names {
+		ts, err := strconv.ParseInt(strings.SplitN(strings.TrimPrefix(n, slotPrefix), "_", 2)[0], 10, 64)
+		if err != nil || time.Since(time.Unix(ts, 0)) < 30*time.Minute {
+			continue
+		}
+		_, _ = conn.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, n)
+		_, _ = conn.Exec(ctx, `DROP PUBLICATION IF EXISTS `+pgx.Identifier{n}.Sanitize())
+	}
+}
+
+// requireLogical skips the test (fails it under CI=true) unless the server
+// runs with wal_level=logical.
+func requireLogical(t testing.TB, pool *pgxpool.Pool) {
+	t.Helper()
+	var level string
+	if err := pool.QueryRow(context.Background(), "SHOW wal_level").Scan(&level); err != nil {
+		t.Fatal(err)
+	}
+	if level != "logical" {
+		msg := fmt.Sprintf("the server runs with wal_level=%s; the WAL relay needs wal_level=logical "+
+			"(ALTER SYSTEM SET wal_level = logical and a restart: .ci/run does it)", level)
+		if os.Getenv("CI") == "true" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// walPool is a migrated schema of the test's own on a server with
+// wal_level=logical.
+func walPool(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	pool := outboxtest.Pool(t)
+	requireLogical(t, pool)
+	return pool
+}
+
+// walConfig returns a config with a slot and a publication of the test's
+// own, both dropped when the test ends (after its relays stopped: register
+// relays after calling this).
+func walConfig(t testing.TB, pool *pgxpool.Pool) outboxwal.Config {
+	t.Helper()
+	name := fmt.Sprintf("%s%d_%s", slotPrefix, time.Now().Unix(), randomHex(4))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		for {
+			err := outboxwal.Drop(ctx, pool, name, name)
+			if err == nil {
+				return
+			}
+			if ctx.Err() != nil {
+				t.Errorf("drop slot %s: %v", name, err)
+				return
+			}
+			time.Sleep(100 * time.Millisecond) // the walsender of a stopped relay is still exiting
+		}
+	})
+	return outboxwal.Config{
+		Slot:             name,
+		Publication:      name,
+		BatchSize:        100,
+		PublishTimeout:   5 * time.Second,
+		RetryBackoffMin:  10 * time.Millisecond,
+		RetryBackoffMax:  50 * time.Millisecond,
+		StatusInterval:   100 * time.Millisecond,
+		SweepInterval:    20 * time.Millisecond,
+		TakeoverInterval: 100 * time.Millisecond,
+		Poll: outbox.RelayConfig{
+			PollInterval:    50 * time.Millisecond,
+			RetryBackoffMin: 10 * time.Millisecond,
+			RetryBackoffMax: 50 * time.Millisecond,
+		},
+		Logger: testLogger(t),
+	}
+}
+
+// startWAL runs a WAL relay until the test ends (or stop is called), and
+// fails the test if Run returns an error or does not return within 30s of
+// being stopped.
+func startWAL(t testing.TB, pool *pgxpool.Pool, pub outbox.Publisher, cfg outboxwal.Config) (*outboxwal.Relay, func()) {
+	t.Helper()
+	relay, err := outboxwal.New(pool, pub, cfg)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- relay.Run(ctx) }()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("Run: %v", err)
+				}
+			case <-time.After(30 * time.Second):
+				t.Errorf("relay did not stop within 30s of its context being cancelled")
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return relay, stop
+}
+
+func waitActive(t testing.TB, r *outboxwal.Relay) {
+	t.Helper()
+	waitFor(t, "the relay streaming", 30*time.Second, func() (bool, error) { return r.Stats().Active, nil })
+}
+
+func testLogger(t testing.TB) *slog.Logger {
+	if testing.Verbose() {
+		return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+type tWriter struct{ t testing.TB }
+
+func (w tWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSuffix(string(p), "\n"))
+	return len(p), nil
+}
+
+// broker is a test's own exchange and queue on the test broker, deleted in
+// cleanup, and a consumer recording every delivery.
+type broker struct {
+	t        testing.TB
+	ch       *amqp.Channel
+	exchange string
+	queue    string
+
+	mu       sync.Mutex
+	received []amqp.Delivery
+}
+
+// newBroker declares an exchange and a queue bound to it with keys.
+func newBroker(t testing.TB, keys ...string) *broker {
+	t.Helper()
+	conn, err := amqp.Dial(testAMQPURL())
+	if err != nil {
+		unavailable(t, "RabbitMQ at "+testAMQPURL(), err)
+	}
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &broker{t: t, ch: ch, exchange: "outboxwal-test-" + randomHex(6)}
+	b.queue = b.exchange + ".q"
+	if err := ch.ExchangeDeclare(b.exchange, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueueDeclare(b.queue, true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if _, err := ch.QueueDelete(b.queue, false, false, false); err != nil {
+			t.Errorf("delete queue: %v", err)
+		}
+		if err := ch.ExchangeDelete(b.exchange, false, false); err != nil {
+			t.Errorf("delete exchange: %v", err)
+		}
+		_ = conn.Close()
+	})
+	for _, k := range keys {
+		b.bind(k)
+	}
+	deliveries, err := ch.Consume(b.queue, "", true, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for d := range deliveries {
+			b.mu.Lock()
+			b.received = append(b.received, d)
+			b.mu.Unlock()
+		}
+	}()
+	return b
+}
+
+func (b *broker) bind(key string) {
+	b.t.Helper()
+	if err := b.ch.QueueBind(b.queue, key, b.exchange, false, nil); err != nil {
+		b.t.Fatal(err)
+	}
+}
+
+func (b *broker) deliveries() []amqp.Delivery {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]amqp.Delivery(nil), b.received...)
+}
+
+// waitIDs waits until every id in want was delivered at least once.
+func (b *broker) waitIDs(what string, want []outbox.Enqueued) []amqp.Delivery {
+	b.t.Helper()
+	var got []amqp.Delivery
+	waitFor(b.t, what, 60*time.Second, func() (bool, error) {
+		got = b.deliveries()
+		seen := receivedIDs(got)
+		for _, e := range want {
+			if seen[e.ID] == 0 {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	return got
+}
+
+func receivedIDs(ds []amqp.Delivery) map[int64]int {
+	out := map[int64]int{}
+	for _, d := range ds {
+		id, _ := strconv.ParseInt(d.MessageId, 10, 64)
+		out[id]++
+	}
+	return out
+}
+
+// checkAggregateOrder fails the test unless every aggregate's versions first
+// appear in order 1, 2, 3... on the queue; copies of a version already seen
+// are allowed.
+func checkAggregateOrder(t testing.TB, ds []amqp.Delivery) map[string]int64 {
+	t.Helper()
+	return checkAggregateOrderSkipping(t, ds, nil)
+}
+
+// checkAggregateOrderSkipping is checkAggregateOrder where discarded[agg] is a
+// version of agg an operator discarded: it is never delivered, and the next
+// version may follow the one before it.
+func checkAggregateOrderSkipping(t testing.TB, ds []amqp.Delivery, discarded map[string]int64) map[string]int64 {
+	t.Helper()
+	last := map[string]int64{}
+	for _, d := range ds {
+		agg, _ := d.Headers["aggregate_id"].(string)
+		v, _ := d.Headers["aggregate_version"].(int64)
+		if dv, ok := discarded[agg]; ok && v > dv && last[agg] == dv-1 {
+			last[agg] = dv
+		}
+		switch {
+		case v <= last[agg]:
+		case v == last[agg]+1:
+			last[agg] = v
+		default:
+			t.Fatalf("aggregate %s: version %d delivered before version %d", agg, v, last[agg]+1)
+		}
+	}
+	return last
+}
+
+func newPublisher(t testing.TB, url, exchange string) *outboxamqp.Publisher {
+	t.Helper()
+	p, err := outboxamqp.New(outboxamqp.Config{
+		URL:          url,
+		Exchange:     exchange,
+		ReconnectMin: 20 * time.Millisecond,
+		ReconnectMax: 200 * time.Millisecond,
+		DialTimeout:  2 * time.Second,
+		MaxInFlight:  1000,
+		Logger:       testLogger(t),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	return p
+}
+
+// slotCaughtUp is a WaitFor condition: the slot acknowledged every
+// transaction committed before the call.
+func slotCaughtUp(t testing.TB, pool *pgxpool.Pool, slot string) func() (bool, error) {
+	var target string
+	if err := pool.QueryRow(context.Background(), "SELECT pg_current_wal_lsn()::text").Scan(&target); err != nil {
+		t.Fatal(err)
+	}
+	return func() (bool, error) {
+		var ok bool
+		err := pool.QueryRow(context.Background(),
+			`SELECT coalesce(confirmed_flush_lsn >= $2::pg_lsn, false) FROM pg_replication_slots WHERE slot_name = $1`,
+			slot, target).Scan(&ok)
+		return ok, err
+	}
+}
+
+func count(t testing.TB, pool *pgxpool.Pool, query string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := pool.QueryRow(context.Background(), query, args...).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}

@@ -1,0 +1,431 @@
+package outboxwal
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/outbox-inbox/reference/pkg/outbox"
+)
+
+// aggKey names an aggregate.
+type aggKey struct{ typ, id string }
+
+// txn is a transaction decoded from the stream, or a position the server
+// reported between transactions (sealed, with no events). The slot is
+// acknowledged up to the end of the last transaction of the prefix whose
+// events are all resolved.
+type txn struct {
+	end        uint64 // the transaction's end LSN, once sealed
+	sealed     bool
+	open       int // events not resolved yet
+	commitTime time.Time
+}
+
+// event is one outbox row decoded from the stream. It is resolved once
+// nothing about it can be lost any more: the broker confirmed it and its row
+// left the outbox table, or its row was handed over to polling (dead-lettered
+// or parked behind a dead letter), or its row was found gone (published
+// before a restart).
+type event struct {
+	env      outbox.Envelope
+	key      aggKey
+	tx       *txn
+	check    bool // decoded from before this session: check its row first
+	failures int
+	resolved bool
+}
+
+// aggState is the queue of one aggregate's unconfirmed events, in order.
+// busy says its head is in the ready list, in flight or backing off.
+type aggState struct {
+	q    []*event
+	busy bool
+}
+
+// holdState is an aggregate whose events go to polling: it has a row handed
+// over (a dead letter, or a row parked behind one). pending counts hand-overs
+// not yet committed; gen is the writer's hand-over generation of the last
+// one committed. The refresher releases it once a query that started after
+// that generation finds no handed-over row of it.
+type holdState struct {
+	pending int
+	gen     uint64
+}
+
+// handover is a row to hand over to polling: a dead letter, or a row parked
+// behind an earlier handed-over row of its aggregate.
+type handover struct {
+	ev   *event
+	dead bool
+	err  string
+}
+
+// state is what one session of the relay knows. Everything is guarded by mu.
+type state struct {
+	cfg Config
+
+	mu     sync.Mutex
+	work   chan struct{} // signalled when ready gains events
+	closed bool
+
+	txns  []*txn
+	acked uint64
+	aggs  map[aggKey]*aggState
+	ready []*event
+	held  map[aggKey]*holdState
+	inMem int
+
+	toSweep []*event
+	toHand  []handover
+	handGen uint64
+
+	timers map[*time.Timer]struct{}
+}
+
+func newState(cfg Config) *state {
+	return &state{
+		cfg:    cfg,
+		work:   make(chan struct{}, 1),
+		aggs:   map[aggKey]*aggState{},
+		held:   map[aggKey]*holdState{},
+		timers: map[*time.Timer]struct{}{},
+	}
+}
+
+func (s *state) signal() {
+	select {
+	case s.work <- struct{}{}:
+	default:
+	}
+}
+
+// close stops handing out work and stops the backoff timers.
+func (s *state) close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closed = true
+	for t := range s.timers {
+		t.Stop()
+	}
+	clear(s.timers)
+}
+
+func (s *state) hold(k aggKey) {
+	if _, ok := s.held[k]; !ok {
+		s.held[k] = &holdState{}
+	}
+}
+
+// begin starts a transaction of the stream.
+func (s *state) begin(commitTime time.Time) *txn {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t := &txn{commitTime: commitTime}
+	s.txns = append(s.txns, t)
+	return t
+}
+
+// seal records the end of a transaction: every event of it was decoded.
+func (s *state) seal(t *txn, end uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t.end, t.sealed = end, true
+}
+
+// position records a position the server reported between transactions:
+// every transaction that committed before it was sent already.
+func (s *state) position(lsn uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if n := len(s.txns); n > 0 {
+		if last := s.txns[n-1]; !last.sealed || last.end >= lsn {
+			return
+		}
+	} else if lsn <= s.acked {
+		return
+	}
+	s.txns = append(s.txns, &txn{end: lsn, sealed: true})
+}
+
+// add queues an event decoded from t: for publishing, or for hand-over if its
+// aggregate is held.
+func (s *state) add(t *txn, env outbox.Envelope, check bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ev := &event{env: env, key: aggKey{env.AggregateType, env.AggregateID}, tx: t, check: check}
+	s.inMem++
+	t.open++
+	if h, ok := s.held[ev.key]; ok {
+		h.pending++
+		s.toHand = append(s.toHand, handover{ev: ev, err: parkedReason})
+		return
+	}
+	a := s.aggs[ev.key]
+	if a == nil {
+		a = &aggState{}
+		s.aggs[ev.key] = a
+	}
+	a.q = append(a.q, ev)
+	if !a.busy {
+		a.busy = true
+		s.pushReady(ev)
+	}
+}
+
+func (s *state) pushReady(ev *event) {
+	s.ready = append(s.ready, ev)
+	s.signal()
+}
+
+// inMemory is how many events are held and not resolved.
+func (s *state) inMemory() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.inMem
+}
+
+// take returns up to n ready events, at most one per aggregate, or none.
+func (s *state) take(n int) []*event {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed || len(s.ready) == 0 {
+		return nil
+	}
+	n = min(n, len(s.ready))
+	out := make([]*event, n)
+	copy(out, s.ready[:n])
+	s.ready = s.ready[n:]
+	if len(s.ready) > 0 {
+		s.signal() // let another worker take the rest
+	}
+	return out
+}
+
+// giveBack returns events taken but not published (the session is ending).
+func (s *state) giveBack(evs []*event) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.ready = append(evs, s.ready...)
+}
+
+// advance removes the head ev of its aggregate and readies the next one.
+func (s *state) advance(ev *event) {
+	a := s.aggs[ev.key]
+	if a == nil || len(a.q) == 0 || a.q[0] != ev {
+		return
+	}
+	a.q[0] = nil
+	a.q = a.q[1:]
+	a.busy = false
+	if len(a.q) == 0 {
+		delete(s.aggs, ev.key)
+		return
+	}
+	a.busy = true
+	s.pushReady(a.q[0])
+}
+
+func (s *state) resolve(ev *event) {
+	if ev.resolved {
+		return
+	}
+	ev.resolved = true
+	ev.tx.open--
+	s.inMem--
+}
+
+// confirmed records a broker confirm: the aggregate's next event may go, and
+// the row is swept.
+func (s *state) confirmed(evs []*event) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, ev := range evs {
+		s.toSweep = append(s.toSweep, ev)
+		s.advance(ev)
+	}
+}
+
+// gone records events whose rows are no longer in the outbox (published and
+// swept before this session): nothing is left to do for them.
+func (s *state) gone(evs []*event) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, ev := range evs {
+		s.advance(ev)
+		s.resolve(ev)
+	}
+}
+
+// handAll hands ev's aggregate over to polling: ev (dead-lettered if dead)
+// and every later event of the aggregate.
+func (s *state) handAll(ev *event, dead bool, reason string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.hold(ev.key)
+	h := s.held[ev.key]
+	a := s.aggs[ev.key]
+	delete(s.aggs, ev.key)
+	first := handover{ev: ev, dead: dead, err: reason}
+	if !dead {
+		first.err = handedReason
+	}
+	s.toHand = append(s.toHand, first)
+	h.pending++
+	if a == nil {
+		return
+	}
+	for _, later := range a.q {
+		if later == ev {
+			continue
+		}
+		s.toHand = append(s.toHand, handover{ev: later, err: parkedReason})
+		h.pending++
+	}
+}
+
+// retryLater readies ev again after d, or at once for d <= 0.
+func (s *state) retryLater(ev *event, d time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return
+	}
+	if d <= 0 {
+		s.pushReady(ev)
+		return
+	}
+	var t *time.Timer
+	t = time.AfterFunc(d, func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		delete(s.timers, t)
+		if !s.closed {
+			s.pushReady(ev)
+		}
+	})
+	s.timers[t] = struct{}{}
+}
+
+// takeWrites returns the rows to sweep (up to max) and to hand over.
+func (s *state) takeWrites(max int) ([]*event, []handover) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := min(max, len(s.toSweep))
+	sweep := s.toSweep[:n:n]
+	s.toSweep = s.toSweep[n:]
+	hand := s.toHand
+	s.toHand = nil
+	return sweep, hand
+}
+
+// pendingWrites says whether the writer has work.
+func (s *state) pendingWrites() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.toSweep) + len(s.toHand)
+}
+
+// written records what the writer committed: swept rows and hand-overs are
+// resolved; skipped rows (a writer held them) and postponed hand-overs are
+// queued again.
+func (s *state) written(swept, skipped []*event, handed, postponed []handover) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, ev := range swept {
+		s.resolve(ev)
+	}
+	s.toSweep = append(skipped, s.toSweep...)
+	if len(handed) > 0 {
+		s.handGen++
+	}
+	for _, h := range handed {
+		if hs, ok := s.held[h.ev.key]; ok {
+			hs.pending--
+			hs.gen = s.handGen
+		}
+		s.resolve(h.ev)
+	}
+	s.toHand = append(postponed, s.toHand...)
+}
+
+// writeFailed queues everything again after a failed write.
+func (s *state) writeFailed(sweep []*event, hand []handover) {
+	s.written(nil, sweep, nil, hand)
+}
+
+// heldSnapshot returns whether any aggregate is held, and the hand-over
+// generation, read before a refresh query.
+func (s *state) heldSnapshot() (bool, uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.held) > 0, s.handGen
+}
+
+// setHeld adds the aggregates found with handed-over rows, and releases those
+// that have none any more: no hand-over of theirs is pending, and the last one
+// committed before the query (generation gen) started.
+func (s *state) setHeld(present map[aggKey]bool, gen uint64, release bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for k := range present {
+		s.hold(k)
+	}
+	if !release {
+		return
+	}
+	for k, h := range s.held {
+		if !present[k] && h.pending == 0 && h.gen <= gen {
+			delete(s.held, k)
+		}
+	}
+}
+
+// ack returns the position below which every event is resolved.
+func (s *state) ack() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	i := 0
+	for ; i < len(s.txns); i++ {
+		t := s.txns[i]
+		if !t.sealed || t.open > 0 {
+			break
+		}
+		s.acked = max(s.acked, t.end)
+	}
+	clear(s.txns[:i])
+	s.txns = s.txns[i:]
+	return s.acked
+}
+
+// oldest is the commit time of the oldest transaction with an unresolved
+// event, zero when there is none.
+func (s *state) oldest() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, t := range s.txns {
+		if t.open > 0 {
+			return t.commitTime
+		}
+		if !t.sealed {
+			break
+		}
+	}
+	return time.Time{}
+}
+
+// waitWork waits for a signal that work may be ready, ctx's end, or d.
+func (s *state) waitWork(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-s.work:
+	case <-t.C:
+	}
+}
+
+const (
+	parkedReason = "waiting behind an earlier event of its aggregate that failed: handed over to polling by the WAL relay"
+	handedReason = "handed over to polling by the WAL relay"
+)
