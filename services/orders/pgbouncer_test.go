@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -104,4 +105,102 @@ func getStatus(u string) (int, error) {
 	}
 	resp.Body.Close()
 	return resp.StatusCode, nil
+}
+
+// startBehindBouncer migrates the database behind b and starts a standalone
+// relay and an API without relay (which NOTIFYs on every write), both through
+// b, with extra settings for the relay. It returns the relay's and the API's
+// base URLs.
+func startBehindBouncer(t *testing.T, dbURL, amqpURL string, relayEnv map[string]string) (relay *process, relayBase, apiBase string) {
+	t.Helper()
+	env := map[string]string{"DATABASE_URL": dbURL, "DATABASE_POOLER": "transaction", "AMQP_URL": amqpURL}
+	if out, err := runCommand(t.Context(), env, "migrate"); err != nil {
+		t.Fatalf("orders migrate: %v\n%s", err, out)
+	}
+	relayAddr, apiAddr := freeAddr(t), freeAddr(t)
+	rEnv := map[string]string{"HTTP_ADDR": relayAddr}
+	for k, v := range env {
+		rEnv[k] = v
+	}
+	for k, v := range relayEnv {
+		rEnv[k] = v
+	}
+	relay = start(t, rEnv, "relay")
+	aEnv := map[string]string{"HTTP_ADDR": apiAddr, "RELAY": "false"}
+	for k, v := range env {
+		aEnv[k] = v
+	}
+	start(t, aEnv)
+	waitReady(t, "http://"+relayAddr)
+	waitReady(t, "http://"+apiAddr)
+	return relay, "http://" + relayAddr, "http://" + apiAddr
+}
+
+// Behind a transaction pooler LISTEN cannot work: the relay finds at start
+// that its own notification does not come back, says so in its log and in
+// outbox_listen_fallback, and publishes by polling.
+func TestRelayBehindTransactionPoolerFallsBackToPolling(t *testing.T) {
+	t.Parallel()
+	_, dbURL, _ := bouncedDatabase(t, pgbouncertest.Options{})
+	amqpURL := newVhost(t)
+	deliveries := bindQueue(t, amqpURL)
+	relay, relayBase, apiBase := startBehindBouncer(t, dbURL, amqpURL, map[string]string{"RELAY_POLL_INTERVAL": "200ms"})
+
+	waitMetrics(t, relayBase, "\noutbox_listen_fallback 1\n")
+	if !strings.Contains(relay.logs.String(), "notifications do not arrive on the LISTEN connection, falling back to polling") {
+		t.Errorf("no warning in the relay's log:\n%s", relay.logs.String())
+	}
+	status, o := post(t, apiBase+"/orders", orderBody)
+	if status != 201 {
+		t.Fatalf("create: %d %v", status, o)
+	}
+	if m := receive(t, deliveries); m.Headers["aggregate_id"] != o["id"] {
+		t.Fatalf("message %s %v, want the order's event", m.MessageId, m.Headers)
+	}
+}
+
+// With OUTBOX_LISTEN_URL, a direct connection, the relay behind a
+// transaction pooler is woken by the API's NOTIFYs (which pass through the
+// pooler): with a poll interval of an hour, an order is still published.
+func TestRelayBehindTransactionPoolerListensOnListenURL(t *testing.T) {
+	t.Parallel()
+	_, dbURL, direct := bouncedDatabase(t, pgbouncertest.Options{})
+	amqpURL := newVhost(t)
+	deliveries := bindQueue(t, amqpURL)
+	relay, relayBase, apiBase := startBehindBouncer(t, dbURL, amqpURL, map[string]string{
+		"RELAY_POLL_INTERVAL": "1h", "OUTBOX_LISTEN_URL": direct,
+	})
+
+	// Once the relay's LISTEN session is idle on the server, any later
+	// NOTIFY reaches it.
+	admin := pgtest.Connect(t)
+	name := databaseName(t, direct)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var n int
+		if err := admin.QueryRow(t.Context(), `SELECT count(*) FROM pg_stat_activity
+WHERE datname = $1 AND query LIKE 'LISTEN%' AND state = 'idle'`, name).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the relay never listened\nlogs:\n%s", relay.logs.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for range 3 {
+		status, o := post(t, apiBase+"/orders", orderBody)
+		if status != 201 {
+			t.Fatalf("create: %d %v", status, o)
+		}
+		if m := receive(t, deliveries); m.Headers["aggregate_id"] != o["id"] {
+			t.Fatalf("message %s %v, want the order's event", m.MessageId, m.Headers)
+		}
+	}
+	waitMetrics(t, relayBase, "\noutbox_listen_fallback 0\n")
+	if strings.Contains(relay.logs.String(), "falling back to polling") {
+		t.Errorf("the relay fell back to polling with OUTBOX_LISTEN_URL:\n%s", relay.logs.String())
+	}
 }
