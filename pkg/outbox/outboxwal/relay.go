@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"math/rand/v2"
 	"strconv"
@@ -238,21 +239,59 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 
 // ensureSlot creates the slot when missing, and hands over to polling the
 // rows already in the outbox then: the slot's stream starts after them.
+//
+// Creating the slot and handing over are two steps, and a relay may die
+// between them; a relay that streamed from such a slot would publish later
+// events of those rows' aggregates before them, and never publish the rows.
+// So relays create slots one at a time, under an advisory lock held by a
+// session of their own, and the publication's comment records that the slot
+// is ready (slotReadyComment) once the hand-over committed. A slot without
+// the mark, found while holding the lock, was left half-made: it is dropped
+// and made again.
 func (r *Relay) ensureSlot(ctx context.Context, conn *pgconn.PgConn) error {
+	c, err := r.pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("slot %s: %w", r.cfg.Slot, err)
+	}
+	defer c.Release()
+	key := slotLockKey(r.cfg.Slot)
+	if _, err := c.Exec(ctx, "SELECT pg_advisory_lock($1)", key); err != nil {
+		c.Conn().PgConn().Close(context.WithoutCancel(ctx)) //nolint:errcheck // the lock dies with the session
+		return fmt.Errorf("slot %s: wait for the lock: %w", r.cfg.Slot, err)
+	}
+	defer func() {
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), dbTimeout)
+		defer cancel()
+		if _, err := c.Exec(uctx, "SELECT pg_advisory_unlock($1)", key); err != nil {
+			c.Conn().PgConn().Close(uctx) //nolint:errcheck // the lock dies with the session
+		}
+	}()
+
 	var (
-		plugin string
-		sameDB bool
+		plugin, comment string
+		sameDB, exists  bool
 	)
-	err := r.pool.QueryRow(ctx, `
-SELECT coalesce(plugin, ''), coalesce(database = current_database(), false)
-FROM pg_replication_slots WHERE slot_name = $1`, r.cfg.Slot).Scan(&plugin, &sameDB)
-	switch {
-	case err == nil && (plugin != "pgoutput" || !sameDB):
-		return fmt.Errorf("slot %s exists but is not a pgoutput logical slot of this database", r.cfg.Slot)
-	case err == nil:
-		return nil
-	case !errors.Is(err, pgx.ErrNoRows):
+	err = c.QueryRow(ctx, `
+SELECT s.slot_name IS NOT NULL, coalesce(s.plugin, ''), coalesce(s.database = current_database(), false),
+       coalesce(obj_description(p.oid, 'pg_publication'), '')
+FROM (SELECT 1) one
+LEFT JOIN pg_replication_slots s ON s.slot_name = $1
+LEFT JOIN pg_publication p ON p.pubname = $2`, r.cfg.Slot, r.cfg.Publication).Scan(&exists, &plugin, &sameDB, &comment)
+	if err != nil {
 		return fmt.Errorf("look for slot %s: %w", r.cfg.Slot, err)
+	}
+	ready := comment == slotReadyComment(r.cfg.Slot)
+	switch {
+	case exists && (plugin != "pgoutput" || !sameDB):
+		return fmt.Errorf("slot %s exists but is not a pgoutput logical slot of this database", r.cfg.Slot)
+	case exists && ready:
+		return nil
+	case exists:
+		r.log.WarnContext(ctx, "outbox WAL relay: the slot was left half-made (its creator stopped before handing over the rows older than it); making it again",
+			slog.String("slot", r.cfg.Slot))
+		if _, err := c.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, r.cfg.Slot); err != nil {
+			return fmt.Errorf("drop the half-made slot %s: %w", r.cfg.Slot, err)
+		}
 	}
 	res, err := pglogrepl.CreateReplicationSlot(ctx, conn, r.cfg.Slot, "pgoutput", pglogrepl.CreateReplicationSlotOptions{
 		Mode: pglogrepl.LogicalReplication, SnapshotAction: "EXPORT_SNAPSHOT",
@@ -261,10 +300,16 @@ FROM pg_replication_slots WHERE slot_name = $1`, r.cfg.Slot).Scan(&plugin, &same
 		return fmt.Errorf("create slot %s: %w", r.cfg.Slot, err)
 	}
 	n, err := handOverPreexisting(ctx, r.pool, res.SnapshotName)
+	if err == nil {
+		_, err = c.Exec(ctx, "COMMENT ON PUBLICATION "+pgx.Identifier{r.cfg.Publication}.Sanitize()+" IS '"+slotReadyComment(r.cfg.Slot)+"'")
+		if err != nil {
+			err = fmt.Errorf("mark slot %s ready: %w", r.cfg.Slot, err)
+		}
+	}
 	if err != nil {
 		// Without the hand-over, rows older than the slot would never be
 		// published: start over with a new slot.
-		if _, derr := r.pool.Exec(context.WithoutCancel(ctx), `SELECT pg_drop_replication_slot($1)`, r.cfg.Slot); derr != nil {
+		if _, derr := c.Exec(context.WithoutCancel(ctx), `SELECT pg_drop_replication_slot($1)`, r.cfg.Slot); derr != nil {
 			err = errors.Join(err, fmt.Errorf("drop the new slot: %w", derr))
 		}
 		return err
@@ -272,6 +317,18 @@ FROM pg_replication_slots WHERE slot_name = $1`, r.cfg.Slot).Scan(&plugin, &same
 	r.log.InfoContext(ctx, "outbox WAL relay: created the replication slot", slog.String("slot", r.cfg.Slot),
 		slog.String("consistent_point", res.ConsistentPoint), slog.Int64("rows_handed_over", n))
 	return nil
+}
+
+// slotReadyComment is the publication's comment once slot is ready.
+func slotReadyComment(slot string) string {
+	return "outboxwal: slot " + slot + " ready"
+}
+
+// slotLockKey is the advisory lock that serialises the creation of slot.
+func slotLockKey(slot string) int64 {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte("outboxwal slot " + slot))
+	return int64(h.Sum64())
 }
 
 // stream reads the replication stream until ctx ends or it fails, and

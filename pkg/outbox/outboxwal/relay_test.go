@@ -376,3 +376,23 @@ func TestConfigRejectsBadValues(t *testing.T) {
 		t.Errorf("nil pool: no error")
 	}
 }
+
+// A slot whose creator stopped before handing over the rows older than it
+// (no ready mark on the publication) is dropped and made again, so those
+// rows are still published, before the later events of their aggregates.
+func TestHalfMadeSlotIsMadeAgain(t *testing.T) {
+	ctx := context.Background()
+	pool := walPool(t)
+	b := newBroker(t, "#")
+	cfg := walConfig(t, pool)
+	old := enqueue(t, pool, msg("a", "order.created"), msg("b", "order.created"))
+	if _, err := pool.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, cfg.Slot); err != nil {
+		t.Fatal(err)
+	}
+	relay, _ := startWAL(t, pool, newPublisherForTest(t, b), cfg)
+	waitActive(t, relay)
+	later := enqueue(t, pool, msg("a", "order.paid"))
+	got := b.waitIDs("the rows older than the slot and the later one", append(old, later...))
+	checkAggregateOrder(t, got)
+	waitFor(t, "the outbox swept", 30*time.Second, outboxEmpty(pool))
+}
