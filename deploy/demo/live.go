@@ -156,6 +156,10 @@ func (v *liveView) routes() http.Handler {
 	mux.HandleFunc("GET /api/state", v.serveState)
 	mux.HandleFunc("GET /api/journey", v.serveJourney)
 	mux.HandleFunc("POST /api/actions/{name}", v.serveAction)
+	mux.HandleFunc("/api/actions/{name}", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Allow", http.MethodPost)
+		writeError(w, http.StatusMethodNotAllowed, "method_not_allowed", "actions are POST")
+	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "not_found", "no such page: "+r.URL.Path)
 	})
