@@ -74,6 +74,9 @@ type Hooks struct {
 	// Confirmed is called with the ids the broker confirmed in a batch, before
 	// their rows are swept: the window where a crash publishes them again.
 	Confirmed func(ids []int64)
+	// Swept is called with the number of rows of confirmed events just
+	// deleted (or archived) from the outbox table.
+	Swept func(n int)
 	// Acknowledged is called after each standby status update the relay sent,
 	// with the position it acknowledged.
 	Acknowledged func(lsn uint64)

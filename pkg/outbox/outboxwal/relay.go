@@ -87,6 +87,29 @@ func (r *Relay) Stats() Stats {
 	return st
 }
 
+// Wake does nothing: the relay hears of every commit from the stream. It lets
+// a WAL relay stand where code calls the polling relay's Wake after a commit.
+func (r *Relay) Wake() {}
+
+// Prepare creates the publication, the indexes and the slot when missing, as
+// Run does at start, and returns. Run it from a deployment step to have the
+// slot retain every event written from then on before any relay runs (rows
+// already in the outbox when the slot is made are handed over to polling).
+func (r *Relay) Prepare(ctx context.Context) error {
+	if err := ensurePublication(ctx, r.pool, r.cfg.Publication); err != nil {
+		return fmt.Errorf("outboxwal prepare: %w", err)
+	}
+	conn, err := pgconn.ConnectConfig(ctx, r.replicationConfig())
+	if err != nil {
+		return fmt.Errorf("outboxwal prepare: replication connection: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck // nothing to do about it
+	if err := r.ensureSlot(ctx, conn); err != nil {
+		return fmt.Errorf("outboxwal prepare: %w", err)
+	}
+	return nil
+}
+
 // Run publishes until ctx is cancelled, then finishes the batches in flight,
 // sweeps what they confirmed, acknowledges the slot and returns nil. It
 // creates the publication and the slot when missing. While another relay
@@ -586,6 +609,9 @@ func (r *Relay) writer(wctx, sctx context.Context, s *state, poller *outbox.Rela
 			}
 			failures = 0
 			s.written(swept, skipped, handed, postponed)
+			if h := r.cfg.Hooks.Swept; h != nil && len(swept) > 0 {
+				h(len(swept))
+			}
 			if len(handed) > 0 {
 				poller.Wake()
 			}
