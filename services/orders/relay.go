@@ -82,7 +82,7 @@ func runRelay(ctx context.Context, getenv func(string) string, logOut io.Writer)
 	defer pool.Close()
 
 	reg := newRegistry(pool, logger)
-	relay, pub, err := newRelay(cfg, pool, reg, crash, logger)
+	relay, pub, err := newRelayFor(cfg, pool, reg, crash, logger)
 	if err != nil {
 		return err
 	}

@@ -60,7 +60,7 @@ func serve(ctx context.Context, getenv func(string) string, logOut io.Writer) er
 	tasks := []func(context.Context) error{}
 	var wake func()
 	if cfg.Relay {
-		relay, pub, err := newRelay(cfg, pool, reg, crash, logger.With("role", "relay"))
+		relay, pub, err := newRelayFor(cfg, pool, reg, crash, logger.With("role", "relay"))
 		if err != nil {
 			return err
 		}

@@ -50,6 +50,16 @@ type Config struct {
 	AdminToken string
 	// Relay is RELAY: run the relay inside the API process. Default: true.
 	Relay bool
+	// RelayMode is RELAY_MODE, which relay runs (serve with RELAY=true, and
+	// the standalone relay): RelayModePoll ("poll", the default), the
+	// polling relay of pkg/outbox; or RelayModeWAL ("wal"), the relay of
+	// pkg/outbox/outboxwal, which reads the outbox's inserts from
+	// PostgreSQL's write-ahead log (wal_level=logical, a role with
+	// REPLICATION, a direct connection: not behind DATABASE_POOLER=transaction).
+	RelayMode string
+	// WALSlot is RELAY_WAL_SLOT, the replication slot (and publication) of
+	// RELAY_MODE=wal. Default: orders_outbox.
+	WALSlot string
 	// Migrate is MIGRATE: the API process (orders serve) creates the database
 	// and applies the schemas at start, as `orders migrate` does, for a
 	// zero-setup local run. Default: false: only `orders migrate` runs DDL,
@@ -97,6 +107,12 @@ const (
 	PoolerTransaction = "transaction"
 )
 
+// The relays RELAY_MODE chooses from.
+const (
+	RelayModePoll = "poll"
+	RelayModeWAL  = "wal"
+)
+
 // NotifyChannel is the LISTEN/NOTIFY channel the writer and the relays share.
 const NotifyChannel = "outbox_orders"
 
@@ -121,6 +137,14 @@ func FromEnv(getenv func(string) string) (Config, error) {
 	if c.Relay, err = boolVar(getenv, "RELAY", true); err != nil {
 		return c, err
 	}
+	c.RelayMode = strings.ToLower(cmp.Or(strings.TrimSpace(getenv("RELAY_MODE")), RelayModePoll))
+	if c.RelayMode != RelayModePoll && c.RelayMode != RelayModeWAL {
+		return c, fmt.Errorf("RELAY_MODE=%q: want %s or %s", getenv("RELAY_MODE"), RelayModePoll, RelayModeWAL)
+	}
+	if c.RelayMode == RelayModeWAL && c.DatabasePooler == PoolerTransaction {
+		return c, fmt.Errorf("RELAY_MODE=%s needs a direct connection to PostgreSQL (logical replication does not pass a pooler): not with DATABASE_POOLER=%s", RelayModeWAL, PoolerTransaction)
+	}
+	c.WALSlot = cmp.Or(strings.TrimSpace(getenv("RELAY_WAL_SLOT")), "orders_outbox")
 	if c.Migrate, err = boolVar(getenv, "MIGRATE", false); err != nil {
 		return c, err
 	}

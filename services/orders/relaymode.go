@@ -1,0 +1,79 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/outbox-inbox/reference/internal/crashpoint"
+	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/pkg/outbox/outboxamqp"
+	"github.com/outbox-inbox/reference/pkg/outbox/outboxwal"
+	"github.com/outbox-inbox/reference/services/orders/internal/config"
+	"github.com/outbox-inbox/reference/services/orders/internal/metrics"
+)
+
+// relayRunner is what serve and the standalone relay need of a relay, polling
+// or WAL.
+type relayRunner interface {
+	Run(ctx context.Context) error
+	Wake()
+}
+
+// newRelayFor builds the relay RELAY_MODE chooses, and its publisher. The
+// caller runs it and closes the publisher after the relay returned.
+func newRelayFor(cfg config.Config, pool *pgxpool.Pool, reg prometheus.Registerer, crash *crashpoint.Trigger, logger *slog.Logger) (relayRunner, *outboxamqp.Publisher, error) {
+	if cfg.RelayMode != config.RelayModeWAL {
+		return newRelay(cfg, pool, reg, crash, logger)
+	}
+	walCfg := outboxwal.Config{
+		Slot:            cfg.WALSlot,
+		Publication:     cfg.WALSlot,
+		BatchSize:       cfg.BatchSize,
+		PublishTimeout:  min(10*time.Second, cfg.Lease/3),
+		MaxAttempts:     cfg.MaxAttempts,
+		RetryBackoffMin: cfg.BackoffMin,
+		RetryBackoffMax: cfg.BackoffMax,
+		// The polling relay that publishes what the WAL relay hands over
+		// (dead letters retried by an operator, the events held behind them).
+		Poll: outbox.RelayConfig{
+			BatchSize:          cfg.BatchSize,
+			PollInterval:       cfg.PollInterval,
+			Lease:              cfg.Lease,
+			PublishTimeout:     min(10*time.Second, cfg.Lease/3),
+			MaxAttempts:        cfg.MaxAttempts,
+			RetryBackoffMin:    cfg.BackoffMin,
+			RetryBackoffMax:    cfg.BackoffMax,
+			PublishedRetention: cfg.Retention,
+		},
+		Logger:  logger,
+		Metrics: metrics.NewRelay(reg),
+		Hooks: outboxwal.Hooks{
+			Confirmed: func([]int64) { crash.Hit(crashpoint.RelayAfterPublishBeforeMark) },
+		},
+	}
+	pub, err := outboxamqp.New(outboxamqp.Config{
+		URL:            cfg.AMQPURL,
+		Exchange:       config.Exchange,
+		ConnectionName: "orders-relay-wal",
+		MaxInFlight:    4 * cfg.BatchSize, // the WAL relay's default 4 workers x RELAY_BATCH_SIZE
+		Logger:         logger,
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	metrics.RegisterPublisherReady(reg, pub.Ready)
+	relay, err := outboxwal.New(pool, pub, walCfg)
+	if err != nil {
+		_ = pub.Close()
+		return nil, nil, err
+	}
+	reg.MustRegister(metrics.NewWALRelay(relay.Stats, func(ctx context.Context) (outboxwal.SlotStatus, error) {
+		return outboxwal.Slot(ctx, pool, cfg.WALSlot)
+	}, logger))
+	logger.Info("relay mode: WAL (logical replication)", "slot", cfg.WALSlot)
+	return relay, pub, nil
+}
