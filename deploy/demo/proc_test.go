@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -22,6 +23,9 @@ func init() {
 	case "graceful": // a service: runs until SIGTERM, then exits 0
 		sig := make(chan os.Signal, 1)
 		signal.Notify(sig, syscall.SIGTERM, os.Interrupt)
+		if armed := os.Getenv("DEMO_TEST_ARMED"); armed != "" {
+			fmt.Println("child: armed with", armed)
+		}
 		fmt.Println("child: serving")
 		<-sig
 		fmt.Println("child: stopped")
@@ -198,5 +202,91 @@ func TestProcNotRestartedIsReportedOnly(t *testing.T) {
 	case err := <-failed:
 		t.Fatalf("unexpected failure: %v", err)
 	default:
+	}
+}
+
+// A held process stays down (no restart) until resumed; resumed with an
+// environment, that incarnation alone gets it (the crash points of the live
+// view), and the next one, after a death, runs without it.
+func TestProcHoldKeepsItDownAndResumeArmsOneIncarnation(t *testing.T) {
+	t.Parallel()
+	p, out, failed := newTestProc(t, "graceful", true)
+	if err := p.start(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "first start", func() bool { return strings.Contains(out.String(), "child: serving") })
+	first := p.pid()
+	if st := p.status(); st.State != procRunning || st.PID != first {
+		t.Fatalf("status = %+v, want running with pid %d", st, first)
+	}
+	if err := p.resume(nil, ""); !errors.Is(err, errNotHeld) {
+		t.Fatalf("resume of a running process = %v, want errNotHeld", err)
+	}
+
+	if err := p.hold(10 * time.Second); err != nil {
+		t.Fatalf("hold: %v", err)
+	}
+	if alive(first) {
+		t.Fatalf("pid %d alive after hold", first)
+	}
+	waitFor(t, "the stopped state", func() bool { return p.status().State == procStopped })
+	time.Sleep(restartWait + 500*time.Millisecond) // longer than a restart would take
+	if st := p.status(); st.State != procStopped || st.PID != 0 || strings.Count(out.String(), "child: serving") != 1 {
+		t.Fatalf("a held process came back: %+v\n%s", st, out.String())
+	}
+	if err := p.hold(time.Second); err != nil {
+		t.Fatalf("hold of a held process: %v", err)
+	}
+
+	if err := p.resume([]string{"DEMO_TEST_ARMED=yes"}, "armed for the test"); err != nil {
+		t.Fatalf("resume: %v", err)
+	}
+	waitFor(t, "the armed start", func() bool { return strings.Contains(out.String(), "child: armed with yes") })
+	armed := p.pid()
+	if st := p.status(); st.Armed != "armed for the test" || st.State != procRunning {
+		t.Fatalf("status = %+v, want running and armed", st)
+	}
+	if err := syscall.Kill(armed, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the restart after the armed one died", func() bool {
+		return p.pid() != armed && p.pid() != 0 && strings.Count(out.String(), "child: serving") == 3
+	})
+	if strings.Count(out.String(), "child: armed with") != 1 || p.status().Armed != "" {
+		t.Fatalf("the environment outlived its incarnation: %+v\n%s", p.status(), out.String())
+	}
+	if err := p.stop(10 * time.Second); err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+	select {
+	case err := <-failed:
+		t.Fatalf("unexpected failure: %v", err)
+	default:
+	}
+}
+
+// stop ends a held process's supervision too.
+func TestProcStopWhileHeld(t *testing.T) {
+	t.Parallel()
+	p, out, _ := newTestProc(t, "graceful", true)
+	if err := p.start(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "start", func() bool { return strings.Contains(out.String(), "child: serving") })
+	if err := p.hold(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- p.stop(time.Second) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("stop: %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("stop of a held process did not return")
+	}
+	if err := p.resume(nil, ""); err == nil {
+		t.Fatal("resume after stop succeeded")
 	}
 }

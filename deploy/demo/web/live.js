@@ -91,7 +91,7 @@ function renderProc(p) {
   card.dataset.state = p.state;
   const bits = [];
   if (p.pid) bits.push("pid " + p.pid);
-  if (p.restarts) bits.push("restarted " + p.restarts + "×");
+  if (p.restarts) bits.push("started again " + p.restarts + "×");
   if (p.published !== undefined && p.published !== null) bits.push("published " + p.published + " since start");
   if (p.armed) bits.push("armed: " + p.armed);
   if (p.ready === false && p.detail) bits.push(p.detail);
@@ -201,5 +201,8 @@ document.getElementById("follow-form").addEventListener("submit", ev => {
   ev.preventDefault();
   follow(document.getElementById("follow-id").value);
 });
+// live view?order=ID follows that order from the start.
+const wanted = new URLSearchParams(location.search).get("order");
+if (wanted) follow(wanted);
 refresh();
 setInterval(refresh, 1000);
