@@ -53,7 +53,7 @@ func main() {
 
 // figureOrder is the order figures run in: those that need the shipping
 // service and pkg/inbox last.
-var figureOrder = []string{"relay_drain", "write_overhead", "read_flat", "claim_flat", "status_scrape", "inbox_throughput", "e2e_latency"}
+var figureOrder = []string{"relay_drain", "relay_drain_wal", "write_overhead", "read_flat", "claim_flat", "status_scrape", "inbox_throughput", "e2e_latency"}
 
 // config holds the sizes of one run.
 type config struct {
@@ -219,6 +219,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 func (b *bench) runFigures(ctx context.Context, selected []string, report *Report) error {
 	runners := map[string]func(context.Context) ([]Figure, error){
 		"relay_drain":      b.runRelayDrain,
+		"relay_drain_wal":  b.runRelayDrainWAL,
 		"write_overhead":   b.runWriteOverhead,
 		"read_flat":        b.runReadFlat,
 		"claim_flat":       b.runClaimFlat,

@@ -1,0 +1,304 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/outbox-inbox/reference/pkg/outbox/outboxamqp"
+	"github.com/outbox-inbox/reference/pkg/outbox/outboxwal"
+)
+
+// walRelayConfig is the WAL relay's configuration in the benchmark: the
+// library's defaults, with the polling relay's batch size and attempts.
+func (b *bench) walRelayConfig(slot string) outboxwal.Config {
+	return outboxwal.Config{
+		Slot:        slot,
+		Publication: slot,
+		BatchSize:   b.relayConfig().BatchSize,
+		Workers:     b.cfg.relayWorkers, // 0: the library's default
+		MaxAttempts: b.relayConfig().MaxAttempts,
+		Logger:      b.quiet,
+	}
+}
+
+// walSlotName is a slot name for purpose, unique to this run.
+func (b *bench) walSlotName(purpose string) string {
+	return strings.ToLower("bench_" + b.env.runID + "_" + purpose)
+}
+
+// slotDropper returns a function that drops the slot and its publication
+// (missing ones are no error), also called when the run ends: a database
+// with a slot cannot be dropped, and a slot left behind keeps WAL on the
+// server forever.
+func (b *bench) slotDropper(poolCfg *pgxpool.Config, slot string) func() error {
+	drop := func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		conn, err := pgx.ConnectConfig(ctx, poolCfg.ConnConfig.Copy())
+		if err != nil {
+			return fmt.Errorf("drop slot %s: %w", slot, err)
+		}
+		defer conn.Close(context.Background())
+		for ctx.Err() == nil {
+			if err = outboxwal.Drop(ctx, conn, slot, slot); err == nil {
+				return nil
+			}
+			time.Sleep(200 * time.Millisecond) // a stopped relay's walsender is still exiting
+		}
+		return err
+	}
+	b.env.onClose("replication slot "+slot, func(context.Context) error { return drop() })
+	return drop
+}
+
+// sweepTimer times the WAL relay's sweep statements.
+type sweepTimer struct {
+	mu    sync.Mutex
+	total time.Duration
+	count int
+}
+
+type sweepKey struct{}
+
+func (t *sweepTimer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if strings.Contains(d.SQL, "DELETE FROM outbox o USING locked") {
+		return context.WithValue(ctx, sweepKey{}, time.Now())
+	}
+	return ctx
+}
+
+func (t *sweepTimer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryEndData) {
+	if at, ok := ctx.Value(sweepKey{}).(time.Time); ok && d.Err == nil {
+		t.mu.Lock()
+		t.total += time.Since(at)
+		t.count++
+		t.mu.Unlock()
+	}
+}
+
+// drainWAL prepares the slot, seeds n events (after the slot, so they are in
+// its stream), then runs one WAL relay until every row was swept, and
+// returns the time from its start to the n-th row swept.
+func (b *bench) drainWAL(ctx context.Context, poolCfg *pgxpool.Config, pool *pgxpool.Pool, url, slot string, n int, timer *sweepTimer) (time.Duration, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	pc := poolCfg.Copy()
+	pc.ConnConfig.Tracer = timer
+	rpool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return 0, fmt.Errorf("relay pool: %w", err)
+	}
+	defer rpool.Close()
+	pub, err := outboxamqp.New(outboxamqp.Config{URL: url, Exchange: exchange, ConnectionName: "bench-relay-wal",
+		MaxInFlight: 4 * b.relayConfig().BatchSize, Logger: b.quiet})
+	if err != nil {
+		return 0, err
+	}
+	defer pub.Close()
+
+	var (
+		swept  atomic.Int64
+		doneAt atomic.Int64
+		done   = make(chan struct{})
+		once   sync.Once
+	)
+	cfg := b.walRelayConfig(slot)
+	cfg.Hooks.Swept = func(k int) {
+		if swept.Add(int64(k)) >= int64(n) {
+			once.Do(func() {
+				doneAt.Store(time.Now().UnixNano())
+				close(done)
+			})
+		}
+	}
+	relay, err := outboxwal.New(rpool, pub, cfg)
+	if err != nil {
+		return 0, err
+	}
+	pctx, pcancel := context.WithTimeout(ctx, time.Minute)
+	err = relay.Prepare(pctx)
+	pcancel()
+	if err != nil {
+		return 0, err
+	}
+	if err := resetOutbox(ctx, pool); err != nil {
+		return 0, err
+	}
+	if err := seedBacklog(ctx, pool, n); err != nil {
+		return 0, err
+	}
+	wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
+	err = pub.WaitReady(wctx)
+	wcancel()
+	if err != nil {
+		return 0, fmt.Errorf("relay connect: %w", err)
+	}
+	if err := rpool.Ping(ctx); err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = relay.Run(ctx) })
+	select {
+	case <-done:
+	case <-ctx.Done():
+	case <-time.After(5 * time.Minute):
+	}
+	cancel()
+	wg.Wait()
+	if swept.Load() < int64(n) {
+		return 0, fmt.Errorf("only %d of %d events published and swept before the deadline (%v)", swept.Load(), n, ctx.Err())
+	}
+	return time.Duration(doneAt.Load() - start.UnixNano()), nil
+}
+
+// runRelayDrainWAL measures relay_drain_wal: the WAL relay (one) draining a
+// backlog of the same events as relay_drain, against the same raw baseline,
+// with the polling relay (one) measured in the same repetition.
+func (b *bench) runRelayDrainWAL(ctx context.Context) ([]Figure, error) {
+	poolCfg, pool, err := b.env.openDatabase(ctx, "drainwal", migrateOutbox)
+	if err != nil {
+		return nil, err
+	}
+	defer pool.Close()
+	var level string
+	if err := pool.QueryRow(ctx, "SHOW wal_level").Scan(&level); err != nil {
+		return nil, err
+	}
+	if level != "logical" {
+		return nil, fmt.Errorf("wal_level=%s: the WAL relay needs logical (deploy/local/ensure-services.sh sets it)", level)
+	}
+	url, err := b.env.newVhost(ctx, "drainwal")
+	if err != nil {
+		return nil, err
+	}
+	if err := declareDrainTopology(url, b.cfg.queueType); err != nil {
+		return nil, err
+	}
+	slot := b.walSlotName("drainwal")
+	dropSlot := b.slotDropper(poolCfg, slot)
+
+	n := b.cfg.drainBacklog
+	check := func(what string) error {
+		var pending int
+		if err := pool.QueryRow(ctx, "SELECT count(*) FROM outbox").Scan(&pending); err != nil {
+			return err
+		}
+		inQueue, err := takeQueue(url, drainQueueName)
+		if err != nil {
+			return err
+		}
+		if what == "baseline" {
+			pending = 0
+		}
+		// At least once: a batch confirmed as the relay stopped may be in the queue twice.
+		if pending != 0 || inQueue < n {
+			return fmt.Errorf("%s: after the drain outbox=%d queue=%d, want 0 and %d", what, pending, inQueue, n)
+		}
+		return nil
+	}
+	seed := func() error {
+		if err := resetOutbox(ctx, pool); err != nil {
+			return err
+		}
+		if err := seedBacklog(ctx, pool, n); err != nil {
+			return err
+		}
+		_, err := pool.Exec(ctx, "ANALYZE outbox, outbox_aggregates")
+		return err
+	}
+
+	var raw, wal, poll []float64
+	details := map[string]any{}
+	for rep := range b.cfg.reps {
+		if err := seed(); err != nil {
+			return nil, err
+		}
+		envs, err := loadEnvelopes(ctx, pool)
+		if err != nil {
+			return nil, err
+		}
+		msgs := make([]amqp.Publishing, len(envs))
+		for i, e := range envs {
+			msgs[i] = outboxamqp.Publishing(e)
+		}
+		cpu0 := readCPUTimes()
+		d, err := rawPublish(ctx, url, msgs, b.cfg.rawWindow)
+		if err != nil {
+			return nil, fmt.Errorf("baseline: %w", err)
+		}
+		baseCPU := cpuPerEvent(cpu0, readCPUTimes(), n)
+		if err := check("baseline"); err != nil {
+			return nil, err
+		}
+		raw = append(raw, rate(n, d))
+
+		// The polling relay, one, on the same backlog: the comparison of the same run.
+		if err := seed(); err != nil {
+			return nil, err
+		}
+		cpu0 = readCPUTimes()
+		res, err := drainWithRelays(ctx, poolCfg, url, n, 1, b.relayConfig(), b.quiet)
+		if err != nil {
+			return nil, fmt.Errorf("polling relay: %w", err)
+		}
+		pollCPU := cpuPerEvent(cpu0, readCPUTimes(), n)
+		if _, err := takeQueue(url, drainQueueName); err != nil {
+			return nil, err
+		}
+		poll = append(poll, rate(n, res.elapsed))
+
+		timer := &sweepTimer{}
+		cpu0 = readCPUTimes()
+		wd, err := b.drainWAL(ctx, poolCfg, pool, url, slot, n, timer)
+		if err != nil {
+			return nil, fmt.Errorf("WAL relay: %w", err)
+		}
+		walCPU := cpuPerEvent(cpu0, readCPUTimes(), n)
+		if err := check("WAL relay"); err != nil {
+			return nil, err
+		}
+		// A fresh slot per repetition: the next one's seeding for the baseline
+		// and the polling relay would be in this slot's stream.
+		if err := dropSlot(); err != nil {
+			return nil, fmt.Errorf("drop slot %s: %w", slot, err)
+		}
+		wal = append(wal, rate(n, wd))
+		sweepUS := 0.0
+		if n > 0 {
+			sweepUS = round(float64(timer.total.Microseconds()) / float64(n))
+		}
+		details[fmt.Sprintf("rep_%d", rep)] = map[string]any{
+			"baseline_events_per_s": int(rate(n, d)), "baseline_cpu_per_event": baseCPU,
+			"poll_events_per_s": int(rate(n, res.elapsed)), "poll_cpu_per_event": pollCPU,
+			"wal_events_per_s": int(rate(n, wd)), "wal_cpu_per_event": walCPU,
+			"wal_sweep_statements": timer.count, "wal_sweep_wall_us_per_event": sweepUS,
+		}
+		b.log.Info("relay_drain_wal", "rep", rep, "baseline_events_per_s", int(rate(n, d)),
+			"poll_events_per_s", int(rate(n, res.elapsed)), "wal_events_per_s", int(rate(n, wd)), "sweep_us_per_event", sweepUS)
+	}
+	details["baseline_events_per_s"] = raw
+	details["poll_events_per_s"] = poll
+	details["wal_events_per_s"] = wal
+	details["backlog"] = n
+	details["repetitions"] = b.cfg.reps
+	details["queue_type"] = b.cfg.queueType
+	details["table_size"] = "rows of confirmed events deleted in one statement per sweep (every 100ms, up to 10,000 rows)"
+
+	base := median(raw)
+	measures := fmt.Sprintf("events/s of one WAL relay (pkg/outbox/outboxwal) draining a backlog of %d order.created events, from its start to the last row swept (median of %d runs)", n, b.cfg.reps)
+	baseIs := fmt.Sprintf("amqp091-go alone publishing the same %d messages with %d confirms in flight, to the same exchange and %s queue", n, b.cfg.rawWindow, b.cfg.queueType)
+	return []Figure{
+		newFigure("relay_drain_wal", "events/s", median(wal), base, Goal{RatioAtLeast, 0.8}, measures, baseIs, details),
+		newFigure("relay_drain_wal_vs_poll", "events/s", median(wal), median(poll), Goal{RatioAtLeast, 1},
+			"the same WAL relay figure", "one polling relay (pkg/outbox) draining the same backlog in the same repetitions", nil),
+	}, nil
+}
