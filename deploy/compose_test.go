@@ -72,6 +72,8 @@ var (
 	apps  = []string{"orders", "relay", "shipping"}
 	// oneShot runs to completion before the apps that need it.
 	oneShot = []string{"migrate"}
+	// monitoring watches the others (monitoring_test.go checks its wiring).
+	monitoring = []string{"grafana", "prometheus"}
 )
 
 func TestComposeLoadsWithTheExpectedServices(t *testing.T) {
@@ -81,6 +83,7 @@ func TestComposeLoadsWithTheExpectedServices(t *testing.T) {
 		t.Errorf("project name = %q, want outbox-inbox (fixed, so volumes survive a checkout in another folder)", p.Name)
 	}
 	want := append(append(slices.Clone(infra), apps...), oneShot...)
+	want = append(want, monitoring...)
 	slices.Sort(want)
 	if got := p.ServiceNames(); !slices.Equal(got, want) {
 		t.Fatalf("services without a profile = %v, want %v", got, want)
@@ -127,6 +130,9 @@ func TestHealthchecksAndStartOrder(t *testing.T) {
 		"relay":    {"orders", "rabbitmq"},
 		"shipping": {"mongodb", "rabbitmq"},
 		"loadgen":  {"orders", "shipping"},
+		// Prometheus scrapes whatever is up, from the start.
+		"prometheus": nil,
+		"grafana":    {"prometheus"},
 	}
 	for name, deps := range want {
 		s := service(t, p, name)
@@ -327,6 +333,7 @@ func TestPortsArePublishedOnLoopbackAndCanBeMoved(t *testing.T) {
 	defaults := map[string]string{
 		"orders:8080": "8080", "shipping:8081": "8081", "postgres:5432": "5432",
 		"rabbitmq:5672": "5672", "rabbitmq:15672": "15672", "mongodb:27017": "27017",
+		"prometheus:9090": "9090", "grafana:3000": "3000",
 	}
 	check := func(p *types.Project, want map[string]string) {
 		t.Helper()
@@ -353,9 +360,11 @@ func TestPortsArePublishedOnLoopbackAndCanBeMoved(t *testing.T) {
 	check(load(t, map[string]string{
 		"ORDERS_PORT": "18080", "SHIPPING_PORT": "18081", "POSTGRES_PORT": "15432",
 		"RABBITMQ_PORT": "15673", "RABBITMQ_UI_PORT": "25672", "MONGO_PORT": "37017",
+		"PROMETHEUS_PORT": "19090", "GRAFANA_PORT": "13000",
 	}), map[string]string{
 		"orders:8080": "18080", "shipping:8081": "18081", "postgres:5432": "15432",
 		"rabbitmq:5672": "15673", "rabbitmq:15672": "25672", "mongodb:27017": "37017",
+		"prometheus:9090": "19090", "grafana:3000": "13000",
 	})
 }
 
