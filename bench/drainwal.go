@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -300,5 +302,93 @@ func (b *bench) runRelayDrainWAL(ctx context.Context) ([]Figure, error) {
 		newFigure("relay_drain_wal", "events/s", median(wal), base, Goal{RatioAtLeast, 0.8}, measures, baseIs, details),
 		newFigure("relay_drain_wal_vs_poll", "events/s", median(wal), median(poll), Goal{RatioAtLeast, 1},
 			"the same WAL relay figure", "one polling relay (pkg/outbox) draining the same backlog in the same repetitions", nil),
+	}, nil
+}
+
+// startWALRelay starts a WAL relay on a pool of its own, with a slot of its
+// own, and returns once it streams; stop drops the slot.
+func (b *bench) startWALRelay(ctx context.Context, poolCfg *pgxpool.Config, url, slot string) (*runningRelay, error) {
+	pool, err := pgxpool.NewWithConfig(ctx, poolCfg.Copy())
+	if err != nil {
+		return nil, fmt.Errorf("relay pool: %w", err)
+	}
+	pub, err := outboxamqp.New(outboxamqp.Config{URL: url, Exchange: exchange, ConnectionName: "bench-relay-wal",
+		MaxInFlight: 4 * b.relayConfig().BatchSize, Logger: b.quiet})
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	relay, err := outboxwal.New(pool, pub, b.walRelayConfig(slot))
+	if err != nil {
+		_ = pub.Close()
+		pool.Close()
+		return nil, err
+	}
+	drop := b.slotDropper(poolCfg, slot)
+	rctx, cancel := context.WithCancel(ctx)
+	r := &runningRelay{relay: relay, pool: pool, pub: pub, cancel: cancel, after: func() {
+		if err := drop(); err != nil {
+			b.log.Warn("drop the WAL relay's slot", "slot", slot, "error", err)
+		}
+	}}
+	r.wg.Go(func() { _ = relay.Run(rctx) })
+	wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
+	defer wcancel()
+	if err := pub.WaitReady(wctx); err != nil {
+		r.stop()
+		return nil, fmt.Errorf("relay connect: %w", err)
+	}
+	for !relay.Stats().Active {
+		if wctx.Err() != nil {
+			r.stop()
+			return nil, errors.New("the WAL relay did not start streaming within 30s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return r, nil
+}
+
+// runE2ELatencyWAL measures e2e_latency_wal: e2e_latency's path (an order's
+// commit to its shipment applied by the shipping service) with the WAL relay,
+// against the polling relay woken in-process after each commit (its fastest
+// path), in the same run.
+func (b *bench) runE2ELatencyWAL(ctx context.Context) ([]Figure, error) {
+	tmp, err := os.MkdirTemp("", "bench-e2e-wal-")
+	if err != nil {
+		return nil, err
+	}
+	b.env.onClose("e2e temp dir "+tmp, func(context.Context) error { return os.RemoveAll(tmp) })
+	bin, err := b.buildShipping(ctx, tmp)
+	if err != nil {
+		return nil, err
+	}
+	poolCfg, pool, err := b.env.openDatabase(ctx, "e2ewal", b.migrateOrders)
+	if err != nil {
+		return nil, err
+	}
+	defer pool.Close()
+	details := map[string]any{"rate_per_s": b.cfg.e2eRate, "seconds": b.cfg.e2eDuration.Seconds(),
+		"drain_wait_seconds": b.cfg.e2eDrainWait.Seconds()}
+	applied := map[string]Latencies{}
+	for _, v := range []e2eVariant{{name: "wal", wal: true}, {name: "wake", wake: true}} {
+		res, err := b.measureE2E(ctx, bin, tmp, poolCfg, pool, v)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", v.name, err)
+		}
+		a, err := summarize(res.applied)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", v.name, err)
+		}
+		applied[v.name] = a
+		details[v.name] = map[string]any{"orders": a.N, "not_applied_within_wait": res.late,
+			"applied_p50_ms": ms(a.P50), "applied_p90_ms": ms(a.P90), "applied_p99_ms": ms(a.P99), "applied_max_ms": ms(a.Max)}
+		b.log.Info("e2e_latency_wal", "variant", v.name, "applied_p50_ms", ms(a.P50), "applied_p99_ms", ms(a.P99), "late", res.late)
+	}
+	what := fmt.Sprintf("latency from an order's commit to its shipment applied by the shipping service, %d orders/s for %v, WAL relay (pkg/outbox/outboxwal)", b.cfg.e2eRate, b.cfg.e2eDuration)
+	baseIs := "the same with the polling relay woken in-process after each commit (e2e_latency_wake)"
+	wal, wake := applied["wal"], applied["wake"]
+	return []Figure{
+		newFigure("e2e_latency_wal_p50", "ms", ms(wal.P50), ms(wake.P50), Goal{}, "p50 "+what, baseIs, details),
+		newFigure("e2e_latency_wal_p99", "ms", ms(wal.P99), ms(wake.P99), Goal{ValueAtMost, 25}, "p99 "+what, baseIs, nil),
 	}, nil
 }

@@ -215,6 +215,7 @@ type e2eVariant struct {
 	wake       bool // in-process Wake after each commit
 	notify     bool // NOTIFY in the writer's transaction, LISTEN in the relay
 	noShipping bool // no shipping service: only the tap consumes (the relay's path alone)
+	wal        bool // the WAL relay (pkg/outbox/outboxwal) instead of the polling relay
 }
 
 type commit struct {
@@ -274,7 +275,12 @@ func (b *bench) measureE2E(ctx context.Context, bin, tmp string, poolCfg *pgxpoo
 	if err != nil {
 		return e2eResult{}, err
 	}
-	relay, err := startRelay(ctx, poolCfg, url, cfg, nil)
+	var relay *runningRelay
+	if v.wal {
+		relay, err = b.startWALRelay(ctx, poolCfg, url, b.walSlotName("e2e_"+v.name))
+	} else {
+		relay, err = startRelay(ctx, poolCfg, url, cfg, nil)
+	}
 	if err != nil {
 		return e2eResult{}, err
 	}

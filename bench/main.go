@@ -53,7 +53,7 @@ func main() {
 
 // figureOrder is the order figures run in: those that need the shipping
 // service and pkg/inbox last.
-var figureOrder = []string{"relay_drain", "relay_drain_wal", "write_overhead", "read_flat", "claim_flat", "status_scrape", "inbox_throughput", "e2e_latency"}
+var figureOrder = []string{"relay_drain", "relay_drain_wal", "write_overhead", "read_flat", "claim_flat", "status_scrape", "inbox_throughput", "e2e_latency", "e2e_latency_wal"}
 
 // config holds the sizes of one run.
 type config struct {
@@ -226,6 +226,7 @@ func (b *bench) runFigures(ctx context.Context, selected []string, report *Repor
 		"status_scrape":    b.runStatusScrape,
 		"inbox_throughput": b.runInboxThroughput,
 		"e2e_latency":      b.runE2ELatency,
+		"e2e_latency_wal":  b.runE2ELatencyWAL,
 	}
 	var failed []string
 	for _, name := range selected {

@@ -17,11 +17,12 @@ import (
 // runningRelay is a real relay (pkg/outbox with the RabbitMQ publisher)
 // running in the benchmark's process, on a pool of its own.
 type runningRelay struct {
-	relay  *outbox.Relay
+	relay  interface{ Wake() } // *outbox.Relay, or *outboxwal.Relay (startWALRelay)
 	pool   *pgxpool.Pool
 	pub    *outboxamqp.Publisher
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+	after  func() // run by stop, last
 }
 
 // startRelay connects a publisher to url and starts a relay on a new pool of
@@ -66,6 +67,9 @@ func (r *runningRelay) stop() {
 	r.wg.Wait()
 	_ = r.pub.Close()
 	r.pool.Close()
+	if r.after != nil {
+		r.after()
+	}
 }
 
 // waitDrained polls until the outbox holds no pending row, or the timeout.
