@@ -309,6 +309,7 @@ func (c *cluster) ordersEnv(amqpProxy, httpAddr string) []string {
 		"RELAY_POLL_INTERVAL=200ms", "RELAY_BATCH_SIZE=100", "RELAY_MAX_ATTEMPTS=100000", "RELAY_LEASE=6s",
 		"RELAY_BACKOFF_MIN=100ms", "RELAY_BACKOFF_MAX=2s", "LOG_LEVEL=info",
 	}
+	env = append(env, relayModeEnv(c.id)...)
 	if httpAddr != "" {
 		env = append(env, "HTTP_ADDR="+httpAddr)
 	}

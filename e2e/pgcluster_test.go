@@ -88,8 +88,9 @@ func startOwnPostgres(ctx context.Context, binDir string, cred *syscall.Credenti
 		bin:  filepath.Join(binDir, "postgres"),
 		// fsync off: a process crash keeps what the OS has; only a machine
 		// crash would need the flushes, and this cluster lives for one run.
+		// wal_level=logical: the WAL relay (CHAOS_RELAY_MODE=wal) needs it.
 		args: []string{"-D", data, "-p", port, "-k", dir, "-c", "listen_addresses=127.0.0.1",
-			"-c", "fsync=off", "-c", "max_connections=200", "-c", "log_min_messages=warning"},
+			"-c", "fsync=off", "-c", "max_connections=200", "-c", "wal_level=logical", "-c", "log_min_messages=warning"},
 		cred:       cred,
 		stopSignal: syscall.SIGINT, // fast shutdown: SIGTERM would wait for clients
 	}, logDir, onExit)
