@@ -19,9 +19,12 @@ test: fmt-check vet
 	CHAOS_BROKER_RESTART=true $(GO) test -race -count=1 -v -timeout 20m $(TEST_FLAGS) ./e2e/ 2>&1 | grep -v '^=== \(RUN\|PAUSE\|CONT\)'; exit $${PIPESTATUS[0]}
 
 ## chaos: the long end-to-end profile (about 10 minutes, ~150 faults of every
-## kind). The report goes to $$CHAOS_REPORT (default e2e/chaos-report.json).
+## kind), with the polling relay, then again with the WAL relay
+## (CHAOS_RELAY_MODE=wal). The reports go to $$CHAOS_REPORT (default
+## e2e/chaos-report.json) and e2e/chaos-report-wal.json.
 chaos: services
 	CHAOS_PROFILE=long CHAOS_BROKER_RESTART=true $(GO) test -race -count=1 -v -run '^TestChaos$$' -timeout 60m ./e2e/
+	CHAOS_PROFILE=long CHAOS_BROKER_RESTART=true CHAOS_RELAY_MODE=wal CHAOS_REPORT=chaos-report-wal.json $(GO) test -race -count=1 -v -run '^TestChaos$$' -timeout 60m ./e2e/
 
 ## bench: measure the performance goals of docs/guarantees.md against their baselines
 ## (5 to 10 minutes; not part of test). See docs/benchmarks.md.
