@@ -21,6 +21,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-inbox/reference/pkg/outbox/outboxwal"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -295,11 +297,14 @@ func exportedMetrics(t *testing.T) map[string]bool {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
 	orders, shipping := filepath.Join(bin, "orders"), filepath.Join(bin, "shipping")
-	migrate := exec.Command(orders, "migrate")
-	migrate.Env = append(os.Environ(), "DATABASE_URL="+dbURL)
-	if out, err := migrate.CombinedOutput(); err != nil {
-		t.Fatalf("orders migrate: %v\n%s", err, out)
+	migrate := func(dbURL string) {
+		cmd := exec.Command(orders, "migrate")
+		cmd.Env = append(os.Environ(), "DATABASE_URL="+dbURL)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("orders migrate: %v\n%s", err, out)
+		}
 	}
+	migrate(dbURL)
 
 	apiAddr, relayAddr, shippingAddr := freeAddr(t), freeAddr(t), freeAddr(t)
 	ordersEnv := []string{"DATABASE_URL=" + dbURL, "AMQP_URL=" + amqpURL}
@@ -310,18 +315,69 @@ func exportedMetrics(t *testing.T) map[string]bool {
 	startProcess(t, shipping, nil, []string{"AMQP_URL=" + amqpURL, "HTTP_ADDR=" + shippingAddr,
 		"MONGO_URI=mongodb://" + freeAddr(t) + "/shipping"})
 
-	known := map[string]bool{}
-	for addr, want := range map[string][]string{
+	scrapes := map[string][]string{
 		// The API's own, the relay's, and the backlog read from the database.
 		apiAddr:      {"orders_created_total", "outbox_published_total", "outbox_pending"},
 		relayAddr:    {"outbox_published_total", "outbox_pending"},
 		shippingAddr: {"shipping_events_processed_total"},
-	} {
+	}
+
+	// A relay in RELAY_MODE=wal, on a database of its own (a polling relay
+	// and a WAL relay must not share an outbox): it exports the slot's
+	// metrics.
+	walDB := scratchDatabase(t)
+	migrate(walDB)
+	slot := randomName("metricstest_")
+	dropSlotAtCleanup(t, walDB, slot)
+	walAddr := freeAddr(t)
+	startProcess(t, orders, []string{"relay"}, []string{"DATABASE_URL=" + walDB, "AMQP_URL=" + amqpURL,
+		"HTTP_ADDR=" + walAddr, "RELAY_MODE=wal", "RELAY_WAL_SLOT=" + slot})
+	scrapes[walAddr] = []string{"outbox_wal_slot_lag_bytes", "outbox_wal_relay_active"}
+
+	known := map[string]bool{}
+	for addr, want := range scrapes {
 		for n := range scrapeNames(t, "http://"+addr+"/metrics", want...) {
 			known[n] = true
 		}
 	}
 	return known
+}
+
+// dropSlotAtCleanup checks that the server can run a WAL relay
+// (wal_level=logical), and drops the relay's slot and publication when the
+// test ends, after the relay stopped (cleanups run last first): a slot left
+// behind would keep WAL on the server's disk for ever, and forbids dropping
+// its database.
+func dropSlotAtCleanup(t *testing.T, dbURL, slot string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var level string
+	err = conn.QueryRow(ctx, "SHOW wal_level").Scan(&level)
+	_ = conn.Close(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if level != "logical" {
+		skipOrFail(t, "wal_level=%s: RELAY_MODE=wal needs logical (deploy/local/ensure-services.sh sets it)", level)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, dbURL)
+		if err != nil {
+			t.Errorf("drop slot %s: %v", slot, err)
+			return
+		}
+		defer conn.Close(ctx)
+		if err := outboxwal.Drop(ctx, conn, slot, slot); err != nil {
+			t.Errorf("drop slot %s: %v", slot, err)
+		}
+	})
 }
 
 // scrapeNames polls a /metrics endpoint until it answers with every name in
