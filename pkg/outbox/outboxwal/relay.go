@@ -124,6 +124,19 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	defer r.running.Store(false)
 	r.log.InfoContext(ctx, "outbox WAL relay started", slog.String("slot", r.cfg.Slot), slog.String("publication", r.cfg.Publication))
+	// Keep the publisher connected, also while waiting for the slot: a
+	// takeover then needs no dial, and the publisher's readiness reports the
+	// broker whether this relay streams or waits.
+	var warm sync.WaitGroup
+	defer warm.Wait()
+	wctx, stopWarm := context.WithCancel(ctx)
+	defer stopWarm()
+	warm.Go(func() {
+		for wctx.Err() == nil {
+			_ = r.pub.WaitReady(wctx)
+			sleep(wctx, time.Second)
+		}
+	})
 	var failures int
 	waiting := false
 	for ctx.Err() == nil {

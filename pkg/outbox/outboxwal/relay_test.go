@@ -396,3 +396,21 @@ func TestHalfMadeSlotIsMadeAgain(t *testing.T) {
 	checkAggregateOrder(t, got)
 	waitFor(t, "the outbox swept", 30*time.Second, outboxEmpty(pool))
 }
+
+// A relay waiting for the slot keeps its publisher connected, so that its
+// readiness reports the broker and a takeover needs no dial.
+func TestWaitingRelayKeepsItsPublisherConnected(t *testing.T) {
+	pool := walPool(t)
+	b := newBroker(t, "#")
+	cfg := walConfig(t, pool)
+	first, _ := startWAL(t, pool, newPublisherForTest(t, b), cfg)
+	waitActive(t, first)
+	pub := newPublisher(t, testAMQPURL(), b.exchange)
+	second, _ := startWAL(t, pool, pub, cfg)
+	waitFor(t, "the waiting relay's publisher connected", 30*time.Second, func() (bool, error) {
+		return pub.Ready() == nil, nil
+	})
+	if second.Stats().Active {
+		t.Fatal("two relays stream from one slot")
+	}
+}
