@@ -15,7 +15,7 @@ func relayModeEnv(runID string) []string {
 	if os.Getenv("CHAOS_RELAY_MODE") != "wal" {
 		return nil
 	}
-	slot := "chaos_" + strings.ToLower(strings.Map(func(r rune) rune {
+	slot := "wal_" + strings.ToLower(strings.Map(func(r rune) rune {
 		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' {
 			return r
 		}
