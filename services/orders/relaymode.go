@@ -37,6 +37,10 @@ func newRelayFor(cfg config.Config, pool *pgxpool.Pool, reg prometheus.Registere
 		MaxAttempts:     cfg.MaxAttempts,
 		RetryBackoffMin: cfg.BackoffMin,
 		RetryBackoffMax: cfg.BackoffMax,
+		// Keep published events in outbox_published, as the polling relay
+		// does (purged after OUTBOX_RETENTION): the audit trail, and what
+		// the end-to-end checker compares the orders with.
+		Archive: true,
 		// The polling relay that publishes what the WAL relay hands over
 		// (dead letters retried by an operator, the events held behind them).
 		Poll: outbox.RelayConfig{

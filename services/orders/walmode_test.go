@@ -71,6 +71,14 @@ func TestServeWithTheWALRelay(t *testing.T) {
 		}
 	}
 	waitMetrics(t, base, "\noutbox_published_total 2\n", "\noutbox_pending 0\n", "outbox_wal_slot_lag_bytes ", "\noutbox_wal_slot_up 1\n")
+	// As with the polling relay, published events are kept for audit.
+	var archived int
+	if err := pool.QueryRow(t.Context(), "SELECT count(*) FROM outbox_published WHERE aggregate_id = $1", id).Scan(&archived); err != nil {
+		t.Fatal(err)
+	}
+	if archived != 2 {
+		t.Fatalf("outbox_published holds %d events of the order, want 2", archived)
+	}
 }
 
 func TestRelayModeSetting(t *testing.T) {
