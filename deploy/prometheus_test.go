@@ -340,7 +340,6 @@ func setAlertExpr(n *yaml.Node, name, expr string) bool {
 				for j := 0; j+1 < len(n.Content); j += 2 {
 					if n.Content[j].Value == "expr" {
 						n.Content[j+1].Value = expr
-						n.Content[j+1].Style = 0
 						return true
 					}
 				}
