@@ -435,7 +435,7 @@ func (r *Relay) stream(ctx context.Context, conn *pgconn.PgConn, s *state, bound
 				case *pglogrepl.RelationMessage:
 					relations[m.RelationID] = newRelation(m)
 				case *pglogrepl.BeginMessage:
-					cur = s.begin(m.CommitTime)
+					cur = s.begin(m.CommitTime, m.Xid)
 					curCheck = uint64(m.FinalLSN) < boundary
 				case *pglogrepl.InsertMessage:
 					rel := relations[m.RelationID]
@@ -510,7 +510,7 @@ func (r *Relay) publish(ctx context.Context, s *state, batch []*event) {
 	}
 	if len(checkIDs) > 0 {
 		cctx, cancel := context.WithTimeout(ctx, dbTimeout)
-		present, handed, err := checkRows(cctx, r.pool, checkIDs)
+		present, handed, err := r.checkRows(cctx, batch)
 		cancel()
 		if err != nil {
 			// Publish them anyway: at worst a duplicate of an event published

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 
@@ -185,7 +187,78 @@ func loadHeld(ctx context.Context, db outbox.DB) (map[aggKey]bool, error) {
 // belong to polling.
 const checkSQL = `SELECT id, last_error IS NOT NULL FROM outbox WHERE id = ANY($1::bigint[])`
 
-func checkRows(ctx context.Context, db outbox.DB, ids []int64) (present, handed map[int64]bool, err error) {
+// lockedXidsSQL finds, among xids, the transactions still holding their
+// xid's lock: still committing, not visible to new snapshots yet. A
+// transaction leaves the proc array (becomes visible) before it releases the
+// lock, so a statement that starts after this one found no lock of an xid
+// sees that transaction's rows.
+const lockedXidsSQL = `
+SELECT DISTINCT transactionid::text FROM pg_locks
+WHERE locktype = 'transactionid' AND transactionid::text = ANY($1::text[])`
+
+// lockedXids returns the transactions among evs' that are not visible yet.
+func lockedXids(ctx context.Context, db outbox.DB, evs []*event) (map[uint32]bool, error) {
+	seen := map[uint32]bool{}
+	var xids []string
+	for _, ev := range evs {
+		if x := ev.tx.xid; !seen[x] {
+			seen[x] = true
+			xids = append(xids, strconv.FormatUint(uint64(x), 10))
+		}
+	}
+	out := map[uint32]bool{}
+	if len(xids) == 0 {
+		return out, nil
+	}
+	rows, err := db.Query(ctx, lockedXidsSQL, xids)
+	if err != nil {
+		return nil, fmt.Errorf("look for committing transactions: %w", err)
+	}
+	locked, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("look for committing transactions: %w", err)
+	}
+	for _, x := range locked {
+		n, err := strconv.ParseUint(x, 10, 32)
+		if err != nil {
+			return nil, fmt.Errorf("look for committing transactions: xid %q: %w", x, err)
+		}
+		out[uint32(n)] = true
+	}
+	return out, nil
+}
+
+// checkRows looks up the rows of the batch's events decoded from before this
+// session. Rows of a transaction still committing were never visible, so
+// nobody swept or discarded them: they count as present.
+func (r *Relay) checkRows(ctx context.Context, batch []*event) (present, handed map[int64]bool, err error) {
+	var evs []*event
+	for _, ev := range batch {
+		if ev.check {
+			evs = append(evs, ev)
+		}
+	}
+	locked, err := lockedXids(ctx, r.pool, evs)
+	if err != nil {
+		return nil, nil, err
+	}
+	var ids []int64
+	for _, ev := range evs {
+		ids = append(ids, ev.env.ID)
+	}
+	present, handed, err = checkRowsSQL(ctx, r.pool, ids)
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, ev := range evs {
+		if locked[ev.tx.xid] {
+			present[ev.env.ID] = true
+		}
+	}
+	return present, handed, nil
+}
+
+func checkRowsSQL(ctx context.Context, db outbox.DB, ids []int64) (present, handed map[int64]bool, err error) {
 	rows, err := db.Query(ctx, checkSQL, ids)
 	if err != nil {
 		return nil, nil, fmt.Errorf("check rows: %w", err)
@@ -267,7 +340,49 @@ WHERE o.id = f.id AND o.last_error IS NULL`
 // statement sees what the previous ones did). It returns the events it
 // swept, those it could not (locked by a writer), and the hand-overs it
 // postponed because an earlier row of their aggregate is among those.
+//
+// The stream can deliver a transaction before its rows are visible (see
+// txn.xid): the events of transactions still committing are postponed, not
+// swept or handed over by a statement that would not see their rows.
 func write(ctx context.Context, pool *pgxpool.Pool, archive bool, sweep []*event, hand []handover) (swept, skipped []*event, handed, postponed []handover, err error) {
+	all := append([]*event(nil), sweep...)
+	for _, h := range hand {
+		all = append(all, h.ev)
+	}
+	locked, err := lockedXids(ctx, pool, all)
+	if err != nil {
+		return nil, nil, nil, nil, err
+	}
+	var notYet []*event
+	var notYetHand []handover
+	if len(locked) > 0 {
+		var visible []*event
+		for _, ev := range sweep {
+			if locked[ev.tx.xid] {
+				notYet = append(notYet, ev)
+			} else {
+				visible = append(visible, ev)
+			}
+		}
+		sweep = visible
+		var visibleHand []handover
+		for _, h := range hand {
+			if locked[h.ev.tx.xid] {
+				notYetHand = append(notYetHand, h)
+			} else {
+				visibleHand = append(visibleHand, h)
+			}
+		}
+		hand = visibleHand
+	}
+	notYetAggs := map[aggKey]bool{}
+	for _, ev := range notYet {
+		notYetAggs[ev.key] = true
+	}
+	defer func() {
+		skipped = append(skipped, notYet...)
+		postponed = append(postponed, notYetHand...)
+	}()
 	ids := make([]int64, len(sweep))
 	for i, ev := range sweep {
 		ids[i] = ev.env.ID
@@ -292,7 +407,7 @@ func write(ctx context.Context, pool *pgxpool.Pool, archive bool, sweep []*event
 			}
 		}
 		swept, skipped = nil, nil
-		blockedAggs := map[aggKey]bool{}
+		blockedAggs := maps.Clone(notYetAggs)
 		for _, ev := range sweep {
 			if skippedIDs[ev.env.ID] {
 				skipped = append(skipped, ev)

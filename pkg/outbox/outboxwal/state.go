@@ -20,6 +20,11 @@ type txn struct {
 	sealed     bool
 	open       int // events not resolved yet
 	commitTime time.Time
+	// xid is the transaction's id. The stream can deliver a transaction
+	// before it is visible to other sessions: its commit record is flushed
+	// before the committing backend leaves the proc array. Until its xid's
+	// lock is gone, a statement may not see its rows (see lockedXids).
+	xid uint32
 }
 
 // event is one outbox row decoded from the stream. It is resolved once
@@ -118,10 +123,10 @@ func (s *state) hold(k aggKey) {
 }
 
 // begin starts a transaction of the stream.
-func (s *state) begin(commitTime time.Time) *txn {
+func (s *state) begin(commitTime time.Time, xid uint32) *txn {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	t := &txn{commitTime: commitTime}
+	t := &txn{commitTime: commitTime, xid: xid}
 	s.txns = append(s.txns, t)
 	return t
 }
