@@ -247,6 +247,7 @@ func (in *injector) crashPoint(ctx context.Context, s chaos.Step, point string, 
 	if err != nil {
 		return err
 	}
+	defer in.walHoldOtherRelays(s.Target)()
 	f.Start = time.Now()
 	const reach = 45 * time.Second
 	t := time.NewTimer(reach)

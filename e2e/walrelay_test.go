@@ -47,3 +47,37 @@ func TestChaosWAL(t *testing.T) {
 	}
 	TestChaos(t)
 }
+
+// walHoldOtherRelays, with the WAL relay, stops every relay but target for
+// the length of a crash-point step and returns what starts them again: only
+// the relay streaming from the slot publishes, so a crash point armed on a
+// relay that waits for the slot would never be reached. With the polling
+// relay it does nothing.
+func (in *injector) walHoldOtherRelays(target string) func() {
+	if os.Getenv("CHAOS_RELAY_MODE") != "wal" {
+		return func() {}
+	}
+	var stopped []*proc
+	isRelay := false
+	for _, p := range in.c.relays {
+		if p.spec.name == target {
+			isRelay = true
+		}
+	}
+	if !isRelay {
+		return func() {}
+	}
+	for _, p := range in.c.relays {
+		if p.spec.name != target {
+			p.stop()
+			stopped = append(stopped, p)
+		}
+	}
+	return func() {
+		for _, p := range stopped {
+			if err := p.ensureRunning(); err != nil {
+				in.logf("restart %s after the crash point: %v", p.spec.name, err)
+			}
+		}
+	}
+}
