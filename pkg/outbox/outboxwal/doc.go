@@ -68,6 +68,12 @@
 //   - Admin.Status is right: the rows of published events leave the outbox
 //     within SweepInterval, and the table holds the backlog, the dead letters
 //     and the parked rows only.
+//   - The stream can deliver a transaction a moment before its rows are
+//     visible to other sessions (its commit record is flushed before the
+//     committing backend leaves the proc array). The relay never sweeps,
+//     hands over or looks up a row while its transaction's xid is still
+//     locked (pg_locks), so a row is never taken for gone, and the slot never
+//     acknowledged past it, because a statement could not see it yet.
 //
 // Unlike the polling relay, a relay that crashes while publishing counts no
 // attempt: failed attempts are counted in memory, from zero again after a
@@ -111,7 +117,8 @@
 //
 // # Failover
 //
-// Another relay waiting on the same slot takes over within TakeoverInterval
+// Another relay waiting on the same slot (it keeps its publisher connected,
+// so its readiness reports the broker) takes over within TakeoverInterval
 // once PostgreSQL frees the slot: at once when the active relay's process
 // exits or its connection closes, and after wal_sender_timeout (60s by
 // default) when its host vanishes without closing the connection. Before
