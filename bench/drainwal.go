@@ -89,7 +89,10 @@ func (t *sweepTimer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, d pgx.Trace
 // drainWAL prepares the slot, seeds n events (after the slot, so they are in
 // its stream), then runs one WAL relay until every row was swept, and
 // returns the time from its start to the n-th row swept.
-func (b *bench) drainWAL(ctx context.Context, poolCfg *pgxpool.Config, pool *pgxpool.Pool, url, slot string, n int, timer *sweepTimer) (time.Duration, error) {
+//
+// cpu receives the CPU per event from the relay's start to its end (the
+// seeding and the slot's creation excluded).
+func (b *bench) drainWAL(ctx context.Context, poolCfg *pgxpool.Config, pool *pgxpool.Pool, url, slot string, n int, timer *sweepTimer, cpu *map[string]float64) (time.Duration, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	pc := poolCfg.Copy()
@@ -146,6 +149,7 @@ func (b *bench) drainWAL(ctx context.Context, poolCfg *pgxpool.Config, pool *pgx
 	if err := rpool.Ping(ctx); err != nil {
 		return 0, err
 	}
+	cpu0 := readCPUTimes()
 	start := time.Now()
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = relay.Run(ctx) })
@@ -156,6 +160,7 @@ func (b *bench) drainWAL(ctx context.Context, poolCfg *pgxpool.Config, pool *pgx
 	}
 	cancel()
 	wg.Wait()
+	*cpu = cpuPerEvent(cpu0, readCPUTimes(), n)
 	if swept.Load() < int64(n) {
 		return 0, fmt.Errorf("only %d of %d events published and swept before the deadline (%v)", swept.Load(), n, ctx.Err())
 	}
@@ -259,12 +264,11 @@ func (b *bench) runRelayDrainWAL(ctx context.Context) ([]Figure, error) {
 		poll = append(poll, rate(n, res.elapsed))
 
 		timer := &sweepTimer{}
-		cpu0 = readCPUTimes()
-		wd, err := b.drainWAL(ctx, poolCfg, pool, url, slot, n, timer)
+		var walCPU map[string]float64
+		wd, err := b.drainWAL(ctx, poolCfg, pool, url, slot, n, timer, &walCPU)
 		if err != nil {
 			return nil, fmt.Errorf("WAL relay: %w", err)
 		}
-		walCPU := cpuPerEvent(cpu0, readCPUTimes(), n)
 		if err := check("WAL relay"); err != nil {
 			return nil, err
 		}
