@@ -281,18 +281,19 @@ func checkRowsSQL(ctx context.Context, db outbox.DB, ids []int64) (present, hand
 	return present, handed, nil
 }
 
-// sweepSQL deletes the rows of confirmed events that it can lock at once, and
-// returns the others: the writer of the aggregate's next event holds a row
-// FOR KEY SHARE until it commits (see outbox's insertSQL), and the relay never
-// waits on a business transaction. Rows already gone count as swept.
+// sweepSQL deletes the rows of confirmed events that it can lock at once,
+// and returns their ids. A row it does not return is either gone already
+// (published and swept before a restart) or locked: the writer of the
+// aggregate's next event holds it FOR KEY SHARE until it commits (see
+// outbox's insertSQL), and the relay never waits on a business transaction;
+// presentSQL tells them apart, for those few rows only.
 const sweepSQL = `
 WITH locked AS (
     SELECT id FROM outbox WHERE id = ANY($1::bigint[])
     FOR UPDATE SKIP LOCKED
-), gone AS (
-    DELETE FROM outbox o USING locked l WHERE o.id = l.id
 )
-SELECT o.id FROM outbox o WHERE o.id = ANY($1::bigint[]) AND o.id NOT IN (SELECT id FROM locked)`
+DELETE FROM outbox o USING locked l WHERE o.id = l.id
+RETURNING o.id`
 
 // archiveSQL is sweepSQL moving the rows to outbox_published (Config.Archive).
 const archiveSQL = `
@@ -311,7 +312,10 @@ WITH locked AS (
     FROM moved
     ON CONFLICT (id) DO NOTHING
 )
-SELECT o.id FROM outbox o WHERE o.id = ANY($1::bigint[]) AND o.id NOT IN (SELECT id FROM locked)`
+SELECT id FROM moved`
+
+// presentSQL returns which of the rows are still in the outbox.
+const presentSQL = `SELECT id FROM outbox WHERE id = ANY($1::bigint[])`
 
 // deadLetterSQL dead-letters events the relay gave up on, as the polling
 // relay would: attempts, error, time. The row is its aggregate's head (every
@@ -398,12 +402,32 @@ func write(ctx context.Context, pool *pgxpool.Pool, archive bool, sweep []*event
 			if err != nil {
 				return fmt.Errorf("sweep confirmed rows: %w", err)
 			}
-			left, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+			deleted, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 			if err != nil {
 				return fmt.Errorf("sweep confirmed rows: %w", err)
 			}
-			for _, id := range left {
-				skippedIDs[id] = true
+			if len(deleted) < len(ids) {
+				done := make(map[int64]bool, len(deleted))
+				for _, id := range deleted {
+					done[id] = true
+				}
+				var rest []int64
+				for _, id := range ids {
+					if !done[id] {
+						rest = append(rest, id)
+					}
+				}
+				rows, err := db.Query(ctx, presentSQL, rest)
+				if err != nil {
+					return fmt.Errorf("sweep confirmed rows: %w", err)
+				}
+				left, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+				if err != nil {
+					return fmt.Errorf("sweep confirmed rows: %w", err)
+				}
+				for _, id := range left {
+					skippedIDs[id] = true
+				}
 			}
 		}
 		swept, skipped = nil, nil
