@@ -15,6 +15,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outbox-inbox/reference/services/shipping/internal/amqpaddr"
 	"github.com/outbox-inbox/reference/services/shipping/internal/metrics"
@@ -136,6 +138,15 @@ type Config struct {
 	Metrics *metrics.Metrics
 	// Logger receives the consumer's logs. Default: discard.
 	Logger *slog.Logger
+	// TracerProvider starts a span per delivery ("process <queue>", kind
+	// CONSUMER), whose parent is the context in the delivery's headers, with
+	// child spans for the republished copies (PRODUCER) and the ack.
+	// Default: a no-op provider (no spans; the delivery's trace context and
+	// baggage still reach the handler and the copies).
+	TracerProvider trace.TracerProvider
+	// Propagator reads and writes trace context and baggage in the headers.
+	// Default: W3C Trace Context and Baggage.
+	Propagator propagation.TextMapPropagator
 }
 
 // Consumer consumes Topology.Queue and applies the Handler's verdicts.
@@ -146,6 +157,7 @@ type Consumer struct {
 	log     *slog.Logger
 	ready   atomic.Bool
 	tagBase string
+	tr      tracing
 }
 
 // New returns a Consumer; Run starts it.
@@ -188,7 +200,10 @@ func New(cfg Config, h Handler) (*Consumer, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Consumer{cfg: cfg, nodes: nodes, h: h, log: log, tagBase: cfg.ConnectionName + "-" + hex.EncodeToString(randBytes(4))}, nil
+	return &Consumer{
+		cfg: cfg, nodes: nodes, h: h, log: log, tagBase: cfg.ConnectionName + "-" + hex.EncodeToString(randBytes(4)),
+		tr: newTracing(cfg.TracerProvider, cfg.Propagator, cfg.Topology.Queue),
+	}, nil
 }
 
 // Topology returns the topology with defaults filled in.
@@ -407,13 +422,21 @@ func (c *Consumer) handle(ctx context.Context, s *sessionState, d amqp.Delivery)
 		MessageID: d.MessageId, Type: d.Type, Exchange: d.Exchange, RoutingKey: d.RoutingKey,
 		Headers: d.Headers, Body: d.Body, Redelivered: d.Redelivered,
 	}
+	// The handler's context carries the delivery's trace context and
+	// baggage, and its process span.
+	dctx := c.tr.extract(ctx, &d)
 	for attempt := 0; ; attempt++ {
-		v := c.h.Handle(ctx, del)
+		hctx, span := c.tr.startProcess(dctx, &d, attempt)
+		v := c.h.Handle(hctx, del)
 		if s.isLost() {
+			endProcess(span, v, errors.New("connection lost before the delivery was settled; the broker delivers it again"))
 			return
 		}
-		if v.Action != Retry {
-			err := c.settle(ctx, s, d, v)
+		if v.Action == Retry {
+			endProcess(span, v, nil)
+		} else {
+			err := c.settle(hctx, s, d, v)
+			endProcess(span, v, err)
 			if err == nil {
 				return
 			}
@@ -449,7 +472,11 @@ func (c *Consumer) settle(ctx context.Context, s *sessionState, d amqp.Delivery,
 	switch v.Action {
 	case Ack:
 	case Defer:
-		if err := s.pub.publish(ctx, "", c.cfg.Topology.DelayQueue, c.copyOf(d, v.Headers)); err != nil {
+		msg := c.copyOf(d, v.Headers)
+		pctx, span := c.tr.startPublish(ctx, "", c.cfg.Topology.DelayQueue, v.Reason, &msg)
+		err := s.pub.publish(pctx, "", c.cfg.Topology.DelayQueue, msg)
+		endSpan(span, err)
+		if err != nil {
 			return fmt.Errorf("defer to %s: %w", c.cfg.Topology.DelayQueue, err)
 		}
 		if m := c.cfg.Metrics; m != nil {
@@ -463,7 +490,11 @@ func (c *Consumer) settle(ctx context.Context, s *sessionState, d amqp.Delivery,
 		h[HeaderReason] = v.Reason
 		h[HeaderError] = truncate(v.Detail, 1024)
 		h[HeaderDeadLetteredBy] = c.cfg.ConnectionName
-		if err := s.pub.publish(ctx, c.cfg.Topology.DeadLetterExchange, d.RoutingKey, c.copyOf(d, h)); err != nil {
+		msg := c.copyOf(d, h)
+		pctx, span := c.tr.startPublish(ctx, c.cfg.Topology.DeadLetterExchange, d.RoutingKey, v.Reason, &msg)
+		err := s.pub.publish(pctx, c.cfg.Topology.DeadLetterExchange, d.RoutingKey, msg)
+		endSpan(span, err)
+		if err != nil {
 			return fmt.Errorf("dead-letter to %s: %w", c.cfg.Topology.DeadLetterExchange, err)
 		}
 		if m := c.cfg.Metrics; m != nil {
@@ -477,7 +508,10 @@ func (c *Consumer) settle(ctx context.Context, s *sessionState, d amqp.Delivery,
 	if s.isLost() {
 		return errors.New("connection lost before ack")
 	}
-	if err := d.Ack(false); err != nil {
+	span := c.tr.startAck(ctx, &d)
+	err := d.Ack(false)
+	endSpan(span, err)
+	if err != nil {
 		return fmt.Errorf("ack: %w", err)
 	}
 	return nil

@@ -1,0 +1,229 @@
+package rabbitmq
+
+import (
+	"context"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+)
+
+// ScopeName is the instrumentation scope of the consumer's spans.
+const ScopeName = "github.com/outbox-inbox/reference/services/shipping/internal/rabbitmq"
+
+// The headers the propagator reads and writes (W3C Trace Context and
+// Baggage).
+const (
+	HeaderTraceparent = "traceparent"
+	HeaderTracestate  = "tracestate"
+	HeaderBaggage     = "baggage"
+)
+
+// The consumer's span attributes beside the messaging conventions' ones.
+const (
+	// AttrRedelivered (bool): the broker's redelivered flag.
+	AttrRedelivered = attribute.Key("shipping.redelivered")
+	// AttrDeliveryCount (int): the quorum queue's x-delivery-count (earlier
+	// returns of this message to the queue), when present.
+	AttrDeliveryCount = attribute.Key("shipping.delivery_count")
+	// AttrRetry (int): how many times this delivery was handled before in
+	// this process (a Retry verdict keeps it: MongoDB was unavailable).
+	AttrRetry = attribute.Key("shipping.retry")
+	// AttrVerdict: what became of the delivery: ack, defer, dead_letter,
+	// retry.
+	AttrVerdict = attribute.Key("shipping.verdict")
+	// AttrReason: a defer's or a dead letter's reason.
+	AttrReason = attribute.Key("shipping.verdict.reason")
+)
+
+// HeaderCarrier adapts AMQP headers to propagation.TextMapCarrier. Get reads
+// string values only (the W3C headers are strings); Set writes strings.
+type HeaderCarrier amqp.Table
+
+var _ propagation.TextMapCarrier = HeaderCarrier(nil)
+
+// Get returns the string value of key, or "".
+func (c HeaderCarrier) Get(key string) string {
+	switch v := c[key].(type) {
+	case string:
+		return v
+	case []byte:
+		return string(v)
+	}
+	return ""
+}
+
+// Set sets key to value.
+func (c HeaderCarrier) Set(key, value string) { c[key] = value }
+
+// Keys lists the keys.
+func (c HeaderCarrier) Keys() []string {
+	keys := make([]string, 0, len(c))
+	for k := range c {
+		keys = append(keys, k)
+	}
+	return keys
+}
+
+// tracing holds the consumer's tracer; on is false for a no-op provider,
+// which skips every span (the delivery's context is still extracted, so a
+// handler sees its trace id and baggage, and the copies carry them on).
+type tracing struct {
+	tracer      trace.Tracer
+	prop        propagation.TextMapPropagator
+	on          bool
+	processName string
+	ackName     string
+	queue       attribute.KeyValue
+}
+
+func newTracing(tp trace.TracerProvider, prop propagation.TextMapPropagator, queue string) tracing {
+	if tp == nil {
+		tp = noop.NewTracerProvider()
+	}
+	if prop == nil {
+		prop = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
+	}
+	_, off := tp.(noop.TracerProvider)
+	return tracing{
+		tracer: tp.Tracer(ScopeName), prop: prop, on: !off,
+		processName: "process " + queue, ackName: "ack " + queue,
+		queue: semconv.MessagingDestinationSubscriptionName(queue),
+	}
+}
+
+// extract returns ctx with d's trace context and baggage.
+func (t *tracing) extract(ctx context.Context, d *amqp.Delivery) context.Context {
+	if len(d.Headers) == 0 {
+		return ctx
+	}
+	return t.prop.Extract(ctx, HeaderCarrier(d.Headers))
+}
+
+// startProcess starts d's process span (CONSUMER) under the context
+// extracted from its headers (a new root without them). retry counts the
+// earlier handlings of d in this session. The span is nil with tracing off.
+func (t *tracing) startProcess(ctx context.Context, d *amqp.Delivery, retry int) (context.Context, trace.Span) {
+	if !t.on {
+		return ctx, nil
+	}
+	attrs := make([]attribute.KeyValue, 0, 12)
+	attrs = append(attrs,
+		semconv.MessagingSystemRabbitMQ,
+		semconv.MessagingOperationTypeProcess,
+		semconv.MessagingOperationName("process"),
+		semconv.MessagingDestinationName(d.Exchange),
+		t.queue,
+		semconv.MessagingMessageID(d.MessageId),
+		semconv.MessagingRabbitMQMessageDeliveryTag(int(d.DeliveryTag)),
+		semconv.MessagingMessageBodySize(len(d.Body)),
+		AttrRedelivered.Bool(d.Redelivered),
+	)
+	if d.RoutingKey != "" {
+		attrs = append(attrs, semconv.MessagingRabbitMQDestinationRoutingKey(d.RoutingKey))
+	}
+	if n, ok := d.Headers["x-delivery-count"].(int64); ok {
+		attrs = append(attrs, AttrDeliveryCount.Int64(n))
+	}
+	if retry > 0 {
+		attrs = append(attrs, AttrRetry.Int(retry))
+	}
+	return t.tracer.Start(ctx, t.processName, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...))
+}
+
+// endProcess ends a process span with the verdict and its outcome: a dead
+// letter, a retry, a failed handler run or a settle that failed is an
+// error.
+func endProcess(span trace.Span, v Verdict, err error) {
+	if span == nil {
+		return
+	}
+	span.SetAttributes(AttrVerdict.String(v.Action.String()))
+	if v.Reason != "" {
+		span.SetAttributes(AttrReason.String(v.Reason))
+	}
+	switch {
+	case err != nil:
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	case v.Action == DeadLetter:
+		span.SetStatus(codes.Error, "dead-lettered: "+v.Reason+": "+v.Detail)
+	case v.Action == Retry:
+		span.SetStatus(codes.Error, "kept for a retry: a dependency is unavailable")
+	case v.Action == Defer && (v.Reason == "retry" || v.Reason == "transient"):
+		span.SetStatus(codes.Error, "deferred: "+v.Reason)
+	}
+	span.End()
+}
+
+// startPublish starts the PRODUCER span of a republished copy of d (to the
+// delay queue or the dead-letter exchange), a child of the process span in
+// ctx, and writes its context, with the delivery's baggage, into msg's
+// headers in place of the copied ones. With tracing off, the delivery's own
+// context is written (the same trace, the sampled flag kept).
+func (t *tracing) startPublish(ctx context.Context, exchange, key, reason string, msg *amqp.Publishing) (context.Context, trace.Span) {
+	var span trace.Span
+	if t.on && trace.SpanFromContext(ctx).IsRecording() {
+		name := "publish " + exchange
+		if exchange == "" {
+			name = "publish " + key // the default exchange routes to the queue named key
+		}
+		attrs := []attribute.KeyValue{
+			semconv.MessagingSystemRabbitMQ,
+			semconv.MessagingOperationTypeSend,
+			semconv.MessagingOperationName("publish"),
+			semconv.MessagingDestinationName(exchange),
+			semconv.MessagingMessageID(msg.MessageId),
+			semconv.MessagingMessageBodySize(len(msg.Body)),
+			AttrReason.String(reason),
+		}
+		if key != "" {
+			attrs = append(attrs, semconv.MessagingRabbitMQDestinationRoutingKey(key))
+		}
+		ctx, span = t.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(attrs...))
+	}
+	if msg.Headers == nil {
+		msg.Headers = amqp.Table{}
+	}
+	// Replace, never merge: what the context lacks must not survive from the
+	// copied headers.
+	delete(msg.Headers, HeaderTraceparent)
+	delete(msg.Headers, HeaderTracestate)
+	delete(msg.Headers, HeaderBaggage)
+	t.prop.Inject(ctx, HeaderCarrier(msg.Headers))
+	return ctx, span
+}
+
+// startAck starts the settle span (CLIENT) of d's ack, a child of the
+// process span in ctx; nil with tracing off or under a non-recording span.
+func (t *tracing) startAck(ctx context.Context, d *amqp.Delivery) trace.Span {
+	if !t.on || !trace.SpanFromContext(ctx).IsRecording() {
+		return nil
+	}
+	_, span := t.tracer.Start(ctx, t.ackName, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(
+		semconv.MessagingSystemRabbitMQ,
+		semconv.MessagingOperationTypeSettle,
+		semconv.MessagingOperationName("ack"),
+		t.queue,
+		semconv.MessagingMessageID(d.MessageId),
+		semconv.MessagingRabbitMQMessageDeliveryTag(int(d.DeliveryTag)),
+	))
+	return span
+}
+
+// endSpan ends a child span, recording err.
+func endSpan(span trace.Span, err error) {
+	if span == nil {
+		return
+	}
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	span.End()
+}
+
