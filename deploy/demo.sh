@@ -9,7 +9,9 @@
 # Without one: the same system as local processes (deploy/demo), against this
 # machine's PostgreSQL and RabbitMQ (started here when they are down) and an
 # embedded FerretDB. The binaries are built once into bin/ first, so signals
-# reach the real processes rather than `go run`.
+# reach the real processes rather than `go run`. The demo then serves a live
+# view of the flow, with buttons that inject the guided scenario's faults, on
+# http://127.0.0.1:8090 (-ui-addr), and prints its address.
 #
 # Either way Ctrl-C stops everything. Arguments go to `docker compose up`
 # (e.g. --detach) or to bin/demo (e.g. -orders-addr 127.0.0.1:9080; see

@@ -3,8 +3,8 @@
 // deploy/demo.sh):
 //
 //	mongolocal          an embedded FerretDB on MONGO_URI's address
-//	orders              the API and an in-process relay
-//	orders relay        a second, standalone relay
+//	orders              the API (RELAY=false: it NOTIFYs the relays)
+//	orders relay        relay-1 and relay-2, two standalone relays
 //	shipping            the consumer, its inbox and its API
 //	loadgen             with -load only: orders at a steady rate
 //
@@ -14,6 +14,11 @@
 // its name, restarts a process that dies (so `kill -9` one and watch it come
 // back), and on SIGINT or SIGTERM stops them all: the applications first,
 // then the database they write to, each with SIGTERM and a grace period.
+//
+// It also serves the live view (-ui-addr, default 127.0.0.1:8090): the
+// pipeline's counts, each process's state, one order's journey, and buttons
+// that stop and start the relays and shipping, arm the crash points and take
+// the broker away (see live.go and docs/demo.md).
 //
 // The services read DATABASE_URL, AMQP_URL and MONGO_URI from the demo's
 // environment when set, so the demo can be pointed elsewhere like any of

@@ -94,7 +94,7 @@ function renderProc(p) {
   if (p.restarts) bits.push("started again " + p.restarts + "×");
   if (p.published !== undefined && p.published !== null) bits.push("published " + p.published + " since start");
   if (p.armed) bits.push("armed: " + p.armed);
-  if (p.ready === false && p.detail) bits.push(p.detail);
+  if (p.ready === false && p.detail) bits.push(p.detail.length > 160 ? p.detail.slice(0, 160) + "…" : p.detail);
   if (p.state !== "running" && p.last_exit) bits.push("last exit: " + p.last_exit);
   $(".proc-detail", card).textContent = bits.join(" · ") || "–";
 }
