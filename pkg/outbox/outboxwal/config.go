@@ -49,6 +49,12 @@ type Config struct {
 	// Archive moves the rows of confirmed events to outbox_published, as the
 	// polling relay does, instead of deleting them. Default false: delete.
 	Archive bool
+	// VacuumEvery is how many rows the relay sweeps between two VACUUMs of
+	// the outbox table it runs itself, as outbox.RelayConfig.VacuumEvery: 0
+	// (auto) vacuums every 5,000 rows when autovacuum does not cover the
+	// table, and never otherwise; -1 never; a positive value at that
+	// interval regardless.
+	VacuumEvery int
 	// TakeoverInterval is how often a relay that waits for the slot (another
 	// relay streams from it) tries again. Default 1s.
 	TakeoverInterval time.Duration
@@ -163,6 +169,8 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("outboxwal config: MaxInMemory %d: at least BatchSize (%d)", c.MaxInMemory, c.BatchSize)
 	case c.RetryBackoffMin > c.RetryBackoffMax:
 		return c, fmt.Errorf("outboxwal config: RetryBackoffMin %v exceeds RetryBackoffMax %v", c.RetryBackoffMin, c.RetryBackoffMax)
+	case c.VacuumEvery < -1:
+		return c, fmt.Errorf("outboxwal config: VacuumEvery %d: want -1 (never), 0 (auto) or a number of rows", c.VacuumEvery)
 	case c.StatusInterval > maxStatusInterval:
 		return c, fmt.Errorf("outboxwal config: StatusInterval %v: at most %v", c.StatusInterval, maxStatusInterval)
 	case c.StatusInterval < minInterval || c.SweepInterval < minInterval || c.TakeoverInterval < minInterval:

@@ -242,13 +242,15 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 	for range r.cfg.Workers {
 		workers.Go(func() { r.work(sctx, s) })
 	}
+	vac := r.newVacuumer(sctx)
 	wctx, stopWriter := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopWriter()
 	writerDone := make(chan struct{})
 	go func() {
 		defer close(writerDone)
-		r.writer(wctx, sctx, s, poller)
+		r.writer(wctx, sctx, s, poller, vac)
 	}()
+	helpers.Go(func() { vac.run(sctx) })
 	helpers.Go(func() { _ = poller.Run(sctx) })
 	helpers.Go(func() { r.refresh(sctx, s) })
 
@@ -602,7 +604,7 @@ func (r *Relay) publish(ctx context.Context, s *state, batch []*event) {
 // writer sweeps confirmed rows and writes hand-overs every SweepInterval,
 // until wctx ends; it then writes what is left, once. While sctx lasts, it
 // wakes the poller after a hand-over.
-func (r *Relay) writer(wctx, sctx context.Context, s *state, poller *outbox.Relay) {
+func (r *Relay) writer(wctx, sctx context.Context, s *state, poller *outbox.Relay, vac *vacuumer) {
 	t := time.NewTicker(r.cfg.SweepInterval)
 	defer t.Stop()
 	var failures int
@@ -622,6 +624,7 @@ func (r *Relay) writer(wctx, sctx context.Context, s *state, poller *outbox.Rela
 			}
 			failures = 0
 			s.written(swept, skipped, handed, postponed)
+			vac.swept(len(swept))
 			if h := r.cfg.Hooks.Swept; h != nil && len(swept) > 0 {
 				h(len(swept))
 			}

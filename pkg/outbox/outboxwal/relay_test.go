@@ -454,3 +454,26 @@ func TestSweepSkipsARowAWriterHolds(t *testing.T) {
 		t.Log("the first row was swept before the writer could hold it: the skip was not exercised")
 	}
 }
+
+// With VacuumEvery set, the relay vacuums the outbox table after that many
+// rows swept (on a server without autovacuum, auto mode does it every 5,000).
+func TestRelayVacuumsTheOutboxAfterSweeps(t *testing.T) {
+	pool := walPool(t)
+	b := newBroker(t, "#")
+	cfg := walConfig(t, pool)
+	cfg.VacuumEvery = 10
+	cfg.Poll.VacuumEvery = -1 // the polling relay inside would vacuum at its start on a server without autovacuum
+	relay, _ := startWAL(t, pool, newPublisherForTest(t, b), cfg)
+	waitActive(t, relay)
+	var want []outbox.Enqueued
+	for i := range 30 {
+		want = append(want, enqueue(t, pool, msg(fmt.Sprintf("o-%d", i), "order.created"))...)
+	}
+	b.waitIDs("every event", want)
+	waitFor(t, "a vacuum of the outbox table", 30*time.Second, func() (bool, error) {
+		var n int64
+		err := pool.QueryRow(context.Background(),
+			`SELECT coalesce(vacuum_count, 0) FROM pg_stat_user_tables WHERE relid = 'outbox'::regclass`).Scan(&n)
+		return n > 0, err
+	})
+}
