@@ -14,6 +14,9 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outbox-inbox/reference/services/orders/internal/httpapi"
 	"github.com/outbox-inbox/reference/services/orders/internal/order"
@@ -29,14 +32,18 @@ type bundle struct {
 	wakes *atomic.Int64
 }
 
-func setup(t *testing.T) bundle {
+func setup(t *testing.T) bundle { return setupTraced(t, nil) }
+
+// setupTraced is setup with the API and the store tracing to tp (nil: off).
+func setupTraced(t *testing.T, tp trace.TracerProvider) bundle {
 	t.Helper()
 	pool := pgtest.NewPool(t)
 	var wakes atomic.Int64
 	api, err := httpapi.New(httpapi.Config{
-		Orders: postgres.NewStore(pool, postgres.StoreConfig{}),
-		Wake:   func() { wakes.Add(1) },
-		Logger: slog.New(slog.DiscardHandler),
+		Orders:         postgres.NewStore(pool, postgres.StoreConfig{TracerProvider: tp}),
+		Wake:           func() { wakes.Add(1) },
+		Logger:         slog.New(slog.DiscardHandler),
+		TracerProvider: tp,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -262,28 +269,42 @@ func TestHealthAndReadiness(t *testing.T) {
 }
 
 // No trace context header a client sends can make a request fail: an invalid
-// traceparent starts a new trace, an invalid tracestate is dropped, and the
+// traceparent is ignored (with tracing on, the request starts a new trace;
+// off, no trace context is stored), an invalid tracestate is dropped, and the
 // order and its events are written either way.
 func TestTraceContextHeadersNeverFailARequest(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	for _, traced := range []bool{false, true} {
+		t.Run(map[bool]string{false: "tracing off", true: "tracing on"}[traced], func(t *testing.T) {
+			t.Parallel()
+			var tp trace.TracerProvider
+			if traced {
+				tp = sdktrace.NewTracerProvider(sdktrace.WithSyncer(tracetest.NewInMemoryExporter()))
+			}
+			traceContextCases(t, setupTraced(t, tp), traced)
+		})
+	}
+}
+
+func traceContextCases(t *testing.T, b bundle, traced bool) {
 	const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 	cases := []struct {
 		name           string
 		headers        []string
-		wantParent     string // "" when a new trace must be started
+		valid          bool   // the client's traceparent is valid
 		wantTracestate string // "" when no tracestate must be stored
 	}{
-		{"valid", []string{"Traceparent", tp, "Tracestate", "congo=t61rcWkgMzE, rojo=00f067aa0ba902b7"}, tp, "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7"},
-		{"tracestate with invalid UTF-8", []string{"Traceparent", tp, "Tracestate", "congo=\xff\xfe"}, tp, ""},
-		{"tracestate key with invalid UTF-8", []string{"Traceparent", tp, "Tracestate", "\xc3\x28=1"}, tp, ""},
-		{"tracestate of 33 members", []string{"Traceparent", tp, "Tracestate", manyMembers(33)}, tp, ""},
-		{"tracestate with a duplicate key", []string{"Traceparent", tp, "Tracestate", "a=1,a=2"}, tp, ""},
-		{"tracestate in two header fields", []string{"Traceparent", tp, "Tracestate", "a=1", "Tracestate", "b=2"}, tp, "a=1,b=2"},
-		{"traceparent with invalid UTF-8", []string{"Traceparent", "00-4bf92f3577b34da6a3ce929d0e0e47\xff\xfe-00f067aa0ba902b7-01", "Tracestate", "a=1"}, "", ""},
-		{"traceparent in upper case", []string{"Traceparent", strings.ToUpper(tp), "Tracestate", "a=1"}, "", ""},
-		{"traceparent version ff", []string{"Traceparent", "ff" + tp[2:], "Tracestate", "a=1"}, "", ""},
-		{"two traceparents", []string{"Traceparent", tp, "Traceparent", tp}, "", ""},
+		{"valid", []string{"Traceparent", tp, "Tracestate", "congo=t61rcWkgMzE, rojo=00f067aa0ba902b7"}, true, "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7"},
+		{"tracestate with invalid UTF-8", []string{"Traceparent", tp, "Tracestate", "congo=\xff\xfe"}, true, ""},
+		{"tracestate key with invalid UTF-8", []string{"Traceparent", tp, "Tracestate", "\xc3\x28=1"}, true, ""},
+		{"tracestate of 33 members", []string{"Traceparent", tp, "Tracestate", manyMembers(33)}, true, ""},
+		{"tracestate with a duplicate key", []string{"Traceparent", tp, "Tracestate", "a=1,a=2"}, true, ""},
+		{"tracestate in two header fields", []string{"Traceparent", tp, "Tracestate", "a=1", "Tracestate", "b=2"}, true, "a=1,b=2"},
+		{"baggage that is not baggage", []string{"Traceparent", tp, "Baggage", "\xff=;;;=,=="}, true, ""},
+		{"traceparent with invalid UTF-8", []string{"Traceparent", "00-4bf92f3577b34da6a3ce929d0e0e47\xff\xfe-00f067aa0ba902b7-01", "Tracestate", "a=1"}, false, ""},
+		{"traceparent in upper case", []string{"Traceparent", strings.ToUpper(tp), "Tracestate", "a=1"}, false, ""},
+		{"traceparent version ff", []string{"Traceparent", "ff" + tp[2:], "Tracestate", "a=1"}, false, ""},
+		{"two traceparents", []string{"Traceparent", tp, "Traceparent", tp}, false, ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -295,27 +316,22 @@ func TestTraceContextHeadersNeverFailARequest(t *testing.T) {
 			if r := b.do(t, "POST", "/orders/"+id+"/cancel", "", "", tc.headers...); r.status != http.StatusOK {
 				t.Fatalf("cancel: %d %s", r.status, r.raw)
 			}
-			rows, err := b.pool.Query(t.Context(), `SELECT headers FROM outbox WHERE aggregate_id = $1 ORDER BY aggregate_version`, id)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var stored []map[string]string
-			for rows.Next() {
-				var h map[string]string
-				if err := rows.Scan(&h); err != nil {
-					t.Fatal(err)
-				}
-				stored = append(stored, h)
-			}
-			if err := rows.Err(); err != nil || len(stored) != 2 {
-				t.Fatalf("events of the order: %v (%v), want created and cancelled", stored, err)
+			stored := storedHeaders(t, b, id)
+			if len(stored) != 2 {
+				t.Fatalf("events of the order: %v, want created and cancelled", stored)
 			}
 			for _, h := range stored {
-				parent := h["traceparent"]
+				parent, ok := h["traceparent"]
 				switch {
-				case tc.wantParent != "" && parent != tc.wantParent:
-					t.Errorf("traceparent %q, want the client's %q", parent, tc.wantParent)
-				case tc.wantParent == "" && (!validTraceparent(parent) || strings.Contains(strings.ToLower(tp), parent[3:35])):
+				case !traced && tc.valid && parent != tp:
+					t.Errorf("traceparent %q, want the client's %q", parent, tp)
+				case !traced && !tc.valid && ok:
+					t.Errorf("traceparent %q stored with tracing off and no valid client context", parent)
+				case traced && (!validTraceparent(parent) || parent == tp):
+					t.Errorf("traceparent %q, want one of the write span", parent)
+				case traced && tc.valid && parent[3:35] != tp[3:35]:
+					t.Errorf("traceparent %q, want the client's trace", parent)
+				case traced && !tc.valid && strings.Contains(strings.ToLower(tp), parent[3:35]):
 					t.Errorf("traceparent %q, want a new trace", parent)
 				}
 				if ts, ok := h["tracestate"]; ts != tc.wantTracestate || (tc.wantTracestate == "" && ok) {
@@ -324,6 +340,27 @@ func TestTraceContextHeadersNeverFailARequest(t *testing.T) {
 			}
 		})
 	}
+}
+
+// storedHeaders returns the headers of an order's events, in version order.
+func storedHeaders(t *testing.T, b bundle, id string) []map[string]string {
+	t.Helper()
+	rows, err := b.pool.Query(t.Context(), `SELECT headers FROM outbox WHERE aggregate_id = $1 ORDER BY aggregate_version`, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stored []map[string]string
+	for rows.Next() {
+		var h map[string]string
+		if err := rows.Scan(&h); err != nil {
+			t.Fatal(err)
+		}
+		stored = append(stored, h)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return stored
 }
 
 func manyMembers(n int) string {

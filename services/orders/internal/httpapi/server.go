@@ -18,6 +18,9 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/outbox-inbox/reference/internal/crashpoint"
 	"github.com/outbox-inbox/reference/services/orders/internal/order"
@@ -27,7 +30,10 @@ import (
 // MaxBodyBytes bounds a request body; a larger one gets 413.
 const MaxBodyBytes = 64 << 10
 
-// Orders is what the API needs from the order store.
+// Orders is what the API needs from the order store. Create and Cancel store
+// the trace context of ctx (the request's span, or the client's context with
+// tracing off) with the event; headers are extra event headers (the API gives
+// none).
 type Orders interface {
 	Create(ctx context.Context, n order.NewOrder, idem postgres.Idempotency, headers map[string]string) (order.Order, bool, error)
 	Get(ctx context.Context, id string) (order.Order, error)
@@ -55,6 +61,13 @@ type Config struct {
 	Crash *crashpoint.Trigger
 	// Logger. Default: slog.Default().
 	Logger *slog.Logger
+	// TracerProvider starts the server spans. Default: a no-op provider
+	// (tracing off: the client's trace context is still carried into the
+	// events).
+	TracerProvider trace.TracerProvider
+	// Propagator reads the client's trace context and baggage. Default: W3C
+	// Trace Context and Baggage.
+	Propagator propagation.TextMapPropagator
 }
 
 // Server is the orders HTTP API.
@@ -65,7 +78,7 @@ type Server struct {
 	wake       func()
 	crash      *crashpoint.Trigger
 	logger     *slog.Logger
-	router     chi.Router
+	handler    http.Handler
 }
 
 // New returns a Server for cfg.
@@ -88,6 +101,7 @@ func New(cfg Config) (*Server, error) {
 		s.wake = func() {}
 	}
 	r := chi.NewRouter()
+	r.Use(nameByRoute)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, &apiError{http.StatusNotFound, "not_found", "no such endpoint"})
 	})
@@ -107,12 +121,19 @@ func New(cfg Config) (*Server, error) {
 	if s.outbox != nil && s.adminToken != "" {
 		s.mountAdmin(r)
 	}
-	s.router = r
+	tp, prop := cfg.TracerProvider, cfg.Propagator
+	if tp == nil {
+		tp = noop.NewTracerProvider()
+	}
+	if prop == nil {
+		prop = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
+	}
+	s.handler = traced(r, tp, prop)
 	return s, nil
 }
 
 // ServeHTTP implements http.Handler.
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.router.ServeHTTP(w, r) }
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.handler.ServeHTTP(w, r) }
 
 // handle adapts a handler that returns an error to http.HandlerFunc.
 func (s *Server) handle(h func(w http.ResponseWriter, r *http.Request) error) http.HandlerFunc {
@@ -145,7 +166,7 @@ func (s *Server) createOrder(w http.ResponseWriter, r *http.Request) error {
 	if idem.Key != "" {
 		idem.RequestHash = requestHash(n)
 	}
-	o, replayed, err := s.orders.Create(r.Context(), n, idem, traceHeaders(r.Header))
+	o, replayed, err := s.orders.Create(r.Context(), n, idem, nil)
 	if err != nil {
 		return err
 	}
@@ -190,7 +211,7 @@ func (s *Server) cancelOrder(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	o, changed, err := s.orders.Cancel(r.Context(), id, traceHeaders(r.Header))
+	o, changed, err := s.orders.Cancel(r.Context(), id, nil)
 	if err != nil {
 		return err
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"time"
 
 	"github.com/google/uuid"
@@ -12,7 +13,15 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+
 	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/pkg/outbox/outboxotel"
 	"github.com/outbox-inbox/reference/services/orders/internal/order"
 	"github.com/outbox-inbox/reference/services/orders/internal/postgres/ordersdb"
 )
@@ -32,6 +41,13 @@ type StoreConfig struct {
 	// its outbox rows were written and before the commit; an error from it rolls
 	// the transaction back. Tests use it to inject a failure at that point.
 	BeforeCommit func(ctx context.Context, tx pgx.Tx) error
+	// TracerProvider starts the write spans (orders.create, orders.cancel).
+	// Default: a no-op provider: no spans, but a trace context in ctx (the
+	// client's) is still stored with the event.
+	TracerProvider trace.TracerProvider
+	// Propagator writes the trace context and baggage into the event's
+	// headers. Default: W3C Trace Context and Baggage.
+	Propagator propagation.TextMapPropagator
 }
 
 // Store reads and writes orders with the queries sqlc generates from
@@ -43,7 +59,12 @@ type Store struct {
 	queries      *ordersdb.Queries
 	writer       *outbox.Writer
 	beforeCommit func(ctx context.Context, tx pgx.Tx) error
+	tracer       trace.Tracer
+	prop         propagation.TextMapPropagator
 }
+
+// TracerName is the instrumentation scope of the store's spans.
+const TracerName = "github.com/outbox-inbox/reference/services/orders/internal/postgres"
 
 // NewStore returns a Store on pool.
 func NewStore(pool *pgxpool.Pool, cfg StoreConfig) *Store {
@@ -51,8 +72,54 @@ func NewStore(pool *pgxpool.Pool, cfg StoreConfig) *Store {
 	if w == nil {
 		w, _ = outbox.NewWriter(outbox.WriterConfig{})
 	}
-	return &Store{pool: pool, queries: ordersdb.New(pool), writer: w, beforeCommit: cfg.BeforeCommit}
+	tp := cfg.TracerProvider
+	if tp == nil {
+		tp = noop.NewTracerProvider()
+	}
+	prop := cfg.Propagator
+	if prop == nil {
+		prop = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
+	}
+	return &Store{pool: pool, queries: ordersdb.New(pool), writer: w, beforeCommit: cfg.BeforeCommit,
+		tracer: tp.Tracer(TracerName), prop: prop}
 }
+
+// startWrite starts the span of a write transaction and returns the event's
+// headers: headers with the span's trace context and baggage (W3C
+// traceparent, tracestate, baggage). Without a span context (tracing off and
+// no client context) none is added: no trace is invented.
+func (s *Store) startWrite(ctx context.Context, name string, headers map[string]string) (context.Context, trace.Span, map[string]string) {
+	ctx, span := s.tracer.Start(ctx, name, trace.WithAttributes(semconv.DBSystemNamePostgreSQL))
+	if headers != nil {
+		headers = maps.Clone(headers)
+	}
+	return ctx, span, outboxotel.InjectHeaders(ctx, s.prop, headers)
+}
+
+// endWrite ends a write span with the transaction's outcome.
+func endWrite(span trace.Span, o order.Order, err error) {
+	if span.IsRecording() {
+		if o.ID != "" {
+			span.SetAttributes(attrOrderID.String(o.ID), attrOrderVersion.Int64(int64(o.Version)))
+		}
+		// A client's mistake (no such order, a reused key) is the answer, not
+		// a failure of the write.
+		if err != nil && !errors.Is(err, order.ErrNotFound) && !errors.Is(err, order.ErrIdempotencyKeyReused) {
+			span.RecordError(err)
+			span.SetStatus(codes.Error, err.Error())
+		}
+	}
+	span.End()
+}
+
+// The write spans' attributes.
+const (
+	attrOrderID       = attribute.Key("orders.order.id")
+	attrOrderVersion  = attribute.Key("orders.order.version")
+	attrReplayed      = attribute.Key("orders.idempotent_replay")
+	attrChanged       = attribute.Key("orders.changed")
+	attrEventEnqueued = attribute.Key("outbox.event.type")
+)
 
 // Ping checks the database answers.
 func (s *Store) Ping(ctx context.Context) error { return s.pool.Ping(ctx) }
@@ -81,6 +148,16 @@ func parseID(id string) (uuid.UUID, error) {
 // order that request created and replayed=true, writing nothing. With a key
 // used for a different request it returns order.ErrIdempotencyKeyReused.
 func (s *Store) Create(ctx context.Context, n order.NewOrder, idem Idempotency, headers map[string]string) (o order.Order, replayed bool, err error) {
+	ctx, span, headers := s.startWrite(ctx, "orders.create", headers)
+	defer func() {
+		if span.IsRecording() {
+			span.SetAttributes(attrReplayed.Bool(replayed))
+			if err == nil && !replayed {
+				span.SetAttributes(attrEventEnqueued.String(order.EventCreated))
+			}
+		}
+		endWrite(span, o, err)
+	}()
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		o, replayed = order.Order{}, false
 		if idem.Key == "" {
@@ -174,6 +251,16 @@ func (s *Store) Get(ctx context.Context, id string) (order.Order, error) {
 // event (changed=false). The order row is locked first, so concurrent cancels
 // of one order produce one event.
 func (s *Store) Cancel(ctx context.Context, id string, headers map[string]string) (o order.Order, changed bool, err error) {
+	ctx, span, headers := s.startWrite(ctx, "orders.cancel", headers)
+	defer func() {
+		if span.IsRecording() {
+			span.SetAttributes(attrChanged.Bool(changed))
+			if err == nil && changed {
+				span.SetAttributes(attrEventEnqueued.String(order.EventCancelled))
+			}
+		}
+		endWrite(span, o, err)
+	}()
 	key, err := parseID(id)
 	if err != nil {
 		return order.Order{}, false, err
