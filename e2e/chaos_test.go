@@ -82,6 +82,12 @@ func TestChaos(t *testing.T) {
 		t.Logf("postgres: a cluster of the run's own (%s), restartable", pgBinDir)
 	}
 	topo := chaos.Topology{Relays: 2, Consumers: 2}
+	if profile.Name == "cluster" {
+		if err := rabbitClusterAvailable(); err != nil {
+			unavailable(t, "the cluster profile runs a RabbitMQ cluster of its own: %v", err)
+		}
+		topo.Nodes = 3
+	}
 	plan, err := chaos.NewPlan(seed, profile, topo)
 	if err != nil {
 		t.Fatal(err)
@@ -91,6 +97,10 @@ func TestChaos(t *testing.T) {
 	}
 
 	report := runScenario(t, scenario{seed: seed, profile: profile, plan: plan, provider: provider, topo: topo, pgBinDir: pgBinDir, pgCred: pgCred})
+	if c := report.FaultsInjected; topo.Nodes > 0 {
+		t.Logf("node faults: %d kill, %d kill of the queue leader, %d app restart, %d cut from the clients",
+			c[chaos.FaultNodeKill], c[chaos.FaultNodeKillLeader], c[chaos.FaultNodeAppRestart], c[chaos.FaultNodeProxyDown])
+	}
 	path := cmp.Or(os.Getenv("CHAOS_REPORT"), chaos.DefaultReportPath)
 	if err := chaos.WriteReport(path, report); err != nil {
 		t.Error(err)
@@ -250,7 +260,7 @@ func runScenario(t *testing.T, sc scenario) chaos.Report {
 	bins := buildBinaries(t)
 	c := newCluster(t, clusterConfig{
 		provider: sc.provider, relays: sc.topo.Relays, consumers: sc.topo.Consumers, bins: bins,
-		pgBinDir: sc.pgBinDir, pgCred: sc.pgCred,
+		pgBinDir: sc.pgBinDir, pgCred: sc.pgCred, rabbitNodes: sc.topo.Nodes,
 	})
 
 	// Finish well before go test's -timeout: its panic skips every cleanup,
@@ -462,7 +472,7 @@ func (c *cluster) busy(ctx context.Context) (string, error) {
 	if len(waiting) > 0 {
 		return "messages ready in queues: " + strings.Join(waiting, " "), nil
 	}
-	depths, err := queueDepths(ctx, c.vhost)
+	depths, err := c.queueDepths(ctx)
 	if err != nil {
 		return "", err
 	}

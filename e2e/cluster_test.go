@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -33,6 +34,10 @@ type clusterConfig struct {
 	// TEST_DATABASE_URL's server, so that it can be restarted.
 	pgBinDir string
 	pgCred   *syscall.Credential
+	// rabbitNodes, when set, gives the run a RabbitMQ cluster of its own of
+	// that many nodes (rabbitCluster) instead of TEST_AMQP_URL's broker; the
+	// services' AMQP_URL lists every node, each behind a proxy of its own.
+	rabbitNodes int
 }
 
 // cluster is one run's system: its own PostgreSQL database, RabbitMQ vhost
@@ -51,6 +56,7 @@ type cluster struct {
 	amqpURL   string // the run's vhost, direct (poison publisher, queue checks)
 	amqpAdmin string // TEST_AMQP_URL's host:port
 	toxi      *toxi
+	rabbit    *rabbitCluster // the run's own RabbitMQ cluster, nil on the machine's broker
 	mongo     mongoServer
 	mongoURI  string // through the proxy, as shipping sees it
 
@@ -119,24 +125,45 @@ func newCluster(t *testing.T, cfg clusterConfig) *cluster {
 	}
 	c.dbURL = replaceDatabase(c.adminURL, c.id)
 
-	// RabbitMQ: a vhost of the run's own, deleted in cleanup.
+	// RabbitMQ: a vhost of the run's own, deleted in cleanup; on the run's
+	// own cluster when it has one (stopped in cleanup), else on the
+	// machine's broker.
 	c.vhost = c.id
 	user := amqpU.User.Username()
-	if err := rabbitmqctl(ctx, "add_vhost", c.vhost); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(t.Context()), time.Minute)
-		defer cancel()
-		c.restoreBroker(ctx)
-		if err := rabbitmqctl(ctx, "delete_vhost", c.vhost); err != nil {
-			t.Errorf("cleanup: %v", err)
+	brokers := []string{c.amqpAdmin}
+	if cfg.rabbitNodes > 0 {
+		startCtx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+		c.rabbit, err = startRabbitCluster(startCtx, c.id, runDir, cfg.rabbitNodes, c.onExit, t.Logf)
+		cancel()
+		if err != nil {
+			t.Fatal(err)
 		}
-	})
-	if err := rabbitmqctl(ctx, "set_permissions", "-p", c.vhost, user, ".*", ".*", ".*"); err != nil {
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(t.Context()), 2*time.Minute)
+			defer cancel()
+			if err := c.rabbit.close(ctx); err != nil {
+				t.Errorf("cleanup: stop the RabbitMQ cluster: %v", err)
+			}
+		})
+		brokers = c.rabbit.addrs()
+	}
+	if err := c.rabbitmqctl(ctx, "add_vhost", c.vhost); err != nil {
 		t.Fatal(err)
 	}
-	if c.amqpURL, err = withVhost(testAMQPURL(), "", c.vhost); err != nil {
+	if c.rabbit == nil {
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(t.Context()), time.Minute)
+			defer cancel()
+			c.restoreBroker(ctx)
+			if err := rabbitmqctl(ctx, "delete_vhost", c.vhost); err != nil {
+				t.Errorf("cleanup: %v", err)
+			}
+		})
+	}
+	if err := c.rabbitmqctl(ctx, "set_permissions", "-p", c.vhost, user, ".*", ".*", ".*"); err != nil {
+		t.Fatal(err)
+	}
+	if c.amqpURL, err = withVhost(testAMQPURL(), brokers[0], c.vhost); err != nil {
 		t.Fatal(err)
 	}
 
@@ -157,14 +184,26 @@ func newCluster(t *testing.T, cfg clusterConfig) *cluster {
 	// Toxiproxy between the services and RabbitMQ and MongoDB.
 	c.toxi = newToxi()
 	t.Cleanup(c.toxi.close)
-	ordersAMQP, err := c.toxi.add(chaos.TargetAMQPOrders, c.amqpAdmin)
-	if err != nil {
-		t.Fatal(err)
+	// On a cluster, one proxy per side and node (amqp-orders@1 ...), and
+	// the services' AMQP_URL lists the side's proxies.
+	var ordersProxies, shippingProxies []string
+	for i, broker := range brokers {
+		for _, side := range []struct {
+			name  string
+			addrs *[]string
+		}{{chaos.TargetAMQPOrders, &ordersProxies}, {chaos.TargetAMQPShipping, &shippingProxies}} {
+			name := side.name
+			if c.rabbit != nil {
+				name = nodeProxy(side.name, i+1)
+			}
+			addr, err := c.toxi.add(name, broker)
+			if err != nil {
+				t.Fatal(err)
+			}
+			*side.addrs = append(*side.addrs, addr)
+		}
 	}
-	shippingAMQP, err := c.toxi.add(chaos.TargetAMQPShipping, c.amqpAdmin)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ordersAMQP := strings.Join(ordersProxies, ",")
 
 	// MongoDB.
 	switch cfg.provider {
@@ -211,7 +250,7 @@ func newCluster(t *testing.T, cfg clusterConfig) *cluster {
 
 	// Shipping first: it declares its queues and bindings, so the relays'
 	// mandatory publishes find a route.
-	shipAMQP, err := withVhost(testAMQPURL(), shippingAMQP, c.vhost)
+	shipAMQP, err := c.amqpURLs(strings.Join(shippingProxies, ","))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -302,8 +341,8 @@ func requireServices(t *testing.T, sharedPostgres bool) string {
 // and backoff for fast drains, a short lease so a killed relay's rows come
 // back quickly, and attempts high enough that no outage of a run
 // dead-letters a row.
-func (c *cluster) ordersEnv(amqpProxy, httpAddr string) []string {
-	amqpURL, _ := withVhost(testAMQPURL(), amqpProxy, c.vhost)
+func (c *cluster) ordersEnv(amqpProxies, httpAddr string) []string {
+	amqpURL, _ := c.amqpURLs(amqpProxies)
 	env := []string{
 		"DATABASE_URL=" + c.dbURL, "AMQP_URL=" + amqpURL, "OUTBOX_NOTIFY=true",
 		"RELAY_POLL_INTERVAL=200ms", "RELAY_BATCH_SIZE=100", "RELAY_MAX_ATTEMPTS=100000", "RELAY_LEASE=6s",
@@ -314,6 +353,49 @@ func (c *cluster) ordersEnv(amqpProxy, httpAddr string) []string {
 		env = append(env, "HTTP_ADDR="+httpAddr)
 	}
 	return env
+}
+
+// amqpURLs is the run's AMQP_URL through hosts, one host:port or several
+// separated by commas (the nodes of a cluster): one URL per host, with the
+// run's vhost, separated by commas.
+func (c *cluster) amqpURLs(hosts string) (string, error) {
+	var urls []string
+	for h := range strings.SplitSeq(hosts, ",") {
+		u, err := withVhost(testAMQPURL(), h, c.vhost)
+		if err != nil {
+			return "", err
+		}
+		urls = append(urls, u)
+	}
+	return strings.Join(urls, ","), nil
+}
+
+// nodeProxy names the proxy of one side (chaos.TargetAMQPOrders or
+// TargetAMQPShipping) to the i-th node of the run's cluster.
+func nodeProxy(side string, i int) string { return side + "@" + strconv.Itoa(i) }
+
+// proxies are the proxies a broker proxy fault on target acts on: the target
+// itself on the machine's broker, the side's proxy to every node on a
+// cluster (the side loses the whole broker).
+func (c *cluster) proxies(target string) []string {
+	if c.rabbit == nil {
+		return []string{target}
+	}
+	var out []string
+	for i := range c.rabbit.nodes {
+		out = append(out, nodeProxy(target, i+1))
+	}
+	return out
+}
+
+// rabbitmqctl runs rabbitmqctl against the run's broker: a node of its own
+// cluster that answers, or the machine's broker.
+func (c *cluster) rabbitmqctl(ctx context.Context, args ...string) error {
+	if c.rabbit != nil {
+		_, err := c.rabbit.ctl(ctx, args...)
+		return err
+	}
+	return rabbitmqctl(ctx, args...)
 }
 
 func (c *cluster) addProc(spec procSpec) *proc {
@@ -367,6 +449,11 @@ func (c *cluster) ensureAllRunning(ctx context.Context) error {
 	}
 	if err := c.mongo.start(ctx); err != nil {
 		errs = append(errs, err)
+	}
+	if c.rabbit != nil {
+		if err := c.rabbit.heal(ctx); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	for _, p := range c.procs {
 		if err := p.ensureRunning(); err != nil {

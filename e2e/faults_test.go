@@ -48,7 +48,9 @@ func (in *injector) lock(resource string) func() {
 // resource is what a step disturbs, for serialising steps.
 func resource(s chaos.Step) string {
 	switch s.Kind {
-	case chaos.FaultBrokerCloseConnections, chaos.FaultBrokerAppRestart:
+	case chaos.FaultBrokerCloseConnections, chaos.FaultBrokerAppRestart,
+		chaos.FaultNodeKill, chaos.FaultNodeKillLeader, chaos.FaultNodeAppRestart, chaos.FaultNodeProxyDown:
+		// One node fault at a time: a majority stays up.
 		return "broker"
 	case chaos.FaultPostgresKillSessions, chaos.FaultPostgresRestart:
 		return "postgres"
@@ -133,15 +135,11 @@ func (in *injector) inject(ctx context.Context, s chaos.Step) error {
 		}
 		record(fmt.Sprintf("SIGKILL #%d, down %v", inc.n, s.Hold.Round(time.Millisecond)))
 	case chaos.FaultBrokerProxyDown, chaos.FaultMongoProxyDown:
-		name := s.Target
-		if s.Kind == chaos.FaultMongoProxyDown {
-			name = proxyMongo
+		names := []string{proxyMongo}
+		if s.Kind == chaos.FaultBrokerProxyDown {
+			names = in.c.proxies(s.Target)
 		}
-		if err := in.c.toxi.disable(name); err != nil {
-			return err
-		}
-		sleep(ctx, s.Hold)
-		if err := in.c.toxi.enable(name); err != nil {
+		if err := in.proxiesDown(ctx, names, s.Hold); err != nil {
 			return err
 		}
 		record("proxy disabled")
@@ -152,12 +150,14 @@ func (in *injector) inject(ctx context.Context, s chaos.Step) error {
 	case chaos.FaultBrokerProxyTimeout:
 		return in.toxic(ctx, s, "timeout", map[string]any{"timeout": 0}, record)
 	case chaos.FaultBrokerCloseConnections:
-		if err := rabbitmqctl(ctx, "close_all_connections", "--vhost", in.c.vhost, "chaos: broker_close_connections"); err != nil {
+		if err := in.c.rabbitmqctl(ctx, "close_all_connections", "--vhost", in.c.vhost, "chaos: broker_close_connections"); err != nil {
 			return err
 		}
 		record("every connection of vhost " + in.c.vhost + " closed by the broker")
 	case chaos.FaultBrokerAppRestart:
 		return in.brokerAppRestart(ctx, s, record)
+	case chaos.FaultNodeKill, chaos.FaultNodeKillLeader, chaos.FaultNodeAppRestart, chaos.FaultNodeProxyDown:
+		return in.nodeFault(ctx, s, &f, record)
 	case chaos.FaultPostgresKillSessions:
 		n, err := in.killSessions(ctx)
 		if err != nil {
@@ -209,20 +209,88 @@ func onTarget(target string) string {
 // toxic adds a toxic to both directions of the target proxy for s.Hold.
 func (in *injector) toxic(ctx context.Context, s chaos.Step, typ string, attrs map[string]any, record func(string)) error {
 	name := fmt.Sprintf("chaos_%s_%d", typ, time.Now().UnixNano())
-	for _, stream := range []string{"upstream", "downstream"} {
-		if err := in.c.toxi.addToxic(s.Target, name+"_"+stream, typ, stream, attrs); err != nil {
-			return err
+	proxies := in.c.proxies(s.Target)
+	for _, proxy := range proxies {
+		for _, stream := range []string{"upstream", "downstream"} {
+			if err := in.c.toxi.addToxic(proxy, name+"_"+stream, typ, stream, attrs); err != nil {
+				return err
+			}
 		}
 	}
 	sleep(ctx, s.Hold)
 	var errs []error
-	for _, stream := range []string{"upstream", "downstream"} {
-		errs = append(errs, in.c.toxi.removeToxic(context.WithoutCancel(ctx), s.Target, name+"_"+stream))
+	for _, proxy := range proxies {
+		for _, stream := range []string{"upstream", "downstream"} {
+			errs = append(errs, in.c.toxi.removeToxic(context.WithoutCancel(ctx), proxy, name+"_"+stream))
+		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
 	record(fmt.Sprintf("%s toxic %v", typ, attrs))
+	return nil
+}
+
+// proxiesDown disables the proxies for hold, then enables them again.
+func (in *injector) proxiesDown(ctx context.Context, names []string, hold time.Duration) error {
+	var errs []error
+	for _, name := range names {
+		errs = append(errs, in.c.toxi.disable(name))
+	}
+	sleep(ctx, hold)
+	for _, name := range names {
+		errs = append(errs, in.c.toxi.enable(name))
+	}
+	return errors.Join(errs...)
+}
+
+// nodeFault injects a fault on one node of the run's RabbitMQ cluster: a
+// SIGKILL (of the target, or of the node leading shipping's queue) with a
+// restart after s.Hold, a stop_app/start_app, or the node's proxies disabled,
+// which cuts it away from every client while the nodes still see each other.
+// The other nodes, a majority, stay up.
+func (in *injector) nodeFault(ctx context.Context, s chaos.Step, f *chaos.Fault, record func(string)) error {
+	rc := in.c.rabbit
+	if rc == nil {
+		return errors.New("the run has no RabbitMQ cluster of its own")
+	}
+	target := s.Target
+	extra := ""
+	if s.Kind == chaos.FaultNodeKillLeader {
+		leader, err := rc.leader(ctx, in.c.vhost, mainQueue)
+		if err != nil {
+			return err
+		}
+		target, extra = leader, " (leader of "+mainQueue+")"
+		f.Target = leader
+	}
+	n, err := rc.node(target)
+	if err != nil {
+		return err
+	}
+	// A fault is always healed, whatever ctx does.
+	healCtx := context.WithoutCancel(ctx)
+	switch s.Kind {
+	case chaos.FaultNodeKill, chaos.FaultNodeKillLeader:
+		inc, err := rc.kill(ctx, n, s.Hold)
+		if err != nil {
+			return err
+		}
+		record(fmt.Sprintf("%s%s SIGKILL #%d, down %v, restarted", n.name, extra, inc, s.Hold.Round(time.Millisecond)))
+	case chaos.FaultNodeAppRestart:
+		err := rc.stopApp(ctx, n)
+		sleep(ctx, s.Hold)
+		if err := errors.Join(err, rc.startApp(healCtx, n)); err != nil {
+			return err
+		}
+		record(n.name + " rabbitmqctl stop_app, start_app")
+	case chaos.FaultNodeProxyDown:
+		names := []string{nodeProxy(chaos.TargetAMQPOrders, n.i), nodeProxy(chaos.TargetAMQPShipping, n.i)}
+		if err := in.proxiesDown(healCtx, names, s.Hold); err != nil {
+			return err
+		}
+		record(n.name + " cut away from the clients (its proxies disabled)")
+	}
 	return nil
 }
 

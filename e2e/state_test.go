@@ -165,12 +165,22 @@ func (r *shipmentReader) getAll(ctx context.Context, ids []string) (map[string]c
 	return out, nil
 }
 
-// queueDepths returns messages (ready + unacknowledged) per queue of vhost.
-func queueDepths(ctx context.Context, vhost string) (map[string]int, error) {
-	cmd := exec.CommandContext(ctx, "rabbitmqctl", "-q", "list_queues", "-p", vhost, "--no-table-headers", "name", "messages")
-	out, err := cmd.Output()
-	if err != nil {
-		return nil, fmt.Errorf("rabbitmqctl list_queues -p %s: %w", vhost, err)
+// queueDepths returns messages (ready + unacknowledged) per queue of the
+// run's vhost, on the run's own cluster when it has one.
+func (c *cluster) queueDepths(ctx context.Context) (map[string]int, error) {
+	args := []string{"list_queues", "-p", c.vhost, "--no-table-headers", "name", "messages"}
+	var out []byte
+	if c.rabbit != nil {
+		s, err := c.rabbit.ctl(ctx, args...)
+		if err != nil {
+			return nil, err
+		}
+		out = []byte(s)
+	} else {
+		var err error
+		if out, err = exec.CommandContext(ctx, "rabbitmqctl", append([]string{"-q"}, args...)...).Output(); err != nil {
+			return nil, fmt.Errorf("rabbitmqctl list_queues -p %s: %w", c.vhost, err)
+		}
 	}
 	depths := make(map[string]int)
 	sc := bufio.NewScanner(strings.NewReader(string(out)))

@@ -58,7 +58,20 @@ const (
 	FaultPoisonMissingMessageID FaultKind = "poison:" + FaultKind(PoisonMissingMessageID)
 	FaultPoisonUnknownType      FaultKind = "poison:" + FaultKind(PoisonUnknownType)
 	FaultPoisonOversize         FaultKind = "poison:" + FaultKind(PoisonOversize)
+
+	// Node faults of the cluster profile, on a RabbitMQ cluster of the run's
+	// own (three nodes, quorum queues replicated on each): SIGKILL of a node,
+	// restarted after a pause; the same on the node leading shipping's queue;
+	// rabbitmqctl stop_app / start_app of a node; a node cut away from every
+	// client (its proxies disabled) while the nodes still see each other.
+	FaultNodeKill       FaultKind = "node_kill"
+	FaultNodeKillLeader FaultKind = "node_kill_leader"
+	FaultNodeAppRestart FaultKind = "node_app_restart"
+	FaultNodeProxyDown  FaultKind = "node_proxy_down"
 )
+
+// ClusterFaultKinds are the node faults, which only the cluster profile has.
+var ClusterFaultKinds = []FaultKind{FaultNodeKill, FaultNodeKillLeader, FaultNodeAppRestart, FaultNodeProxyDown}
 
 // AllFaultKinds lists every kind, in a stable order.
 var AllFaultKinds = []FaultKind{
@@ -90,7 +103,8 @@ func (k FaultKind) PoisonKind() (PoisonKind, bool) {
 func (k FaultKind) Instant() bool {
 	switch k {
 	case FaultBrokerProxyDown, FaultBrokerProxyResetPeer, FaultBrokerProxyLatency, FaultBrokerProxyTimeout,
-		FaultBrokerAppRestart, FaultPostgresRestart, FaultMongoRestart, FaultMongoProxyDown:
+		FaultBrokerAppRestart, FaultPostgresRestart, FaultMongoRestart, FaultMongoProxyDown,
+		FaultNodeKill, FaultNodeKillLeader, FaultNodeAppRestart, FaultNodeProxyDown:
 		return false
 	}
 	_, crash := k.CrashPoint()
@@ -99,7 +113,7 @@ func (k FaultKind) Instant() bool {
 
 // Profile sizes a run.
 type Profile struct {
-	// Name is "short" or "long", for the report.
+	// Name is "short", "long" or "cluster", for the report.
 	Name string
 	// Load is how long the workload runs. Faults start after Warmup and end
 	// by Load-Cooldown.
@@ -154,8 +168,25 @@ func LongProfile() Profile {
 	}
 }
 
+// ClusterProfile is the `make chaos-cluster` run: the flow on a three-node
+// RabbitMQ cluster of the run's own, with every node fault and every fault of
+// the other profiles but the restart of this machine's broker (the run does
+// not use it). Three more Erlang VMs share the machine, so the rate is lower
+// and the drain budget generous.
+func ClusterProfile() Profile {
+	kinds := slices.DeleteFunc(slices.Clone(AllFaultKinds), func(k FaultKind) bool { return k == FaultBrokerAppRestart })
+	kinds = append(kinds, ClusterFaultKinds...)
+	return Profile{
+		Name: "cluster", Load: 5 * time.Minute, Warmup: 10 * time.Second, Cooldown: 10 * time.Second,
+		Clients: 4, Rate: 8, CancelRatio: 0.4,
+		Kinds: kinds, Faults: len(kinds) + 12,
+		HoldMin: time.Second, HoldMax: 8 * time.Second,
+		DrainBudget: 5 * time.Minute,
+	}
+}
+
 // ProfileFromEnv picks the profile from CHAOS_PROFILE ("short", the default,
-// or "long") and applies the overrides CHAOS_DURATION (Load, a Go duration),
+// "long" or "cluster") and applies the overrides CHAOS_DURATION (Load, a Go duration),
 // CHAOS_FAULTS (a count) and CHAOS_BROKER_RESTART (true adds the broker app
 // restart to the short profile).
 func ProfileFromEnv(getenv func(string) string) (Profile, error) {
@@ -165,8 +196,10 @@ func ProfileFromEnv(getenv func(string) string) (Profile, error) {
 		p = ShortProfile()
 	case "long":
 		p = LongProfile()
+	case "cluster":
+		p = ClusterProfile()
 	default:
-		return p, fmt.Errorf("CHAOS_PROFILE=%q: want short or long", name)
+		return p, fmt.Errorf("CHAOS_PROFILE=%q: want short, long or cluster", name)
 	}
 	if s := getenv("CHAOS_DURATION"); s != "" {
 		d, err := time.ParseDuration(s)
@@ -175,7 +208,9 @@ func ProfileFromEnv(getenv func(string) string) (Profile, error) {
 		}
 		p.Load = d
 	}
-	if s := getenv("CHAOS_BROKER_RESTART"); s != "" {
+	// The cluster profile runs on brokers of its own: the machine's broker
+	// restart is nothing to it.
+	if s := getenv("CHAOS_BROKER_RESTART"); s != "" && p.Name != "cluster" {
 		on, err := strconv.ParseBool(s)
 		if err != nil {
 			return p, fmt.Errorf("CHAOS_BROKER_RESTART=%q: want true or false", s)
@@ -225,7 +260,7 @@ func (p Profile) Validate() error {
 		return fmt.Errorf("profile %s: DrainBudget must be positive", p.Name)
 	}
 	for _, k := range p.Kinds {
-		if !slices.Contains(AllFaultKinds, k) {
+		if !slices.Contains(AllFaultKinds, k) && !slices.Contains(ClusterFaultKinds, k) {
 			return fmt.Errorf("profile %s: unknown fault kind %q", p.Name, k)
 		}
 	}
@@ -236,6 +271,7 @@ func (p Profile) Validate() error {
 type Topology struct {
 	Relays    int // standalone relay processes, "relay-1" ...
 	Consumers int // shipping processes, "shipping-1" ...
+	Nodes     int // RabbitMQ nodes of the run's own cluster, "node-1" ...; 0 for the machine's broker
 }
 
 // Process and proxy names used as fault targets.
@@ -249,6 +285,7 @@ const (
 // RelayName and ShippingName name the i-th (from 1) process of a kind.
 func RelayName(i int) string    { return "relay-" + strconv.Itoa(i) }
 func ShippingName(i int) string { return "shipping-" + strconv.Itoa(i) }
+func NodeName(i int) string     { return "node-" + strconv.Itoa(i) }
 
 func (t Topology) targets(k FaultKind) []string {
 	relays := []string{TargetOrders} // the API's in-process relay when none runs alone
@@ -273,6 +310,12 @@ func (t Topology) targets(k FaultKind) []string {
 		return []string{TargetAMQPOrders, TargetAMQPShipping}
 	case FaultMongoRestart, FaultMongoProxyDown:
 		return []string{TargetMongo}
+	case FaultNodeKill, FaultNodeAppRestart, FaultNodeProxyDown:
+		var nodes []string
+		for i := 1; i <= t.Nodes; i++ {
+			nodes = append(nodes, NodeName(i))
+		}
+		return nodes
 	}
 	return []string{""}
 }
@@ -314,6 +357,11 @@ func NewPlan(seed int64, p Profile, topo Topology) ([]Step, error) {
 	}
 	if topo.Consumers < 1 || topo.Relays < 0 {
 		return nil, fmt.Errorf("plan: topology %+v: want at least one consumer", topo)
+	}
+	for _, k := range p.Kinds {
+		if slices.Contains(ClusterFaultKinds, k) && topo.Nodes < 3 {
+			return nil, fmt.Errorf("plan: %s needs a cluster of at least 3 nodes, topology has %d", k, topo.Nodes)
+		}
 	}
 	rng := rand.New(rand.NewPCG(uint64(seed), 0x636861_6f73)) // "chaos"
 	kinds := slices.Clone(p.Kinds)

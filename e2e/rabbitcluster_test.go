@@ -1,0 +1,358 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/outbox-inbox/reference/e2e/chaos"
+)
+
+// rabbitCluster is a RabbitMQ cluster of the run's own: three nodes on this
+// machine beside its own broker, which it never touches. Each node has its
+// own node name (<run>-<i>@localhost), AMQP and distribution ports, data and
+// log directories under the run's directory and configuration file, no
+// plugins, and runs as the rabbitmq user with the machine's Erlang cookie (a
+// copy, in a HOME of its own), so the machine's rabbitmqctl reaches it with
+// -n. Nodes 2 and 3 join node 1 (stop_app, join_cluster, start_app). Every
+// node is stopped in close, and killed with the test binary (Pdeathsig).
+type rabbitCluster struct {
+	dir   string // the nodes' directories, removed by close
+	nodes []*rabbitNode
+
+	mu      sync.Mutex
+	stopped map[int]bool // app stopped by a fault, not started since
+}
+
+type rabbitNode struct {
+	i    int    // from 1
+	name string // Erlang node name
+	port string // AMQP, on 127.0.0.1
+	p    *proc
+}
+
+// rabbitServer is the broker's start script. RUNNING_UNDER_SYSTEMD makes it
+// exec the Erlang VM, so the supervised process is the node itself: SIGKILL
+// kills the node, SIGTERM stops it gracefully.
+const rabbitServer = "/usr/lib/rabbitmq/bin/rabbitmq-server"
+
+// rabbitClusterAvailable says why this machine cannot run a cluster of the
+// run's own, or nil.
+func rabbitClusterAvailable() error {
+	if _, err := os.Stat(rabbitServer); err != nil {
+		return fmt.Errorf("no %s: %w", rabbitServer, err)
+	}
+	if _, err := exec.LookPath("rabbitmqctl"); err != nil {
+		return fmt.Errorf("no rabbitmqctl: %w", err)
+	}
+	if _, err := user.Lookup("rabbitmq"); err != nil {
+		return fmt.Errorf("no rabbitmq user: %w", err)
+	}
+	if os.Geteuid() != 0 {
+		return errors.New("not root: the nodes run as the rabbitmq user")
+	}
+	if _, err := os.Stat("/var/lib/rabbitmq/.erlang.cookie"); err != nil {
+		return fmt.Errorf("no Erlang cookie: %w", err)
+	}
+	return nil
+}
+
+// startRabbitCluster starts n nodes named <prefix>-<i>@localhost and
+// clusters them. Their logs go to logDir; their data to a temporary
+// directory that the rabbitmq user can reach, removed by close.
+func startRabbitCluster(ctx context.Context, prefix, logDir string, n int, onExit func(exitEvent), logf func(string, ...any)) (*rabbitCluster, error) {
+	u, err := user.Lookup("rabbitmq")
+	if err != nil {
+		return nil, fmt.Errorf("rabbitmq cluster: %w", err)
+	}
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	cred := &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+	cookie, err := os.ReadFile("/var/lib/rabbitmq/.erlang.cookie")
+	if err != nil {
+		return nil, fmt.Errorf("rabbitmq cluster: read the Erlang cookie: %w", err)
+	}
+	dir, err := os.MkdirTemp("", prefix+"-rabbit-")
+	if err != nil {
+		return nil, fmt.Errorf("rabbitmq cluster: %w", err)
+	}
+	// Traversable by the rabbitmq user; the nodes' own directories are
+	// theirs.
+	if err := os.Chmod(dir, 0o755); err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, fmt.Errorf("rabbitmq cluster: %w", err)
+	}
+	rc := &rabbitCluster{dir: dir, stopped: make(map[int]bool)}
+	for i := 1; i <= n; i++ {
+		node, err := newRabbitNode(i, prefix, dir, logDir, cookie, cred, uid, gid, onExit)
+		if err != nil {
+			_ = rc.close(ctx)
+			return nil, err
+		}
+		rc.nodes = append(rc.nodes, node)
+		if _, err := node.p.start(); err != nil {
+			_ = rc.close(ctx)
+			return nil, err
+		}
+	}
+	start := time.Now()
+	for _, node := range rc.nodes {
+		if err := node.awaitStartup(ctx); err != nil {
+			_ = rc.close(ctx)
+			return nil, err
+		}
+	}
+	for _, node := range rc.nodes[1:] {
+		for _, args := range [][]string{{"stop_app"}, {"join_cluster", rc.nodes[0].name}, {"start_app"}} {
+			if _, err := node.ctl(ctx, args...); err != nil {
+				_ = rc.close(ctx)
+				return nil, err
+			}
+		}
+	}
+	logf("rabbitmq cluster: %s up and clustered in %v", strings.Join(rc.names(), ", "), time.Since(start).Round(100*time.Millisecond))
+	return rc, nil
+}
+
+func newRabbitNode(i int, prefix, dir, logDir string, cookie []byte, cred *syscall.Credential, uid, gid int, onExit func(exitEvent)) (*rabbitNode, error) {
+	ndir := filepath.Join(dir, "rabbit-"+strconv.Itoa(i))
+	home := filepath.Join(ndir, "home")
+	for _, d := range []string{home, filepath.Join(ndir, "data"), filepath.Join(ndir, "log")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, fmt.Errorf("rabbitmq node %d: %w", i, err)
+		}
+	}
+	amqpPort, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	distPort, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	files := map[string]string{
+		"rabbitmq.conf":     "listeners.tcp.local = 127.0.0.1:" + amqpPort + "\nlog.console = true\nlog.console.level = warning\nlog.file = false\n",
+		"enabled_plugins":   "[].\n",
+		"rabbitmq-env.conf": "", // not the machine's (its NODENAME)
+	}
+	for name, content := range files {
+		if err := os.WriteFile(filepath.Join(ndir, name), []byte(content), 0o644); err != nil {
+			return nil, fmt.Errorf("rabbitmq node %d: %w", i, err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(home, ".erlang.cookie"), cookie, 0o400); err != nil {
+		return nil, fmt.Errorf("rabbitmq node %d: cookie: %w", i, err)
+	}
+	if err := filepath.Walk(ndir, func(path string, _ os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(path, uid, gid)
+	}); err != nil {
+		return nil, fmt.Errorf("rabbitmq node %d: chown: %w", i, err)
+	}
+	name := prefix + "-" + strconv.Itoa(i) + "@localhost"
+	p, err := newProc(procSpec{
+		name: chaos.NodeName(i),
+		bin:  rabbitServer,
+		env: []string{
+			"HOME=" + home,
+			"RABBITMQ_NODENAME=" + name,
+			"RABBITMQ_DIST_PORT=" + distPort,
+			"RABBITMQ_CONFIG_FILE=" + filepath.Join(ndir, "rabbitmq.conf"),
+			"RABBITMQ_ADVANCED_CONFIG_FILE=" + filepath.Join(ndir, "advanced.config"),
+			"RABBITMQ_ENABLED_PLUGINS_FILE=" + filepath.Join(ndir, "enabled_plugins"),
+			"RABBITMQ_CONF_ENV_FILE=" + filepath.Join(ndir, "rabbitmq-env.conf"),
+			"RABBITMQ_MNESIA_BASE=" + filepath.Join(ndir, "data"),
+			"RABBITMQ_LOG_BASE=" + filepath.Join(ndir, "log"),
+			"RABBITMQ_PID_FILE=" + filepath.Join(ndir, "rabbit.pid"),
+			"ERL_EPMD_ADDRESS=127.0.0.1",
+			"RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS=-kernel inet_dist_use_interface {127,0,0,1}",
+			"ERL_CRASH_DUMP=" + filepath.Join(ndir, "erl_crash.dump"),
+			"RUNNING_UNDER_SYSTEMD=true",
+		},
+		cred: cred,
+	}, logDir, onExit)
+	if err != nil {
+		return nil, err
+	}
+	// A node that died on its own comes back after a pause, like under an
+	// init system.
+	p.restart = time.Second
+	return &rabbitNode{i: i, name: name, port: amqpPort, p: p}, nil
+}
+
+func (rc *rabbitCluster) names() []string {
+	var out []string
+	for _, n := range rc.nodes {
+		out = append(out, n.name)
+	}
+	return out
+}
+
+// addrs are the nodes' AMQP addresses, in node order.
+func (rc *rabbitCluster) addrs() []string {
+	var out []string
+	for _, n := range rc.nodes {
+		out = append(out, net.JoinHostPort("127.0.0.1", n.port))
+	}
+	return out
+}
+
+func (rc *rabbitCluster) node(target string) (*rabbitNode, error) {
+	for _, n := range rc.nodes {
+		if chaos.NodeName(n.i) == target {
+			return n, nil
+		}
+	}
+	return nil, fmt.Errorf("no RabbitMQ node %q", target)
+}
+
+// ctl runs rabbitmqctl against the first node that answers: a fault may have
+// any one of them down.
+func (rc *rabbitCluster) ctl(ctx context.Context, args ...string) (string, error) {
+	var errs []error
+	for _, n := range rc.nodes {
+		if n.p.current() == nil {
+			continue
+		}
+		out, err := n.ctl(ctx, args...)
+		if err == nil {
+			return out, nil
+		}
+		errs = append(errs, err)
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return "", errors.Join(append(errs, fmt.Errorf("rabbitmqctl %s: no node answered", strings.Join(args, " ")))...)
+}
+
+func (n *rabbitNode) ctl(ctx context.Context, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "rabbitmqctl", append([]string{"-q", "-n", n.name}, args...)...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("rabbitmqctl -n %s %s: %w: %s", n.name, strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return string(out), nil
+}
+
+// awaitStartup waits until the node's app runs, starting its process if it is
+// down.
+func (n *rabbitNode) awaitStartup(ctx context.Context) error {
+	if err := n.p.ensureRunning(); err != nil {
+		return err
+	}
+	var last error
+	for range 3 { // the CLI may not reach a VM that is still booting
+		if _, last = n.ctl(ctx, "await_startup", "--timeout", "90"); last == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		sleep(ctx, 2*time.Second)
+	}
+	return fmt.Errorf("rabbitmq node %s did not start: %w; its last lines:\n%s", n.name, last, tail(n.p.log.Name(), 15))
+}
+
+// leader names the node leading queue in vhost, e.g. "node-2".
+func (rc *rabbitCluster) leader(ctx context.Context, vhost, queue string) (string, error) {
+	out, err := rc.ctl(ctx, "list_queues", "-p", vhost, "--no-table-headers", "name", "leader")
+	if err != nil {
+		return "", err
+	}
+	for line := range strings.SplitSeq(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) == 2 && f[0] == queue {
+			for _, n := range rc.nodes {
+				if n.name == f[1] {
+					return chaos.NodeName(n.i), nil
+				}
+			}
+			return "", fmt.Errorf("queue %s: leader %s is none of the run's nodes", queue, f[1])
+		}
+	}
+	return "", fmt.Errorf("queue %s not listed in vhost %s: %q", queue, vhost, out)
+}
+
+// kill SIGKILLs the node, waits for hold, and starts it again.
+func (rc *rabbitCluster) kill(ctx context.Context, n *rabbitNode, hold time.Duration) (int, error) {
+	inc := n.p.kill()
+	if inc == nil {
+		return 0, fmt.Errorf("node %s was not running", n.name)
+	}
+	sleep(ctx, hold)
+	return inc.n, n.awaitStartup(context.WithoutCancel(ctx))
+}
+
+// stopApp stops the node's RabbitMQ application (the VM stays up); startApp
+// starts it again.
+func (rc *rabbitCluster) stopApp(ctx context.Context, n *rabbitNode) error {
+	rc.mu.Lock()
+	rc.stopped[n.i] = true
+	rc.mu.Unlock()
+	_, err := n.ctl(ctx, "stop_app")
+	return err
+}
+
+func (rc *rabbitCluster) startApp(ctx context.Context, n *rabbitNode) error {
+	if _, err := n.ctl(ctx, "start_app"); err != nil {
+		return err
+	}
+	if err := n.awaitStartup(ctx); err != nil {
+		return err
+	}
+	rc.mu.Lock()
+	delete(rc.stopped, n.i)
+	rc.mu.Unlock()
+	return nil
+}
+
+// heal starts every node that is down and every app a fault stopped.
+func (rc *rabbitCluster) heal(ctx context.Context) error {
+	var errs []error
+	for _, n := range rc.nodes {
+		rc.mu.Lock()
+		stopped := rc.stopped[n.i]
+		rc.mu.Unlock()
+		if stopped && n.p.current() != nil {
+			errs = append(errs, rc.startApp(ctx, n))
+			continue
+		}
+		if n.p.current() == nil {
+			errs = append(errs, n.awaitStartup(ctx))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// close stops every node (SIGTERM, a graceful stop; SIGKILL after 15s).
+func (rc *rabbitCluster) close(context.Context) error {
+	var errs []error
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	for _, n := range rc.nodes {
+		wg.Go(func() {
+			if err := n.p.close(); err != nil {
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	return errors.Join(append(errs, os.RemoveAll(rc.dir))...)
+}
