@@ -196,12 +196,18 @@
 // A relay wakes up on three signals: Wake, called in-process after a commit;
 // LISTEN on RelayConfig.NotifyChannel, matched by WriterConfig.NotifyChannel (off
 // by default: NOTIFY takes a lock at commit; it passes a transaction-pooling
-// PgBouncer, but LISTEN needs a session of its own and does not); and a poll
-// every PollInterval, which alone is enough for correctness and also picks up
-// retries and expired leases. The LISTEN connection is reopened when it breaks,
-// with a backoff that starts over after each successful LISTEN, and when it
-// stays silent past RelayConfig.ListenKeepalive and then does not answer a ping
-// (a connection that died without an error).
+// PgBouncer, but LISTEN needs a session of its own and does not: see "Behind a
+// connection pooler"); and a poll every PollInterval, which alone is enough
+// for correctness and also picks up retries and expired leases. The LISTEN
+// connection is reopened when it breaks, with a backoff that starts over after
+// each successful LISTEN, and when it stays silent past
+// RelayConfig.ListenKeepalive and then does not answer a ping (a connection
+// that died without an error). Each new LISTEN connection is probed: the
+// relay sends a notification to itself through the pool and waits
+// ListenProbeTimeout (2s) for it; when it does not come although the
+// connection answers a ping, the relay warns, reports
+// Metrics.ListenFallback(true), relies on the poll alone and probes again
+// after ListenProbeRetry.
 //
 // # Schema
 //
@@ -319,7 +325,45 @@
 // event_id, aggregate_id, event_type and attempt on per-event lines.
 //
 // Each relay worker uses a pool connection only while it claims or marks; a
-// relay with NotifyChannel holds one more, outside the pool. Statements are
-// single round trips, so the relay works through a transaction-pooling
-// PgBouncer if LISTEN is off and pgx is configured for it.
+// relay with NotifyChannel holds one more, outside the pool.
+//
+// # Behind a connection pooler
+//
+// Every statement of this package is one round trip on one connection, or a
+// transaction of its own (the mark's batch carries its BEGIN and COMMIT), and
+// nothing relies on session state: no session-level SET, advisory lock,
+// temporary table or prepared statement of its own. So Enqueue, Writer.Queue,
+// the relay, Admin and Migrate work through a pooler in transaction mode
+// (PgBouncer with pool_mode = transaction), which hands a client a server
+// connection for one transaction at a time, once pgx is told not to use named
+// prepared statements. They were tested through PgBouncer 1.18 with each of
+// the settings below, across PgBouncer restarts.
+//
+//   - Set default_query_exec_mode in the pool's connection string (or
+//     ConnConfig.DefaultQueryExecMode) to cache_describe (recommended: one
+//     round trip per statement, the statement parsed each time as an unnamed
+//     statement, only its description cached in the process), exec or
+//     simple_protocol. pgx's default, cache_statement, prepares named
+//     statements ("stmtcache_" and a hash of the query) on whichever server
+//     connection runs a query: the next transaction may land on one that
+//     does not have it, and since server connections outlive clients, a
+//     process started again behind the same PgBouncer collides with the
+//     statements its predecessor left there and fails with "prepared
+//     statement "stmtcache_..." already exists (SQLSTATE 42P05)", at every
+//     start. Do not use describe_exec either: its second round trip may reach
+//     another server connection. (PgBouncer 1.21 and later can track
+//     protocol-level prepared statements with max_prepared_statements; 1.18
+//     cannot.)
+//   - The tables are found through the connection's search_path. PgBouncer
+//     1.18 does not carry a search_path (or options) startup parameter to the
+//     server: it refuses the connection, or drops the parameter silently when
+//     it is listed in ignore_startup_parameters, and the pool then works in
+//     the role's default schema. Keep the outbox in the default search_path,
+//     or set it on the role or the database (ALTER ROLE ... SET search_path).
+//   - LISTEN cannot work through the pooler. Give the relay a direct
+//     connection for it in RelayConfig.ListenConfig (NOTIFY from writers goes
+//     through the pooler fine), or leave NotifyChannel empty and rely on
+//     Wake and PollInterval. Without ListenConfig, the relay's probe finds at
+//     start that its notifications do not arrive, logs a warning, reports
+//     Metrics.ListenFallback(true) and polls.
 package outbox
