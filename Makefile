@@ -6,7 +6,7 @@ TEST_FLAGS ?=
 
 SHELL := /bin/bash
 
-.PHONY: test vet fmt-check demo services chaos bench generate
+.PHONY: test vet fmt-check demo services chaos chaos-cluster bench generate
 
 ## test: gofmt check, go vet, and every test with the race detector. The
 ## end-to-end suite (short chaos profile) runs last and alone: it stops and
@@ -25,6 +25,14 @@ test: fmt-check vet
 chaos: services
 	CHAOS_PROFILE=long CHAOS_BROKER_RESTART=true $(GO) test -race -count=1 -v -run '^TestChaos$$' -timeout 60m ./e2e/
 	CHAOS_PROFILE=long CHAOS_BROKER_RESTART=true CHAOS_RELAY_MODE=wal CHAOS_REPORT=chaos-report-wal.json $(GO) test -race -count=1 -v -run '^TestChaos$$' -timeout 60m ./e2e/
+
+## chaos-cluster: the flow on a three-node RabbitMQ cluster of the run's own
+## (beside this machine's broker, untouched), with node faults (SIGKILL of a
+## node and of the shipping queue's leader, stop_app/start_app, a node cut
+## from the clients) and every process fault; about 8 minutes, not part of
+## test. Needs root and the rabbitmq user. Report: $$CHAOS_REPORT. See docs/cluster.md.
+chaos-cluster: services
+	CHAOS_PROFILE=cluster $(GO) test -race -count=1 -v -run '^(TestRabbitCluster|TestChaos)$$' -timeout 40m ./e2e/
 
 ## bench: measure the performance goals of docs/guarantees.md against their baselines
 ## (5 to 10 minutes; not part of test). See docs/benchmarks.md.
