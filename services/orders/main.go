@@ -24,6 +24,8 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/outbox-inbox/reference/internal/tracing"
 )
 
 func main() {
@@ -59,15 +61,21 @@ commands:
 `
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	return runTraced(ctx, args, getenv, stdout, stderr, nil)
+}
+
+// runTraced is run with the given tracing; nil sets it up from the OTEL_*
+// environment (see internal/tracing).
+func runTraced(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer, tel *tracing.Telemetry) error {
 	cmd := "serve"
 	if len(args) > 0 {
 		cmd, args = args[0], args[1:]
 	}
 	switch cmd {
 	case "serve":
-		return serve(ctx, getenv, stderr)
+		return serve(ctx, getenv, stderr, tel)
 	case "relay":
-		return runRelay(ctx, getenv, stderr)
+		return runRelay(ctx, getenv, stderr, tel)
 	case "outbox-status":
 		return outboxStatus(ctx, getenv, stdout)
 	case "dead-letters":

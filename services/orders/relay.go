@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outbox-inbox/reference/internal/crashpoint"
+	"github.com/outbox-inbox/reference/internal/tracing"
 	"github.com/outbox-inbox/reference/pkg/outbox"
 	"github.com/outbox-inbox/reference/pkg/outbox/outboxamqp"
 	"github.com/outbox-inbox/reference/services/orders/internal/config"
@@ -21,7 +22,7 @@ import (
 
 // newRelay builds the relay and its RabbitMQ publisher. The caller runs it and
 // closes the publisher after the relay returned.
-func newRelay(cfg config.Config, pool *pgxpool.Pool, reg prometheus.Registerer, crash *crashpoint.Trigger, logger *slog.Logger) (*outbox.Relay, *outboxamqp.Publisher, error) {
+func newRelay(cfg config.Config, pool *pgxpool.Pool, reg prometheus.Registerer, crash *crashpoint.Trigger, logger *slog.Logger, tel *tracing.Telemetry) (*outbox.Relay, *outboxamqp.Publisher, error) {
 	pub, err := outboxamqp.New(outboxamqp.Config{
 		URL:            cfg.AMQPURL,
 		Exchange:       config.Exchange,
@@ -55,7 +56,7 @@ func newRelay(cfg config.Config, pool *pgxpool.Pool, reg prometheus.Registerer, 
 			return nil, nil, err
 		}
 	}
-	relay, err := outbox.NewRelay(pool, pub, relayCfg)
+	relay, err := outbox.NewRelay(pool, tracedPublisher(pub, tel), relayCfg)
 	if err != nil {
 		_ = pub.Close()
 		return nil, nil, err
@@ -65,12 +66,17 @@ func newRelay(cfg config.Config, pool *pgxpool.Pool, reg prometheus.Registerer, 
 
 // runRelay runs the relay alone, with /metrics, /healthz and /readyz on
 // HTTP_ADDR when it is set.
-func runRelay(ctx context.Context, getenv func(string) string, logOut io.Writer) error {
+func runRelay(ctx context.Context, getenv func(string) string, logOut io.Writer, tel *tracing.Telemetry) error {
 	cfg, err := config.FromEnv(getenv)
 	if err != nil {
 		return err
 	}
 	logger := newLogger(cfg, logOut).With("role", "relay")
+	tel, stopTracing, err := setupTracing(ctx, tel, logger)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
 	crash, err := crashpoint.FromEnv(getenv)
 	if err != nil {
 		return err
@@ -82,7 +88,7 @@ func runRelay(ctx context.Context, getenv func(string) string, logOut io.Writer)
 	defer pool.Close()
 
 	reg := newRegistry(pool, logger)
-	relay, pub, err := newRelayFor(cfg, pool, reg, crash, logger)
+	relay, pub, err := newRelayFor(cfg, pool, reg, crash, logger, tel)
 	if err != nil {
 		return err
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outbox-inbox/reference/internal/crashpoint"
+	"github.com/outbox-inbox/reference/internal/tracing"
 	"github.com/outbox-inbox/reference/pkg/outbox"
 	"github.com/outbox-inbox/reference/pkg/outbox/outboxamqp"
 	"github.com/outbox-inbox/reference/pkg/outbox/outboxwal"
@@ -25,9 +26,9 @@ type relayRunner interface {
 
 // newRelayFor builds the relay RELAY_MODE chooses, and its publisher. The
 // caller runs it and closes the publisher after the relay returned.
-func newRelayFor(cfg config.Config, pool *pgxpool.Pool, reg prometheus.Registerer, crash *crashpoint.Trigger, logger *slog.Logger) (relayRunner, *outboxamqp.Publisher, error) {
+func newRelayFor(cfg config.Config, pool *pgxpool.Pool, reg prometheus.Registerer, crash *crashpoint.Trigger, logger *slog.Logger, tel *tracing.Telemetry) (relayRunner, *outboxamqp.Publisher, error) {
 	if cfg.RelayMode != config.RelayModeWAL {
-		return newRelay(cfg, pool, reg, crash, logger)
+		return newRelay(cfg, pool, reg, crash, logger, tel)
 	}
 	walCfg := outboxwal.Config{
 		Slot:            cfg.WALSlot,
@@ -70,7 +71,7 @@ func newRelayFor(cfg config.Config, pool *pgxpool.Pool, reg prometheus.Registere
 		return nil, nil, err
 	}
 	metrics.RegisterPublisherReady(reg, pub.Ready)
-	relay, err := outboxwal.New(pool, pub, walCfg)
+	relay, err := outboxwal.New(pool, tracedPublisher(pub, tel), walCfg)
 	if err != nil {
 		_ = pub.Close()
 		return nil, nil, err

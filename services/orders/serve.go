@@ -18,6 +18,7 @@ import (
 
 	"github.com/outbox-inbox/reference/internal/crashpoint"
 	"github.com/outbox-inbox/reference/internal/logfmt"
+	"github.com/outbox-inbox/reference/internal/tracing"
 	"github.com/outbox-inbox/reference/pkg/outbox"
 	"github.com/outbox-inbox/reference/services/orders/internal/config"
 	"github.com/outbox-inbox/reference/services/orders/internal/httpapi"
@@ -29,12 +30,17 @@ func newLogger(cfg config.Config, w io.Writer) *slog.Logger {
 	return logfmt.New(w, cfg.LogLevel, "orders")
 }
 
-func serve(ctx context.Context, getenv func(string) string, logOut io.Writer) error {
+func serve(ctx context.Context, getenv func(string) string, logOut io.Writer, tel *tracing.Telemetry) error {
 	cfg, err := config.FromEnv(getenv)
 	if err != nil {
 		return err
 	}
 	logger := newLogger(cfg, logOut)
+	tel, stopTracing, err := setupTracing(ctx, tel, logger)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
 	crash, err := crashpoint.FromEnv(getenv)
 	if err != nil {
 		return err
@@ -54,13 +60,13 @@ func serve(ctx context.Context, getenv func(string) string, logOut io.Writer) er
 	if err != nil {
 		return err
 	}
-	store := postgres.NewStore(pool, postgres.StoreConfig{Writer: writer})
+	store := postgres.NewStore(pool, postgres.StoreConfig{Writer: writer, TracerProvider: tel.TracerProvider, Propagator: tel.Propagator})
 
 	reg := newRegistry(pool, logger)
 	tasks := []func(context.Context) error{}
 	var wake func()
 	if cfg.Relay {
-		relay, pub, err := newRelayFor(cfg, pool, reg, crash, logger.With("role", "relay"))
+		relay, pub, err := newRelayFor(cfg, pool, reg, crash, logger.With("role", "relay"), tel)
 		if err != nil {
 			return err
 		}
@@ -76,6 +82,9 @@ func serve(ctx context.Context, getenv func(string) string, logOut io.Writer) er
 		Metrics:    promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
 		Crash:      crash,
 		Logger:     logger,
+
+		TracerProvider: tel.TracerProvider,
+		Propagator:     tel.Propagator,
 	})
 	if err != nil {
 		return err
