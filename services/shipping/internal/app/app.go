@@ -18,9 +18,14 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 	"go.mongodb.org/mongo-driver/v2/x/mongo/driver/connstring"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/outbox-inbox/reference/internal/crashpoint"
+	"github.com/outbox-inbox/reference/internal/tracing"
 	"github.com/outbox-inbox/reference/pkg/inbox"
+	"github.com/outbox-inbox/reference/pkg/inbox/inboxotel"
 	"github.com/outbox-inbox/reference/services/shipping/internal/deadletter"
 	"github.com/outbox-inbox/reference/services/shipping/internal/httpapi"
 	"github.com/outbox-inbox/reference/services/shipping/internal/metrics"
@@ -73,6 +78,15 @@ type Config struct {
 	WrapStore func(processor.Store) processor.Store
 	// Logger. Default: discard.
 	Logger *slog.Logger
+	// TracerProvider traces each delivery: a CONSUMER span "process
+	// <queue>" whose parent comes from the message's traceparent, with the
+	// inbox check, the effect, the record, the ack and any republished copy
+	// as its children. Default: a no-op provider (nothing recorded; the
+	// trace context and baggage still pass through to the copies).
+	TracerProvider trace.TracerProvider
+	// Propagator reads and writes the trace headers. Default: W3C Trace
+	// Context and Baggage.
+	Propagator propagation.TextMapPropagator
 }
 
 // App is a configured service; Run runs it.
@@ -99,6 +113,13 @@ func New(cfg Config) (*App, error) {
 	}
 	cfg.HTTPAddr = cmp.Or(cfg.HTTPAddr, "127.0.0.1:8081")
 	cfg.PurgeInterval = cmp.Or(cfg.PurgeInterval, 10*time.Minute)
+	if cfg.TracerProvider == nil {
+		cfg.TracerProvider = noop.NewTracerProvider()
+	}
+	if cfg.Propagator == nil {
+		cfg.Propagator = tracing.Propagator()
+	}
+	traced := inboxotel.New(cfg.TracerProvider)
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -139,6 +160,7 @@ func New(cfg Config) (*App, error) {
 	}
 	if a.inbox, err = inbox.New(db, inbox.Config{
 		Consumer: "shipping", Retention: cfg.InboxRetention, FlushInterval: flush, Logger: log,
+		Hooks: traced.Hooks(),
 	}); err != nil {
 		return fail(fmt.Errorf("shipping: %w", err))
 	}
@@ -155,7 +177,7 @@ func New(cfg Config) (*App, error) {
 	proc, err := processor.New(processor.Config{
 		Inbox: a.inbox, Store: store, Metrics: m, DeadLetters: a.dead,
 		MaxAttempts: cfg.MaxAttempts, MaxDeferrals: cfg.MaxDeferrals,
-		Crash: cfg.Crash, Logger: log,
+		Crash: cfg.Crash, Logger: log, Tracing: traced,
 	})
 	if err != nil {
 		return fail(fmt.Errorf("shipping: %w", err))
@@ -164,15 +186,19 @@ func New(cfg Config) (*App, error) {
 		URL: cfg.AMQPURL, Topology: cfg.Topology,
 		Prefetch: cfg.Prefetch, Concurrency: cfg.Concurrency,
 		Metrics: m, Logger: log,
+		TracerProvider: cfg.TracerProvider, Propagator: cfg.Propagator,
 	}, proc)
 	if err != nil {
 		return fail(fmt.Errorf("shipping: %w", err))
 	}
 	a.releases, err = deadletter.NewManager(deadletter.Config{
-		Store:     a.dead,
-		Publisher: deadletter.AMQPPublisher{URL: cfg.AMQPURL, Queue: a.consumer.Topology().Queue},
-		Skipper:   a.store,
-		Logger:    log,
+		Store: a.dead,
+		Publisher: deadletter.AMQPPublisher{
+			URL: cfg.AMQPURL, Queue: a.consumer.Topology().Queue,
+			TracerProvider: cfg.TracerProvider, Propagator: cfg.Propagator,
+		},
+		Skipper: a.store,
+		Logger:  log,
 	})
 	if err != nil {
 		return fail(fmt.Errorf("shipping: %w", err))

@@ -7,8 +7,14 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outbox-inbox/reference/services/shipping/internal/amqpaddr"
+	"github.com/outbox-inbox/reference/services/shipping/internal/rabbitmq"
 )
 
 // AMQPPublisher re-publishes kept messages straight to the consumer's queue
@@ -20,6 +26,16 @@ type AMQPPublisher struct {
 	// nodes' URLs separated by commas, tried in turn (amqpaddr).
 	URL   string
 	Queue string // the consumer's queue
+	// TracerProvider, when set, gives each Publish a span "publish
+	// <queue>" (kind PRODUCER) whose parent is the trace context kept in
+	// the message's headers, so a replayed or released message stays in its
+	// original trace; the context Publish is called with (an operator's
+	// request) is linked. Default: nil, no span (the kept headers go out as
+	// they are, in the original trace all the same).
+	TracerProvider trace.TracerProvider
+	// Propagator reads and writes the trace headers. Default: W3C Trace
+	// Context and Baggage.
+	Propagator propagation.TextMapPropagator
 }
 
 var _ Publisher = AMQPPublisher{}
@@ -50,6 +66,53 @@ func (p AMQPPublisher) Publish(ctx context.Context, m Message) error {
 			headers[k] = v
 		}
 	}
+	ctx, span := p.startSpan(ctx, m, headers)
+	defer span.End()
+	err = p.publish(ctx, ch, returns, m, headers)
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	return err
+}
+
+// startSpan starts Publish's span, a child of the context in headers (kept
+// with the message), and writes the span's context into headers in place
+// of the kept one.
+func (p AMQPPublisher) startSpan(ctx context.Context, m Message, headers amqp.Table) (context.Context, trace.Span) {
+	if p.TracerProvider == nil {
+		return ctx, trace.SpanFromContext(context.Background()) // a no-op span
+	}
+	prop := p.Propagator
+	if prop == nil {
+		prop = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
+	}
+	opts := []trace.SpanStartOption{
+		trace.WithSpanKind(trace.SpanKindProducer),
+		trace.WithAttributes(
+			semconv.MessagingSystemRabbitMQ,
+			semconv.MessagingOperationTypeSend,
+			semconv.MessagingOperationName("publish"),
+			semconv.MessagingDestinationName(""),
+			semconv.MessagingRabbitMQDestinationRoutingKey(p.Queue),
+			semconv.MessagingMessageID(m.MessageID),
+			semconv.MessagingMessageBodySize(len(m.Body)),
+			attribute.Bool("shipping.republish", true),
+		),
+	}
+	if sc := trace.SpanContextFromContext(ctx); sc.IsValid() {
+		opts = append(opts, trace.WithLinks(trace.Link{SpanContext: sc}))
+	}
+	kept := prop.Extract(ctx, rabbitmq.HeaderCarrier(headers))
+	ctx, span := p.TracerProvider.Tracer(rabbitmq.ScopeName).Start(kept, "publish "+p.Queue, opts...)
+	delete(headers, rabbitmq.HeaderTraceparent)
+	delete(headers, rabbitmq.HeaderTracestate)
+	delete(headers, rabbitmq.HeaderBaggage)
+	prop.Inject(ctx, rabbitmq.HeaderCarrier(headers))
+	return ctx, span
+}
+
+func (p AMQPPublisher) publish(ctx context.Context, ch *amqp.Channel, returns <-chan amqp.Return, m Message, headers amqp.Table) error {
 	dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", p.Queue, true, false, amqp.Publishing{
 		MessageId: m.MessageID, Type: m.Type, ContentType: m.ContentType, DeliveryMode: amqp.Persistent,
 		Timestamp: time.Now(), Headers: headers, Body: m.Body,

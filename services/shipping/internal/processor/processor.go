@@ -33,8 +33,12 @@ import (
 	"log/slog"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/outbox-inbox/reference/internal/crashpoint"
 	"github.com/outbox-inbox/reference/pkg/inbox"
+	"github.com/outbox-inbox/reference/pkg/inbox/inboxotel"
 	"github.com/outbox-inbox/reference/services/shipping/internal/deadletter"
 	"github.com/outbox-inbox/reference/services/shipping/internal/metrics"
 	"github.com/outbox-inbox/reference/services/shipping/internal/mongodb"
@@ -103,7 +107,37 @@ type Config struct {
 	Crash *crashpoint.Trigger
 	// Logger. Default: discard.
 	Logger *slog.Logger
+	// Tracing, when set, runs the effect in a span of its own ("apply
+	// shipment", a child of the delivery's process span, beside the inbox's
+	// check and record spans when the inbox has inboxotel's hooks). Whatever
+	// it is, the delivery's span in ctx (if recording) gets the event's
+	// attributes, inbox.duplicate, and the handler's error. Default: nil (no
+	// effect span).
+	Tracing *inboxotel.Tracing
 }
+
+// SpanApply names the effect's span.
+const SpanApply = "apply shipment"
+
+// Span attributes set by the processor.
+const (
+	// AttrOutcome (on the effect span): applied, already_applied (the
+	// version holds this message: a duplicate the inbox did not know), or
+	// ignored (an event type this service does not handle).
+	AttrOutcome = attribute.Key("shipping.outcome")
+	// AttrAttempt (on the process span): this run's number among the
+	// failed handler runs of the message (x-shipping-attempts + 1).
+	AttrAttempt = attribute.Key("shipping.attempt")
+	// AttrDeferrals (on the process span): how often the message waited in
+	// the delay queue.
+	AttrDeferrals = attribute.Key("shipping.deferrals")
+	// The event's own attributes, named as the relay's publish span names
+	// them.
+	AttrAggregateType    = attribute.Key("outbox.aggregate.type")
+	AttrAggregateID      = attribute.Key("outbox.aggregate.id")
+	AttrAggregateVersion = attribute.Key("outbox.aggregate.version")
+	AttrEventType        = attribute.Key("outbox.event.type")
+)
 
 // Processor is the shipping service's rabbitmq.Handler.
 type Processor struct {
@@ -152,17 +186,43 @@ func (p *Processor) Handle(ctx context.Context, d rabbitmq.Delivery) (v rabbitmq
 		return p.deadLetter(ctx, d, ev, shipment.ReasonMalformedPayload, err)
 	}
 	log := p.log.With("event_id", ev.MessageID, "aggregate_id", ev.OrderID, "event_type", ev.Type, "version", ev.Version)
+	span := trace.SpanFromContext(ctx)
+	if span.IsRecording() {
+		aggType, _ := d.Headers["aggregate_type"].(string)
+		span.SetAttributes(
+			AttrAggregateType.String(aggType),
+			AttrAggregateID.String(ev.OrderID),
+			AttrAggregateVersion.Int64(ev.Version),
+			AttrEventType.String(ev.Type),
+			AttrAttempt.Int64(headerInt(d.Headers, HeaderAttempts)+1),
+			AttrDeferrals.Int64(headerInt(d.Headers, HeaderDeferrals)),
+		)
+	}
 
 	var outcome mongodb.Outcome
-	res, err := p.cfg.Inbox.Process(ctx, ev.MessageID, func(ctx context.Context) error {
+	apply := func(ctx context.Context) error {
 		o, err := p.cfg.Store.Apply(ctx, ev)
 		if err != nil {
 			return err
 		}
 		outcome = o
+		if s := trace.SpanFromContext(ctx); s.IsRecording() {
+			s.SetAttributes(AttrOutcome.String(outcomeName(o, ev)))
+		}
 		p.cfg.Crash.Hit(crashpoint.ShippingAfterEffectBeforeInbox)
 		return nil
-	})
+	}
+	if p.cfg.Tracing != nil {
+		apply = p.cfg.Tracing.Handler(SpanApply, apply)
+	}
+	res, err := p.cfg.Inbox.Process(ctx, ev.MessageID, apply)
+	if span.IsRecording() {
+		if err != nil {
+			span.RecordError(err)
+		} else {
+			span.SetAttributes(inboxotel.AttrDuplicate.Bool(res == inbox.Duplicate))
+		}
+	}
 	switch {
 	case err == nil:
 	case errors.Is(err, shipment.ErrGap):
@@ -225,6 +285,18 @@ func (p *Processor) Handle(ctx context.Context, d rabbitmq.Delivery) (v rabbitmq
 	}
 	p.cfg.Crash.Hit(crashpoint.ShippingAfterInboxBeforeAck)
 	return rabbitmq.Verdict{Action: rabbitmq.Ack}
+}
+
+// outcomeName is AttrOutcome's value.
+func outcomeName(o mongodb.Outcome, ev shipment.Event) string {
+	switch {
+	case o == mongodb.AlreadyApplied:
+		return "already_applied"
+	case ev.Ignored:
+		return "ignored"
+	default:
+		return "applied"
+	}
 }
 
 // originalRoutingKey is the routing key the message was first published

@@ -226,4 +226,3 @@ func endSpan(span trace.Span, err error) {
 	}
 	span.End()
 }
-
