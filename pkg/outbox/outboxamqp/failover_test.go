@@ -139,3 +139,27 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// A nack ends the session: the next publish goes on a new connection (a
+// quorum queue's channel that saw a nack during a leader election kept
+// nacking on RabbitMQ 3.10). Here a full queue with reject-publish nacks.
+func TestPublisherReconnectsAfterANack(t *testing.T) {
+	t.Parallel()
+	b := newBroker(t, false)
+	b.bind("order.*", amqp.Table{"x-max-length": int64(1), "x-overflow": "reject-publish"})
+	proxy := newProxy(t)
+	p := newPublisher(t, proxy.url(t), b.exchange, testLogger(t, nil))
+	errs := publishBatch(t, p, envelope(1, "o-1", 1, "order.created"), envelope(2, "o-1", 2, "order.cancelled"))
+	if errs[0] != nil || errs[1] == nil || !strings.Contains(errs[1].Error(), "nacked") {
+		t.Fatalf("results %v; want the first confirmed and the second nacked", errs)
+	}
+	waitUntil(t, "the nacking connection closed", func() bool { return p.Ready() != nil && proxy.connections() == 0 })
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	if err := p.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := proxy.connections(); n != 1 {
+		t.Errorf("%d connections after WaitReady, want 1 (a new one)", n)
+	}
+}

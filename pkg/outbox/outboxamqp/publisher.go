@@ -429,6 +429,17 @@ func (p *Publisher) PublishBatch(ctx context.Context, msgs []outbox.Envelope) []
 			errs[i] = errors.New("outboxamqp: nacked by the broker")
 		}
 	}
+	// A channel that saw a nack is not used again: on RabbitMQ 3.10, a
+	// channel that got a quorum queue's nack while the queue elected a new
+	// leader went on nacking every publish to it (seen for minutes on a
+	// three-node cluster), while a new channel was confirmed at once.
+	for i := range sent {
+		if f := flights[i]; f.dc != nil && isDone(f.dc.Done()) && !f.dc.Acked() && !s.isDead() {
+			p.log.WarnContext(ctx, "outboxamqp: nacked by the broker, reconnecting")
+			s.close()
+			break
+		}
+	}
 	if n := s.strays.Swap(0); n > 0 {
 		// Logged here, by a caller, never by the returns reader.
 		p.log.WarnContext(ctx, "outboxamqp: returns for messages no longer awaited", slog.Int64("returns", n))
@@ -484,6 +495,15 @@ func Publishing(e outbox.Envelope) amqp.Publishing {
 		Timestamp:    e.CreatedAt,
 		Type:         e.EventType,
 		Body:         e.Payload,
+	}
+}
+
+func isDone(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
 	}
 }
 

@@ -233,7 +233,17 @@ func (r *republisher) publish(ctx context.Context, exchange, key string, msg amq
 	if err != nil {
 		return err
 	}
-	return pub.publish(ctx, exchange, key, msg)
+	err = pub.publish(ctx, exchange, key, msg)
+	if errors.Is(err, errNacked) {
+		// A channel that got a quorum queue's nack during a leader election
+		// went on nacking on RabbitMQ 3.10: the next publish dials anew.
+		r.mu.Lock()
+		if r.pub == pub {
+			r.closeLocked()
+		}
+		r.mu.Unlock()
+	}
+	return err
 }
 
 func (r *republisher) closeLocked() {
