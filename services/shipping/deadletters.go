@@ -15,6 +15,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 	"go.mongodb.org/mongo-driver/v2/x/mongo/driver/connstring"
 
+	"github.com/outbox-inbox/reference/internal/tracing"
 	"github.com/outbox-inbox/reference/services/shipping/internal/deadletter"
 	"github.com/outbox-inbox/reference/services/shipping/internal/mongodb"
 )
@@ -80,9 +81,24 @@ func deadLetters(ctx context.Context, args []string, getenv func(string) string,
 	if err != nil {
 		return err
 	}
+	// A re-published message gets a span in the trace kept with it (with
+	// OTEL_EXPORTER_OTLP_ENDPOINT set; otherwise its kept headers go out as
+	// they are, in that trace all the same).
+	tel, err := tracing.Setup(ctx, "shipping", nil)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = tel.Shutdown(sctx)
+	}()
 	m, err := deadletter.NewManager(deadletter.Config{
-		Store:     store,
-		Publisher: deadletter.AMQPPublisher{URL: cmp.Or(getenv("AMQP_URL"), "amqp://guest:guest@127.0.0.1:5672/"), Queue: *queue},
+		Store: store,
+		Publisher: deadletter.AMQPPublisher{
+			URL: cmp.Or(getenv("AMQP_URL"), "amqp://guest:guest@127.0.0.1:5672/"), Queue: *queue,
+			TracerProvider: tel.TracerProvider, Propagator: tel.Propagator,
+		},
 		Skipper:   shipments,
 	})
 	if err != nil {

@@ -14,6 +14,9 @@
 //	INBOX_FLUSH_INTERVAL  10ms: inbox records are written in bulk at this interval
 //	             where MongoDB has no transactions (0: each before its ack)
 //	CRASH_POINT, CRASH_AFTER  arm a crash point (internal/crashpoint), for the e2e suite
+//	OTEL_*       tracing, by the standard OpenTelemetry variables only (internal/tracing):
+//	             OTEL_EXPORTER_OTLP_ENDPOINT exports spans over OTLP/HTTP, OTEL_SERVICE_NAME
+//	             (default "shipping"), OTEL_TRACES_SAMPLER...; unset, nothing is recorded
 //
 // Flags override the topology names and tuning; see -h. Without a MongoDB
 // server, `go run ./cmd/mongolocal` serves an embedded FerretDB on MONGO_URI.
@@ -37,6 +40,7 @@ import (
 
 	"github.com/outbox-inbox/reference/internal/crashpoint"
 	"github.com/outbox-inbox/reference/internal/logfmt"
+	"github.com/outbox-inbox/reference/internal/tracing"
 	"github.com/outbox-inbox/reference/services/shipping/internal/app"
 )
 
@@ -106,6 +110,19 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		return err
 	}
 	cfg.Crash = crash
+
+	tel, err := tracing.Setup(ctx, "shipping", cfg.Logger)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if err := tel.Shutdown(sctx); err != nil {
+			cfg.Logger.WarnContext(ctx, "tracing shutdown", "error", err)
+		}
+	}()
+	cfg.TracerProvider, cfg.Propagator = tel.TracerProvider, tel.Propagator
 
 	a, err := app.New(cfg)
 	if err != nil {
