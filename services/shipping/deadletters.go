@@ -99,7 +99,7 @@ func deadLetters(ctx context.Context, args []string, getenv func(string) string,
 			URL: cmp.Or(getenv("AMQP_URL"), "amqp://guest:guest@127.0.0.1:5672/"), Queue: *queue,
 			TracerProvider: tel.TracerProvider, Propagator: tel.Propagator,
 		},
-		Skipper:   shipments,
+		Skipper: shipments,
 	})
 	if err != nil {
 		return err
