@@ -20,6 +20,9 @@ import (
 func chromiumPath(t *testing.T) string {
 	t.Helper()
 	if p := os.Getenv("CHROMIUM"); p != "" {
+		if _, err := exec.LookPath(p); err != nil {
+			skipOrFail(t, "CHROMIUM=%s: %v", p, err)
+		}
 		return p
 	}
 	for _, name := range []string{"chromium", "chromium-browser"} {
@@ -34,10 +37,10 @@ func chromiumPath(t *testing.T) string {
 // browser starts a headless Chromium of the test's own. The flags keep it
 // from reaching for the network at start (updates, sync, QUIC probes): on a
 // machine without one, it would stall.
-func browser(t *testing.T) context.Context {
+func browser(t *testing.T, path string) context.Context {
 	t.Helper()
 	opts := []chromedp.ExecAllocatorOption{
-		chromedp.ExecPath(chromiumPath(t)),
+		chromedp.ExecPath(path),
 		chromedp.Headless,
 		chromedp.NoSandbox,
 		chromedp.DisableGPU,
@@ -178,10 +181,11 @@ func TestLiveViewInABrowser(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs every service and a browser")
 	}
+	chromium := chromiumPath(t)
 	dbURL := demoDatabase(t)
 	amqpURL := demoVhost(t)
 	start := time.Now()
-	ctx := browser(t)
+	ctx := browser(t, chromium)
 	t.Logf("browser started: %s", time.Since(start).Round(time.Millisecond))
 	bin := buildBinaries(t)
 	t.Logf("binaries built: %s", time.Since(start).Round(time.Millisecond))
