@@ -74,6 +74,8 @@ var (
 	oneShot = []string{"migrate"}
 	// monitoring watches the others (monitoring_test.go checks its wiring).
 	monitoring = []string{"grafana", "prometheus"}
+	// tracingBackend receives the services' spans (tracing_test.go checks it).
+	tracingBackend = []string{"jaeger"}
 )
 
 func TestComposeLoadsWithTheExpectedServices(t *testing.T) {
@@ -84,6 +86,7 @@ func TestComposeLoadsWithTheExpectedServices(t *testing.T) {
 	}
 	want := append(append(slices.Clone(infra), apps...), oneShot...)
 	want = append(want, monitoring...)
+	want = append(want, tracingBackend...)
 	slices.Sort(want)
 	if got := p.ServiceNames(); !slices.Equal(got, want) {
 		t.Fatalf("services without a profile = %v, want %v", got, want)
@@ -133,6 +136,8 @@ func TestHealthchecksAndStartOrder(t *testing.T) {
 		// Prometheus scrapes whatever is up, from the start.
 		"prometheus": nil,
 		"grafana":    {"prometheus"},
+		// Tracing is best effort: nothing waits for its backend.
+		"jaeger": nil,
 	}
 	for name, deps := range want {
 		s := service(t, p, name)
@@ -334,6 +339,7 @@ func TestPortsArePublishedOnLoopbackAndCanBeMoved(t *testing.T) {
 		"orders:8080": "8080", "shipping:8081": "8081", "postgres:5432": "5432",
 		"rabbitmq:5672": "5672", "rabbitmq:15672": "15672", "mongodb:27017": "27017",
 		"prometheus:9090": "9090", "grafana:3000": "3000",
+		"jaeger:16686": "16686", "jaeger:4318": "4318",
 	}
 	check := func(p *types.Project, want map[string]string) {
 		t.Helper()
@@ -361,10 +367,12 @@ func TestPortsArePublishedOnLoopbackAndCanBeMoved(t *testing.T) {
 		"ORDERS_PORT": "18080", "SHIPPING_PORT": "18081", "POSTGRES_PORT": "15432",
 		"RABBITMQ_PORT": "15673", "RABBITMQ_UI_PORT": "25672", "MONGO_PORT": "37017",
 		"PROMETHEUS_PORT": "19090", "GRAFANA_PORT": "13000",
+		"JAEGER_UI_PORT": "26686", "JAEGER_OTLP_PORT": "14318",
 	}), map[string]string{
 		"orders:8080": "18080", "shipping:8081": "18081", "postgres:5432": "15432",
 		"rabbitmq:5672": "15673", "rabbitmq:15672": "25672", "mongodb:27017": "37017",
 		"prometheus:9090": "19090", "grafana:3000": "13000",
+		"jaeger:16686": "26686", "jaeger:4318": "14318",
 	})
 }
 
