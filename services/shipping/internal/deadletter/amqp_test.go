@@ -1,0 +1,92 @@
+package deadletter_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/outbox-inbox/reference/internal/tracing"
+	"github.com/outbox-inbox/reference/services/shipping/internal/amqptest"
+	"github.com/outbox-inbox/reference/services/shipping/internal/deadletter"
+)
+
+// A replayed dead letter stays in the trace kept with it: its publish span
+// is a child of the kept context, linked to the operator's span, and the
+// message goes out with the publish span's context and the kept baggage.
+func TestReplayedMessageStaysInTheTraceKeptWithIt(t *testing.T) {
+	t.Parallel()
+	_, url := amqptest.VHost(t)
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueueDeclare("q", false, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	defer func() { _ = tp.Shutdown(context.Background()) }()
+	const kept = "4bf92f3577b34da6a3ce929d0e0e4736"
+	pub := deadletter.AMQPPublisher{URL: url, Queue: "q", TracerProvider: tp, Propagator: tracing.Propagator()}
+	ctx, operator := tp.Tracer("test").Start(t.Context(), "operator request")
+	err = pub.Publish(ctx, deadletter.Message{
+		MessageID: "m-1", RoutingKey: "order.created", Body: []byte("{}"),
+		Headers: map[string]any{"traceparent": "00-" + kept + "-00f067aa0ba902b7-01", "baggage": "tenant=acme", "aggregate_id": "o-1"},
+	})
+	operator.End()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	var d amqp.Delivery
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var ok bool
+		if d, ok, err = ch.Get("q", true); err != nil {
+			t.Fatal(err)
+		} else if ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the replayed message never arrived")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	var span sdktrace.ReadOnlySpan
+	for _, s := range rec.Ended() {
+		if s.Name() == "publish q" {
+			span = s
+		}
+	}
+	if span == nil {
+		t.Fatal("no publish span")
+	}
+	if span.SpanKind() != trace.SpanKindProducer || span.SpanContext().TraceID().String() != kept || span.Parent().SpanID().String() != "00f067aa0ba902b7" {
+		t.Fatalf("publish span %v kind %v under %v: want a producer under the kept context", span.SpanContext(), span.SpanKind(), span.Parent())
+	}
+	if links := span.Links(); len(links) != 1 || links[0].SpanContext.SpanID() != operator.SpanContext().SpanID() {
+		t.Fatalf("publish span links %v, want the operator's span", links)
+	}
+	tpHeader, _ := d.Headers["traceparent"].(string)
+	if want := "00-" + kept + "-" + span.SpanContext().SpanID().String() + "-01"; tpHeader != want {
+		t.Fatalf("replayed traceparent %q, want %q", tpHeader, want)
+	}
+	if b, _ := d.Headers["baggage"].(string); !strings.Contains(b, "tenant=acme") {
+		t.Fatalf("replayed baggage %q", b)
+	}
+	if d.Headers["aggregate_id"] != "o-1" {
+		t.Fatalf("other headers lost: %v", d.Headers)
+	}
+}
