@@ -119,7 +119,13 @@ func New(cfg Config) (*App, error) {
 	if cfg.Propagator == nil {
 		cfg.Propagator = tracing.Propagator()
 	}
-	traced := inboxotel.New(cfg.TracerProvider)
+	// With a no-op provider the inbox gets no hooks and the effect no span
+	// wrapper: nothing is spent per message on tracing but reading the
+	// delivery's trace headers.
+	var traced *inboxotel.Tracing
+	if _, off := cfg.TracerProvider.(noop.TracerProvider); !off {
+		traced = inboxotel.New(cfg.TracerProvider)
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -158,9 +164,12 @@ func New(cfg Config) (*App, error) {
 	if flush < 0 {
 		flush = 0 // synchronous records
 	}
+	var hooks inbox.Hooks
+	if traced != nil {
+		hooks = traced.Hooks()
+	}
 	if a.inbox, err = inbox.New(db, inbox.Config{
-		Consumer: "shipping", Retention: cfg.InboxRetention, FlushInterval: flush, Logger: log,
-		Hooks: traced.Hooks(),
+		Consumer: "shipping", Retention: cfg.InboxRetention, FlushInterval: flush, Logger: log, Hooks: hooks,
 	}); err != nil {
 		return fail(fmt.Errorf("shipping: %w", err))
 	}
