@@ -18,6 +18,8 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 	"go.mongodb.org/mongo-driver/v2/x/mongo/driver/connstring"
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+	metricnoop "go.opentelemetry.io/otel/metric/noop"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
@@ -231,13 +233,36 @@ func New(cfg Config) (*App, error) {
 		return fail(fmt.Errorf("shipping: listen on %s: %w", cfg.HTTPAddr, err))
 	}
 	a.server = &http.Server{
-		Handler:           http.MaxBytesHandler(h, 1<<16),
+		Handler:           http.MaxBytesHandler(serverSpans(h, cfg.TracerProvider, cfg.Propagator), 1<<16),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      30 * time.Second,
 		IdleTimeout:       time.Minute,
 	}
 	return a, nil
+}
+
+// serverSpans wraps the HTTP API in a server span per request (otelhttp),
+// the probes and the metrics scrape aside; a no-op provider leaves h as it
+// is. An operator's replay of a dead letter links its publish span to the
+// request's.
+func serverSpans(h http.Handler, tp trace.TracerProvider, prop propagation.TextMapPropagator) http.Handler {
+	if _, off := tp.(noop.TracerProvider); off {
+		return h
+	}
+	return otelhttp.NewHandler(h, "shipping",
+		otelhttp.WithTracerProvider(tp),
+		otelhttp.WithPropagators(prop),
+		otelhttp.WithMeterProvider(metricnoop.NewMeterProvider()), // the metrics are Prometheus's
+		otelhttp.WithFilter(func(r *http.Request) bool {
+			switch r.URL.Path {
+			case "/healthz", "/readyz", "/metrics":
+				return false
+			}
+			return true
+		}),
+		otelhttp.WithSpanNameFormatter(func(_ string, r *http.Request) string { return r.Method }),
+	)
 }
 
 // HTTPAddr is the address the HTTP API listens on.

@@ -230,6 +230,28 @@ func TestMessageWithoutTraceHeadersStartsANewTrace(t *testing.T) {
 	if names, _ := tr.children(span); len(names) != 4 {
 		t.Fatalf("children %v, want the check, the effect, the record and the ack", names)
 	}
+
+	// The HTTP API: a server span per request, none for the probes.
+	base := "http://" + tr.app.HTTPAddr()
+	if status, _, _ := get(t, base+"/healthz"); status != 200 {
+		t.Fatalf("/healthz: %d", status)
+	}
+	if status, _, _ := get(t, base+"/shipments/order-tr-root"); status != 200 {
+		t.Fatalf("GET shipment: %d", status)
+	}
+	var server []string
+	waitFor(t, 10*time.Second, "the server span ended", func() bool {
+		server = nil
+		for _, s := range tr.rec.Ended() {
+			if s.SpanKind() == trace.SpanKindServer {
+				server = append(server, s.Name()+" "+attrOf(s, "url.path").AsString())
+			}
+		}
+		return len(server) > 0
+	})
+	if got := strings.Join(server, ", "); got != "GET /shipments/order-tr-root" {
+		t.Fatalf("server spans %q, want one for the shipment's GET", got)
+	}
 }
 
 func TestUnsampledTraceRecordsNothingButItsContextAndBaggageTravel(t *testing.T) {
