@@ -107,6 +107,19 @@
 // its short profile injects every fault kind; the long profile (make chaos)
 // always includes it.
 //
+// # The cluster profile
+//
+// CHAOS_PROFILE=cluster (make chaos-cluster) runs the same flow on a
+// three-node RabbitMQ cluster of the run's own (rabbitCluster: nodes
+// <run>-1@localhost ... beside the machine's broker, which it leaves alone,
+// each with its own ports, data, config file and a copy of the Erlang cookie,
+// run as the rabbitmq user and joined with rabbitmqctl join_cluster). The
+// services' AMQP_URL lists one proxy per node, and the plan adds the node
+// faults, one at a time: SIGKILL of a node or of the shipping queue's leader
+// with a restart, stop_app/start_app, and a node cut away from the clients.
+// Broker proxy faults then act on the side's proxies to every node. The
+// nodes are stopped in cleanup. See docs/cluster.md.
+//
 // # Running
 //
 //	go test -race -count=1 -v ./e2e/...                                            # short profile, ~2.5 min
@@ -114,7 +127,7 @@
 //
 // Environment:
 //
-//	CHAOS_PROFILE        short (default) or long
+//	CHAOS_PROFILE        short (default), long or cluster
 //	CHAOS_SEED           the plan's seed; random when unset, always logged and reported
 //	CHAOS_DURATION       load duration, overriding the profile's (e.g. 3m)
 //	CHAOS_FAULTS         number of faults, at least one per kind
