@@ -6,7 +6,8 @@
 //
 // Environment (defaults work against this machine's local services):
 //
-//	AMQP_URL     amqp://guest:guest@127.0.0.1:5672/   (the path is the vhost)
+//	AMQP_URL     amqp://guest:guest@127.0.0.1:5672/   (the path is the vhost; on a
+//	             cluster, the nodes' URLs separated by commas: docs/cluster.md)
 //	MONGO_URI    mongodb://127.0.0.1:27017            (the path is the database, default "shipping")
 //	HTTP_ADDR    127.0.0.1:8081
 //	LOG_LEVEL    info (debug, info, warn, error)
