@@ -57,10 +57,11 @@ fmt-check:
 services:
 	bash deploy/local/ensure-services.sh
 
-## demo: the whole system (guided tour: docs/demo.md). With a Docker engine:
-## docker compose up --build (deploy/docker-compose.yml); without one: local
+## demo: the whole system (guided tour: docs/demo.md), with a live view of
+## the flow on http://127.0.0.1:8090 (it prints the address). With a Docker
+## engine: docker compose up --build --detach --wait (deploy/docker-compose.yml),
+## then bin/demo -compose serves the page from the host; without one: local
 ## processes against this machine's PostgreSQL and RabbitMQ and an embedded
-## FerretDB, with a live view of the flow on http://127.0.0.1:8090 (it prints
-## the address). Ctrl-C stops it; DEMO_LOAD=1 adds a load generator.
+## FerretDB. Ctrl-C stops it; DEMO_LOAD=1 adds a load generator.
 demo:
 	GO=$(GO) bash deploy/demo.sh

@@ -9,7 +9,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
-	"os/exec"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -31,7 +30,12 @@ type action struct {
 	Watch string // what to watch for on the page
 	// Confirm, when set, is asked in the browser before the action runs.
 	Confirm string
-	run     func(ctx context.Context, v *liveView, r *http.Request) (actionResult, error)
+	// crash marks an action that arms a crash point: only the local
+	// supervisor can (the page leaves it out otherwise).
+	crash bool
+	// composeWhat, when set, replaces What under docker compose.
+	composeWhat string
+	run         func(ctx context.Context, v *liveView, r *http.Request) (actionResult, error)
 }
 
 type actionResult struct {
@@ -66,29 +70,31 @@ var actions = []action{
 	},
 	{
 		Name: "stop-relays", Group: "Relays", Label: "Stop both relays",
-		What:  "SIGTERM to relay-1 and relay-2; the demo keeps them down. The orders API does not need them.",
-		Watch: "new orders still succeed, their events stay pending in the outbox; the oldest pending age grows.",
+		What:        "SIGTERM to relay-1 and relay-2; the demo keeps them down. The orders API does not need them.",
+		composeWhat: "docker compose stop relay: every replica of the relay service (the orders API runs without a relay of its own here, ORDERS_RELAY=false). The orders API does not need them.",
+		Watch:       "new orders still succeed, their events stay pending in the outbox; the oldest pending age grows.",
 		run: func(ctx context.Context, v *liveView, _ *http.Request) (actionResult, error) {
-			return v.holdAll(ctx, "relay-1", "relay-2")
+			return v.holdAll(ctx, v.ctl.relays()...)
 		},
 	},
 	{
 		Name: "start-relays", Group: "Relays", Label: "Start both relays",
-		What:  "Starts relay-1 and relay-2 again.",
-		Watch: "pending returns to 0; published and applied catch up with events written: every order became exactly one shipment.",
+		What:        "Starts relay-1 and relay-2 again.",
+		composeWhat: "docker compose start relay.",
+		Watch:       "pending returns to 0; published and applied catch up with events written: every order became exactly one shipment.",
 		run: func(ctx context.Context, v *liveView, _ *http.Request) (actionResult, error) {
-			return v.resumeAll("relay-1", "relay-2")
+			return v.resumeAll(ctx, v.ctl.relays()...)
 		},
 	},
 	{
-		Name: "crash-relay", Group: "Crashes", Label: "Kill relay-1 between publish and mark",
+		Name: "crash-relay", Group: "Crashes", Label: "Kill relay-1 between publish and mark", crash: true,
 		What: "Stops relay-2 (so relay-1 takes the next order), restarts relay-1 armed with the crash point " + crashpoint.RelayAfterPublishBeforeMark +
 			", and places one order: relay-1 publishes it, RabbitMQ confirms, and relay-1 kills itself before it marks the row published. The demo restarts it.",
 		Watch: "the order is applied once, but its outbox row stays pending (in flight). When the dead relay's lease runs out (RELAY_LEASE, 30 s), it is published again: the journey shows delivered 2×, and duplicates absorbed +1 (inbox). Start relay-2 again when you like.",
 		run:   crashRelay,
 	},
 	{
-		Name: "crash-shipping", Group: "Crashes", Label: "Kill shipping between the effect and the ack",
+		Name: "crash-shipping", Group: "Crashes", Label: "Kill shipping between the effect and the ack", crash: true,
 		What: "Restarts shipping armed with the crash point " + crashpoint.ShippingAfterInboxBeforeAck +
 			", and places one order: shipping applies it and kills itself before it acks the delivery. The demo restarts it.",
 		Watch: "shipping restarting; RabbitMQ delivers the message again and shipping recognises the duplicate (inbox or version): the journey shows delivered 2×, applied once.",
@@ -114,19 +120,20 @@ var actions = []action{
 	},
 	{
 		Name: "broker-stop-app", Group: "Broker", Label: "Stop the broker application",
-		What:    "rabbitmqctl stop_app: the whole broker stops, for every vhost and every user of this RabbitMQ.",
-		Watch:   "as for taking the broker away. Only on a broker that is yours alone.",
-		Confirm: "rabbitmqctl stop_app stops RabbitMQ for everyone who uses it on this machine, not only this demo. Go on?",
-		run: func(ctx context.Context, _ *liveView, _ *http.Request) (actionResult, error) {
-			return rabbitmqctl(ctx, "stop_app")
+		What:        "rabbitmqctl stop_app: the whole broker stops, for every vhost and every user of this RabbitMQ.",
+		composeWhat: "docker compose exec rabbitmq rabbitmqctl stop_app: the compose project's broker stops (the container keeps running).",
+		Watch:       "as for taking the broker away. Only on a broker that is yours alone.",
+		Confirm:     "rabbitmqctl stop_app stops RabbitMQ for everyone who uses it on this machine, not only this demo. Go on?",
+		run: func(ctx context.Context, v *liveView, _ *http.Request) (actionResult, error) {
+			return v.rabbitmqctl(ctx, "stop_app")
 		},
 	},
 	{
 		Name: "broker-start-app", Group: "Broker", Label: "Start the broker application",
 		What:  "rabbitmqctl start_app.",
 		Watch: "queues come back with their messages; everything reconnects and drains.",
-		run: func(ctx context.Context, _ *liveView, _ *http.Request) (actionResult, error) {
-			return rabbitmqctl(ctx, "start_app")
+		run: func(ctx context.Context, v *liveView, _ *http.Request) (actionResult, error) {
+			return v.rabbitmqctl(ctx, "start_app")
 		},
 	},
 	{
@@ -135,8 +142,8 @@ var actions = []action{
 		},
 	},
 	{
-		Name: "start", Label: "Start", run: func(_ context.Context, v *liveView, r *http.Request) (actionResult, error) {
-			return v.resumeAll(r.URL.Query().Get("process"))
+		Name: "start", Label: "Start", run: func(ctx context.Context, v *liveView, r *http.Request) (actionResult, error) {
+			return v.resumeAll(ctx, r.URL.Query().Get("process"))
 		},
 	},
 }
@@ -150,13 +157,21 @@ func (v *liveView) serveAction(w http.ResponseWriter, r *http.Request) {
 		if a.Name != name {
 			continue
 		}
+		if a.crash && !v.canArm() {
+			writeError(w, http.StatusNotImplemented, "not_available",
+				fmt.Sprintf("%s: not available with %s: a crash point is armed in a process's environment when the demo starts it (DEMO_MODE=local make demo)", a.Label, v.ctl.mode()))
+			return
+		}
 		ctx, cancel := context.WithTimeout(r.Context(), time.Minute)
 		defer cancel()
 		res, err := a.run(ctx, v, r)
 		if err != nil {
 			status := http.StatusBadGateway
-			if errors.Is(err, errBadRequest) {
+			switch {
+			case errors.Is(err, errBadRequest):
 				status = http.StatusBadRequest
+			case errors.Is(err, errUnsupported):
+				status = http.StatusNotImplemented
 			}
 			v.addNote("%s: failed: %v", labelOf(a, r), err)
 			writeError(w, status, "action_failed", err.Error())
@@ -176,55 +191,19 @@ func labelOf(a action, r *http.Request) string {
 	return a.Label
 }
 
-func (v *liveView) proc(name string) (*proc, error) {
-	if !stoppable[name] {
-		return nil, fmt.Errorf("%w: process %q: want one of relay-1, relay-2, shipping", errBadRequest, name)
-	}
-	for _, p := range v.d.procs {
-		if p.spec.name == name {
-			return p, nil
-		}
-	}
-	return nil, fmt.Errorf("%w: no process %q", errBadRequest, name)
-}
-
 // holdAll stops the named processes and keeps them down.
-func (v *liveView) holdAll(_ context.Context, names ...string) (actionResult, error) {
-	var ps []*proc
-	for _, n := range names {
-		p, err := v.proc(n)
-		if err != nil {
-			return actionResult{}, err
-		}
-		ps = append(ps, p)
-	}
-	var wg sync.WaitGroup
-	errs := make([]error, len(ps))
-	for i, p := range ps {
-		wg.Go(func() { errs[i] = p.hold(v.d.cfg.StopTimeout) })
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
+func (v *liveView) holdAll(ctx context.Context, names ...string) (actionResult, error) {
+	if err := v.ctl.stop(ctx, names...); err != nil {
 		return actionResult{}, err
 	}
 	return actionResult{Message: strings.Join(names, " and ") + " stopped"}, nil
 }
 
 // resumeAll starts held processes again; one already running is left alone.
-func (v *liveView) resumeAll(names ...string) (actionResult, error) {
-	var started []string
-	for _, n := range names {
-		p, err := v.proc(n)
-		if err != nil {
-			return actionResult{}, err
-		}
-		if err := p.resume(nil, ""); err != nil {
-			if errors.Is(err, errNotHeld) {
-				continue
-			}
-			return actionResult{}, err
-		}
-		started = append(started, n)
+func (v *liveView) resumeAll(ctx context.Context, names ...string) (actionResult, error) {
+	started, err := v.ctl.start(ctx, names...)
+	if err != nil {
+		return actionResult{}, err
 	}
 	if len(started) == 0 {
 		return actionResult{Message: strings.Join(names, " and ") + ": already running"}, nil
@@ -234,14 +213,7 @@ func (v *liveView) resumeAll(names ...string) (actionResult, error) {
 
 // rearm restarts a process with a crash point armed for its next run only.
 func (v *liveView) rearm(ctx context.Context, name, point, what string) error {
-	p, err := v.proc(name)
-	if err != nil {
-		return err
-	}
-	if _, err := v.holdAll(ctx, name); err != nil {
-		return err
-	}
-	return p.resume([]string{"CRASH_POINT=" + point, "CRASH_AFTER=1"}, what)
+	return v.ctl.arm(ctx, name, point, what)
 }
 
 func crashRelay(ctx context.Context, v *liveView, _ *http.Request) (actionResult, error) {
@@ -367,7 +339,7 @@ func brokerCut(ctx context.Context, v *liveView, _ *http.Request) (actionResult,
 	if err != nil {
 		return actionResult{}, err
 	}
-	return rabbitmqctl(ctx, "close_all_connections", "-p", vhost, "demo: connections cut")
+	return v.rabbitmqctl(ctx, "close_all_connections", "-p", vhost, "demo: connections cut")
 }
 
 func brokerDown(ctx context.Context, v *liveView, _ *http.Request) (actionResult, error) {
@@ -375,10 +347,10 @@ func brokerDown(ctx context.Context, v *liveView, _ *http.Request) (actionResult
 	if err != nil {
 		return actionResult{}, err
 	}
-	if _, err := rabbitmqctl(ctx, "clear_permissions", "-p", vhost, user); err != nil {
+	if _, err := v.rabbitmqctl(ctx, "clear_permissions", "-p", vhost, user); err != nil {
 		return actionResult{}, err
 	}
-	res, err := rabbitmqctl(ctx, "close_all_connections", "-p", vhost, "demo: broker outage")
+	res, err := v.rabbitmqctl(ctx, "close_all_connections", "-p", vhost, "demo: broker outage")
 	if err != nil {
 		return res, err
 	}
@@ -391,19 +363,17 @@ func brokerUp(ctx context.Context, v *liveView, _ *http.Request) (actionResult, 
 	if err != nil {
 		return actionResult{}, err
 	}
-	if _, err := rabbitmqctl(ctx, "set_permissions", "-p", vhost, user, ".*", ".*", ".*"); err != nil {
+	if _, err := v.rabbitmqctl(ctx, "set_permissions", "-p", vhost, user, ".*", ".*", ".*"); err != nil {
 		return actionResult{}, err
 	}
 	return actionResult{Message: fmt.Sprintf("%s allowed on vhost %s again", user, vhost)}, nil
 }
 
-// rabbitmqctl runs rabbitmqctl (it needs root or the rabbitmq user).
-func rabbitmqctl(ctx context.Context, args ...string) (actionResult, error) {
-	cmd := exec.CommandContext(ctx, "rabbitmqctl", append([]string{"-q"}, args...)...)
-	out, err := cmd.CombinedOutput()
-	text := strings.TrimSpace(string(out))
+// rabbitmqctl runs rabbitmqctl on the broker, through the controller.
+func (v *liveView) rabbitmqctl(ctx context.Context, args ...string) (actionResult, error) {
+	text, err := v.ctl.rabbitmqctl(ctx, args...)
 	if err != nil {
-		return actionResult{}, fmt.Errorf("rabbitmqctl %s: %w: %s", args[0], err, text)
+		return actionResult{}, err
 	}
 	if text == "" {
 		text = "done"

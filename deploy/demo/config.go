@@ -46,6 +46,9 @@ type config struct {
 	// StopTimeout is the grace period after SIGTERM, before SIGKILL.
 	// Default: 20s.
 	StopTimeout time.Duration
+	// Compose, when set, is a compose file whose running project the demo
+	// serves the live view for, instead of running processes (compose.go).
+	Compose string
 }
 
 const (
@@ -72,6 +75,7 @@ func parseConfig(args []string, getenv func(string) string, out io.Writer) (conf
 	fs.BoolVar(&c.Load, "load", false, "also run the load generator")
 	fs.Float64Var(&c.LoadRate, "load-rate", 20, "orders per second of the load generator")
 	fs.DurationVar(&c.ReadyTimeout, "ready-timeout", time.Minute, "how long each process may take to become ready")
+	fs.StringVar(&c.Compose, "compose", "", "serve the live view for this compose file's running project instead of running local processes (deploy/demo.sh starts it)")
 	fs.DurationVar(&c.StopTimeout, "stop-timeout", 20*time.Second, "grace period after SIGTERM before SIGKILL")
 	if err := fs.Parse(args); err != nil {
 		return c, err
@@ -98,6 +102,17 @@ func parseConfig(args []string, getenv func(string) string, out io.Writer) (conf
 
 func (c config) validate() error {
 	var errs []error
+	if c.Compose != "" {
+		if st, err := os.Stat(c.Compose); err != nil || st.IsDir() {
+			errs = append(errs, fmt.Errorf("-compose %s: no such file", c.Compose))
+		}
+		if _, _, err := net.SplitHostPort(c.UIAddr); err != nil {
+			errs = append(errs, fmt.Errorf("-ui-addr %q: want host:port", c.UIAddr))
+		}
+		// The other addresses and URLs are the compose project's, read
+		// from it at start.
+		return errors.Join(errs...)
+	}
 	for _, name := range []string{"orders", "shipping", "mongolocal", "loadgen"} {
 		if st, err := os.Stat(filepath.Join(c.BinDir, name)); err != nil || st.IsDir() {
 			errs = append(errs, fmt.Errorf("-bin %s: no %s binary there (deploy/demo.sh builds them)", c.BinDir, name))

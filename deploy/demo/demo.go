@@ -22,6 +22,9 @@ type demo struct {
 
 	procs      []*proc // in start order; fixed once startAll returned
 	deliveries *deliveryLog
+	// ctl is the live view's hold on the processes: the local supervisor
+	// here, docker compose in compose mode (compose.go).
+	ctl processController
 }
 
 func newDemo(cfg config, out io.Writer) *demo {
@@ -51,6 +54,7 @@ func (d *demo) run(ctx context.Context) (err error) {
 		}
 		return err
 	}
+	d.ctl = &localController{procs: d.procs, grace: d.cfg.StopTimeout}
 	view, err := startLiveView(ctx, d)
 	if err != nil {
 		return err

@@ -50,6 +50,7 @@ const (
 // liveView serves the page and keeps the latest snapshot.
 type liveView struct {
 	d      *demo
+	ctl    processController
 	ln     net.Listener
 	srv    *http.Server
 	tr     *http.Transport
@@ -102,7 +103,7 @@ func startLiveView(ctx context.Context, d *demo) (*liveView, error) {
 	}
 	tr := &http.Transport{MaxIdleConnsPerHost: 4, IdleConnTimeout: 30 * time.Second}
 	v := &liveView{
-		d: d, ln: ln, tr: tr, client: &http.Client{Transport: tr, Timeout: 5 * time.Second},
+		d: d, ctl: d.ctl, ln: ln, tr: tr, client: &http.Client{Transport: tr, Timeout: 5 * time.Second},
 		pool: pool, mongo: mc, page: tmpl, done: make(chan struct{}), last: map[string]procStatus{},
 	}
 	v.srv = &http.Server{Handler: v.routes(), ReadHeaderTimeout: 5 * time.Second}
@@ -193,16 +194,13 @@ type processInfo struct {
 type whereItem struct{ What, Addr string }
 
 func (v *liveView) servePage(w http.ResponseWriter, _ *http.Request) {
-	data := pageData{Actions: actions}
-	for _, p := range v.d.procs {
-		data.Processes = append(data.Processes, processInfo{Name: p.spec.name, Role: roles[p.spec.name], Stoppable: stoppable[p.spec.name]})
-	}
+	data := pageData{Actions: v.actions(), Processes: v.ctl.processes()}
 	c := v.d.cfg
-	data.Where = []whereItem{
-		{"orders API", "http://" + c.OrdersAddr}, {"shipping API", "http://" + c.ShippingAddr},
-		{"relay-1 (metrics, readyz)", "http://" + c.RelayAddr}, {"relay-2 (metrics, readyz)", "http://" + c.Relay2Addr},
-		{"PostgreSQL", redacted(c.DatabaseURL)}, {"RabbitMQ", redacted(c.AMQPURL)}, {"MongoDB", c.MongoURI},
+	data.Where = []whereItem{{"processes", v.ctl.mode()}, {"orders API", "http://" + c.OrdersAddr}, {"shipping API", "http://" + c.ShippingAddr}}
+	if c.RelayAddr != "" {
+		data.Where = append(data.Where, whereItem{"relay-1 (metrics, readyz)", "http://" + c.RelayAddr}, whereItem{"relay-2 (metrics, readyz)", "http://" + c.Relay2Addr})
 	}
+	data.Where = append(data.Where, whereItem{"PostgreSQL", redacted(c.DatabaseURL)}, whereItem{"RabbitMQ", redacted(c.AMQPURL)}, whereItem{"MongoDB", c.MongoURI})
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
 	if err := v.page.Execute(w, data); err != nil {
@@ -217,9 +215,34 @@ var roles = map[string]string{
 	"relay-1":    "relay: publishes committed outbox rows, marks them once confirmed",
 	"relay-2":    "relay: a second one, sharing the work",
 	"loadgen":    "load generator",
+	// docker compose's services (compose.go)
+	"postgres": "PostgreSQL: the orders and their outbox",
+	"rabbitmq": "RabbitMQ: the exchange and shipping's queues",
+	"mongodb":  "MongoDB (single-node replica set): the inbox and the shipments",
+	"relay":    "relay: publishes committed outbox rows, marks them once confirmed (every replica)",
 }
 
-var stoppable = map[string]bool{"relay-1": true, "relay-2": true, "shipping": true}
+// canArm says whether the controller arms crash points (only the local
+// supervisor starts the processes, with their environment).
+func (v *liveView) canArm() bool {
+	_, local := v.ctl.(*localController)
+	return local
+}
+
+// actions are the page's buttons this controller can do.
+func (v *liveView) actions() []action {
+	var out []action
+	for _, a := range actions {
+		if a.crash && !v.canArm() {
+			continue
+		}
+		if _, compose := v.ctl.(*composeController); compose && a.composeWhat != "" {
+			a.What = a.composeWhat
+		}
+		out = append(out, a)
+	}
+	return out
+}
 
 // snapshot is what /api/state answers.
 type snapshot struct {
@@ -324,18 +347,32 @@ func (v *liveView) collect(ctx context.Context) snapshot {
 		s.Stages.ShippingDead = m.int("shipping_dead_letters")
 		s.Stages.ParkedAggregates = m.int("shipping_parked_aggregates")
 	})
-	procs := make([]processView, len(v.d.procs))
-	for i, p := range v.d.procs {
-		pv := processView{procStatus: p.status(), Role: roles[p.spec.name], Stoppable: stoppable[p.spec.name]}
+	infos := v.ctl.processes()
+	statuses := v.ctl.statuses(ctx)
+	procs := make([]processView, len(statuses))
+	for i, st := range statuses {
+		pv := processView{procStatus: st}
+		if i < len(infos) {
+			pv.Role, pv.Stoppable = infos[i].Role, infos[i].Stoppable
+		}
+		if st.Health != "" && st.State == procRunning {
+			// Compose: the container's healthcheck, which probes /readyz
+			// inside it (the relay publishes no port).
+			ready := st.Health == "healthy"
+			pv.Ready = &ready
+			if !ready {
+				pv.Detail = "healthcheck: " + st.Health
+			}
+		}
 		procs[i] = pv
-		addr := v.httpAddr(p.spec.name)
+		addr := v.httpAddr(st.Name)
 		if addr == "" || pv.State != procRunning {
 			continue
 		}
 		wg.Go(func() {
 			ready, detail := v.probe(ctx, "http://"+addr+"/readyz")
 			procs[i].Ready, procs[i].Detail = &ready, detail
-			if strings.HasPrefix(p.spec.name, "relay") {
+			if strings.HasPrefix(st.Name, "relay") {
 				if m, err := v.scrape(ctx, "http://"+addr+"/metrics"); err == nil {
 					procs[i].Published = m.int("outbox_published_total")
 				}

@@ -1,5 +1,6 @@
 // Command demo runs the whole system as local processes, for machines without
-// a Docker engine (`make demo` picks docker compose when there is one; see
+// a Docker engine (`make demo` picks docker compose when there is one, and
+// then runs this command with -compose for the live view alone; see
 // deploy/demo.sh):
 //
 //	mongolocal          an embedded FerretDB on MONGO_URI's address
@@ -19,6 +20,10 @@
 // pipeline's counts, each process's state, one order's journey, and buttons
 // that stop and start the relays and shipping, arm the crash points and take
 // the broker away (see live.go and docs/demo.md).
+//
+// With -compose FILE it runs nothing itself: deploy/demo.sh has started the
+// compose project, and the demo serves the same live view for it, reading
+// the ports compose publishes and acting through docker compose (compose.go).
 //
 // The services read DATABASE_URL, AMQP_URL and MONGO_URI from the demo's
 // environment when set, so the demo can be pointed elsewhere like any of
@@ -56,6 +61,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	}
 	if err != nil {
 		return err
+	}
+	if cfg.Compose != "" {
+		return runCompose(ctx, cfg, stdout)
 	}
 	return newDemo(cfg, stdout).run(ctx)
 }

@@ -77,6 +77,9 @@ type procStatus struct {
 	Restarts int       `json:"restarts"`
 	Armed    string    `json:"armed,omitempty"`
 	LastExit string    `json:"last_exit,omitempty"`
+	// Health is a compose container's healthcheck status ("" for a local
+	// process, whose /readyz the live view probes itself).
+	Health string `json:"health,omitempty"`
 }
 
 // crashLoop is how many quick deaths in a row make the demo give up on a
