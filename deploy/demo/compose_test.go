@@ -400,3 +400,26 @@ func TestComposeControllerMatchesTheComposeFile(t *testing.T) {
 		t.Errorf("by default orders has RELAY=%q, want its relay on", got)
 	}
 }
+
+// With -compose the demo runs no binaries of its own: none are needed, and
+// the compose file must exist.
+func TestConfigComposeMode(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "docker-compose.yml")
+	if err := os.WriteFile(file, []byte("services: {}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	noEnv := func(string) string { return "" }
+	var out strings.Builder
+	if _, err := parseConfig([]string{"-compose", file, "-bin", t.TempDir()}, noEnv, &out); err != nil {
+		t.Fatalf("-compose with an empty -bin: %v", err)
+	}
+	if _, err := parseConfig([]string{"-compose", file + ".missing"}, noEnv, &out); err == nil || !strings.Contains(err.Error(), "-compose") {
+		t.Fatalf("-compose with a missing file: %v", err)
+	}
+	if _, err := parseConfig([]string{"-compose", file, "-ui-addr", "nowhere"}, noEnv, &out); err == nil || !strings.Contains(err.Error(), "-ui-addr") {
+		t.Fatalf("-compose with a bad -ui-addr: %v", err)
+	}
+	if _, err := parseConfig([]string{"-bin", t.TempDir()}, noEnv, &out); err == nil {
+		t.Fatal("without -compose, an empty -bin was accepted")
+	}
+}
