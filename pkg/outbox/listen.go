@@ -18,6 +18,10 @@ import (
 // notifications do not reach.
 var errNoNotifications = errors.New("the notification the relay sent itself did not arrive")
 
+// errProbeNotSent is the probe's failure to send its notification through
+// the pool.
+var errProbeNotSent = errors.New("listen probe: send a notification")
+
 // listen wakes the relay on every notification on the configured channel. It
 // holds one connection of its own, outside the pool (from ListenConfig, or the
 // pool's configuration), and reopens it with backoff when it breaks; every
@@ -60,7 +64,8 @@ func (r *Relay) listen(ctx context.Context) {
 }
 
 // listenOnce connects, listens and wakes the relay on each notification until
-// the connection fails. It reports whether the LISTEN succeeded.
+// the connection fails. It reports whether the LISTEN succeeded (and its
+// probe could send its notification).
 //
 // A connection can also die silently (a partition, a firewall that drops idle
 // flows): no error ever comes, and WaitForNotification would wait forever. So
@@ -97,7 +102,10 @@ func (r *Relay) listenOnce(ctx context.Context, stmt string) (listened bool, err
 	}
 	if r.cfg.ListenProbeTimeout > 0 {
 		if err := r.probe(ctx, conn); err != nil {
-			return true, err
+			// A probe that could not even send (the pool down while the
+			// direct LISTEN URL answers) is no LISTEN that worked: it must
+			// not reset the backoff, or the relay reconnects every 100ms.
+			return !errors.Is(err, errProbeNotSent), err
 		}
 	}
 	r.Wake()
@@ -141,7 +149,7 @@ func (r *Relay) probe(ctx context.Context, conn *pgx.Conn) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		return fmt.Errorf("listen probe: send a notification: %w", err)
+		return fmt.Errorf("%w: %w", errProbeNotSent, err)
 	}
 	for {
 		n, err := conn.WaitForNotification(pctx)
