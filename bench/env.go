@@ -38,6 +38,7 @@ type env struct {
 
 	mu       sync.Mutex
 	cleanups []cleanup
+	purposes map[string]int // how often each purpose was asked for (under mu)
 
 	mongoOnce sync.Once
 	mongo     *mongolocal.Server
@@ -83,6 +84,23 @@ func (e *env) close() error {
 	return errors.Join(errs...)
 }
 
+// unique returns purpose the first time it is asked for, then purpose_2,
+// purpose_3...: two figures asking for the same purpose (both e2e figures
+// have a "wake" variant) get resources of their own, and each is cleaned up
+// once.
+func (e *env) unique(purpose string) string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.purposes == nil {
+		e.purposes = map[string]int{}
+	}
+	e.purposes[purpose]++
+	if n := e.purposes[purpose]; n > 1 {
+		return fmt.Sprintf("%s_%d", purpose, n)
+	}
+	return purpose
+}
+
 func randomHex(n int) string {
 	b := make([]byte, n)
 	_, _ = rand.Read(b)
@@ -92,7 +110,7 @@ func randomHex(n int) string {
 // newDatabase creates a database of its own for one figure, dropped on close,
 // and returns a pool configuration for it (not connected yet).
 func (e *env) newDatabase(ctx context.Context, purpose string) (*pgxpool.Config, error) {
-	name := "bench_" + e.runID + "_" + purpose
+	name := "bench_" + e.runID + "_" + e.unique(purpose)
 	admin, err := pgx.Connect(ctx, e.databaseURL)
 	if err != nil {
 		return nil, fmt.Errorf("connect to PostgreSQL at %s: %w", redact(e.databaseURL), err)
@@ -149,7 +167,7 @@ func (e *env) newVhost(ctx context.Context, purpose string) (string, error) {
 	if u.User != nil && u.User.Username() != "" {
 		user = u.User.Username()
 	}
-	vhost := "bench-" + e.runID + "-" + purpose
+	vhost := "bench-" + e.runID + "-" + e.unique(purpose)
 	if err := rabbitmqctl(ctx, "add_vhost", vhost); err != nil {
 		return "", err
 	}
@@ -204,7 +222,7 @@ func (e *env) newMongoDatabase(ctx context.Context, purpose string, poolSize uin
 	if err != nil {
 		return nil, "", fmt.Errorf("start embedded FerretDB: %w", err)
 	}
-	name := "bench_" + e.runID + "_" + purpose
+	name := "bench_" + e.runID + "_" + e.unique(purpose)
 	client, err := mongo.Connect(options.Client().ApplyURI(srv.URI()).SetMaxPoolSize(poolSize))
 	if err != nil {
 		return nil, "", fmt.Errorf("connect to FerretDB: %w", err)
