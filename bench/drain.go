@@ -204,7 +204,7 @@ func drainWithRelays(ctx context.Context, poolCfg *pgxpool.Config, url string, n
 			pool.Close()
 			return drainResult{}, err
 		}
-		relay, err := outbox.NewRelay(pool, pub, cfg)
+		relay, err := outbox.NewRelay(pool, untraced(pub), cfg)
 		if err != nil {
 			_ = pub.Close()
 			pool.Close()

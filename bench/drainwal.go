@@ -124,7 +124,7 @@ func (b *bench) drainWAL(ctx context.Context, poolCfg *pgxpool.Config, pool *pgx
 			})
 		}
 	}
-	relay, err := outboxwal.New(rpool, pub, cfg)
+	relay, err := outboxwal.New(rpool, untraced(pub), cfg)
 	if err != nil {
 		return 0, err
 	}
@@ -322,7 +322,7 @@ func (b *bench) startWALRelay(ctx context.Context, poolCfg *pgxpool.Config, url,
 		pool.Close()
 		return nil, err
 	}
-	relay, err := outboxwal.New(pool, pub, b.walRelayConfig(slot))
+	relay, err := outboxwal.New(pool, untraced(pub), b.walRelayConfig(slot))
 	if err != nil {
 		_ = pub.Close()
 		pool.Close()

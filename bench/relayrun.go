@@ -41,7 +41,7 @@ func startRelay(ctx context.Context, poolCfg *pgxpool.Config, url string, cfg ou
 		pool.Close()
 		return nil, err
 	}
-	relay, err := outbox.NewRelay(pool, pub, cfg)
+	relay, err := outbox.NewRelay(pool, untraced(pub), cfg)
 	if err != nil {
 		_ = pub.Close()
 		pool.Close()

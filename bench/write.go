@@ -49,7 +49,7 @@ func createOrder(ctx context.Context, pool *pgxpool.Pool, w *outbox.Writer, n in
 			}
 			if _, err := w.Queue(b, outbox.Message{
 				AggregateType: aggregateType, AggregateID: id, EventType: eventCreated,
-				Payload: payload, Headers: traceHeaders(),
+				Payload: payload, Headers: untracedWriteHeaders(ctx),
 			}); err != nil {
 				return err
 			}
