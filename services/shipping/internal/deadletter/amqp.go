@@ -8,6 +8,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/baggage"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
@@ -103,7 +104,10 @@ func (p AMQPPublisher) startSpan(ctx context.Context, m Message, headers amqp.Ta
 	if sc := trace.SpanContextFromContext(ctx); sc.IsValid() {
 		opts = append(opts, trace.WithLinks(trace.Link{SpanContext: sc}))
 	}
-	kept := prop.Extract(ctx, rabbitmq.HeaderCarrier(headers))
+	// The operator's request is linked, not inherited: neither its span nor
+	// its baggage may stand in for what the kept headers lack.
+	base := baggage.ContextWithoutBaggage(trace.ContextWithSpanContext(ctx, trace.SpanContext{}))
+	kept := prop.Extract(base, rabbitmq.HeaderCarrier(headers))
 	ctx, span := p.TracerProvider.Tracer(rabbitmq.ScopeName).Start(kept, "publish "+p.Queue, opts...)
 	delete(headers, rabbitmq.HeaderTraceparent)
 	delete(headers, rabbitmq.HeaderTracestate)

@@ -1,0 +1,73 @@
+package deadletter_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/baggage"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+
+	"github.com/outbox-inbox/reference/internal/tracing"
+	"github.com/outbox-inbox/reference/services/shipping/internal/amqptest"
+	"github.com/outbox-inbox/reference/services/shipping/internal/deadletter"
+)
+
+// The operator's request is linked to a replay, never copied into it: a
+// kept message without baggage goes out without the baggage the operator's
+// client sent to the admin endpoint.
+func TestReplayDoesNotCarryTheOperatorsBaggage(t *testing.T) {
+	t.Parallel()
+	_, url := amqptest.VHost(t)
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueueDeclare("q", false, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	tp := sdktrace.NewTracerProvider()
+	defer func() { _ = tp.Shutdown(context.Background()) }()
+	pub := deadletter.AMQPPublisher{URL: url, Queue: "q", TracerProvider: tp, Propagator: tracing.Propagator()}
+
+	member, err := baggage.NewMember("operator", "alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bag, err := baggage.New(member)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, operator := tp.Tracer("test").Start(baggage.ContextWithBaggage(t.Context(), bag), "operator request")
+	err = pub.Publish(ctx, deadletter.Message{
+		MessageID: "m-1", RoutingKey: "order.created", Body: []byte("{}"),
+		Headers: map[string]any{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"},
+	})
+	operator.End()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d amqp.Delivery
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var ok bool
+		if d, ok, err = ch.Get("q", true); err != nil {
+			t.Fatal(err)
+		} else if ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the replayed message never arrived")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if b, ok := d.Headers["baggage"]; ok {
+		t.Fatalf("replayed message carries baggage %q, which only the operator's request had", b)
+	}
+}
