@@ -48,6 +48,7 @@ import (
 	"strconv"
 
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/baggage"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
@@ -186,7 +187,9 @@ func (p *Publisher) PublishBatch(ctx context.Context, msgs []outbox.Envelope) []
 // start starts m's publish span and returns it with the headers to send: a
 // copy of m's headers with the span's trace context and baggage.
 func (p *Publisher) start(ctx context.Context, m outbox.Envelope) (context.Context, trace.Span, map[string]string) {
-	parent := p.prop.Extract(ctx, propagation.MapCarrier(m.Headers))
+	// The event's context is what was stored with it, and nothing else: a
+	// span or baggage on the relay's own context must not leak into it.
+	parent := p.prop.Extract(eventBase(ctx), propagation.MapCarrier(m.Headers))
 	dest, name := "", "publish"
 	if p.destination != nil {
 		if dest = p.destination(m); dest != "" {
@@ -227,6 +230,12 @@ func (p *Publisher) start(ctx context.Context, m outbox.Envelope) (context.Conte
 	delete(headers, HeaderBaggage)
 	p.prop.Inject(ctx, propagation.MapCarrier(headers))
 	return ctx, span, headers
+}
+
+// eventBase is ctx without its span and baggage: the base on which an
+// event's stored context is read.
+func eventBase(ctx context.Context) context.Context {
+	return baggage.ContextWithoutBaggage(trace.ContextWithSpanContext(ctx, trace.SpanContext{}))
 }
 
 // InjectHeaders writes the trace context and baggage of ctx into headers

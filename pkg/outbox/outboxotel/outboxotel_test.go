@@ -215,6 +215,41 @@ func TestNoStoredContextStartsATrace(t *testing.T) {
 	}
 }
 
+// The context the relay runs with is not the event's: a span or baggage on
+// it (a caller that started the relay inside a span, with baggage) must not
+// become the parent or the baggage of an event stored without a context.
+func TestRelayContextIsNotTheEventsContext(t *testing.T) {
+	t.Parallel()
+	tp, exp := newProvider(sdktrace.AlwaysSample())
+	inner := &recorder{}
+	pub := outboxotel.NewPublisher(inner, outboxotel.Config{TracerProvider: tp})
+	ctx, runSpan := tp.Tracer("test").Start(context.Background(), "relay run")
+	member, err := baggage.NewMember("operator", "alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := baggage.New(member)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx = baggage.ContextWithBaggage(ctx, b)
+	pub.PublishBatch(ctx, []outbox.Envelope{envelope(1, map[string]string{}), envelope(2, map[string]string{"traceparent": sampled})})
+	runSpan.End()
+	for _, s := range exp.GetSpans() {
+		if s.Name == "relay run" {
+			continue
+		}
+		if s.Parent.SpanID() == runSpan.SpanContext().SpanID() {
+			t.Errorf("publish span %s is a child of the relay's own span", s.Name)
+		}
+	}
+	for _, m := range inner.got[0] {
+		if got, ok := m.Headers["baggage"]; ok {
+			t.Errorf("event %d went out with the relay's baggage %q", m.ID, got)
+		}
+	}
+}
+
 // Tracing off: the batch passes through as it is, without allocating.
 func TestNoopPassesThrough(t *testing.T) {
 	inner := &recorder{}
