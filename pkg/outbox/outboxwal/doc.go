@@ -89,8 +89,10 @@
 // # Table size
 //
 // The rows of confirmed events are deleted (or archived) every SweepInterval
-// in one statement per up to 10,000 rows, skipping (and retrying a moment
-// later) a row the writer of its aggregate's next event holds. The slot is
+// in one transaction per up to 10,000 rows (the delete, then the unblock of
+// each aggregate's next event, as the polling relay's mark does, so that a
+// polling relay can claim it later), skipping (and retrying a moment later) a
+// row the writer of its aggregate's next event holds. The slot is
 // acknowledged past an event only after its row is gone, so a row is never
 // left behind by a crash. The schema's autovacuum settings for outbox (a
 // fixed threshold of 5,000 changes) keep dead tuples in check; on a server

@@ -314,6 +314,28 @@ WITH locked AS (
 )
 SELECT id FROM moved`
 
+// unblockSweptSQL unblocks the next event of each aggregate whose row the
+// sweep deleted, as the polling relay's mark does (outbox's unblockSQL). The
+// relay publishes from the stream whether a row is blocked or not, but a row
+// left blocked behind nothing is never claimed by a polling relay: the one
+// handed-over rows go to, or the one that replaces this relay. It runs as a
+// second statement of the sweep's transaction at READ COMMITTED, with a
+// snapshot taken after the sweep locked the rows, so it sees the row of every
+// writer that held one of them before.
+const unblockSweptSQL = `
+UPDATE outbox s
+SET blocked = false
+FROM unnest($1::text[], $2::text[], $3::bigint[]) AS m(aggregate_type, aggregate_id, version)
+WHERE s.aggregate_type = m.aggregate_type
+  AND s.aggregate_id = m.aggregate_id
+  AND s.aggregate_version = m.version + 1
+  AND s.blocked
+  AND NOT EXISTS (
+      SELECT 1 FROM outbox p
+      WHERE p.aggregate_type = s.aggregate_type
+        AND p.aggregate_id = s.aggregate_id
+        AND p.aggregate_version < s.aggregate_version)`
+
 // presentSQL returns which of the rows are still in the outbox.
 const presentSQL = `SELECT id FROM outbox WHERE id = ANY($1::bigint[])`
 
@@ -432,12 +454,22 @@ func write(ctx context.Context, pool *pgxpool.Pool, archive bool, sweep []*event
 		}
 		swept, skipped = nil, nil
 		blockedAggs := maps.Clone(notYetAggs)
+		var types, aggIDs []string
+		var versions []int64
 		for _, ev := range sweep {
 			if skippedIDs[ev.env.ID] {
 				skipped = append(skipped, ev)
 				blockedAggs[ev.key] = true
 			} else {
 				swept = append(swept, ev)
+				types = append(types, ev.env.AggregateType)
+				aggIDs = append(aggIDs, ev.env.AggregateID)
+				versions = append(versions, ev.env.AggregateVersion)
+			}
+		}
+		if len(swept) > 0 {
+			if _, err := db.Exec(ctx, unblockSweptSQL, types, aggIDs, versions); err != nil {
+				return fmt.Errorf("unblock the events after the swept rows: %w", err)
 			}
 		}
 		handed, postponed = nil, nil
@@ -473,12 +505,10 @@ func write(ctx context.Context, pool *pgxpool.Pool, archive bool, sweep []*event
 		}
 		return nil
 	}
-	if len(hand) == 0 {
-		// One statement, one round trip: its own transaction.
-		err = run(pool)
-	} else {
-		err = pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error { return run(tx) })
-	}
+	// One transaction at READ COMMITTED: each statement sees what the
+	// previous ones did, and the unblock takes its snapshot after the sweep
+	// locked its rows.
+	err = pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error { return run(tx) })
 	if err != nil {
 		return nil, nil, nil, nil, err
 	}
