@@ -93,3 +93,24 @@ func TestSweepUnblocksTheNextEvent(t *testing.T) {
 		return poll.has(second[0].ID), nil
 	})
 }
+
+// A row left blocked behind nothing (by a sweep that did not unblock, or a
+// row deleted by hand) is unblocked when the slot is made and the outbox
+// handed over to polling: otherwise it would never be published.
+func TestHandOverAtSlotCreationUnblocksRowsBehindNothing(t *testing.T) {
+	ctx := context.Background()
+	pool := walPool(t)
+	first := enqueue(t, pool, msg("a", "order.created"))
+	second := enqueue(t, pool, msg("a", "order.paid"))
+	if _, err := pool.Exec(ctx, "DELETE FROM outbox WHERE id = $1", first[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(t, pool, "SELECT count(*) FROM outbox WHERE id = $1 AND blocked", second[0].ID); n != 1 {
+		t.Fatalf("the second event is not blocked (%d): the test does not set up what it means to", n)
+	}
+	cfg := walConfig(t, pool)
+	pub := &gatePublisher{}
+	relay, _ := startWAL(t, pool, pub, cfg)
+	waitActive(t, relay)
+	waitFor(t, "the second event published", 30*time.Second, func() (bool, error) { return pub.has(second[0].ID), nil })
+}

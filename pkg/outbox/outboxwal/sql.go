@@ -141,10 +141,18 @@ FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&s.Exists, &s.Active
 
 // handOverPreexistingSQL hands over to polling the rows that were in the
 // outbox when the slot was created: the slot's stream starts after them. It
-// runs in the snapshot the slot exported, so it touches exactly those.
+// runs in the snapshot the slot exported, so it touches exactly those. A row
+// blocked with no earlier event of its aggregate left (a row deleted by hand,
+// or swept by a relay that did not unblock) is unblocked: the polling relay
+// claims only unblocked rows. An earlier row cannot appear later (versions
+// only grow), and one in the snapshot keeps the row blocked until the
+// polling relay moves it.
 const handOverPreexistingSQL = `
-UPDATE outbox SET last_error = 'in the outbox before the WAL relay''s slot was created: handed over to polling'
-WHERE last_error IS NULL`
+UPDATE outbox o SET last_error = 'in the outbox before the WAL relay''s slot was created: handed over to polling',
+    blocked = o.blocked AND EXISTS (SELECT 1 FROM outbox p
+                                    WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
+                                      AND p.aggregate_version < o.aggregate_version)
+WHERE o.last_error IS NULL`
 
 func handOverPreexisting(ctx context.Context, pool *pgxpool.Pool, snapshot string) (int64, error) {
 	var n int64
