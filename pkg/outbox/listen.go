@@ -12,6 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
+
+	"github.com/outbox-inbox/reference/pkg/outbox/internal/retry"
 )
 
 // errNoNotifications is the probe's verdict on a LISTEN connection that
@@ -48,7 +50,7 @@ func (r *Relay) listen(ctx context.Context) {
 				"behind a transaction-pooling PgBouncer, give the relay a direct connection for LISTEN",
 				slog.String("notify_channel", r.cfg.NotifyChannel), slog.Any("error", err),
 				slog.Duration("poll_interval", r.cfg.PollInterval), slog.Duration("retry_in", r.cfg.ListenProbeRetry))
-			sleep(ctx, r.cfg.ListenProbeRetry)
+			retry.Sleep(ctx, r.cfg.ListenProbeRetry)
 			continue
 		}
 		if listened {
@@ -56,10 +58,10 @@ func (r *Relay) listen(ctx context.Context) {
 		}
 		failures++
 		r.cfg.Metrics.ListenReconnected()
-		wait := jitter(backoff(failures, 100*time.Millisecond, 10*time.Second))
+		wait := retry.Jitter(retry.Backoff(failures, 100*time.Millisecond, 10*time.Second))
 		r.log.WarnContext(ctx, "outbox relay: LISTEN connection lost, reconnecting",
 			slog.String("notify_channel", r.cfg.NotifyChannel), slog.Any("error", err), slog.Duration("retry_in", wait))
-		sleep(ctx, wait)
+		retry.Sleep(ctx, wait)
 	}
 }
 

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
@@ -16,6 +15,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outbox-inbox/reference/pkg/outbox/internal/retry"
 )
 
 // RelayConfig configures a Relay. The zero value of every field means its
@@ -361,7 +362,7 @@ func (r *Relay) work(ctx context.Context, tick <-chan time.Time) {
 			if err := r.pub.WaitReady(ctx); err != nil {
 				if ctx.Err() == nil {
 					r.log.ErrorContext(ctx, "outbox relay: publisher unavailable", slog.Any("error", err))
-					sleep(ctx, r.cfg.PollInterval)
+					retry.Sleep(ctx, r.cfg.PollInterval)
 				}
 				break
 			}
@@ -371,9 +372,9 @@ func (r *Relay) work(ctx context.Context, tick <-chan time.Time) {
 				// wake-up that brought us here may be the only one for a while.
 				r.cfg.Metrics.ClaimFailed()
 				dbFailures++
-				wait := jitter(backoff(dbFailures, 100*time.Millisecond, 5*time.Second))
+				wait := retry.Jitter(retry.Backoff(dbFailures, 100*time.Millisecond, 5*time.Second))
 				r.log.ErrorContext(ctx, "outbox relay: claim failed, retrying", slog.Any("error", err), slog.Duration("retry_in", wait))
-				sleep(ctx, wait)
+				retry.Sleep(ctx, wait)
 				continue
 			}
 			dbFailures = 0
@@ -385,7 +386,7 @@ func (r *Relay) work(ctx context.Context, tick <-chan time.Time) {
 			}
 			if len(res.NotSent) == res.Claimed {
 				// The publisher said ready but sent nothing: do not spin.
-				sleep(ctx, min(r.cfg.PollInterval, 100*time.Millisecond))
+				retry.Sleep(ctx, min(r.cfg.PollInterval, 100*time.Millisecond))
 			}
 		}
 	}
@@ -452,7 +453,7 @@ func (r *Relay) runBatch(ctx context.Context) (BatchResult, error) {
 		case e.Attempt >= r.cfg.MaxAttempts:
 			f.dead = true
 		default:
-			f.delay = jitter(backoff(e.Attempt, r.cfg.RetryBackoffMin, r.cfg.RetryBackoffMax))
+			f.delay = retry.Jitter(retry.Backoff(e.Attempt, r.cfg.RetryBackoffMin, r.cfg.RetryBackoffMax))
 		}
 		failures = append(failures, f)
 	}
@@ -526,7 +527,7 @@ func (r *Relay) mark(ctx context.Context, confirmed []Envelope, leaseEnd time.Ti
 		if len(pending) == 0 {
 			return marked, nil, nil
 		}
-		wait := jitter(backoff(try, 5*time.Millisecond, 500*time.Millisecond))
+		wait := retry.Jitter(retry.Backoff(try, 5*time.Millisecond, 500*time.Millisecond))
 		if time.Until(leaseEnd) < r.cfg.Lease/4+wait {
 			if err == nil {
 				err = fmt.Errorf("mark outbox rows published: %d rows still locked by the writers of their aggregates' next events", len(pending))
@@ -548,7 +549,7 @@ func (r *Relay) mark(ctx context.Context, confirmed []Envelope, leaseEnd time.Ti
 		if merr != nil {
 			r.log.WarnContext(ctx, "outbox relay: mark failed, retrying", slog.Any("error", merr), slog.Int("rows", len(pending)))
 		}
-		sleep(ctx, wait)
+		retry.Sleep(ctx, wait)
 	}
 }
 
@@ -615,32 +616,4 @@ func errorText(err error) string {
 		s = s[:cut] + "..."
 	}
 	return s
-}
-
-// backoff is base * 2^(n-1), capped at limit.
-func backoff(n int, base, limit time.Duration) time.Duration {
-	d := base
-	for i := 1; i < n && d < limit; i++ {
-		d *= 2
-	}
-	return min(d, limit)
-}
-
-// jitter spreads d uniformly over [d/2, d], so relays and rows that failed
-// together do not retry together.
-func jitter(d time.Duration) time.Duration {
-	if d <= 1 {
-		return d
-	}
-	return d/2 + rand.N(d/2+1)
-}
-
-// sleep waits d or until ctx ends.
-func sleep(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
-	}
 }

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-inbox/reference/pkg/outbox/internal/retry"
 )
 
 // defaultVacuumEvery is the number of rows moved between two of the relay's
@@ -46,7 +48,7 @@ func (r *Relay) vacuumLoop(ctx context.Context) {
 				return
 			}
 			r.log.WarnContext(ctx, "outbox relay: cannot tell whether autovacuum is on", slog.Any("error", err), slog.Int("attempt", attempt))
-			sleep(ctx, jitter(backoff(attempt, time.Second, time.Minute)))
+			retry.Sleep(ctx, retry.Jitter(retry.Backoff(attempt, time.Second, time.Minute)))
 		}
 		r.log.InfoContext(ctx, "outbox relay: autovacuum is off for the outbox table; the relay vacuums it",
 			slog.Int("every_rows", defaultVacuumEvery))

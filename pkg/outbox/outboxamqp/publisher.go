@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"net"
 	"strconv"
 	"strings"
@@ -18,6 +17,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outbox-inbox/reference/pkg/outbox"
+
+	"github.com/outbox-inbox/reference/pkg/outbox/internal/retry"
 )
 
 // Config configures a Publisher. The zero value of every optional field means
@@ -221,7 +222,7 @@ func (p *Publisher) session(ctx context.Context) (*session, error) {
 			return s, nil
 		}
 		if p.failures > 0 {
-			d := jitter(backoff(p.failures, p.cfg.ReconnectMin, p.cfg.ReconnectMax))
+			d := retry.Jitter(retry.Backoff(p.failures, p.cfg.ReconnectMin, p.cfg.ReconnectMax))
 			t := time.NewTimer(d)
 			select {
 			case <-ctx.Done():
@@ -511,19 +512,4 @@ func fill(errs []error, from int, err error) {
 	for i := from; i < len(errs); i++ {
 		errs[i] = err
 	}
-}
-
-func backoff(n int, base, limit time.Duration) time.Duration {
-	d := base
-	for i := 1; i < n && d < limit; i++ {
-		d *= 2
-	}
-	return min(d, limit)
-}
-
-func jitter(d time.Duration) time.Duration {
-	if d <= 1 {
-		return d
-	}
-	return d/2 + rand.N(d/2+1)
 }

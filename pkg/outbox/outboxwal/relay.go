@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
-	"math/rand/v2"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -21,6 +20,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-inbox/reference/pkg/outbox"
+
+	"github.com/outbox-inbox/reference/pkg/outbox/internal/retry"
 )
 
 // Relay publishes the outbox's rows as it reads their inserts from the
@@ -134,7 +135,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	warm.Go(func() {
 		for wctx.Err() == nil {
 			_ = r.pub.WaitReady(wctx)
-			sleep(wctx, time.Second)
+			retry.Sleep(wctx, time.Second)
 		}
 	})
 	var failures int
@@ -151,7 +152,7 @@ func (r *Relay) Run(ctx context.Context) error {
 					slog.String("slot", r.cfg.Slot), slog.String("detail", pgErr.Message))
 			}
 			waiting = true
-			sleep(ctx, r.cfg.TakeoverInterval)
+			retry.Sleep(ctx, r.cfg.TakeoverInterval)
 			continue
 		}
 		waiting = false
@@ -159,10 +160,10 @@ func (r *Relay) Run(ctx context.Context) error {
 			failures = 0
 		}
 		failures++
-		wait := jitter(backoff(failures, 100*time.Millisecond, 5*time.Second))
+		wait := retry.Jitter(retry.Backoff(failures, 100*time.Millisecond, 5*time.Second))
 		r.log.ErrorContext(ctx, "outbox WAL relay: replication stopped, reconnecting",
 			slog.Any("error", err), slog.Duration("retry_in", wait))
-		sleep(ctx, wait)
+		retry.Sleep(ctx, wait)
 	}
 	r.log.InfoContext(context.WithoutCancel(ctx), "outbox WAL relay stopped")
 	return nil
@@ -385,7 +386,7 @@ func (r *Relay) stream(ctx context.Context, conn *pgconn.PgConn, s *state, bound
 			nextStatus = time.Now().Add(r.cfg.StatusInterval)
 		}
 		if s.inMemory() >= r.cfg.MaxInMemory {
-			sleep(ctx, 5*time.Millisecond)
+			retry.Sleep(ctx, 5*time.Millisecond)
 			if ctx.Err() != nil {
 				return nil
 			}
@@ -488,7 +489,7 @@ func (r *Relay) work(ctx context.Context, s *state) {
 		if err := r.pub.WaitReady(ctx); err != nil {
 			if ctx.Err() == nil {
 				r.log.ErrorContext(ctx, "outbox WAL relay: publisher unavailable", slog.Any("error", err))
-				sleep(ctx, time.Second)
+				retry.Sleep(ctx, time.Second)
 			}
 			continue
 		}
@@ -580,7 +581,7 @@ func (r *Relay) publish(ctx context.Context, s *state, batch []*event) {
 			s.handAll(ev, true, err.Error())
 			continue
 		}
-		delay := jitter(backoff(ev.failures, r.cfg.RetryBackoffMin, r.cfg.RetryBackoffMax))
+		delay := retry.Jitter(retry.Backoff(ev.failures, r.cfg.RetryBackoffMin, r.cfg.RetryBackoffMax))
 		r.log.WarnContext(ctx, "outbox event publish failed, will retry", append(attrs, slog.Duration("retry_in", delay))...)
 		s.retryLater(ev, delay)
 	}
@@ -648,14 +649,14 @@ func (r *Relay) writer(wctx, sctx context.Context, s *state, poller *outbox.Rela
 					break
 				}
 				if s.pendingWrites() > 0 {
-					sleep(fctx, 20*time.Millisecond)
+					retry.Sleep(fctx, 20*time.Millisecond)
 				}
 			}
 			cancel()
 			return
 		case <-t.C:
 			if failures > 0 {
-				sleep(wctx, jitter(backoff(failures, 100*time.Millisecond, 5*time.Second)))
+				retry.Sleep(wctx, retry.Jitter(retry.Backoff(failures, 100*time.Millisecond, 5*time.Second)))
 			}
 			flush(wctx)
 		}
@@ -671,7 +672,7 @@ func (r *Relay) refresh(ctx context.Context, s *state) {
 		every = time.Second
 	}
 	for {
-		sleep(ctx, every)
+		retry.Sleep(ctx, every)
 		if ctx.Err() != nil {
 			return
 		}
@@ -770,32 +771,5 @@ func envAttrs(e outbox.Envelope) []any {
 		slog.Int64("aggregate_version", e.AggregateVersion),
 		slog.String("event_type", e.EventType),
 		slog.Int("attempt", e.Attempt),
-	}
-}
-
-// backoff is base * 2^(n-1), capped at limit.
-func backoff(n int, base, limit time.Duration) time.Duration {
-	d := base
-	for i := 1; i < n && d < limit; i++ {
-		d *= 2
-	}
-	return min(d, limit)
-}
-
-// jitter spreads d uniformly over [d/2, d].
-func jitter(d time.Duration) time.Duration {
-	if d <= 1 {
-		return d
-	}
-	return d/2 + rand.N(d/2+1)
-}
-
-// sleep waits d or until ctx ends.
-func sleep(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
 	}
 }
