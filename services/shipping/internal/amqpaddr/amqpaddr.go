@@ -9,30 +9,18 @@ import (
 	"fmt"
 	"net"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/outbox-inbox/reference/pkg/outbox/outboxamqp"
 )
 
 // Parse splits s at its commas and checks each part as an AMQP URI (amqp://
-// or amqps://; a comma in a password is written %2C). Spaces around the parts
-// are ignored; an empty part is an error. A single URL gives one element.
-func Parse(s string) ([]string, error) {
-	var urls []string
-	for part := range strings.SplitSeq(s, ",") {
-		part = strings.TrimSpace(part)
-		if part == "" {
-			return nil, fmt.Errorf("empty address in %d-address list", strings.Count(s, ",")+1)
-		}
-		if _, err := amqp.ParseURI(part); err != nil {
-			return nil, fmt.Errorf("address %d: %w", len(urls)+1, err)
-		}
-		urls = append(urls, part)
-	}
-	return urls, nil
-}
+// or amqps://; a comma in a password is written %2C). It is the relay's
+// outboxamqp.ParseURLs, so AMQP_URL means the same to both services.
+func Parse(s string) ([]string, error) { return outboxamqp.ParseURLs(s) }
 
 // Nodes dials a list of nodes in turn. The zero value is not usable: see New.
 type Nodes struct {
