@@ -65,14 +65,6 @@ func deadURL(t *testing.T) string {
 	return u.String()
 }
 
-// connections counts the client connections open through the proxy (each
-// has its broker side in conns too).
-func (p *proxy) connections() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return len(p.conns) / 2
-}
-
 // With the first node down, the publisher connects to the second and a
 // message counts as published only on that node's confirm.
 func TestPublisherFailsOverToTheNextAddress(t *testing.T) {
@@ -105,11 +97,11 @@ func TestPublisherMovesToAnotherNodeOnALostConnection(t *testing.T) {
 	t.Parallel()
 	b := newBroker(t, true)
 	first, second := newProxy(t), newProxy(t)
-	p := newPublisher(t, first.url(t)+","+second.url(t), b.exchange, testLogger(t, nil))
+	p := newPublisher(t, first.URL(t)+","+second.URL(t), b.exchange, testLogger(t, nil))
 	if errs := publishBatch(t, p, envelope(1, "o-1", 1, "order.created")); errs[0] != nil {
 		t.Fatal(errs[0])
 	}
-	if n := first.connections(); n != 1 {
+	if n := first.Connections(); n != 1 {
 		t.Fatalf("%d connections through the first node, want 1", n)
 	}
 	first.Stop() // cuts the connection
@@ -120,7 +112,7 @@ func TestPublisherMovesToAnotherNodeOnALostConnection(t *testing.T) {
 	if errs := publishBatch(t, p, envelope(2, "o-1", 2, "order.cancelled")); errs[0] != nil {
 		t.Fatal(errs[0])
 	}
-	if n := second.connections(); n != 1 {
+	if n := second.Connections(); n != 1 {
 		t.Errorf("%d connections through the second node after the loss, want 1", n)
 	}
 	b.waitDeliveries("both messages", 10*time.Second, func(ds []amqp.Delivery) bool {
@@ -148,18 +140,18 @@ func TestPublisherReconnectsAfterANack(t *testing.T) {
 	b := newBroker(t, false)
 	b.bind("order.*", amqp.Table{"x-max-length": int64(1), "x-overflow": "reject-publish"})
 	proxy := newProxy(t)
-	p := newPublisher(t, proxy.url(t), b.exchange, testLogger(t, nil))
+	p := newPublisher(t, proxy.URL(t), b.exchange, testLogger(t, nil))
 	errs := publishBatch(t, p, envelope(1, "o-1", 1, "order.created"), envelope(2, "o-1", 2, "order.cancelled"))
 	if errs[0] != nil || errs[1] == nil || !strings.Contains(errs[1].Error(), "nacked") {
 		t.Fatalf("results %v; want the first confirmed and the second nacked", errs)
 	}
-	waitUntil(t, "the nacking connection closed", func() bool { return p.Ready() != nil && proxy.connections() == 0 })
+	waitUntil(t, "the nacking connection closed", func() bool { return p.Ready() != nil && proxy.Connections() == 0 })
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
 	if err := p.WaitReady(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if n := proxy.connections(); n != 1 {
+	if n := proxy.Connections(); n != 1 {
 		t.Errorf("%d connections after WaitReady, want 1 (a new one)", n)
 	}
 }

@@ -152,12 +152,12 @@ func TestPublishBatchWithoutConfirmsByTheDeadline(t *testing.T) {
 	t.Parallel()
 	b := newBroker(t, true)
 	px := newProxy(t)
-	p := newPublisher(t, px.url(t), b.exchange, testLogger(t, nil))
+	p := newPublisher(t, px.URL(t), b.exchange, testLogger(t, nil))
 	if errs := publishBatch(t, p, envelope(1, "o-1", 1, "order.created")); errs[0] != nil {
 		t.Fatal(errs[0])
 	}
 
-	px.dropReplies(true)
+	px.DropReplies(true)
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	start := time.Now()
@@ -172,7 +172,7 @@ func TestPublishBatchWithoutConfirmsByTheDeadline(t *testing.T) {
 	}
 	b.waitDeliveries("the unconfirmed messages routed anyway", 10*time.Second, func(ds []amqp.Delivery) bool { return len(ds) == 3 })
 
-	px.dropReplies(false)
+	px.DropReplies(false)
 	if errs := publishBatch(t, p, envelope(4, "o-4", 1, "order.created")); errs[0] != nil {
 		t.Fatalf("after the timeout, a new connection publishes: %v", errs[0])
 	}
@@ -186,7 +186,7 @@ func TestReadyReportsTheConnection(t *testing.T) {
 	t.Parallel()
 	b := newBroker(t, true)
 	px := newProxy(t)
-	p := newPublisher(t, px.url(t), b.exchange, testLogger(t, nil))
+	p := newPublisher(t, px.URL(t), b.exchange, testLogger(t, nil))
 	if err := p.Ready(); !errors.Is(err, outboxamqp.ErrNotConnected) {
 		t.Fatalf("Ready before connecting: %v, want ErrNotConnected", err)
 	}

@@ -16,6 +16,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outbox-inbox/reference/pkg/outbox"
+
+	"github.com/outbox-inbox/reference/pkg/outbox/internal/outboxtest"
 )
 
 // checkAggregateOrder fails the test unless, on the queue, every aggregate's
@@ -157,7 +159,7 @@ func TestRelayDrainsAfterTheBrokerWasDownAtStart(t *testing.T) {
 	pool := newTestPool(t)
 	b := newBroker(t, true)
 	px := newProxy(t)
-	url := px.url(t)
+	url := px.URL(t)
 	px.Stop() // the broker is "down": nothing listens on the publisher's address
 
 	var connectFailures atomic.Int64
@@ -216,7 +218,7 @@ func TestRelayDrainsAfterTheBrokerWasDownAtStart(t *testing.T) {
 type cutter struct {
 	outbox.Publisher
 	t      testing.TB
-	px     *proxy
+	px     *outboxtest.Proxy
 	b      *broker
 	armed  atomic.Bool
 	cutErr chan []error
@@ -226,7 +228,7 @@ func (c *cutter) PublishBatch(ctx context.Context, msgs []outbox.Envelope) []err
 	if !c.armed.CompareAndSwap(true, false) {
 		return c.Publisher.PublishBatch(ctx, msgs)
 	}
-	c.px.dropReplies(true)
+	c.px.DropReplies(true)
 	routed := make(chan struct{})
 	go func() {
 		defer close(routed)
@@ -245,7 +247,7 @@ func (c *cutter) PublishBatch(ctx context.Context, msgs []outbox.Envelope) []err
 			return len(want) == 0
 		})
 		c.px.Stop() // cut every connection through the proxy
-		c.px.dropReplies(false)
+		c.px.DropReplies(false)
 		if err := c.px.Start(); err != nil {
 			c.t.Errorf("restart proxy: %v", err)
 		}
@@ -266,7 +268,7 @@ func TestRelayConnectionCutMidBatchMarksNothingUnconfirmed(t *testing.T) {
 	pool := newTestPool(t)
 	b := newBroker(t, true)
 	px := newProxy(t)
-	pub := newPublisher(t, px.url(t), b.exchange, testLogger(t, nil))
+	pub := newPublisher(t, px.URL(t), b.exchange, testLogger(t, nil))
 
 	c := &cutter{Publisher: pub, t: t, px: px, b: b, cutErr: make(chan []error, 1)}
 	var cutBatch atomic.Pointer[outbox.BatchResult]

@@ -149,7 +149,7 @@ func TestBrokerOutage(t *testing.T) {
 	b := newBroker(t, "#")
 	p := newProxy(t)
 	cfg := walConfig(t, pool)
-	relay, _ := startWAL(t, pool, newPublisher(t, p.url(t), b.exchange), cfg)
+	relay, _ := startWAL(t, pool, newPublisher(t, p.URL(t), b.exchange), cfg)
 	waitActive(t, relay)
 	first := enqueue(t, pool, msg("a", "order.created"))
 	b.waitIDs("the first event", first)
