@@ -10,7 +10,6 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/outbox-inbox/reference/internal/tracing"
-	"github.com/outbox-inbox/reference/services/shipping/internal/amqptest"
 	"github.com/outbox-inbox/reference/services/shipping/internal/deadletter"
 )
 
@@ -19,19 +18,7 @@ import (
 // client sent to the admin endpoint.
 func TestReplayDoesNotCarryTheOperatorsBaggage(t *testing.T) {
 	t.Parallel()
-	_, url := amqptest.VHost(t)
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ch.QueueDeclare("q", false, false, false, false, nil); err != nil {
-		t.Fatal(err)
-	}
+	url, ch := replayQueue(t)
 	tp := sdktrace.NewTracerProvider()
 	defer func() { _ = tp.Shutdown(context.Background()) }()
 	pub := deadletter.AMQPPublisher{URL: url, Queue: "q", TracerProvider: tp, Propagator: tracing.Propagator()}

@@ -21,19 +21,7 @@ import (
 // message goes out with the publish span's context and the kept baggage.
 func TestReplayedMessageStaysInTheTraceKeptWithIt(t *testing.T) {
 	t.Parallel()
-	_, url := amqptest.VHost(t)
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ch.QueueDeclare("q", false, false, false, false, nil); err != nil {
-		t.Fatal(err)
-	}
+	url, ch := replayQueue(t)
 
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
@@ -41,7 +29,7 @@ func TestReplayedMessageStaysInTheTraceKeptWithIt(t *testing.T) {
 	const kept = "4bf92f3577b34da6a3ce929d0e0e4736"
 	pub := deadletter.AMQPPublisher{URL: url, Queue: "q", TracerProvider: tp, Propagator: tracing.Propagator()}
 	ctx, operator := tp.Tracer("test").Start(t.Context(), "operator request")
-	err = pub.Publish(ctx, deadletter.Message{
+	err := pub.Publish(ctx, deadletter.Message{
 		MessageID: "m-1", RoutingKey: "order.created", Body: []byte("{}"),
 		Headers: map[string]any{"traceparent": "00-" + kept + "-00f067aa0ba902b7-01", "baggage": "tenant=acme", "aggregate_id": "o-1"},
 	})
@@ -89,4 +77,24 @@ func TestReplayedMessageStaysInTheTraceKeptWithIt(t *testing.T) {
 	if d.Headers["aggregate_id"] != "o-1" {
 		t.Fatalf("other headers lost: %v", d.Headers)
 	}
+}
+
+// replayQueue makes a vhost of the test's own with a queue "q" to replay
+// into, and returns its URL and a channel on it, closed when the test ends.
+func replayQueue(t *testing.T) (string, *amqp.Channel) {
+	t.Helper()
+	_, url := amqptest.VHost(t)
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueueDeclare("q", false, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	return url, ch
 }
