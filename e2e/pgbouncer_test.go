@@ -34,20 +34,7 @@ func TestFlowThroughPgBouncer(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
 	defer cancel()
 
-	b := make([]byte, 5)
-	_, _ = rand.Read(b)
-	id := "pgbouncer_" + hex.EncodeToString(b)
-	runDir, err := os.MkdirTemp("", id+"-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("process logs kept in %s", runDir)
-			return
-		}
-		_ = os.RemoveAll(runDir)
-	})
+	id, runDir := newRunDir(t, "pgbouncer_")
 
 	// The run's database, created directly (PgBouncer answers a missing
 	// database with a generic protocol error, so `orders migrate` cannot
@@ -297,4 +284,26 @@ func userOf(t *testing.T, amqpURL string) string {
 		t.Fatal(err)
 	}
 	return u.User.Username()
+}
+
+// newRunDir names a run of a flow test (prefix and random hex, usable as a
+// database and vhost name) and makes the directory its processes log to,
+// removed after the test unless it failed.
+func newRunDir(t *testing.T, prefix string) (id, dir string) {
+	t.Helper()
+	b := make([]byte, 5)
+	_, _ = rand.Read(b)
+	id = prefix + hex.EncodeToString(b)
+	dir, err := os.MkdirTemp("", id+"-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("process logs kept in %s", dir)
+			return
+		}
+		_ = os.RemoveAll(dir)
+	})
+	return id, dir
 }

@@ -2,8 +2,6 @@ package e2e
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"net/http"
 	"os"
 	"os/exec"
@@ -35,20 +33,7 @@ func TestOneTraceAcrossProcesses(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
 	defer cancel()
 
-	b := make([]byte, 5)
-	_, _ = rand.Read(b)
-	id := "tracing_" + hex.EncodeToString(b)
-	runDir, err := os.MkdirTemp("", id+"-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("process logs kept in %s", runDir)
-			return
-		}
-		_ = os.RemoveAll(runDir)
-	})
+	id, runDir := newRunDir(t, "tracing_")
 	dbURL := replaceDatabase(testDatabaseURL(), id)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(t.Context()), time.Minute)
