@@ -31,8 +31,10 @@ type Config struct {
 	// PublishTimeout bounds one batch's publish. Default 10s.
 	PublishTimeout time.Duration
 	// MaxAttempts is how many failed attempts make the relay dead-letter an
-	// event in PostgreSQL. Attempts are counted in memory: a relay that
-	// restarts counts again from zero. Default 20.
+	// event in PostgreSQL. Every attempt but an event's first is recorded in
+	// its row before it is made, so a restart does not reset the count and an
+	// attempt cut short by the relay stopping counts (see the package doc).
+	// Default 20.
 	MaxAttempts int
 	// RetryBackoffMin and RetryBackoffMax bound the exponential backoff of a
 	// failing event, with jitter. Defaults 1s and 5m.

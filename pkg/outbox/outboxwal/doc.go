@@ -22,8 +22,9 @@
 //	err = relay.Run(ctx) // until ctx is cancelled
 //
 // Run creates the publication (FOR TABLE outbox WITH (publish = 'insert'))
-// and the slot when they are missing, and two partial indexes on outbox (on
-// last_error, empty while nothing fails). Start as many relays as you like on
+// and the slot when they are missing, two partial indexes on outbox (on
+// last_error, empty while nothing fails), and the table outbox_wal_slots
+// (Schema: one row per slot, see Failover). Start as many relays as you like on
 // one slot: one streams, the others wait and take over within
 // TakeoverInterval of the slot becoming free (see Failover). Never run the
 // polling relay (outbox.Relay) on the same outbox at the same time: both would
@@ -51,10 +52,25 @@
 //     event per aggregate, many batches are in flight (Workers x BatchSize
 //     messages, confirms pipelined by the publisher).
 //   - Failures. An unroutable or refused message, or one without a verdict
-//     within PublishTimeout, is retried with exponential backoff (in memory;
-//     the slot is not acknowledged past it meanwhile). After MaxAttempts it is
+//     within PublishTimeout, is retried with exponential backoff (the slot is
+//     not acknowledged past it meanwhile). After MaxAttempts it is
 //     dead-lettered in PostgreSQL, exactly as the polling relay does it:
 //     dead_lettered_at, attempts, last_error, visible to outbox.Admin.
+//   - A relay that stops (a crash, a kill, a lost connection) counts. Before
+//     each batch, the relay records in outbox_wal_slots the commit position
+//     it has dispatched up to. The relay that resumes treats the events at or
+//     below that position as possibly in flight at the stop: before each of
+//     their attempts, and before every retry of any event, it records the
+//     attempt in the row (attempts + 1, in_flight), and takes it back when
+//     the broker confirms it. An event already in flight at an earlier stop
+//     (in_flight set when a relay resumes) is published alone, with nothing
+//     else in flight, so that if it is what kills relays, no other event is
+//     charged. Once an event's attempts without an outcome reach MaxAttempts
+//     it is dead-lettered with the reason "no outcome after attempt N of M:
+//     the relay stopped ...", as the polling relay's lease does it. An
+//     event's first attempt is not recorded (that is the fast path, and what
+//     keeps PostgreSQL out of it): an event the broker confirmed whose row a
+//     stopped relay had not swept yet is counted one attempt too many.
 //   - Dead letters hold back their aggregate only. Every later event of that
 //     aggregate, already decoded or decoded later, is parked: left in the
 //     outbox table, its last_error set to say why, blocked behind the dead
@@ -74,12 +90,6 @@
 //     hands over or looks up a row while its transaction's xid is still
 //     locked (pg_locks), so a row is never taken for gone, and the slot never
 //     acknowledged past it, because a statement could not see it yet.
-//
-// Unlike the polling relay, a relay that crashes while publishing counts no
-// attempt: failed attempts are counted in memory, from zero again after a
-// restart. An event that crashes the relay process every time it is published
-// is therefore never dead-lettered by this relay; the crash loop shows in the
-// logs and in the slot's lag.
 //
 // When the slot is created, the rows already in the outbox are not in its
 // stream: Run hands them over to polling in the same step (in the snapshot
@@ -125,7 +135,26 @@
 // so its readiness reports the broker) takes over within TakeoverInterval
 // once PostgreSQL frees the slot: at once when the active relay's process
 // exits or its connection closes, and after wal_sender_timeout (60s by
-// default) when its host vanishes without closing the connection. Before
+// default) when its host vanishes without closing the connection.
+//
+// The relay that takes the slot fences off the one before it, which may
+// still run (its replication connection was cut, its host lost the network
+// for a while): it bumps the slot's epoch in outbox_wal_slots, a statement
+// that waits for any write of the previous session still committing, before
+// it reads anything. Every batch a session publishes starts with a statement
+// that is conditional on its epoch (the one that records the dispatched
+// position), and every sweep, dead letter and hand-over runs in a
+// transaction that first locks the slot's row on the same condition. So the
+// previous relay starts no batch, retries nothing and writes nothing once it
+// is fenced off; it stops, and waits for the slot again. The batches it had
+// already sent when it was fenced off may still be confirmed: the new relay
+// publishes those events again (duplicates, which consumers absorb), and
+// since it saw every write of the old one, an event of an aggregate never
+// goes out ahead of an earlier event the old one dead-lettered.
+// outbox_wal_slots.holder names the process that holds the slot (host and
+// pid) and taken_at since when.
+//
+// Before
 // PostgreSQL 17, logical slots are not copied to physical standbys: after a
 // failover of PostgreSQL itself the new primary has no slot, and the relay
 // creates one, handing over to polling whatever is in the outbox then; events

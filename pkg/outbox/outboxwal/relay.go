@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -205,7 +206,14 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 	if err != nil {
 		return false, fmt.Errorf("start replication from slot %s: %w", r.cfg.Slot, err)
 	}
-	// The slot is ours: any relay that streamed from it before has stopped.
+	// The slot is ours: any relay that streamed from it before has stopped
+	// streaming. Its process may still run (a cut replication connection):
+	// the new epoch fences it off, and waits for its last write to commit,
+	// so everything it wrote is visible to the reads below.
+	epoch, dispatched, err := takeSlot(cctx, r.pool, r.cfg.Slot)
+	if err != nil {
+		return false, err
+	}
 	// Transactions that committed before now may have been seen by it.
 	var boundary pglogrepl.LSN
 	if err := r.pool.QueryRow(cctx, "SELECT pg_current_wal_insert_lsn()").Scan(&boundary); err != nil {
@@ -217,7 +225,7 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 	}
 	cancel()
 
-	s := newState(r.cfg)
+	s := newState(r.cfg, epoch, dispatched)
 	s.setHeld(held, 0, false)
 	r.mu.Lock()
 	r.current = s
@@ -230,7 +238,7 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 		r.mu.Unlock()
 	}()
 	r.log.InfoContext(ctx, "outbox WAL relay: streaming", slog.String("slot", r.cfg.Slot),
-		slog.Int("aggregates_held", len(held)))
+		slog.Int("aggregates_held", len(held)), slog.Int64("epoch", epoch))
 
 	poller, err := outbox.NewRelay(r.pool, r.pub, r.cfg.Poll)
 	if err != nil {
@@ -239,9 +247,17 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 
 	sctx, stop := context.WithCancel(ctx)
 	defer stop()
+	var fenced atomic.Bool
+	onFenced := func() {
+		if fenced.CompareAndSwap(false, true) {
+			r.log.WarnContext(ctx, "outbox WAL relay: another relay took the slot; this session stops at once and writes nothing more",
+				slog.String("slot", r.cfg.Slot), slog.Int64("epoch", epoch))
+		}
+		stop()
+	}
 	var workers, helpers sync.WaitGroup
 	for range r.cfg.Workers {
-		workers.Go(func() { r.work(sctx, s) })
+		workers.Go(func() { r.work(sctx, s, onFenced) })
 	}
 	vac := r.newVacuumer(sctx)
 	wctx, stopWriter := context.WithCancel(context.WithoutCancel(ctx))
@@ -249,7 +265,7 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 	writerDone := make(chan struct{})
 	go func() {
 		defer close(writerDone)
-		r.writer(wctx, sctx, s, poller, vac)
+		r.writer(wctx, sctx, s, poller, vac, onFenced)
 	}()
 	helpers.Go(func() { vac.run(sctx) })
 	helpers.Go(func() { _ = poller.Run(sctx) })
@@ -265,6 +281,9 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 	stopWriter()
 	<-writerDone
 	helpers.Wait()
+	if fenced.Load() {
+		return true, errFenced
+	}
 	if err == nil || ctx.Err() != nil {
 		if ferr := r.sendStatus(context.WithoutCancel(ctx), conn, s); ferr != nil && err == nil {
 			err = ferr
@@ -438,7 +457,7 @@ func (r *Relay) stream(ctx context.Context, conn *pgconn.PgConn, s *state, bound
 				case *pglogrepl.RelationMessage:
 					relations[m.RelationID] = newRelation(m)
 				case *pglogrepl.BeginMessage:
-					cur = s.begin(m.CommitTime, m.Xid)
+					cur = s.begin(m.CommitTime, m.Xid, uint64(m.FinalLSN))
 					curCheck = uint64(m.FinalLSN) < boundary
 				case *pglogrepl.InsertMessage:
 					rel := relations[m.RelationID]
@@ -483,8 +502,9 @@ func (r *Relay) sendStatus(ctx context.Context, conn *pgconn.PgConn, s *state) e
 	return nil
 }
 
-// work publishes ready events in batches until ctx ends.
-func (r *Relay) work(ctx context.Context, s *state) {
+// work publishes ready events in batches until ctx ends, or until the session
+// is fenced off (onFenced).
+func (r *Relay) work(ctx context.Context, s *state, onFenced func()) {
 	for ctx.Err() == nil {
 		if err := r.pub.WaitReady(ctx); err != nil {
 			if ctx.Err() == nil {
@@ -498,22 +518,45 @@ func (r *Relay) work(ctx context.Context, s *state) {
 			s.waitWork(ctx, 100*time.Millisecond)
 			continue
 		}
-		r.publish(context.WithoutCancel(ctx), s, batch)
+		if err := r.publish(context.WithoutCancel(ctx), s, batch); errors.Is(err, errFenced) {
+			onFenced()
+			return
+		}
 	}
 }
 
-// publish sends one batch and records its outcome.
-func (r *Relay) publish(ctx context.Context, s *state, batch []*event) {
+// notRecordedDelay is how long an event waits when the statement that must
+// precede its attempt failed (the database is unreachable, say).
+const notRecordedDelay = 200 * time.Millisecond
+
+// publish sends one batch and records its outcome. It returns errFenced, and
+// sends nothing, when another session holds the slot.
+func (r *Relay) publish(ctx context.Context, s *state, batch []*event) error {
 	start := time.Now()
-	var checkIDs []int64
+	// First the fence and the dispatched position: nothing is sent unless
+	// this session still holds the slot, and a later session will know that
+	// these events may have been in flight.
+	var top uint64
 	for _, ev := range batch {
-		if ev.check {
-			checkIDs = append(checkIDs, ev.env.ID)
-		}
+		top = max(top, ev.tx.final)
 	}
-	if len(checkIDs) > 0 {
+	mctx, cancel := context.WithTimeout(ctx, dbTimeout)
+	err := markDispatched(mctx, r.pool, r.cfg.Slot, s.epoch, top)
+	cancel()
+	if errors.Is(err, errFenced) {
+		return err
+	}
+	if err != nil {
+		r.log.WarnContext(ctx, "outbox WAL relay: could not record the dispatched position; the batch waits", slog.Any("error", err))
+		for _, ev := range batch {
+			s.retryLater(ev, notRecordedDelay)
+		}
+		return nil
+	}
+	var alone []*event
+	if slices.ContainsFunc(batch, func(ev *event) bool { return ev.check }) {
 		cctx, cancel := context.WithTimeout(ctx, dbTimeout)
-		present, handed, err := r.checkRows(cctx, batch)
+		c, err := r.checkRows(cctx, batch)
 		cancel()
 		if err != nil {
 			// Publish them anyway: at worst a duplicate of an event published
@@ -525,10 +568,15 @@ func (r *Relay) publish(ctx context.Context, s *state, batch []*event) {
 				switch {
 				case !ev.check:
 					keep = append(keep, ev)
-				case handed[ev.env.ID]:
+				case c.handed[ev.env.ID]:
 					s.handAll(ev, false, "")
-				case !present[ev.env.ID]:
+				case !c.present[ev.env.ID]:
 					gone = append(gone, ev)
+				case ev.suspect && c.inFlight[ev.env.ID]:
+					// An earlier session recorded an attempt and stopped
+					// before its outcome: it may be what stops relays.
+					ev.check = false
+					alone = append(alone, ev)
 				default:
 					ev.check = false
 					keep = append(keep, ev)
@@ -538,9 +586,88 @@ func (r *Relay) publish(ctx context.Context, s *state, batch []*event) {
 			batch = keep
 		}
 	}
-	if len(batch) == 0 {
-		return
+	if batch = r.recordAttempts(ctx, s, batch); len(batch) > 0 {
+		s.solo.RLock()
+		r.send(ctx, s, batch, start)
+		s.solo.RUnlock()
 	}
+	// Each alone, with nothing else in flight, its attempt recorded just
+	// before it is made: if it stops the relay, no other event is charged.
+	for _, ev := range alone {
+		s.solo.Lock()
+		if one := r.recordAttempts(ctx, s, []*event{ev}); len(one) > 0 {
+			r.send(ctx, s, one, time.Now())
+		}
+		s.solo.Unlock()
+	}
+	return nil
+}
+
+// recordAttempts records in PostgreSQL the attempts about to be made of the
+// batch's suspect events and of every retry, so that a relay that stops
+// during them (a crash, a kill) leaves them counted. It returns the events to
+// publish now. A suspect event whose earlier attempts reached MaxAttempts
+// without an outcome is dead-lettered instead of published again; events
+// whose record could not be written wait and are tried again later.
+func (r *Relay) recordAttempts(ctx context.Context, s *state, batch []*event) []*event {
+	need := func(ev *event) bool { return (ev.suspect || ev.failures > 0) && !ev.recorded }
+	var ids []int64
+	for _, ev := range batch {
+		if need(ev) {
+			ids = append(ids, ev.env.ID)
+		}
+	}
+	if len(ids) == 0 {
+		return batch
+	}
+	rctx, cancel := context.WithTimeout(ctx, dbTimeout)
+	recs, err := recordAttempts(rctx, r.pool, ids)
+	cancel()
+	if err != nil {
+		r.log.WarnContext(ctx, "outbox WAL relay: could not record attempts; those events wait", slog.Any("error", err),
+			slog.Int("events", len(ids)))
+	}
+	var out []*event
+	dead := 0
+	for _, ev := range batch {
+		if !need(ev) {
+			out = append(out, ev)
+			continue
+		}
+		if err != nil {
+			s.retryLater(ev, notRecordedDelay)
+			continue
+		}
+		rec, ok := recs[ev.env.ID]
+		if !ok {
+			// Handed over or gone since the check: publish it as before, a
+			// duplicate at worst.
+			out = append(out, ev)
+			continue
+		}
+		ev.recorded = true
+		// Every attempt but an event's very first is recorded, so the
+		// attempts before this one are rec.attempts.
+		ev.failures = max(ev.failures, rec.attempts)
+		if ev.failures < r.cfg.MaxAttempts {
+			out = append(out, ev)
+			continue
+		}
+		dead++
+		reason := fmt.Sprintf("no outcome after attempt %d of %d: the relay stopped (crashed, was killed or lost its connection) while publishing it",
+			ev.failures, r.cfg.MaxAttempts)
+		env := ev.env
+		env.Attempt = ev.failures
+		r.log.ErrorContext(ctx, "outbox event dead-lettered: relays kept stopping while publishing it; its aggregate is handed over to polling",
+			append(envAttrs(env), slog.String("error", reason))...)
+		s.handAll(ev, true, reason)
+	}
+	r.cfg.Metrics.DeadLettered(dead)
+	return out
+}
+
+// send publishes events in one PublishBatch and records the outcomes.
+func (r *Relay) send(ctx context.Context, s *state, batch []*event, start time.Time) {
 	envs := make([]outbox.Envelope, len(batch))
 	for i, ev := range batch {
 		envs[i] = ev.env
@@ -558,18 +685,25 @@ func (r *Relay) publish(ctx context.Context, s *state, batch []*event) {
 		}
 	}
 	var confirmed []*event
+	var unrecord []int64
 	var failed, returned, dead int
 	for i, ev := range batch {
 		err := results[i]
-		if err == nil {
-			confirmed = append(confirmed, ev)
-			continue
-		}
-		attrs := append(envAttrs(envs[i]), slog.Any("error", err))
 		if errors.Is(err, outbox.ErrNotSent) {
+			// Not attempted: a recorded attempt is still to be made.
 			s.retryLater(ev, 10*time.Millisecond)
 			continue
 		}
+		wasRecorded := ev.recorded
+		ev.recorded = false
+		if err == nil {
+			confirmed = append(confirmed, ev)
+			if wasRecorded {
+				unrecord = append(unrecord, ev.env.ID)
+			}
+			continue
+		}
+		attrs := append(envAttrs(envs[i]), slog.Any("error", err))
 		failed++
 		if errors.Is(err, outbox.ErrUnroutable) {
 			returned++
@@ -584,6 +718,16 @@ func (r *Relay) publish(ctx context.Context, s *state, batch []*event) {
 		delay := retry.Jitter(retry.Backoff(ev.failures, r.cfg.RetryBackoffMin, r.cfg.RetryBackoffMax))
 		r.log.WarnContext(ctx, "outbox event publish failed, will retry", append(attrs, slog.Duration("retry_in", delay))...)
 		s.retryLater(ev, delay)
+	}
+	if len(unrecord) > 0 {
+		// A recorded attempt that was confirmed is no failure: should this
+		// relay stop before the row is swept, the next one must not count
+		// it against the event.
+		uctx, cancel := context.WithTimeout(ctx, dbTimeout)
+		if _, err := r.pool.Exec(uctx, unrecordSQL, unrecord); err != nil {
+			r.log.WarnContext(ctx, "outbox WAL relay: could not record confirms of recorded attempts", slog.Any("error", err))
+		}
+		cancel()
 	}
 	if len(confirmed) > 0 {
 		if h := r.cfg.Hooks.Confirmed; h != nil {
@@ -604,17 +748,24 @@ func (r *Relay) publish(ctx context.Context, s *state, batch []*event) {
 
 // writer sweeps confirmed rows and writes hand-overs every SweepInterval,
 // until wctx ends; it then writes what is left, once. While sctx lasts, it
-// wakes the poller after a hand-over.
-func (r *Relay) writer(wctx, sctx context.Context, s *state, poller *outbox.Relay, vac *vacuumer) {
+// wakes the poller after a hand-over. Once the session is fenced off, it
+// writes nothing more.
+func (r *Relay) writer(wctx, sctx context.Context, s *state, poller *outbox.Relay, vac *vacuumer, onFenced func()) {
 	t := time.NewTicker(r.cfg.SweepInterval)
 	defer t.Stop()
 	var failures int
+	fenced := false
 	flush := func(ctx context.Context) bool {
-		for s.pendingWrites() > 0 {
+		for !fenced && s.pendingWrites() > 0 {
 			sweep, hand := s.takeWrites(sweepChunk)
 			dctx, cancel := context.WithTimeout(ctx, dbTimeout)
-			swept, skipped, handed, postponed, err := write(dctx, r.pool, r.cfg.Archive, sweep, hand)
+			swept, skipped, handed, postponed, err := write(dctx, r.pool, r.cfg.Slot, s.epoch, r.cfg.Archive, sweep, hand)
 			cancel()
+			if errors.Is(err, errFenced) {
+				fenced = true
+				onFenced()
+				return false
+			}
 			if err != nil {
 				s.writeFailed(sweep, hand)
 				r.cfg.Metrics.MarkFailed()
@@ -644,7 +795,7 @@ func (r *Relay) writer(wctx, sctx context.Context, s *state, poller *outbox.Rela
 			// The session ends: what the workers confirmed is swept before the
 			// last acknowledgement, within a bound.
 			fctx, cancel := context.WithTimeout(context.Background(), dbTimeout)
-			for i := 0; i < 20 && s.pendingWrites() > 0 && fctx.Err() == nil; i++ {
+			for i := 0; i < 20 && !fenced && s.pendingWrites() > 0 && fctx.Err() == nil; i++ {
 				if !flush(fctx) {
 					break
 				}

@@ -40,6 +40,9 @@ var (
 const slotPrefix = "outboxwal_test_"
 
 func TestMain(m *testing.M) {
+	if os.Getenv(crashingRelayEnv) != "" {
+		os.Exit(runCrashingRelay())
+	}
 	dropStaleSlots()
 	goleak.VerifyTestMain(m)
 }

@@ -44,14 +44,18 @@ WHERE c.oid = to_regclass('outbox')`).Scan(&schema)
 	return *schema, nil
 }
 
-// ensurePublication creates the indexes the hand-over uses and the
-// publication of the outbox table's inserts, if missing.
+// ensurePublication creates the indexes the hand-over uses, the
+// outbox_wal_slots table (Schema) and the publication of the outbox table's
+// inserts, if missing.
 func ensurePublication(ctx context.Context, db outbox.DB, publication string) error {
 	if err := outbox.CheckSchema(ctx, db); err != nil {
 		return err
 	}
 	schema, err := outboxSchema(ctx, db)
 	if err != nil {
+		return err
+	}
+	if err := ensureSlotsTable(ctx, db); err != nil {
 		return err
 	}
 	for name, ddl := range handedOverIndexes {
@@ -192,8 +196,9 @@ func loadHeld(ctx context.Context, db outbox.DB) (map[aggKey]bool, error) {
 
 // checkSQL tells, for rows decoded from before this session, which are still
 // to publish: gone rows were published (and swept) before, handed-over rows
-// belong to polling.
-const checkSQL = `SELECT id, last_error IS NOT NULL FROM outbox WHERE id = ANY($1::bigint[])`
+// belong to polling; in_flight rows had an attempt recorded that got no
+// outcome (recordAttemptsSQL).
+const checkSQL = `SELECT id, last_error IS NOT NULL, in_flight FROM outbox WHERE id = ANY($1::bigint[])`
 
 // lockedXidsSQL finds, among xids, the transactions still holding their
 // xid's lock: still committing, not visible to new snapshots yet. A
@@ -236,10 +241,15 @@ func lockedXids(ctx context.Context, db outbox.DB, evs []*event) (map[uint32]boo
 	return out, nil
 }
 
+// rowCheck is what checkRows found of the rows it looked up.
+type rowCheck struct {
+	present, handed, inFlight map[int64]bool
+}
+
 // checkRows looks up the rows of the batch's events decoded from before this
 // session. Rows of a transaction still committing were never visible, so
 // nobody swept or discarded them: they count as present.
-func (r *Relay) checkRows(ctx context.Context, batch []*event) (present, handed map[int64]bool, err error) {
+func (r *Relay) checkRows(ctx context.Context, batch []*event) (rowCheck, error) {
 	var evs []*event
 	for _, ev := range batch {
 		if ev.check {
@@ -248,45 +258,44 @@ func (r *Relay) checkRows(ctx context.Context, batch []*event) (present, handed 
 	}
 	locked, err := lockedXids(ctx, r.pool, evs)
 	if err != nil {
-		return nil, nil, err
+		return rowCheck{}, err
 	}
 	var ids []int64
 	for _, ev := range evs {
 		ids = append(ids, ev.env.ID)
 	}
-	present, handed, err = checkRowsSQL(ctx, r.pool, ids)
+	c, err := checkRowsSQL(ctx, r.pool, ids)
 	if err != nil {
-		return nil, nil, err
+		return rowCheck{}, err
 	}
 	for _, ev := range evs {
 		if locked[ev.tx.xid] {
-			present[ev.env.ID] = true
+			c.present[ev.env.ID] = true
 		}
 	}
-	return present, handed, nil
+	return c, nil
 }
 
-func checkRowsSQL(ctx context.Context, db outbox.DB, ids []int64) (present, handed map[int64]bool, err error) {
+func checkRowsSQL(ctx context.Context, db outbox.DB, ids []int64) (rowCheck, error) {
 	rows, err := db.Query(ctx, checkSQL, ids)
 	if err != nil {
-		return nil, nil, fmt.Errorf("check rows: %w", err)
+		return rowCheck{}, fmt.Errorf("check rows: %w", err)
 	}
-	present, handed = map[int64]bool{}, map[int64]bool{}
+	c := rowCheck{present: map[int64]bool{}, handed: map[int64]bool{}, inFlight: map[int64]bool{}}
 	var (
-		id int64
-		h  bool
+		id    int64
+		h, fl bool
 	)
-	_, err = pgx.ForEachRow(rows, []any{&id, &h}, func() error {
-		present[id] = true
-		if h {
-			handed[id] = true
-		}
+	_, err = pgx.ForEachRow(rows, []any{&id, &h, &fl}, func() error {
+		c.present[id] = true
+		c.handed[id] = h
+		c.inFlight[id] = fl
 		return nil
 	})
 	if err != nil {
-		return nil, nil, fmt.Errorf("check rows: %w", err)
+		return rowCheck{}, fmt.Errorf("check rows: %w", err)
 	}
-	return present, handed, nil
+	return c, nil
 }
 
 // sweepSQL deletes the rows of confirmed events that it can lock at once,
@@ -378,7 +387,10 @@ WHERE o.id = f.id AND o.last_error IS NULL`
 // The stream can deliver a transaction before its rows are visible (see
 // txn.xid): the events of transactions still committing are postponed, not
 // swept or handed over by a statement that would not see their rows.
-func write(ctx context.Context, pool *pgxpool.Pool, archive bool, sweep []*event, hand []handover) (swept, skipped []*event, handed, postponed []handover, err error) {
+//
+// The transaction starts with the fence (fenceSQL): it writes nothing, and
+// returns errFenced, once another session holds the slot.
+func write(ctx context.Context, pool *pgxpool.Pool, slot string, epoch int64, archive bool, sweep []*event, hand []handover) (swept, skipped []*event, handed, postponed []handover, err error) {
 	all := append([]*event(nil), sweep...)
 	for _, h := range hand {
 		all = append(all, h.ev)
@@ -516,7 +528,12 @@ func write(ctx context.Context, pool *pgxpool.Pool, archive bool, sweep []*event
 	// One transaction at READ COMMITTED: each statement sees what the
 	// previous ones did, and the unblock takes its snapshot after the sweep
 	// locked its rows.
-	err = pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error { return run(tx) })
+	err = pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+		if err := fence(ctx, tx, slot, epoch); err != nil {
+			return err
+		}
+		return run(tx)
+	})
 	if err != nil {
 		return nil, nil, nil, nil, err
 	}

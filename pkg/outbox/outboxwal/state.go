@@ -17,6 +17,7 @@ type aggKey struct{ typ, id string }
 // events are all resolved.
 type txn struct {
 	end        uint64 // the transaction's end LSN, once sealed
+	final      uint64 // its commit record's LSN, known from its first message
 	sealed     bool
 	open       int // events not resolved yet
 	commitTime time.Time
@@ -39,6 +40,14 @@ type event struct {
 	check    bool // decoded from before this session: check its row first
 	failures int
 	resolved bool
+	// suspect says an earlier session may have had the event in flight: it
+	// committed at or below the dispatched position that session recorded.
+	// The attempts of a suspect event, and every retry of any event, are
+	// recorded in its row before they are made (recordAttemptsSQL).
+	suspect bool
+	// recorded says an attempt is recorded in the row and not made yet (the
+	// publisher did not send it): the next attempt uses that record.
+	recorded bool
 }
 
 // aggState is the queue of one aggregate's unconfirmed events, in order.
@@ -66,9 +75,20 @@ type handover struct {
 	err  string
 }
 
-// state is what one session of the relay knows. Everything is guarded by mu.
+// state is what one session of the relay knows. Everything below mu is
+// guarded by it.
 type state struct {
 	cfg Config
+	// epoch is the session's hold on the slot (outbox_wal_slots): every
+	// batch and every write is conditional on it.
+	epoch int64
+	// suspectBelow is the dispatched position the sessions before this one
+	// recorded: events committed at or below it may have been in flight.
+	suspectBelow uint64
+	// solo is held shared by every batch in flight, and exclusively by a
+	// suspect event published alone: one that an earlier session had in
+	// flight when it stopped, and that may be what stops relays.
+	solo sync.RWMutex
 
 	mu     sync.Mutex
 	work   chan struct{} // signalled when ready gains events
@@ -88,13 +108,15 @@ type state struct {
 	timers map[*time.Timer]struct{}
 }
 
-func newState(cfg Config) *state {
+func newState(cfg Config, epoch int64, suspectBelow uint64) *state {
 	return &state{
-		cfg:    cfg,
-		work:   make(chan struct{}, 1),
-		aggs:   map[aggKey]*aggState{},
-		held:   map[aggKey]*holdState{},
-		timers: map[*time.Timer]struct{}{},
+		cfg:          cfg,
+		epoch:        epoch,
+		suspectBelow: suspectBelow,
+		work:         make(chan struct{}, 1),
+		aggs:         map[aggKey]*aggState{},
+		held:         map[aggKey]*holdState{},
+		timers:       map[*time.Timer]struct{}{},
 	}
 }
 
@@ -122,11 +144,11 @@ func (s *state) hold(k aggKey) {
 	}
 }
 
-// begin starts a transaction of the stream.
-func (s *state) begin(commitTime time.Time, xid uint32) *txn {
+// begin starts a transaction of the stream, whose commit record is at final.
+func (s *state) begin(commitTime time.Time, xid uint32, final uint64) *txn {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	t := &txn{commitTime: commitTime, xid: xid}
+	t := &txn{commitTime: commitTime, xid: xid, final: final}
 	s.txns = append(s.txns, t)
 	return t
 }
@@ -158,7 +180,8 @@ func (s *state) position(lsn uint64) {
 func (s *state) add(t *txn, env outbox.Envelope, check bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	ev := &event{env: env, key: aggKey{env.AggregateType, env.AggregateID}, tx: t, check: check}
+	ev := &event{env: env, key: aggKey{env.AggregateType, env.AggregateID}, tx: t, check: check,
+		suspect: t.final <= s.suspectBelow}
 	s.inMem++
 	t.open++
 	if h, ok := s.held[ev.key]; ok {
