@@ -2,6 +2,7 @@ package outboxwal_test
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -134,5 +135,37 @@ func TestCutOffRelayWritesNothingAfterTakeover(t *testing.T) {
 	}
 	if len(dls) != 0 {
 		t.Fatalf("dead letters: %+v", dls)
+	}
+}
+
+// Each session that takes the slot bumps its epoch and names itself; Drop
+// forgets the slot's row with the slot.
+func TestSessionsTakeTheSlotInTurnAndDropForgetsIt(t *testing.T) {
+	ctx := context.Background()
+	pool := walPool(t)
+	cfg := walConfig(t, pool)
+	for want := 1; want <= 2; want++ {
+		r, stop := startWAL(t, pool, &gatePublisher{}, cfg)
+		waitActive(t, r)
+		var (
+			epoch  int
+			holder string
+		)
+		if err := pool.QueryRow(ctx, `SELECT epoch, holder FROM outbox_wal_slots WHERE slot_name = $1`, cfg.Slot).Scan(&epoch, &holder); err != nil {
+			t.Fatal(err)
+		}
+		if epoch != want || !strings.Contains(holder, "pid") {
+			t.Fatalf("session %d: epoch %d, holder %q", want, epoch, holder)
+		}
+		stop()
+	}
+	waitFor(t, "the slot free", 10*time.Second, func() (bool, error) {
+		return count(t, pool, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1 AND active`, cfg.Slot) == 0, nil
+	})
+	if err := outboxwal.Drop(ctx, pool, cfg.Slot, cfg.Publication); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM outbox_wal_slots WHERE slot_name = $1`, cfg.Slot); n != 0 {
+		t.Fatalf("%d rows left for the dropped slot", n)
 	}
 }

@@ -553,7 +553,6 @@ func (r *Relay) publish(ctx context.Context, s *state, batch []*event) error {
 		}
 		return nil
 	}
-	var alone []*event
 	if slices.ContainsFunc(batch, func(ev *event) bool { return ev.check }) {
 		cctx, cancel := context.WithTimeout(ctx, dbTimeout)
 		c, err := r.checkRows(cctx, batch)
@@ -575,8 +574,8 @@ func (r *Relay) publish(ctx context.Context, s *state, batch []*event) error {
 				case ev.suspect && c.inFlight[ev.env.ID]:
 					// An earlier session recorded an attempt and stopped
 					// before its outcome: it may be what stops relays.
-					ev.check = false
-					alone = append(alone, ev)
+					ev.check, ev.alone = false, true
+					keep = append(keep, ev)
 				default:
 					ev.check = false
 					keep = append(keep, ev)
@@ -586,6 +585,13 @@ func (r *Relay) publish(ctx context.Context, s *state, batch []*event) error {
 			batch = keep
 		}
 	}
+	var alone []*event
+	batch = slices.DeleteFunc(batch, func(ev *event) bool {
+		if ev.alone {
+			alone = append(alone, ev)
+		}
+		return ev.alone
+	})
 	if batch = r.recordAttempts(ctx, s, batch); len(batch) > 0 {
 		s.solo.RLock()
 		r.send(ctx, s, batch, start)
@@ -695,7 +701,7 @@ func (r *Relay) send(ctx context.Context, s *state, batch []*event, start time.T
 			continue
 		}
 		wasRecorded := ev.recorded
-		ev.recorded = false
+		ev.recorded, ev.alone = false, false
 		if err == nil {
 			confirmed = append(confirmed, ev)
 			if wasRecorded {

@@ -99,7 +99,8 @@ SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1),
 	return fmt.Errorf("create publication %s: it keeps appearing and vanishing", publication)
 }
 
-// Drop removes the slot and the publication a relay created. Run it when a
+// Drop removes the slot and the publication a relay created, and the slot's
+// row in outbox_wal_slots. Run it when a
 // relay is retired for good (switching back to the polling relay, removing
 // the service): a slot nobody reads keeps every WAL segment written since its
 // position. It fails while a relay streams from the slot. Missing objects
@@ -110,6 +111,15 @@ func Drop(ctx context.Context, db outbox.DB, slot, publication string) error {
 	}
 	if _, err := db.Exec(ctx, "DROP PUBLICATION IF EXISTS "+pgx.Identifier{publication}.Sanitize()); err != nil {
 		return fmt.Errorf("outboxwal drop publication %s: %w", publication, err)
+	}
+	var hasTable bool
+	if err := db.QueryRow(ctx, `SELECT to_regclass('outbox_wal_slots') IS NOT NULL`).Scan(&hasTable); err != nil {
+		return fmt.Errorf("outboxwal drop slot %s: %w", slot, err)
+	}
+	if hasTable {
+		if _, err := db.Exec(ctx, `DELETE FROM outbox_wal_slots WHERE slot_name = $1`, slot); err != nil {
+			return fmt.Errorf("outboxwal drop slot %s: forget its holder: %w", slot, err)
+		}
 	}
 	return nil
 }

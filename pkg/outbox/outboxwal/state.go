@@ -48,6 +48,9 @@ type event struct {
 	// recorded says an attempt is recorded in the row and not made yet (the
 	// publisher did not send it): the next attempt uses that record.
 	recorded bool
+	// alone says the event goes out alone until an attempt of it has an
+	// outcome: an earlier session had it in flight when it stopped.
+	alone bool
 }
 
 // aggState is the queue of one aggregate's unconfirmed events, in order.
