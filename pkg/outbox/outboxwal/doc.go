@@ -143,8 +143,9 @@
 // that waits for any write of the previous session still committing, before
 // it reads anything. Every batch a session publishes starts with a statement
 // that is conditional on its epoch (the one that records the dispatched
-// position), and every sweep, dead letter and hand-over runs in a
-// transaction that first locks the slot's row on the same condition. So the
+// position), and every sweep, dead letter, hand-over and record of an
+// attempt runs in a transaction that first locks the slot's row on the same
+// condition. So the
 // previous relay starts no batch, retries nothing and writes nothing once it
 // is fenced off; it stops, and waits for the slot again. The batches it had
 // already sent when it was fenced off may still be confirmed: the new relay

@@ -57,6 +57,19 @@ func cutReplication(t *testing.T, pool *pgxpool.Pool, slot string) {
 	}
 }
 
+// publishThroughHolder lets gate, the publisher of the relay that holds the
+// slot, send the event id, and waits for it to be published and swept.
+func publishThroughHolder(t *testing.T, pool *pgxpool.Pool, gate *gatePublisher, id int64) {
+	t.Helper()
+	gate.mu.Lock()
+	gate.allowed[id] = true
+	gate.mu.Unlock()
+	waitFor(t, "the event published by the relay holding the slot", 10*time.Second, func() (bool, error) {
+		return gate.has(id), nil
+	})
+	waitFor(t, "the outbox empty", 10*time.Second, outboxEmpty(pool))
+}
+
 // A relay whose replication connection was cut while its process runs on
 // must not go on publishing beside the relay that took the slot over: every
 // batch starts with a statement that proves the session still holds the
@@ -83,14 +96,7 @@ func TestCutOffRelayStartsNoBatchAfterTakeover(t *testing.T) {
 		t.Fatalf("the cut-off relay made %d attempts after the other relay took the slot, want at most the one in flight", n)
 	}
 
-	// The relay that holds the slot publishes the event.
-	gate.mu.Lock()
-	gate.allowed[a[0].ID] = true
-	gate.mu.Unlock()
-	waitFor(t, "the event published by the relay holding the slot", 10*time.Second, func() (bool, error) {
-		return gate.has(a[0].ID), nil
-	})
-	waitFor(t, "the outbox empty", 10*time.Second, outboxEmpty(pool))
+	publishThroughHolder(t, pool, gate, a[0].ID)
 }
 
 // Nor may it write to the outbox after the takeover: here its attempt in
@@ -122,13 +128,7 @@ func TestCutOffRelayWritesNothingAfterTakeover(t *testing.T) {
 		t.Fatalf("the cut-off relay dead-lettered or handed over %d rows after the other relay took the slot", n)
 	}
 
-	gate.mu.Lock()
-	gate.allowed[a[0].ID] = true
-	gate.mu.Unlock()
-	waitFor(t, "the event published by the relay holding the slot", 10*time.Second, func() (bool, error) {
-		return gate.has(a[0].ID), nil
-	})
-	waitFor(t, "the outbox empty", 10*time.Second, outboxEmpty(pool))
+	publishThroughHolder(t, pool, gate, a[0].ID)
 	dls, err := outbox.NewAdmin(pool).DeadLetters(ctx, 0, 10)
 	if err != nil {
 		t.Fatal(err)

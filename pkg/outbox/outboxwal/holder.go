@@ -22,8 +22,9 @@ import (
 //
 //   - epoch is bumped by every session that takes the slot, in a statement
 //     that waits for the writes of the session before it. Every later write of
-//     a session (a sweep, a dead letter, a hand-over) and every batch it
-//     starts is conditional on its epoch being the current one: a session
+//     a session (a sweep, a dead letter, a hand-over, a record of attempts)
+//     and every batch it starts is conditional on its epoch being the
+//     current one: a session
 //     whose replication connection was cut while its process still runs is
 //     fenced off as soon as its successor has the slot.
 //   - dispatched is at or past the commit position of every event a session
@@ -137,16 +138,21 @@ func markDispatched(ctx context.Context, db outbox.DB, slot string, epoch int64,
 // finds no row.
 const fenceSQL = `SELECT 1 FROM outbox_wal_slots WHERE slot_name = $1 AND epoch = $2 FOR KEY SHARE`
 
-func fence(ctx context.Context, tx pgx.Tx, slot string, epoch int64) error {
-	var one int
-	err := tx.QueryRow(ctx, fenceSQL, slot, epoch).Scan(&one)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return errFenced
-	}
-	if err != nil {
-		return fmt.Errorf("check the slot is still held: %w", err)
-	}
-	return nil
+// fencedTx runs fn in a transaction at READ COMMITTED that starts with
+// fenceSQL: it returns errFenced, and writes nothing, once another session
+// holds the slot.
+func fencedTx(ctx context.Context, pool *pgxpool.Pool, slot string, epoch int64, fn func(pgx.Tx) error) error {
+	return pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+		var one int
+		err := tx.QueryRow(ctx, fenceSQL, slot, epoch).Scan(&one)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return errFenced
+		}
+		if err != nil {
+			return fmt.Errorf("check the slot is still held: %w", err)
+		}
+		return fn(tx)
+	})
 }
 
 // recordAttemptsSQL records that an attempt of each row begins: attempts + 1,
@@ -175,22 +181,40 @@ type recorded struct {
 	wasInFlight bool
 }
 
-func recordAttempts(ctx context.Context, db outbox.DB, ids []int64) (map[int64]recorded, error) {
-	rows, err := db.Query(ctx, recordAttemptsSQL, ids)
-	if err != nil {
-		return nil, fmt.Errorf("record attempts: %w", err)
-	}
+func recordAttempts(ctx context.Context, pool *pgxpool.Pool, slot string, epoch int64, ids []int64) (map[int64]recorded, error) {
 	out := make(map[int64]recorded, len(ids))
-	var (
-		id  int64
-		rec recorded
-	)
-	_, err = pgx.ForEachRow(rows, []any{&id, &rec.attempts, &rec.wasInFlight}, func() error {
-		out[id] = rec
-		return nil
+	err := fencedTx(ctx, pool, slot, epoch, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, recordAttemptsSQL, ids)
+		if err != nil {
+			return err
+		}
+		var (
+			id  int64
+			rec recorded
+		)
+		_, err = pgx.ForEachRow(rows, []any{&id, &rec.attempts, &rec.wasInFlight}, func() error {
+			out[id] = rec
+			return nil
+		})
+		return err
 	})
+	if errors.Is(err, errFenced) {
+		return nil, err
+	}
 	if err != nil {
 		return nil, fmt.Errorf("record attempts: %w", err)
 	}
 	return out, nil
+}
+
+// unrecordAttempts runs unrecordSQL, if the session still holds the slot.
+func unrecordAttempts(ctx context.Context, pool *pgxpool.Pool, slot string, epoch int64, ids []int64) error {
+	err := fencedTx(ctx, pool, slot, epoch, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, unrecordSQL, ids)
+		return err
+	})
+	if err != nil && !errors.Is(err, errFenced) {
+		return fmt.Errorf("take back confirmed attempts: %w", err)
+	}
+	return err
 }

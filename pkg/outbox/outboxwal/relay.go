@@ -592,7 +592,11 @@ func (r *Relay) publish(ctx context.Context, s *state, batch []*event) error {
 		}
 		return ev.alone
 	})
-	if batch = r.recordAttempts(ctx, s, batch); len(batch) > 0 {
+	batch, err = r.recordAttempts(ctx, s, batch)
+	if err != nil {
+		return err
+	}
+	if len(batch) > 0 {
 		s.solo.RLock()
 		r.send(ctx, s, batch, start)
 		s.solo.RUnlock()
@@ -601,10 +605,14 @@ func (r *Relay) publish(ctx context.Context, s *state, batch []*event) error {
 	// before it is made: if it stops the relay, no other event is charged.
 	for _, ev := range alone {
 		s.solo.Lock()
-		if one := r.recordAttempts(ctx, s, []*event{ev}); len(one) > 0 {
+		one, err := r.recordAttempts(ctx, s, []*event{ev})
+		if err == nil && len(one) > 0 {
 			r.send(ctx, s, one, time.Now())
 		}
 		s.solo.Unlock()
+		if err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -615,7 +623,10 @@ func (r *Relay) publish(ctx context.Context, s *state, batch []*event) error {
 // publish now. A suspect event whose earlier attempts reached MaxAttempts
 // without an outcome is dead-lettered instead of published again; events
 // whose record could not be written wait and are tried again later.
-func (r *Relay) recordAttempts(ctx context.Context, s *state, batch []*event) []*event {
+//
+// It returns errFenced, and nothing to publish, once another session holds
+// the slot.
+func (r *Relay) recordAttempts(ctx context.Context, s *state, batch []*event) ([]*event, error) {
 	need := func(ev *event) bool { return (ev.suspect || ev.failures > 0) && !ev.recorded }
 	var ids []int64
 	for _, ev := range batch {
@@ -624,11 +635,14 @@ func (r *Relay) recordAttempts(ctx context.Context, s *state, batch []*event) []
 		}
 	}
 	if len(ids) == 0 {
-		return batch
+		return batch, nil
 	}
 	rctx, cancel := context.WithTimeout(ctx, dbTimeout)
-	recs, err := recordAttempts(rctx, r.pool, ids)
+	recs, err := recordAttempts(rctx, r.pool, r.cfg.Slot, s.epoch, ids)
 	cancel()
+	if errors.Is(err, errFenced) {
+		return nil, err
+	}
 	if err != nil {
 		r.log.WarnContext(ctx, "outbox WAL relay: could not record attempts; those events wait", slog.Any("error", err),
 			slog.Int("events", len(ids)))
@@ -669,7 +683,7 @@ func (r *Relay) recordAttempts(ctx context.Context, s *state, batch []*event) []
 		s.handAll(ev, true, reason)
 	}
 	r.cfg.Metrics.DeadLettered(dead)
-	return out
+	return out, nil
 }
 
 // send publishes events in one PublishBatch and records the outcomes.
@@ -730,7 +744,7 @@ func (r *Relay) send(ctx context.Context, s *state, batch []*event, start time.T
 		// relay stop before the row is swept, the next one must not count
 		// it against the event.
 		uctx, cancel := context.WithTimeout(ctx, dbTimeout)
-		if _, err := r.pool.Exec(uctx, unrecordSQL, unrecord); err != nil {
+		if err := unrecordAttempts(uctx, r.pool, r.cfg.Slot, s.epoch, unrecord); err != nil && !errors.Is(err, errFenced) {
 			r.log.WarnContext(ctx, "outbox WAL relay: could not record confirms of recorded attempts", slog.Any("error", err))
 		}
 		cancel()

@@ -538,12 +538,7 @@ func write(ctx context.Context, pool *pgxpool.Pool, slot string, epoch int64, ar
 	// One transaction at READ COMMITTED: each statement sees what the
 	// previous ones did, and the unblock takes its snapshot after the sweep
 	// locked its rows.
-	err = pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
-		if err := fence(ctx, tx, slot, epoch); err != nil {
-			return err
-		}
-		return run(tx)
-	})
+	err = fencedTx(ctx, pool, slot, epoch, func(tx pgx.Tx) error { return run(tx) })
 	if err != nil {
 		return nil, nil, nil, nil, err
 	}
