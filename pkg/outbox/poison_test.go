@@ -4,12 +4,12 @@ import (
 	"context"
 	"fmt"
 	"runtime"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/pkg/outbox/internal/outboxtest"
 )
 
 // crashingPublisher sends like memPublisher, but computes each message's
@@ -130,14 +130,7 @@ func TestRelayDeadLettersARowThatCrashesItsRelays(t *testing.T) {
 	if len(gotDead) != 1 || gotDead[0] != poison[0].ID {
 		t.Fatalf("dead-lettered at claim %v, want [%d]", gotDead, poison[0].ID)
 	}
-	dls, err := outbox.NewAdmin(pool).DeadLetters(ctx, 0, 10)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(dls) != 1 || dls[0].ID != poison[0].ID || dls[0].Attempts != maxAttempts ||
-		!strings.Contains(dls[0].LastError, "relay stopped") {
-		t.Fatalf("dead letters = %+v, want event %d with %d attempts and the reason", dls, poison[0].ID, maxAttempts)
-	}
+	outboxtest.WantCrashDeadLetter(t, pool, poison[0].ID, maxAttempts)
 
 	// Every other aggregate flows, through the relay still running: it does
 	// not crash any more.

@@ -227,14 +227,7 @@ func TestRelayDeadLettersAnEventThatCrashesItsProcess(t *testing.T) {
 
 	// Dead-lettered with its attempts and the reason; its aggregate's next
 	// event waits behind it, handed over to polling.
-	dls, err := outbox.NewAdmin(pool).DeadLetters(ctx, 0, 10)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(dls) != 1 || dls[0].ID != poison[0].ID || dls[0].Attempts != maxAttempts ||
-		!strings.Contains(dls[0].LastError, "relay stopped") {
-		t.Fatalf("dead letters = %+v, want event %d with %d attempts and the reason", dls, poison[0].ID, maxAttempts)
-	}
+	outboxtest.WantCrashDeadLetter(t, pool, poison[0].ID, maxAttempts)
 	waitFor(t, "the poison's next event parked behind the dead letter", 10*time.Second, func() (bool, error) {
 		return count(t, pool, `SELECT count(*) FROM outbox WHERE id = $1 AND last_error IS NOT NULL AND dead_lettered_at IS NULL`,
 			poison[1].ID) == 1, nil

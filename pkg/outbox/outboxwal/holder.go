@@ -24,9 +24,8 @@ import (
 //     that waits for the writes of the session before it. Every later write of
 //     a session (a sweep, a dead letter, a hand-over, a record of attempts)
 //     and every batch it starts is conditional on its epoch being the
-//     current one: a session
-//     whose replication connection was cut while its process still runs is
-//     fenced off as soon as its successor has the slot.
+//     current one: a session whose replication connection was cut while its
+//     process still runs is fenced off as soon as its successor has the slot.
 //   - dispatched is at or past the commit position of every event a session
 //     handed to the publisher, written before the batch is sent. After a
 //     crash, the events at or below it are the ones a session may have had in
@@ -78,11 +77,12 @@ func holderName() string {
 	return host + " pid " + strconv.Itoa(os.Getpid())
 }
 
-// takeSlotSQL bumps the slot's epoch. The row is locked FOR UPDATE first: that
-// waits for a sweep or hand-over of the previous session still committing
-// (they hold the row FOR KEY SHARE), so every write of the previous session
-// is either visible to this session's first reads or never happens.
-const takeSlotSQL = `SELECT epoch, dispatched::text FROM outbox_wal_slots WHERE slot_name = $1 FOR UPDATE`
+// lockSlotSQL locks the slot's row FOR UPDATE before bumpEpochSQL bumps its
+// epoch (an UPDATE alone takes FOR NO KEY UPDATE, which a write holding the
+// row FOR KEY SHARE does not make wait): it waits for a write of the previous
+// session still committing, so every write of the previous session is either
+// visible to this session's first reads or never happens.
+const lockSlotSQL = `SELECT dispatched::text FROM outbox_wal_slots WHERE slot_name = $1 FOR UPDATE`
 
 const bumpEpochSQL = `
 UPDATE outbox_wal_slots SET epoch = epoch + 1, holder = $2, taken_at = now()
@@ -96,7 +96,7 @@ func takeSlot(ctx context.Context, pool *pgxpool.Pool, slot string) (epoch int64
 			return err
 		}
 		var text string
-		if err := tx.QueryRow(ctx, takeSlotSQL, slot).Scan(&epoch, &text); err != nil {
+		if err := tx.QueryRow(ctx, lockSlotSQL, slot).Scan(&text); err != nil {
 			return err
 		}
 		lsn, err := pglogrepl.ParseLSN(text)
@@ -134,7 +134,7 @@ func markDispatched(ctx context.Context, db outbox.DB, slot string, epoch int64,
 
 // fenceSQL, first in a write transaction, holds the slot's row FOR KEY SHARE
 // until the transaction ends, if this session still holds the slot: the next
-// session's takeSlotSQL waits for it, and a write that starts after that
+// session's lockSlotSQL waits for it, and a write that starts after that
 // finds no row.
 const fenceSQL = `SELECT 1 FROM outbox_wal_slots WHERE slot_name = $1 AND epoch = $2 FOR KEY SHARE`
 

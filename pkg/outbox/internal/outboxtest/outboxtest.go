@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -196,4 +197,20 @@ func StartRelay(t testing.TB, pool *pgxpool.Pool, pub outbox.Publisher, cfg outb
 // AMQPURL is where tests find RabbitMQ: TEST_AMQP_URL, or the local broker.
 func AMQPURL() string {
 	return cmp.Or(os.Getenv("TEST_AMQP_URL"), "amqp://guest:guest@127.0.0.1:5672/")
+}
+
+// WantCrashDeadLetter fails t unless the only dead letter in pool's outbox is
+// event id, with attempts attempts and a reason saying its relay stopped while
+// publishing it: what either relay writes for an event that kills the relays
+// that publish it.
+func WantCrashDeadLetter(t testing.TB, pool *pgxpool.Pool, id int64, attempts int) {
+	t.Helper()
+	dls, err := outbox.NewAdmin(pool).DeadLetters(context.Background(), 0, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(dls) != 1 || dls[0].ID != id || dls[0].Attempts != attempts ||
+		!strings.Contains(dls[0].LastError, "relay stopped") {
+		t.Fatalf("dead letters = %+v, want event %d with %d attempts and the reason", dls, id, attempts)
+	}
 }
