@@ -155,14 +155,23 @@
 // outbox_wal_slots.holder names the process that holds the slot (host and
 // pid) and taken_at since when.
 //
-// Before
-// PostgreSQL 17, logical slots are not copied to physical standbys: after a
-// failover of PostgreSQL itself the new primary has no slot, and the relay
-// creates one, handing over to polling whatever is in the outbox then; events
-// that were committed on the old primary, reached the standby, and were in
-// flight are published again (duplicates), and none are lost as long as the
-// outbox rows themselves survived the failover. With PostgreSQL 17's failover
-// slots (failover = true, synchronized_standby_slots) the slot survives.
+// A session acknowledges only positions it read from its own stream, and
+// binds everything it does to the server it streams from (its system
+// identifier and timeline, recorded in outbox_wal_slots.server): a pool
+// connection that still reaches another server (a switchover in progress) is
+// closed, and every fenced statement checks the server it runs on. A session
+// that finds the slot last used from another server (a promoted standby, a
+// restore, a switch to another server behind the same address), or a slot no
+// relay has used yet (one an operator made; never dropped), cannot tell
+// whether the rows in the outbox are all in the slot's stream: it hands them
+// over to polling before it streams, as at slot creation. Events published
+// but not swept before the switch then go out again (duplicates); none is
+// lost. Before PostgreSQL 17, logical slots are not copied to physical
+// standbys: after a failover the new primary has no slot, and the relay
+// creates one, handing over whatever is in the outbox then. A slot whose
+// position is ahead of the server's WAL (acknowledged on another server)
+// would skip every transaction below it: the relay makes it again if a relay
+// made it, and refuses an operator's.
 //
 // # What PostgreSQL needs
 //

@@ -33,11 +33,15 @@ func TestFencedSessionStartsNoBatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	const slot = "fenced_batch"
-	old, _, err := takeSlot(ctx, pool, slot)
+	var server string
+	if err := pool.QueryRow(ctx, "SELECT "+serverSQL).Scan(&server); err != nil {
+		t.Fatal(err)
+	}
+	old, err := takeSlot(ctx, pool, slot, server)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := takeSlot(ctx, pool, slot); err != nil { // another session takes it
+	if _, err := takeSlot(ctx, pool, slot, server); err != nil { // another session takes it
 		t.Fatal(err)
 	}
 	pub := &countingPublisher{}
@@ -45,7 +49,7 @@ func TestFencedSessionStartsNoBatch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := newState(r.cfg, old, 0)
+	s := newState(r.cfg, fence{slot: slot, epoch: old.epoch, server: server}, 0)
 	tx := s.begin(time.Now(), 1, 100)
 	s.add(tx, outbox.Envelope{ID: 1, AggregateType: "order", AggregateID: "a", AggregateVersion: 1, EventType: "order.created"}, false)
 	s.seal(tx, 120)

@@ -106,7 +106,11 @@ func (r *Relay) Prepare(ctx context.Context) error {
 		return fmt.Errorf("outboxwal prepare: replication connection: %w", err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck // nothing to do about it
-	if err := r.ensureSlot(ctx, conn); err != nil {
+	id, err := pglogrepl.IdentifySystem(ctx, conn)
+	if err != nil {
+		return fmt.Errorf("outboxwal prepare: identify the server: %w", err)
+	}
+	if _, err := r.ensureSlot(ctx, conn, serverName(id)); err != nil {
 		return fmt.Errorf("outboxwal prepare: %w", err)
 	}
 	return nil
@@ -197,7 +201,13 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 		defer cancel()
 		_ = conn.Close(closeCtx)
 	}()
-	if err := r.ensureSlot(cctx, conn); err != nil {
+	id, err := pglogrepl.IdentifySystem(cctx, conn)
+	if err != nil {
+		return false, fmt.Errorf("identify the server: %w", err)
+	}
+	server := serverName(id)
+	created, err := r.ensureSlot(cctx, conn, server)
+	if err != nil {
 		return false, err
 	}
 	err = pglogrepl.StartReplication(cctx, conn, r.cfg.Slot, 0, pglogrepl.StartReplicationOptions{
@@ -210,9 +220,25 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 	// streaming. Its process may still run (a cut replication connection):
 	// the new epoch fences it off, and waits for its last write to commit,
 	// so everything it wrote is visible to the reads below.
-	epoch, dispatched, err := takeSlot(cctx, r.pool, r.cfg.Slot)
+	t, err := takeSlot(cctx, r.pool, r.cfg.Slot, server)
 	if err != nil {
 		return false, err
+	}
+	f := fence{slot: r.cfg.Slot, epoch: t.epoch, server: server}
+	if !created && t.previous != server {
+		// The slot's stream covers what committed after its position on
+		// this server. Whether the rows in the outbox are all in it, only a
+		// session that streamed from this very server could tell: after a
+		// promotion, a restore or a switch to another server, or on a slot
+		// an operator made, rows can sit in the outbox below the slot's
+		// position. Polling publishes them, as for a new slot.
+		n, err := adopt(cctx, r.pool, f)
+		if err != nil {
+			return false, err
+		}
+		r.log.WarnContext(ctx, "outbox WAL relay: the slot's last session did not stream from this server; the rows in the outbox are handed over to polling",
+			slog.String("slot", r.cfg.Slot), slog.String("server", server), slog.String("previous_server", t.previous),
+			slog.Int64("rows_handed_over", n))
 	}
 	// Transactions that committed before now may have been seen by it.
 	var boundary pglogrepl.LSN
@@ -225,7 +251,7 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 	}
 	cancel()
 
-	s := newState(r.cfg, epoch, dispatched)
+	s := newState(r.cfg, f, t.dispatched)
 	s.setHeld(held, 0, false)
 	r.mu.Lock()
 	r.current = s
@@ -238,7 +264,7 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 		r.mu.Unlock()
 	}()
 	r.log.InfoContext(ctx, "outbox WAL relay: streaming", slog.String("slot", r.cfg.Slot),
-		slog.Int("aggregates_held", len(held)), slog.Int64("epoch", epoch))
+		slog.Int("aggregates_held", len(held)), slog.Int64("epoch", f.epoch), slog.String("server", server))
 
 	poller, err := outbox.NewRelay(r.pool, r.pub, r.cfg.Poll)
 	if err != nil {
@@ -251,7 +277,7 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 	onFenced := func() {
 		if fenced.CompareAndSwap(false, true) {
 			r.log.WarnContext(ctx, "outbox WAL relay: another relay took the slot; this session stops at once and writes nothing more",
-				slog.String("slot", r.cfg.Slot), slog.Int64("epoch", epoch))
+				slog.String("slot", r.cfg.Slot), slog.Int64("epoch", f.epoch))
 		}
 		stop()
 	}
@@ -296,26 +322,41 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 }
 
 // ensureSlot creates the slot when missing, and hands over to polling the
-// rows already in the outbox then: the slot's stream starts after them.
+// rows already in the outbox then: the slot's stream starts after them. It
+// says whether it created the slot.
 //
 // Creating the slot and handing over are two steps, and a relay may die
 // between them; a relay that streamed from such a slot would publish later
 // events of those rows' aggregates before them, and never publish the rows.
 // So relays create slots one at a time, under an advisory lock held by a
-// session of their own, and the publication's comment records that the slot
-// is ready (slotReadyComment) once the hand-over committed. A slot without
-// the mark, found while holding the lock, was left half-made: it is dropped
-// and made again.
-func (r *Relay) ensureSlot(ctx context.Context, conn *pgconn.PgConn) error {
+// session of their own, and the publication's comment says that a relay is
+// creating the slot (slotComment "creating") before it does, and that the
+// slot is ready once the hand-over committed. A slot found with "creating",
+// while holding the lock, was left half-made by a relay: it is dropped and
+// made again. A slot without either mark was made by an operator: it is
+// used as it is, never dropped (the session hands over what it may not
+// cover, see session).
+//
+// A slot whose position is ahead of the server's WAL would skip every
+// transaction committed below that position: the relay remakes it when a
+// relay made it, and refuses an operator's.
+//
+// It returns errOtherServer, and closes the pool connection it used, when
+// that connection reaches another server than server (the replication
+// connection's): the pool then connects anew.
+func (r *Relay) ensureSlot(ctx context.Context, conn *pgconn.PgConn, server string) (created bool, err error) {
 	c, err := r.pool.Acquire(ctx)
 	if err != nil {
-		return fmt.Errorf("slot %s: %w", r.cfg.Slot, err)
+		return false, fmt.Errorf("slot %s: %w", r.cfg.Slot, err)
 	}
 	defer c.Release()
+	if err := onServer(ctx, c, server); err != nil {
+		return false, fmt.Errorf("slot %s: %w", r.cfg.Slot, err)
+	}
 	key := slotLockKey(r.cfg.Slot)
 	if _, err := c.Exec(ctx, "SELECT pg_advisory_lock($1)", key); err != nil {
 		c.Conn().PgConn().Close(context.WithoutCancel(ctx)) //nolint:errcheck // the lock dies with the session
-		return fmt.Errorf("slot %s: wait for the lock: %w", r.cfg.Slot, err)
+		return false, fmt.Errorf("slot %s: wait for the lock: %w", r.cfg.Slot, err)
 	}
 	defer func() {
 		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), dbTimeout)
@@ -326,43 +367,51 @@ func (r *Relay) ensureSlot(ctx context.Context, conn *pgconn.PgConn) error {
 	}()
 
 	var (
-		plugin, comment string
-		sameDB, exists  bool
+		plugin, comment       string
+		sameDB, exists, ahead bool
 	)
 	err = c.QueryRow(ctx, `
 SELECT s.slot_name IS NOT NULL, coalesce(s.plugin, ''), coalesce(s.database = current_database(), false),
-       coalesce(obj_description(p.oid, 'pg_publication'), '')
+       coalesce(obj_description(p.oid, 'pg_publication'), ''),
+       coalesce(s.confirmed_flush_lsn > pg_current_wal_lsn(), false)
 FROM (SELECT 1) one
 LEFT JOIN pg_replication_slots s ON s.slot_name = $1
-LEFT JOIN pg_publication p ON p.pubname = $2`, r.cfg.Slot, r.cfg.Publication).Scan(&exists, &plugin, &sameDB, &comment)
+LEFT JOIN pg_publication p ON p.pubname = $2`, r.cfg.Slot, r.cfg.Publication).Scan(&exists, &plugin, &sameDB, &comment, &ahead)
 	if err != nil {
-		return fmt.Errorf("look for slot %s: %w", r.cfg.Slot, err)
+		return false, fmt.Errorf("look for slot %s: %w", r.cfg.Slot, err)
 	}
-	ready := comment == slotReadyComment(r.cfg.Slot)
+	ours := comment == slotComment(r.cfg.Slot, "ready") || comment == slotComment(r.cfg.Slot, "creating")
 	switch {
 	case exists && (plugin != "pgoutput" || !sameDB):
-		return fmt.Errorf("slot %s exists but is not a pgoutput logical slot of this database", r.cfg.Slot)
-	case exists && ready:
-		return nil
-	case exists:
+		return false, fmt.Errorf("slot %s exists but is not a pgoutput logical slot of this database", r.cfg.Slot)
+	case exists && ahead && !ours:
+		return false, fmt.Errorf("slot %s is ahead of the server's WAL: it would skip the transactions committed below its position; drop it (a relay then makes a new one)", r.cfg.Slot)
+	case exists && ahead:
+		r.log.ErrorContext(ctx, "outbox WAL relay: the slot is ahead of the server's WAL (it was acknowledged on another server); making it again",
+			slog.String("slot", r.cfg.Slot))
+	case exists && comment == slotComment(r.cfg.Slot, "creating"):
 		r.log.WarnContext(ctx, "outbox WAL relay: the slot was left half-made (its creator stopped before handing over the rows older than it); making it again",
 			slog.String("slot", r.cfg.Slot))
+	case exists:
+		return false, nil
+	}
+	if exists {
 		if _, err := c.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, r.cfg.Slot); err != nil {
-			return fmt.Errorf("drop the half-made slot %s: %w", r.cfg.Slot, err)
+			return false, fmt.Errorf("drop slot %s to make it again: %w", r.cfg.Slot, err)
 		}
+	}
+	if err := r.commentPublication(ctx, c, "creating"); err != nil {
+		return false, err
 	}
 	res, err := pglogrepl.CreateReplicationSlot(ctx, conn, r.cfg.Slot, "pgoutput", pglogrepl.CreateReplicationSlotOptions{
 		Mode: pglogrepl.LogicalReplication, SnapshotAction: "EXPORT_SNAPSHOT",
 	})
 	if err != nil {
-		return fmt.Errorf("create slot %s: %w", r.cfg.Slot, err)
+		return false, fmt.Errorf("create slot %s: %w", r.cfg.Slot, err)
 	}
 	n, err := handOverPreexisting(ctx, r.pool, res.SnapshotName)
 	if err == nil {
-		_, err = c.Exec(ctx, "COMMENT ON PUBLICATION "+pgx.Identifier{r.cfg.Publication}.Sanitize()+" IS '"+slotReadyComment(r.cfg.Slot)+"'")
-		if err != nil {
-			err = fmt.Errorf("mark slot %s ready: %w", r.cfg.Slot, err)
-		}
+		err = r.commentPublication(ctx, c, "ready")
 	}
 	if err != nil {
 		// Without the hand-over, rows older than the slot would never be
@@ -370,16 +419,27 @@ LEFT JOIN pg_publication p ON p.pubname = $2`, r.cfg.Slot, r.cfg.Publication).Sc
 		if _, derr := c.Exec(context.WithoutCancel(ctx), `SELECT pg_drop_replication_slot($1)`, r.cfg.Slot); derr != nil {
 			err = errors.Join(err, fmt.Errorf("drop the new slot: %w", derr))
 		}
-		return err
+		return false, err
 	}
 	r.log.InfoContext(ctx, "outbox WAL relay: created the replication slot", slog.String("slot", r.cfg.Slot),
 		slog.String("consistent_point", res.ConsistentPoint), slog.Int64("rows_handed_over", n))
+	return true, nil
+}
+
+// commentPublication records the state of the slot's creation as the
+// publication's comment.
+func (r *Relay) commentPublication(ctx context.Context, c *pgxpool.Conn, state string) error {
+	_, err := c.Exec(ctx, "COMMENT ON PUBLICATION "+pgx.Identifier{r.cfg.Publication}.Sanitize()+" IS '"+slotComment(r.cfg.Slot, state)+"'")
+	if err != nil {
+		return fmt.Errorf("mark slot %s %s: %w", r.cfg.Slot, state, err)
+	}
 	return nil
 }
 
-// slotReadyComment is the publication's comment once slot is ready.
-func slotReadyComment(slot string) string {
-	return "outboxwal: slot " + slot + " ready"
+// slotComment is the publication's comment while a relay makes slot
+// (state "creating") and once it is ready (state "ready").
+func slotComment(slot, state string) string {
+	return "outboxwal: slot " + slot + " " + state
 }
 
 // slotLockKey is the advisory lock that serialises the creation of slot.
@@ -483,17 +543,21 @@ func (r *Relay) stream(ctx context.Context, conn *pgconn.PgConn, s *state, bound
 }
 
 // sendStatus acknowledges the position below which every event is resolved.
+// It only ever sends a position the session read from its own stream: one
+// from an earlier session may belong to another server (a switchover), whose
+// slot would then skip every transaction below it.
+//
+// Before the session has anything to acknowledge, it still answers, with no
+// position (which moves nothing): a WAL sender that hears nothing for
+// wal_sender_timeout ends the connection.
 func (r *Relay) sendStatus(ctx context.Context, conn *pgconn.PgConn, s *state) error {
 	pos := s.ack()
-	if pos == 0 {
-		pos = r.acked.Load()
-	}
-	if pos == 0 {
-		return nil
-	}
 	err := pglogrepl.SendStandbyStatusUpdate(ctx, conn, pglogrepl.StandbyStatusUpdate{WALWritePosition: pglogrepl.LSN(pos)})
 	if err != nil {
 		return fmt.Errorf("send standby status: %w", err)
+	}
+	if pos == 0 {
+		return nil
 	}
 	r.acked.Store(pos)
 	if h := r.cfg.Hooks.Acknowledged; h != nil {
@@ -541,7 +605,7 @@ func (r *Relay) publish(ctx context.Context, s *state, batch []*event) error {
 		top = max(top, ev.tx.final)
 	}
 	mctx, cancel := context.WithTimeout(ctx, dbTimeout)
-	err := markDispatched(mctx, r.pool, r.cfg.Slot, s.epoch, top)
+	err := markDispatched(mctx, r.pool, s.fence, top)
 	cancel()
 	if errors.Is(err, errFenced) {
 		return err
@@ -638,7 +702,7 @@ func (r *Relay) recordAttempts(ctx context.Context, s *state, batch []*event) ([
 		return batch, nil
 	}
 	rctx, cancel := context.WithTimeout(ctx, dbTimeout)
-	recs, err := recordAttempts(rctx, r.pool, r.cfg.Slot, s.epoch, ids)
+	recs, err := recordAttempts(rctx, r.pool, s.fence, ids)
 	cancel()
 	if errors.Is(err, errFenced) {
 		return nil, err
@@ -744,7 +808,7 @@ func (r *Relay) send(ctx context.Context, s *state, batch []*event, start time.T
 		// relay stop before the row is swept, the next one must not count
 		// it against the event.
 		uctx, cancel := context.WithTimeout(ctx, dbTimeout)
-		if err := unrecordAttempts(uctx, r.pool, r.cfg.Slot, s.epoch, unrecord); err != nil && !errors.Is(err, errFenced) {
+		if err := unrecordAttempts(uctx, r.pool, s.fence, unrecord); err != nil && !errors.Is(err, errFenced) {
 			r.log.WarnContext(ctx, "outbox WAL relay: could not record confirms of recorded attempts", slog.Any("error", err))
 		}
 		cancel()
@@ -779,7 +843,7 @@ func (r *Relay) writer(wctx, sctx context.Context, s *state, poller *outbox.Rela
 		for !fenced && s.pendingWrites() > 0 {
 			sweep, hand := s.takeWrites(sweepChunk)
 			dctx, cancel := context.WithTimeout(ctx, dbTimeout)
-			swept, skipped, handed, postponed, err := write(dctx, r.pool, r.cfg.Slot, s.epoch, r.cfg.Archive, sweep, hand)
+			swept, skipped, handed, postponed, err := write(dctx, r.pool, s.fence, r.cfg.Archive, sweep, hand)
 			cancel()
 			if errors.Is(err, errFenced) {
 				fenced = true

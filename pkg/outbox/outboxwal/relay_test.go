@@ -378,16 +378,23 @@ func TestConfigRejectsBadValues(t *testing.T) {
 }
 
 // A slot whose creator stopped before handing over the rows older than it
-// (no ready mark on the publication) is dropped and made again, so those
-// rows are still published, before the later events of their aggregates.
+// (the publication still says a relay is creating it) is dropped and made
+// again, so those rows are still published, before the later events of
+// their aggregates.
 func TestHalfMadeSlotIsMadeAgain(t *testing.T) {
 	ctx := context.Background()
 	pool := walPool(t)
 	b := newBroker(t, "#")
 	cfg := walConfig(t, pool)
 	old := enqueue(t, pool, msg("a", "order.created"), msg("b", "order.created"))
-	if _, err := pool.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, cfg.Slot); err != nil {
-		t.Fatal(err)
+	for _, q := range []string{
+		`CREATE PUBLICATION ` + cfg.Publication + ` FOR TABLE outbox WITH (publish = 'insert')`,
+		`COMMENT ON PUBLICATION ` + cfg.Publication + ` IS 'outboxwal: slot ` + cfg.Slot + ` creating'`,
+		`SELECT pg_create_logical_replication_slot('` + cfg.Slot + `', 'pgoutput')`,
+	} {
+		if _, err := pool.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
 	}
 	relay, _ := startWAL(t, pool, newPublisherForTest(t, b), cfg)
 	waitActive(t, relay)

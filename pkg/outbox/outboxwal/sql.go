@@ -142,7 +142,7 @@ func Slot(ctx context.Context, db outbox.DB, slot string) (SlotStatus, error) {
 	var s SlotStatus
 	err := db.QueryRow(ctx, `
 SELECT true, active,
-       coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), coalesce(confirmed_flush_lsn, restart_lsn)), 0)::bigint
+       greatest(coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), coalesce(confirmed_flush_lsn, restart_lsn)), 0), 0)::bigint
 FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&s.Exists, &s.Active, &s.LagBytes)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return SlotStatus{}, nil
@@ -167,6 +167,24 @@ UPDATE outbox o SET last_error = 'in the outbox before the WAL relay''s slot was
                                     WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
                                       AND p.aggregate_version < o.aggregate_version)
 WHERE o.last_error IS NULL`
+
+// adopt hands over to polling every row in the outbox, for a session that
+// cannot tell which of them its slot's stream covers (see session): rows
+// the stream delivers as well are found handed over when they are looked
+// up (their transactions committed before the session's boundary) and go
+// to polling too.
+func adopt(ctx context.Context, pool *pgxpool.Pool, f fence) (int64, error) {
+	var n int64
+	err := fencedTx(ctx, pool, f, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, handOverPreexistingSQL)
+		n = tag.RowsAffected()
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("hand over the rows the slot may not cover: %w", err)
+	}
+	return n, nil
+}
 
 func handOverPreexisting(ctx context.Context, pool *pgxpool.Pool, snapshot string) (int64, error) {
 	var n int64
@@ -400,7 +418,7 @@ WHERE o.id = f.id AND o.last_error IS NULL`
 //
 // The transaction starts with the fence (fenceSQL): it writes nothing, and
 // returns errFenced, once another session holds the slot.
-func write(ctx context.Context, pool *pgxpool.Pool, slot string, epoch int64, archive bool, sweep []*event, hand []handover) (swept, skipped []*event, handed, postponed []handover, err error) {
+func write(ctx context.Context, pool *pgxpool.Pool, f fence, archive bool, sweep []*event, hand []handover) (swept, skipped []*event, handed, postponed []handover, err error) {
 	all := append([]*event(nil), sweep...)
 	for _, h := range hand {
 		all = append(all, h.ev)
@@ -538,7 +556,7 @@ func write(ctx context.Context, pool *pgxpool.Pool, slot string, epoch int64, ar
 	// One transaction at READ COMMITTED: each statement sees what the
 	// previous ones did, and the unblock takes its snapshot after the sweep
 	// locked its rows.
-	err = fencedTx(ctx, pool, slot, epoch, func(tx pgx.Tx) error { return run(tx) })
+	err = fencedTx(ctx, pool, f, func(tx pgx.Tx) error { return run(tx) })
 	if err != nil {
 		return nil, nil, nil, nil, err
 	}

@@ -82,9 +82,9 @@ type handover struct {
 // guarded by it.
 type state struct {
 	cfg Config
-	// epoch is the session's hold on the slot (outbox_wal_slots): every
+	// fence is the session's hold on the slot (outbox_wal_slots): every
 	// batch and every write is conditional on it.
-	epoch int64
+	fence fence
 	// suspectBelow is the dispatched position the sessions before this one
 	// recorded: events committed at or below it may have been in flight.
 	suspectBelow uint64
@@ -111,10 +111,10 @@ type state struct {
 	timers map[*time.Timer]struct{}
 }
 
-func newState(cfg Config, epoch int64, suspectBelow uint64) *state {
+func newState(cfg Config, f fence, suspectBelow uint64) *state {
 	return &state{
 		cfg:          cfg,
-		epoch:        epoch,
+		fence:        f,
 		suspectBelow: suspectBelow,
 		work:         make(chan struct{}, 1),
 		aggs:         map[aggKey]*aggState{},
