@@ -75,6 +75,7 @@ func TestSweepUnblocksTheNextEvent(t *testing.T) {
 		return count(t, pool, "SELECT count(*) FROM outbox WHERE id = $1", first[0].ID) == 0, nil
 	})
 	stop()
+	waitSlotFree(t, pool, cfg.Slot)
 	if err := outboxwal.Drop(ctx, pool, cfg.Slot, cfg.Publication); err != nil {
 		t.Fatal(err)
 	}

@@ -84,12 +84,18 @@
 //   - Admin.Status is right: the rows of published events leave the outbox
 //     within SweepInterval, and the table holds the backlog, the dead letters
 //     and the parked rows only.
-//   - The stream can deliver a transaction a moment before its rows are
-//     visible to other sessions (its commit record is flushed before the
-//     committing backend leaves the proc array). The relay never sweeps,
-//     hands over or looks up a row while its transaction's xid is still
-//     locked (pg_locks), so a row is never taken for gone, and the slot never
-//     acknowledged past it, because a statement could not see it yet.
+//   - Nothing goes out before its transaction is visible. The stream
+//     delivers a transaction once its commit record is flushed: under
+//     synchronous replication the commit then still waits for the standby,
+//     invisible to other sessions and unacknowledged to its client, and a
+//     failover at that moment undoes it. The relay publishes, sweeps, hands
+//     over or looks up an event only once a snapshot shows its transaction
+//     committed (one pg_current_snapshot() per batch), so no consumer hears
+//     of a change the database may still lose, and no row is taken for gone
+//     because a statement could not see it yet. The relay's own writes
+//     (dispatched position, sweeps) wait for the standby too unless its pool
+//     sets synchronous_commit = local, which is safe: what they record is
+//     redone after a failover (see Failover).
 //
 // When the slot is created, the rows already in the outbox are not in its
 // stream: Run hands them over to polling in the same step (in the snapshot

@@ -159,9 +159,7 @@ func TestSessionsTakeTheSlotInTurnAndDropForgetsIt(t *testing.T) {
 		}
 		stop()
 	}
-	waitFor(t, "the slot free", 10*time.Second, func() (bool, error) {
-		return count(t, pool, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1 AND active`, cfg.Slot) == 0, nil
-	})
+	waitSlotFree(t, pool, cfg.Slot)
 	if err := outboxwal.Drop(ctx, pool, cfg.Slot, cfg.Publication); err != nil {
 		t.Fatal(err)
 	}

@@ -593,10 +593,38 @@ func (r *Relay) work(ctx context.Context, s *state, onFenced func()) {
 // precede its attempt failed (the database is unreachable, say).
 const notRecordedDelay = 200 * time.Millisecond
 
+// notVisibleDelay is how long an event waits before its transaction's
+// visibility is checked again.
+const notVisibleDelay = 20 * time.Millisecond
+
 // publish sends one batch and records its outcome. It returns errFenced, and
 // sends nothing, when another session holds the slot.
 func (r *Relay) publish(ctx context.Context, s *state, batch []*event) error {
 	start := time.Now()
+	// Nothing goes out before other sessions can see its transaction: one
+	// still waiting for a synchronous standby may yet be lost by a failover.
+	vctx, cancel := context.WithTimeout(ctx, dbTimeout)
+	hidden, err := notVisible(vctx, r.pool, s.fence, batch)
+	cancel()
+	if errors.Is(err, errFenced) {
+		return err
+	}
+	if err != nil {
+		r.log.WarnContext(ctx, "outbox WAL relay: could not tell whether the batch's transactions are visible; the batch waits", slog.Any("error", err))
+		for _, ev := range batch {
+			s.retryLater(ev, notRecordedDelay)
+		}
+		return nil
+	}
+	if len(hidden) > 0 {
+		for _, ev := range hidden {
+			s.retryLater(ev, notVisibleDelay)
+		}
+		batch = slices.DeleteFunc(batch, func(ev *event) bool { return slices.Contains(hidden, ev) })
+		if len(batch) == 0 {
+			return nil
+		}
+	}
 	// First the fence and the dispatched position: nothing is sent unless
 	// this session still holds the slot, and a later session will know that
 	// these events may have been in flight.
@@ -605,7 +633,7 @@ func (r *Relay) publish(ctx context.Context, s *state, batch []*event) error {
 		top = max(top, ev.tx.final)
 	}
 	mctx, cancel := context.WithTimeout(ctx, dbTimeout)
-	err := markDispatched(mctx, r.pool, s.fence, top)
+	err = markDispatched(mctx, r.pool, s.fence, top)
 	cancel()
 	if errors.Is(err, errFenced) {
 		return err
@@ -619,8 +647,11 @@ func (r *Relay) publish(ctx context.Context, s *state, batch []*event) error {
 	}
 	if slices.ContainsFunc(batch, func(ev *event) bool { return ev.check }) {
 		cctx, cancel := context.WithTimeout(ctx, dbTimeout)
-		c, err := r.checkRows(cctx, batch)
+		c, err := r.checkRows(cctx, s.fence, batch)
 		cancel()
+		if errors.Is(err, errFenced) {
+			return err
+		}
 		if err != nil {
 			// Publish them anyway: at worst a duplicate of an event published
 			// before the restart.

@@ -44,6 +44,7 @@ func TestMain(m *testing.M) {
 		os.Exit(runCrashingRelay())
 	}
 	dropStaleSlots()
+	outboxtest.SweepStalePGServers()
 	goleak.VerifyTestMain(m)
 }
 
@@ -363,4 +364,13 @@ func count(t testing.TB, pool *pgxpool.Pool, query string, args ...any) int {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// waitSlotFree waits until no WAL sender streams from slot: a stopped
+// relay's WAL sender exits a moment after the relay closed its connection.
+func waitSlotFree(t testing.TB, pool *pgxpool.Pool, slot string) {
+	t.Helper()
+	waitFor(t, "the slot free", 30*time.Second, func() (bool, error) {
+		return count(t, pool, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1 AND active`, slot) == 0, nil
+	})
 }

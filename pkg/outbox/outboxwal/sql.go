@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"strconv"
 	"strings"
 	"unicode/utf8"
 
@@ -228,80 +227,28 @@ func loadHeld(ctx context.Context, db outbox.DB) (map[aggKey]bool, error) {
 // outcome (recordAttemptsSQL).
 const checkSQL = `SELECT id, last_error IS NOT NULL, in_flight FROM outbox WHERE id = ANY($1::bigint[])`
 
-// lockedXidsSQL finds, among xids, the transactions still holding their
-// xid's lock: still committing, not visible to new snapshots yet. A
-// transaction leaves the proc array (becomes visible) before it releases the
-// lock, so a statement that starts after this one found no lock of an xid
-// sees that transaction's rows.
-const lockedXidsSQL = `
-SELECT DISTINCT transactionid::text FROM pg_locks
-WHERE locktype = 'transactionid' AND transactionid::text = ANY($1::text[])`
-
-// lockedXids returns the transactions among evs' that are not visible yet.
-func lockedXids(ctx context.Context, db outbox.DB, evs []*event) (map[uint32]bool, error) {
-	seen := map[uint32]bool{}
-	var xids []string
-	for _, ev := range evs {
-		if x := ev.tx.xid; !seen[x] {
-			seen[x] = true
-			xids = append(xids, strconv.FormatUint(uint64(x), 10))
-		}
-	}
-	out := map[uint32]bool{}
-	if len(xids) == 0 {
-		return out, nil
-	}
-	rows, err := db.Query(ctx, lockedXidsSQL, xids)
-	if err != nil {
-		return nil, fmt.Errorf("look for committing transactions: %w", err)
-	}
-	locked, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, fmt.Errorf("look for committing transactions: %w", err)
-	}
-	for _, x := range locked {
-		n, err := strconv.ParseUint(x, 10, 32)
-		if err != nil {
-			return nil, fmt.Errorf("look for committing transactions: xid %q: %w", x, err)
-		}
-		out[uint32(n)] = true
-	}
-	return out, nil
-}
-
 // rowCheck is what checkRows found of the rows it looked up.
 type rowCheck struct {
 	present, handed, inFlight map[int64]bool
 }
 
 // checkRows looks up the rows of the batch's events decoded from before this
-// session. Rows of a transaction still committing were never visible, so
-// nobody swept or discarded them: they count as present.
-func (r *Relay) checkRows(ctx context.Context, batch []*event) (rowCheck, error) {
-	var evs []*event
+// session, on the server the session streams from. Their transactions are
+// visible (publish checked), so a row not found is gone.
+func (r *Relay) checkRows(ctx context.Context, f fence, batch []*event) (rowCheck, error) {
+	var ids []int64
 	for _, ev := range batch {
 		if ev.check {
-			evs = append(evs, ev)
+			ids = append(ids, ev.env.ID)
 		}
 	}
-	locked, err := lockedXids(ctx, r.pool, evs)
-	if err != nil {
-		return rowCheck{}, err
-	}
-	var ids []int64
-	for _, ev := range evs {
-		ids = append(ids, ev.env.ID)
-	}
-	c, err := checkRowsSQL(ctx, r.pool, ids)
-	if err != nil {
-		return rowCheck{}, err
-	}
-	for _, ev := range evs {
-		if locked[ev.tx.xid] {
-			c.present[ev.env.ID] = true
-		}
-	}
-	return c, nil
+	var c rowCheck
+	err := fencedTx(ctx, r.pool, f, func(tx pgx.Tx) error {
+		var err error
+		c, err = checkRowsSQL(ctx, tx, ids)
+		return err
+	})
+	return c, err
 }
 
 func checkRowsSQL(ctx context.Context, db outbox.DB, ids []int64) (rowCheck, error) {
@@ -413,8 +360,8 @@ WHERE o.id = f.id AND o.last_error IS NULL`
 // postponed because an earlier row of their aggregate is among those.
 //
 // The stream can deliver a transaction before its rows are visible (see
-// txn.xid): the events of transactions still committing are postponed, not
-// swept or handed over by a statement that would not see their rows.
+// notVisible): the events of transactions still committing are postponed,
+// not swept or handed over by a statement that would not see their rows.
 //
 // The transaction starts with the fence (fenceSQL): it writes nothing, and
 // returns errFenced, once another session holds the slot.
@@ -423,9 +370,13 @@ func write(ctx context.Context, pool *pgxpool.Pool, f fence, archive bool, sweep
 	for _, h := range hand {
 		all = append(all, h.ev)
 	}
-	locked, err := lockedXids(ctx, pool, all)
+	hidden, err := notVisible(ctx, pool, f, all)
 	if err != nil {
 		return nil, nil, nil, nil, err
+	}
+	locked := map[uint32]bool{}
+	for _, ev := range hidden {
+		locked[ev.tx.xid] = true
 	}
 	var notYet []*event
 	var notYetHand []handover

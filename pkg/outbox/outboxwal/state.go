@@ -3,6 +3,7 @@ package outboxwal
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/outbox-inbox/reference/pkg/outbox"
@@ -21,11 +22,11 @@ type txn struct {
 	sealed     bool
 	open       int // events not resolved yet
 	commitTime time.Time
-	// xid is the transaction's id. The stream can deliver a transaction
-	// before it is visible to other sessions: its commit record is flushed
-	// before the committing backend leaves the proc array. Until its xid's
-	// lock is gone, a statement may not see its rows (see lockedXids).
-	xid uint32
+	// xid is the transaction's id, and visible says a snapshot showed it
+	// committed: the stream can deliver a transaction before other sessions
+	// see it (see notVisible).
+	xid     uint32
+	visible atomic.Bool
 }
 
 // event is one outbox row decoded from the stream. It is resolved once

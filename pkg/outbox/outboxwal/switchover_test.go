@@ -203,9 +203,7 @@ func TestSlotLastUsedOnAnotherServerHandsOverWhatItSkips(t *testing.T) {
 	first := enqueue(t, pool, msg("a", "order.created"))
 	b.waitIDs("the first event", first)
 	stop()
-	waitFor(t, "the slot free", 10*time.Second, func() (bool, error) {
-		return count(t, pool, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1 AND active`, cfg.Slot) == 0, nil
-	})
+	waitSlotFree(t, pool, cfg.Slot)
 
 	skipped := enqueue(t, pool, msg("b", "order.created"))
 	if _, err := pool.Exec(ctx, `SELECT pg_replication_slot_advance($1, pg_current_wal_lsn())`, cfg.Slot); err != nil {
@@ -220,4 +218,62 @@ func TestSlotLastUsedOnAnotherServerHandsOverWhatItSkips(t *testing.T) {
 	got := b.waitIDs("the row below the slot's position and the later one", append(skipped, later...))
 	checkAggregateOrder(t, got)
 	waitFor(t, "the outbox swept", 30*time.Second, outboxEmpty(pool))
+}
+
+// pausablePublisher answers "not sent" while paused, and otherwise passes
+// batches to the real publisher.
+type pausablePublisher struct {
+	outbox.Publisher
+	paused atomic.Bool
+}
+
+func (p *pausablePublisher) PublishBatch(ctx context.Context, msgs []outbox.Envelope) []error {
+	if p.paused.Load() {
+		errs := make([]error, len(msgs))
+		for i := range errs {
+			errs[i] = outbox.ErrNotSent
+		}
+		return errs
+	}
+	return p.Publisher.PublishBatch(ctx, msgs)
+}
+
+// A failover to a streaming standby while the relay runs: the events the
+// standby has that were not published yet (here held back when the primary
+// died) go out from the promoted server, before the later events of their
+// aggregates, and so do events written after the failover. PostgreSQL 15
+// keeps no logical slot on a standby: the relay makes one on the promoted
+// server and hands over what its outbox holds.
+func TestFailoverToAPromotedStandbyLosesNothing(t *testing.T) {
+	ctx := context.Background()
+	primary := migratedServer(t)
+	standby := primary.NewStandby(t, "s1")
+	proxy := outboxtest.NewTCPProxy(t, primary.Addr())
+	pool := serverPool(t, "postgres://postgres@"+proxy.Addr()+"/postgres?sslmode=disable")
+	br := newBroker(t, "#")
+	pub := &pausablePublisher{Publisher: newPublisherForTest(t, br)}
+	relay, _ := startWAL(t, pool, pub, walFromServer(t))
+	waitActive(t, relay)
+
+	published := enqueue(t, pool, msg("a", "order.created"), msg("b", "order.created"))
+	br.waitIDs("the events published before the failover", published)
+	waitFor(t, "the outbox swept", 30*time.Second, outboxEmpty(pool))
+	pub.paused.Store(true)
+	held := enqueue(t, pool, msg("a", "order.paid"), msg("c", "order.created"))
+	primaryPool := serverPool(t, primary.URL("postgres"))
+	waitFor(t, "the standby replaying everything", 30*time.Second, func() (bool, error) {
+		var caughtUp bool
+		err := primaryPool.QueryRow(ctx, `SELECT replay_lsn >= pg_current_wal_lsn() FROM pg_stat_replication WHERE application_name = 's1'`).Scan(&caughtUp)
+		return caughtUp, err
+	})
+
+	primary.Stop(t, "immediate")
+	standby.Promote(t)
+	proxy.SetUpstream(standby.Addr())
+	proxy.CutAll()
+	pub.paused.Store(false)
+	after := enqueue(t, pool, msg("a", "order.shipped"), msg("d", "order.created"))
+	got := br.waitIDs("the held events and those written after the failover", append(held, after...))
+	checkAggregateOrder(t, got)
+	waitFor(t, "the promoted server's outbox swept", 30*time.Second, outboxEmpty(pool))
 }

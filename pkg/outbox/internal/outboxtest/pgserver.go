@@ -56,6 +56,26 @@ func pgBinDir() (string, *syscall.Credential, error) {
 	return dir, &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
 }
 
+// SweepStalePGServers stops and removes the servers of test processes that
+// died before their cleanup (killed, timed out) more than an hour ago. Call
+// it from TestMain.
+func SweepStalePGServers() {
+	bin, cred, err := pgBinDir()
+	if err != nil {
+		return
+	}
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), "outboxtest-pg-*"))
+	for _, dir := range dirs {
+		info, err := os.Stat(dir)
+		if err != nil || time.Since(info.ModTime()) < time.Hour {
+			continue
+		}
+		s := &PGServer{bin: bin, cred: cred, dir: dir}
+		_ = s.pgctl("stop", "-m", "immediate")
+		_ = os.RemoveAll(dir)
+	}
+}
+
 // NewPGServer starts a primary with wal_level=logical and room for WAL
 // senders and slots; settings are more "name=value" server settings.
 func NewPGServer(t testing.TB, settings ...string) *PGServer {
