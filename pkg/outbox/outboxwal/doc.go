@@ -51,11 +51,16 @@
 //     previous event of its aggregate was confirmed; batches hold at most one
 //     event per aggregate, many batches are in flight (Workers x BatchSize
 //     messages, confirms pipelined by the publisher).
-//   - Failures. An unroutable or refused message, or one without a verdict
-//     within PublishTimeout, is retried with exponential backoff (the slot is
-//     not acknowledged past it meanwhile). After MaxAttempts it is
-//     dead-lettered in PostgreSQL, exactly as the polling relay does it:
-//     dead_lettered_at, attempts, last_error, visible to outbox.Admin.
+//   - Failures leave the stream. An event the broker refuses or returns,
+//     or that gets no verdict within PublishTimeout, is handed over to
+//     polling at once, with every later event of its aggregate: the polling
+//     relay this relay runs (Config.Poll) retries it with its backoff,
+//     dead-letters it after Poll.MaxAttempts attempts in all (exactly as
+//     the polling relay does: dead_lettered_at, attempts, last_error,
+//     visible to outbox.Admin), and publishes the aggregate's later events
+//     after it, in order. The stream and the slot move on meanwhile: a
+//     failing aggregate never keeps other aggregates' events or the
+//     server's WAL waiting.
 //   - A relay that stops (a crash, a kill, a lost connection) counts. Before
 //     each batch, the relay records in outbox_wal_slots the commit position
 //     it has dispatched up to. The relay that resumes treats the events at or
@@ -71,16 +76,16 @@
 //     event's first attempt is not recorded (that is the fast path, and what
 //     keeps PostgreSQL out of it): an event the broker confirmed whose row a
 //     stopped relay had not swept yet is counted one attempt too many.
-//   - Dead letters hold back their aggregate only. Every later event of that
-//     aggregate, already decoded or decoded later, is parked: left in the
-//     outbox table, its last_error set to say why, blocked behind the dead
-//     letter as Enqueue wrote it. These rows are "handed over": a polling
-//     relay that only claims rows with a last_error (outbox.RelayConfig
-//     HandedOverOnly), run by this relay, publishes them with the polling
-//     relay's protocol once an operator retries the dead letter
-//     (Admin.Retry) or discards it (Admin.Discard), in order. When no
-//     handed-over row of the aggregate is left, the relay publishes its next
-//     events from the stream again. Other aggregates flow throughout.
+//   - Hand-overs hold back their aggregate only. Every later event of an
+//     aggregate handed over, already decoded or decoded later, is parked:
+//     left in the outbox table, its last_error set to say why, blocked
+//     behind the earlier row as Enqueue wrote it. A polling relay that only
+//     claims rows with a last_error (outbox.RelayConfig HandedOverOnly), run
+//     by this relay, publishes them with the polling relay's protocol, in
+//     order, once the earlier row is published, or, for a dead letter, once
+//     an operator retries (Admin.Retry) or discards (Admin.Discard) it. When
+//     no handed-over row of the aggregate is left, the relay publishes its
+//     next events from the stream again. Other aggregates flow throughout.
 //   - Admin.Status is right: the rows of published events leave the outbox
 //     within SweepInterval, and the table holds the backlog, the dead letters
 //     and the parked rows only.

@@ -663,7 +663,7 @@ func (r *Relay) publish(ctx context.Context, s *state, batch []*event) error {
 				case !ev.check:
 					keep = append(keep, ev)
 				case c.handed[ev.env.ID]:
-					s.handAll(ev, false, "")
+					s.handAll(ev, false, "", 0)
 				case !c.present[ev.env.ID]:
 					gone = append(gone, ev)
 				case ev.suspect && c.inFlight[ev.env.ID]:
@@ -775,7 +775,7 @@ func (r *Relay) recordAttempts(ctx context.Context, s *state, batch []*event) ([
 		env.Attempt = ev.failures
 		r.log.ErrorContext(ctx, "outbox event dead-lettered: relays kept stopping while publishing it; its aggregate is handed over to polling",
 			append(envAttrs(env), slog.String("error", reason))...)
-		s.handAll(ev, true, reason)
+		s.handAll(ev, true, reason, 0)
 	}
 	r.cfg.Metrics.DeadLettered(dead)
 	return out, nil
@@ -827,12 +827,21 @@ func (r *Relay) send(ctx context.Context, s *state, batch []*event, start time.T
 		if ev.failures >= r.cfg.MaxAttempts {
 			dead++
 			r.log.ErrorContext(ctx, "outbox event dead-lettered after its last attempt; its aggregate is handed over to polling", attrs...)
-			s.handAll(ev, true, err.Error())
+			s.handAll(ev, true, err.Error(), 0)
 			continue
 		}
-		delay := retry.Jitter(retry.Backoff(ev.failures, r.cfg.RetryBackoffMin, r.cfg.RetryBackoffMax))
-		r.log.WarnContext(ctx, "outbox event publish failed, will retry", append(attrs, slog.Duration("retry_in", delay))...)
-		s.retryLater(ev, delay)
+		// The event leaves the stream with the rest of its aggregate: the
+		// polling relay retries it, with its backoff and attempts, and
+		// publishes the aggregate's later events after it, while the stream
+		// and the slot move on. Retried here, it would hold its aggregate's
+		// later events in memory until they filled MaxInMemory, and then
+		// stop the stream for every aggregate, pinning the server's WAL.
+		added := 1
+		if wasRecorded {
+			added = 0 // the attempt is in the row already
+		}
+		r.log.WarnContext(ctx, "outbox event publish failed; its aggregate is handed over to polling, which retries it", attrs...)
+		s.handAll(ev, false, errorText(err.Error()), added)
 	}
 	if len(unrecord) > 0 {
 		// A recorded attempt that was confirmed is no failure: should this

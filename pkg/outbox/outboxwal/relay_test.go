@@ -361,7 +361,6 @@ func TestConfigRejectsBadValues(t *testing.T) {
 		"slot name":   {Slot: "Bad-Name"},
 		"negative":    {Workers: -1},
 		"memory":      {BatchSize: 500, MaxInMemory: 10},
-		"backoff":     {RetryBackoffMin: time.Minute, RetryBackoffMax: time.Second},
 		"status":      {StatusInterval: time.Minute},
 		"publication": {Publication: "x;drop"},
 	} {

@@ -133,8 +133,6 @@ func walConfig(t testing.TB, pool *pgxpool.Pool) outboxwal.Config {
 		Publication:      name,
 		BatchSize:        100,
 		PublishTimeout:   5 * time.Second,
-		RetryBackoffMin:  10 * time.Millisecond,
-		RetryBackoffMax:  50 * time.Millisecond,
 		StatusInterval:   100 * time.Millisecond,
 		SweepInterval:    20 * time.Millisecond,
 		TakeoverInterval: 100 * time.Millisecond,

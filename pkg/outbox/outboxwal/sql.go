@@ -349,9 +349,12 @@ WHERE o.id = f.id AND o.last_error IS NULL`
 // event of their aggregate, blocked as Enqueue left them, and the polling
 // relay unblocks and publishes them in order once that event is published or
 // discarded.
+//
+// A row handed over because its publish failed counts that attempt, so the
+// polling relay's MaxAttempts covers both relays' attempts.
 const parkSQL = `
-UPDATE outbox o SET last_error = f.err
-FROM unnest($1::bigint[], $2::text[]) AS f(id, err)
+UPDATE outbox o SET last_error = f.err, attempts = o.attempts + f.added, in_flight = false
+FROM unnest($1::bigint[], $2::text[], $3::int[]) AS f(id, err, added)
 WHERE o.id = f.id AND o.last_error IS NULL`
 
 // write sweeps and hands over in one transaction at READ COMMITTED (each
@@ -476,6 +479,7 @@ func write(ctx context.Context, pool *pgxpool.Pool, f fence, archive bool, sweep
 			deadIDs, parkIDs   []int64
 			deadAtt            []int32
 			deadErrs, parkErrs []string
+			parkAdded          []int32
 		)
 		for _, h := range hand {
 			if blockedAggs[h.ev.key] {
@@ -489,7 +493,8 @@ func write(ctx context.Context, pool *pgxpool.Pool, f fence, archive bool, sweep
 				deadErrs = append(deadErrs, errorText(h.err))
 			} else {
 				parkIDs = append(parkIDs, h.ev.env.ID)
-				parkErrs = append(parkErrs, h.err)
+				parkErrs = append(parkErrs, errorText(h.err))
+				parkAdded = append(parkAdded, int32(h.added))
 			}
 		}
 		if len(deadIDs) > 0 {
@@ -498,7 +503,7 @@ func write(ctx context.Context, pool *pgxpool.Pool, f fence, archive bool, sweep
 			}
 		}
 		if len(parkIDs) > 0 {
-			if _, err := db.Exec(ctx, parkSQL, parkIDs, parkErrs); err != nil {
+			if _, err := db.Exec(ctx, parkSQL, parkIDs, parkErrs, parkAdded); err != nil {
 				return fmt.Errorf("hand over events: %w", err)
 			}
 		}

@@ -1,6 +1,7 @@
 package outboxwal
 
 import (
+	"cmp"
 	"context"
 	"sync"
 	"sync/atomic"
@@ -74,9 +75,10 @@ type holdState struct {
 // handover is a row to hand over to polling: a dead letter, or a row parked
 // behind an earlier handed-over row of its aggregate.
 type handover struct {
-	ev   *event
-	dead bool
-	err  string
+	ev    *event
+	dead  bool
+	err   string
+	added int // attempts to count in the row: a failed attempt not recorded yet
 }
 
 // state is what one session of the relay knows. Everything below mu is
@@ -289,19 +291,17 @@ func (s *state) gone(evs []*event) {
 	}
 }
 
-// handAll hands ev's aggregate over to polling: ev (dead-lettered if dead)
-// and every later event of the aggregate.
-func (s *state) handAll(ev *event, dead bool, reason string) {
+// handAll hands ev's aggregate over to polling: ev (dead-lettered if dead,
+// with reason as its error, and added more attempts counted) and every later
+// event of the aggregate.
+func (s *state) handAll(ev *event, dead bool, reason string, added int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.hold(ev.key)
 	h := s.held[ev.key]
 	a := s.aggs[ev.key]
 	delete(s.aggs, ev.key)
-	first := handover{ev: ev, dead: dead, err: reason}
-	if !dead {
-		first.err = handedReason
-	}
+	first := handover{ev: ev, dead: dead, err: cmp.Or(reason, handedReason), added: added}
 	s.toHand = append(s.toHand, first)
 	h.pending++
 	if a == nil {

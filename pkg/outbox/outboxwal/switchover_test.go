@@ -172,8 +172,15 @@ func TestOperatorsSlotIsUsedAndWhatItMissesIsPublished(t *testing.T) {
 	logs := &logRecorder{}
 	cfg.Logger = slog.New(logs)
 	old := enqueue(t, pool, msg("a", "order.created"), msg("b", "order.created"))
-	if _, err := pool.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, cfg.Slot); err != nil {
-		t.Fatal(err)
+	// The publication first: pgoutput cannot decode, from a slot made before
+	// its publication, any transaction committed in between.
+	for _, q := range []string{
+		`CREATE PUBLICATION ` + cfg.Publication + ` FOR TABLE outbox WITH (publish = 'insert')`,
+		`SELECT pg_create_logical_replication_slot('` + cfg.Slot + `', 'pgoutput')`,
+	} {
+		if _, err := pool.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
 	}
 	relay, _ := startWAL(t, pool, newPublisherForTest(t, b), cfg)
 	waitActive(t, relay)
