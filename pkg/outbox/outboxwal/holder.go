@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
@@ -141,8 +142,23 @@ type taken struct {
 	previous string
 }
 
+// Limits of the relay's own transactions, set at their start (SET LOCAL):
+//   - idle_in_transaction_session_timeout: a relay whose host lost the
+//     network in the middle of a transaction would hold the slot's row (and
+//     the rows it touched) until TCP gives up on the connection, hours later;
+//     the server ends such a session instead, and with it the transaction.
+//   - lock_timeout, for the takeover: it waits for the previous session's
+//     writes to commit; a session that stopped answering is reported, not
+//     waited for until the statement's deadline.
+const (
+	idleInTransactionTimeout = "10s"
+	takeoverLockTimeout      = "2s"
+)
+
 // takeSlot makes this session, streaming from server, the slot's holder. It
-// returns errOtherServer when the pool's connection is on another server.
+// returns errOtherServer when the pool's connection is on another server. A
+// transaction that holds the slot's row and does not end within
+// takeoverLockTimeout is reported in the error with its backend.
 func takeSlot(ctx context.Context, pool *pgxpool.Pool, slot, server string) (taken, error) {
 	c, err := pool.Acquire(ctx)
 	if err != nil {
@@ -154,6 +170,10 @@ func takeSlot(ctx context.Context, pool *pgxpool.Pool, slot, server string) (tak
 	}
 	var t taken
 	err = pgx.BeginTxFunc(ctx, c, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true), set_config('idle_in_transaction_session_timeout', $2, true)`,
+			takeoverLockTimeout, idleInTransactionTimeout); err != nil {
+			return err
+		}
 		if _, err := tx.Exec(ctx, `INSERT INTO outbox_wal_slots (slot_name) VALUES ($1) ON CONFLICT DO NOTHING`, slot); err != nil {
 			return err
 		}
@@ -168,10 +188,47 @@ func takeSlot(ctx context.Context, pool *pgxpool.Pool, slot, server string) (tak
 		t.dispatched = uint64(lsn)
 		return tx.QueryRow(ctx, bumpEpochSQL, slot, holderName(), server).Scan(&t.epoch)
 	})
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available
+		return taken{}, fmt.Errorf("take slot %s: %s", slot, blockers(ctx, pool))
+	}
 	if err != nil {
 		return taken{}, fmt.Errorf("take slot %s: %w", slot, err)
 	}
 	return t, nil
+}
+
+// blockersSQL lists the sessions in a transaction that locked rows of
+// outbox_wal_slots: every write of a relay's session does (fenceSQL).
+const blockersSQL = `
+SELECT a.pid, coalesce(a.application_name, ''), coalesce(host(a.client_addr), 'local'), coalesce(a.state, ''),
+       coalesce(date_trunc('second', now() - a.state_change)::text, '')
+FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'relation' AND l.relation = to_regclass('outbox_wal_slots') AND l.granted
+  AND l.pid <> pg_backend_pid()
+ORDER BY a.xact_start`
+
+// blockers says which sessions hold the slot's row, for an operator.
+func blockers(ctx context.Context, db outbox.DB) string {
+	const what = "the slot's row stayed locked by the previous session's transaction"
+	rows, err := db.Query(ctx, blockersSQL)
+	if err != nil {
+		return what + " (could not list the sessions: " + err.Error() + ")"
+	}
+	var list []string
+	var (
+		pid                    int32
+		app, host, state, sinc string
+	)
+	_, err = pgx.ForEachRow(rows, []any{&pid, &app, &host, &state, &sinc}, func() error {
+		list = append(list, fmt.Sprintf("backend pid %d (application_name %q, client %s, %s for %s)", pid, app, host, state, sinc))
+		return nil
+	})
+	if err != nil || len(list) == 0 {
+		return what + " (it ended meanwhile)"
+	}
+	return what + ": " + strings.Join(list, "; ") + "; a relay's session ends itself after " + idleInTransactionTimeout +
+		" idle in a transaction, or end it with pg_terminate_backend(pid)"
 }
 
 // markDispatchedSQL records that events up to a commit position are handed to
@@ -208,15 +265,18 @@ func markDispatched(ctx context.Context, db outbox.DB, f fence, lsn uint64) erro
 // transaction runs on the server the session streams from: the next
 // session's lockSlotSQL waits for it, and a transaction that starts after
 // that finds no row.
-const fenceSQL = `SELECT 1 FROM outbox_wal_slots WHERE slot_name = $1 AND epoch = $2 AND ` + serverSQL + ` = $3 FOR KEY SHARE`
+//
+// It also sets the transaction's idle_in_transaction_session_timeout.
+const fenceSQL = `SELECT set_config('idle_in_transaction_session_timeout', '` + idleInTransactionTimeout + `', true)
+FROM outbox_wal_slots WHERE slot_name = $1 AND epoch = $2 AND ` + serverSQL + ` = $3 FOR KEY SHARE`
 
 // fencedTx runs fn in a transaction at READ COMMITTED that starts with
 // fenceSQL: it returns errFenced, and runs nothing, once another session
 // holds the slot or when the pool's connection reaches another server.
 func fencedTx(ctx context.Context, pool *pgxpool.Pool, f fence, fn func(pgx.Tx) error) error {
 	return pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
-		var one int
-		err := tx.QueryRow(ctx, fenceSQL, f.slot, f.epoch, f.server).Scan(&one)
+		var set string
+		err := tx.QueryRow(ctx, fenceSQL, f.slot, f.epoch, f.server).Scan(&set)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return errFenced
 		}
