@@ -107,6 +107,15 @@
 // the slot exports), so switching from the polling relay loses nothing, and
 // those rows go out before the later events of their aggregates.
 //
+// The relay reads its own publication only: one that also publishes other
+// tables (or all of them) is refused at start with a clear error, changes of
+// a table added to it later are skipped, and a row the relay cannot decode
+// (a header that is not a string, inserted without Enqueue) is
+// dead-lettered by id, its aggregate held back. A session that fails
+// without having made progress is retried with a growing backoff (up to
+// 5s): every session is a new WAL sender reading again from the slot's
+// restart point.
+//
 // # Table size
 //
 // The rows of confirmed events are deleted (or archived) every SweepInterval

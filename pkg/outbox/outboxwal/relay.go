@@ -98,7 +98,7 @@ func (r *Relay) Wake() {}
 // slot retain every event written from then on before any relay runs (rows
 // already in the outbox when the slot is made are handed over to polling).
 func (r *Relay) Prepare(ctx context.Context) error {
-	if err := ensurePublication(ctx, r.pool, r.cfg.Publication); err != nil {
+	if _, err := ensurePublication(ctx, r.pool, r.cfg.Publication); err != nil {
 		return fmt.Errorf("outboxwal prepare: %w", err)
 	}
 	conn, err := pgconn.ConnectConfig(ctx, r.replicationConfig())
@@ -146,7 +146,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	var failures int
 	waiting := false
 	for ctx.Err() == nil {
-		streamed, err := r.session(ctx)
+		progressed, err := r.session(ctx)
 		if ctx.Err() != nil {
 			break
 		}
@@ -161,7 +161,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			continue
 		}
 		waiting = false
-		if streamed {
+		if progressed {
 			failures = 0
 		}
 		failures++
@@ -185,11 +185,15 @@ func (r *Relay) replicationConfig() *pgconn.Config {
 }
 
 // session connects, takes the slot and streams until ctx ends or something
-// breaks. streamed says it got as far as streaming.
-func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
+// breaks. progressed says it resolved an event or acknowledged a new
+// position: a session that keeps failing without progress is retried with a
+// growing backoff, not at once (each new session is a new WAL sender reading
+// again from the slot's restart point).
+func (r *Relay) session(ctx context.Context) (progressed bool, err error) {
 	cctx, cancel := context.WithTimeout(ctx, dbTimeout)
 	defer cancel()
-	if err := ensurePublication(cctx, r.pool, r.cfg.Publication); err != nil {
+	schema, err := ensurePublication(cctx, r.pool, r.cfg.Publication)
+	if err != nil {
 		return false, err
 	}
 	conn, err := pgconn.ConnectConfig(cctx, r.replicationConfig())
@@ -268,7 +272,7 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 
 	poller, err := outbox.NewRelay(r.pool, r.pub, r.cfg.Poll)
 	if err != nil {
-		return true, fmt.Errorf("polling relay for handed-over rows: %w", err)
+		return false, fmt.Errorf("polling relay for handed-over rows: %w", err)
 	}
 
 	sctx, stop := context.WithCancel(ctx)
@@ -297,7 +301,7 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 	helpers.Go(func() { _ = poller.Run(sctx) })
 	helpers.Go(func() { r.refresh(sctx, s) })
 
-	err = r.stream(sctx, conn, s, uint64(boundary))
+	err = r.stream(sctx, conn, s, uint64(boundary), schema)
 
 	// Wind down: no new batches; those in flight finish; what they confirmed
 	// is swept; then the last acknowledgement.
@@ -308,7 +312,7 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 	<-writerDone
 	helpers.Wait()
 	if fenced.Load() {
-		return true, errFenced
+		return s.progressed(), errFenced
 	}
 	if err == nil || ctx.Err() != nil {
 		if ferr := r.sendStatus(context.WithoutCancel(ctx), conn, s); ferr != nil && err == nil {
@@ -316,9 +320,9 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 		}
 	}
 	if ctx.Err() != nil {
-		return true, nil
+		return s.progressed(), nil
 	}
-	return true, err
+	return s.progressed(), err
 }
 
 // ensureSlot creates the slot when missing, and hands over to polling the
@@ -451,8 +455,14 @@ func slotLockKey(slot string) int64 {
 
 // stream reads the replication stream until ctx ends or it fails, and
 // acknowledges progress every StatusInterval.
-func (r *Relay) stream(ctx context.Context, conn *pgconn.PgConn, s *state, boundary uint64) error {
+//
+// Changes of other tables than schema's outbox (a table added to the
+// publication behind the relay's back) are skipped. A row it cannot decode
+// (a column renamed, a header of the wrong type inserted by hand) is
+// dead-lettered by id when its turn comes, not retried for ever.
+func (r *Relay) stream(ctx context.Context, conn *pgconn.PgConn, s *state, boundary uint64, schema string) error {
 	relations := map[uint32]*relation{}
+	foreign := map[uint32]bool{}
 	types := pgtype.NewMap()
 	var cur *txn
 	var curCheck bool
@@ -515,18 +525,32 @@ func (r *Relay) stream(ctx context.Context, conn *pgconn.PgConn, s *state, bound
 				}
 				switch m := lm.(type) {
 				case *pglogrepl.RelationMessage:
+					if m.Namespace != schema || m.RelationName != "outbox" {
+						foreign[m.RelationID] = true
+						delete(relations, m.RelationID)
+						continue
+					}
+					delete(foreign, m.RelationID)
 					relations[m.RelationID] = newRelation(m)
 				case *pglogrepl.BeginMessage:
 					cur = s.begin(m.CommitTime, m.Xid, uint64(m.FinalLSN))
 					curCheck = uint64(m.FinalLSN) < boundary
 				case *pglogrepl.InsertMessage:
+					if foreign[m.RelationID] {
+						continue
+					}
 					rel := relations[m.RelationID]
 					if rel == nil || cur == nil {
 						return fmt.Errorf("insert into unknown relation %d", m.RelationID)
 					}
 					env, err := rel.decode(types, m.Tuple)
-					if err != nil {
+					if err != nil && env.ID == 0 {
 						return fmt.Errorf("decode outbox row: %w", err)
+					}
+					if err != nil {
+						r.log.ErrorContext(ctx, "outbox WAL relay: cannot decode an outbox row; it is dead-lettered", append(envAttrs(env), slog.Any("error", err))...)
+						s.addUndecodable(cur, env, "the WAL relay cannot decode the row: "+err.Error())
+						continue
 					}
 					s.add(cur, env, curCheck)
 				case *pglogrepl.CommitMessage:
@@ -601,6 +625,16 @@ const notVisibleDelay = 20 * time.Millisecond
 // sends nothing, when another session holds the slot.
 func (r *Relay) publish(ctx context.Context, s *state, batch []*event) error {
 	start := time.Now()
+	batch = slices.DeleteFunc(batch, func(ev *event) bool {
+		if ev.undecodable != "" {
+			s.handAll(ev, true, ev.undecodable, 0)
+			r.cfg.Metrics.DeadLettered(1)
+		}
+		return ev.undecodable != ""
+	})
+	if len(batch) == 0 {
+		return nil
+	}
 	// Nothing goes out before other sessions can see its transaction: one
 	// still waiting for a synchronous standby may yet be lost by a failover.
 	vctx, cancel := context.WithTimeout(ctx, dbTimeout)
@@ -1030,7 +1064,7 @@ func (rel *relation) decode(types *pgtype.Map, t *pglogrepl.TupleData) (outbox.E
 		return nil
 	})
 	if err != nil {
-		return outbox.Envelope{}, err
+		return e, err // what was decoded before the error, for a dead letter
 	}
 	if e.Headers == nil {
 		e.Headers = map[string]string{}

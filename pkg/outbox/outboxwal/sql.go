@@ -43,20 +43,67 @@ WHERE c.oid = to_regclass('outbox')`).Scan(&schema)
 	return *schema, nil
 }
 
-// ensurePublication creates the indexes the hand-over uses, the
-// outbox_wal_slots table (Schema) and the publication of the outbox table's
-// inserts, if missing.
-func ensurePublication(ctx context.Context, db outbox.DB, publication string) error {
+// ensurePublication creates the outbox_wal_slots table (Schema) and the
+// publication of the outbox table's inserts, if missing, and returns the
+// outbox table's schema. A publication of that name that publishes anything
+// else than the outbox is refused: the relay would decode and skip every
+// change of those tables, and the slot would retain WAL for them.
+func ensurePublication(ctx context.Context, db outbox.DB, publication string) (string, error) {
 	if err := outbox.CheckSchema(ctx, db); err != nil {
-		return err
+		return "", err
 	}
 	schema, err := outboxSchema(ctx, db)
 	if err != nil {
-		return err
+		return "", err
 	}
 	if err := ensureSlotsTable(ctx, db); err != nil {
-		return err
+		return "", err
 	}
+	if err := ensureHandedOverIndexes(ctx, db, schema); err != nil {
+		return "", err
+	}
+	table := pgx.Identifier{schema, "outbox"}.Sanitize()
+	for range 3 {
+		var (
+			pubExists, allTables, hasTable bool
+			others                         []string
+		)
+		err := db.QueryRow(ctx, `
+SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1),
+       coalesce((SELECT puballtables FROM pg_publication WHERE pubname = $1), false),
+       EXISTS (SELECT 1 FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = 'outbox'),
+       coalesce((SELECT array_agg(format('%I.%I', schemaname, tablename)) FROM pg_publication_tables
+                 WHERE pubname = $1 AND NOT (schemaname = $2 AND tablename = 'outbox')), '{}')`,
+			publication, schema).Scan(&pubExists, &allTables, &hasTable, &others)
+		if err != nil {
+			return "", fmt.Errorf("look for publication %s: %w", publication, err)
+		}
+		switch {
+		case allTables:
+			return "", fmt.Errorf("publication %s publishes all tables: the WAL relay needs a publication of %s alone (drop it, or choose another Publication)", publication, table)
+		case len(others) > 0:
+			return "", fmt.Errorf("publication %s also publishes %s: the WAL relay needs a publication of %s alone (drop those tables from it, or choose another Publication)",
+				publication, strings.Join(others, ", "), table)
+		case hasTable:
+			return schema, nil
+		case pubExists:
+			return "", fmt.Errorf("publication %s exists but does not publish %s: drop it or choose another Publication", publication, table)
+		}
+		_, err = db.Exec(ctx, "CREATE PUBLICATION "+pgx.Identifier{publication}.Sanitize()+" FOR TABLE "+table+" WITH (publish = 'insert')")
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "42710" { // created meanwhile by another relay
+			continue
+		}
+		if err != nil {
+			return "", fmt.Errorf("create publication %s: %w", publication, err)
+		}
+		return schema, nil
+	}
+	return "", fmt.Errorf("create publication %s: it keeps appearing and vanishing", publication)
+}
+
+// ensureHandedOverIndexes creates the indexes the hand-over uses, if missing.
+func ensureHandedOverIndexes(ctx context.Context, db outbox.DB, schema string) error {
 	for name, ddl := range handedOverIndexes {
 		var exists bool
 		if err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_indexes WHERE schemaname = $1 AND indexname = $2)`,
@@ -69,33 +116,7 @@ func ensurePublication(ctx context.Context, db outbox.DB, publication string) er
 			}
 		}
 	}
-	table := pgx.Identifier{schema, "outbox"}.Sanitize()
-	for range 3 {
-		var pubExists, hasTable bool
-		err := db.QueryRow(ctx, `
-SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1),
-       EXISTS (SELECT 1 FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = 'outbox')`,
-			publication, schema).Scan(&pubExists, &hasTable)
-		if err != nil {
-			return fmt.Errorf("look for publication %s: %w", publication, err)
-		}
-		switch {
-		case hasTable:
-			return nil
-		case pubExists:
-			return fmt.Errorf("publication %s exists but does not publish %s: drop it or choose another Publication", publication, table)
-		}
-		_, err = db.Exec(ctx, "CREATE PUBLICATION "+pgx.Identifier{publication}.Sanitize()+" FOR TABLE "+table+" WITH (publish = 'insert')")
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "42710" { // created meanwhile by another relay
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("create publication %s: %w", publication, err)
-		}
-		return nil
-	}
-	return fmt.Errorf("create publication %s: it keeps appearing and vanishing", publication)
+	return nil
 }
 
 // Drop removes the slot and the publication a relay created, and the slot's

@@ -53,6 +53,9 @@ type event struct {
 	// alone says the event goes out alone until an attempt of it has an
 	// outcome: an earlier session had it in flight when it stopped.
 	alone bool
+	// undecodable says why the row could not be decoded: it is
+	// dead-lettered, not published, when its turn comes.
+	undecodable string
 }
 
 // aggState is the queue of one aggregate's unconfirmed events, in order.
@@ -110,6 +113,11 @@ type state struct {
 	toSweep []*event
 	toHand  []handover
 	handGen uint64
+
+	// firstAck is the first position the session acknowledged, and
+	// progress says it resolved an event or acknowledged past firstAck.
+	firstAck uint64
+	progress bool
 
 	timers map[*time.Timer]struct{}
 }
@@ -184,15 +192,29 @@ func (s *state) position(lsn uint64) {
 // add queues an event decoded from t: for publishing, or for hand-over if its
 // aggregate is held.
 func (s *state) add(t *txn, env outbox.Envelope, check bool) {
+	s.addEvent(&event{env: env, key: aggKey{env.AggregateType, env.AggregateID}, tx: t, check: check,
+		suspect: t.final <= s.suspectBelow})
+}
+
+// addUndecodable queues a row decoded only in part (env has its id, and its
+// aggregate when that could be read), to be dead-lettered in its turn.
+func (s *state) addUndecodable(t *txn, env outbox.Envelope, reason string) {
+	s.addEvent(&event{env: env, key: aggKey{env.AggregateType, env.AggregateID}, tx: t, undecodable: reason})
+}
+
+func (s *state) addEvent(ev *event) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	ev := &event{env: env, key: aggKey{env.AggregateType, env.AggregateID}, tx: t, check: check,
-		suspect: t.final <= s.suspectBelow}
+	t := ev.tx
 	s.inMem++
 	t.open++
 	if h, ok := s.held[ev.key]; ok {
 		h.pending++
-		s.toHand = append(s.toHand, handover{ev: ev, err: parkedReason})
+		ho := handover{ev: ev, err: parkedReason}
+		if ev.undecodable != "" {
+			ho.dead, ho.err = true, ev.undecodable
+		}
+		s.toHand = append(s.toHand, ho)
 		return
 	}
 	a := s.aggs[ev.key]
@@ -265,6 +287,7 @@ func (s *state) resolve(ev *event) {
 		return
 	}
 	ev.resolved = true
+	s.progress = true
 	ev.tx.open--
 	s.inMem--
 }
@@ -425,9 +448,22 @@ func (s *state) ack() uint64 {
 		}
 		s.acked = max(s.acked, t.end)
 	}
+	if s.firstAck == 0 {
+		s.firstAck = s.acked
+	} else if s.acked > s.firstAck {
+		s.progress = true
+	}
 	clear(s.txns[:i])
 	s.txns = s.txns[i:]
 	return s.acked
+}
+
+// progressed says the session resolved an event or acknowledged a new
+// position.
+func (s *state) progressed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.progress
 }
 
 // oldest is the commit time of the oldest transaction with an unresolved

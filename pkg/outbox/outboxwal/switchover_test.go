@@ -279,8 +279,9 @@ func TestFailoverToAPromotedStandbyLosesNothing(t *testing.T) {
 	proxy.SetUpstream(standby.Addr())
 	proxy.CutAll()
 	pub.paused.Store(false)
-	after := enqueue(t, pool, msg("a", "order.shipped"), msg("d", "order.created"))
+	promoted := serverPool(t, standby.URL("postgres"))
+	after := enqueue(t, promoted, msg("a", "order.shipped"), msg("d", "order.created"))
 	got := br.waitIDs("the held events and those written after the failover", append(held, after...))
 	checkAggregateOrder(t, got)
-	waitFor(t, "the promoted server's outbox swept", 30*time.Second, outboxEmpty(pool))
+	waitFor(t, "the promoted server's outbox swept", 30*time.Second, outboxEmpty(promoted))
 }
