@@ -381,7 +381,7 @@ func (d *demo) composeBanner(ctl *composeController) {
 		fmt.Sprintf("  shipping API  http://%s", c.ShippingAddr),
 		fmt.Sprintf("  PostgreSQL    %s", redacted(c.DatabaseURL)),
 		fmt.Sprintf("  RabbitMQ      %s  (management UI: docker compose port rabbitmq 15672)", redacted(c.AMQPURL)),
-		fmt.Sprintf("  MongoDB       %s", c.MongoURI),
+		fmt.Sprintf("  MongoDB       %s", redacted(c.MongoURI)),
 		"  logs          " + strings.Join(ctl.argv("logs", "--follow"), " "),
 		"  guided tour: docs/demo.md",
 		"",

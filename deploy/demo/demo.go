@@ -269,7 +269,7 @@ func (d *demo) banner() {
 		fmt.Sprintf("  shipping API  http://%s        (pid %d)", d.cfg.ShippingAddr, pids["shipping"]),
 		fmt.Sprintf("  PostgreSQL    %s", redacted(d.cfg.DatabaseURL)),
 		fmt.Sprintf("  RabbitMQ      %s", redacted(d.cfg.AMQPURL)),
-		fmt.Sprintf("  MongoDB       %s  (embedded FerretDB, pid %d, data in %s)", d.cfg.MongoURI, pids["mongolocal"], filepath.Join(d.cfg.StateDir, "mongolocal")),
+		fmt.Sprintf("  MongoDB       %s  (embedded FerretDB, pid %d, data in %s)", redacted(d.cfg.MongoURI), pids["mongolocal"], filepath.Join(d.cfg.StateDir, "mongolocal")),
 		fmt.Sprintf("  pid files     %s", run),
 	}
 	if d.cfg.Load {

@@ -35,7 +35,10 @@ import (
 // their outbox rows in PostgreSQL, as `orders outbox-status` reads them; the
 // applied effects in MongoDB). The faults are the demo's own: they stop,
 // start and arm the processes it supervises and call rabbitmqctl; no service
-// exposes them.
+// exposes them. So that no other web page can press them (a POST from a page
+// the user visits elsewhere, sent by the browser), every request goes through
+// net/http's cross-origin protection: a browser's cross-origin POST is
+// refused with 403 before it reaches a handler.
 
 //go:embed web
 var webFiles embed.FS
@@ -74,8 +77,13 @@ type note struct {
 	Text string    `json:"text"`
 }
 
+// parsePage parses the page's template.
+func parsePage() (*template.Template, error) {
+	return template.ParseFS(webFiles, "web/live.html")
+}
+
 func startLiveView(ctx context.Context, d *demo) (*liveView, error) {
-	tmpl, err := template.ParseFS(webFiles, "web/live.html")
+	tmpl, err := parsePage()
 	if err != nil {
 		return nil, fmt.Errorf("live view: %w", err)
 	}
@@ -150,6 +158,13 @@ func (v *liveView) addNote(format string, args ...any) {
 }
 
 func (v *liveView) routes() http.Handler {
+	cross := http.NewCrossOriginProtection()
+	cross.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		v.d.say("live view: refused a cross-origin %s %s (Origin %q, Sec-Fetch-Site %q)",
+			r.Method, r.URL.Path, r.Header.Get("Origin"), r.Header.Get("Sec-Fetch-Site"))
+		writeError(w, http.StatusForbidden, "cross_origin",
+			"refused: a cross-origin request; only the live view's own page may press its buttons")
+	}))
 	mux := http.NewServeMux()
 	static, _ := fs.Sub(webFiles, "web")
 	mux.HandleFunc("GET /{$}", v.servePage)
@@ -164,7 +179,7 @@ func (v *liveView) routes() http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "not_found", "no such page: "+r.URL.Path)
 	})
-	return mux
+	return cross.Handler(mux)
 }
 
 // writeError answers {"error": {"code", "message"}}, as the services do.
@@ -200,7 +215,7 @@ func (v *liveView) servePage(w http.ResponseWriter, _ *http.Request) {
 	if c.RelayAddr != "" {
 		data.Where = append(data.Where, whereItem{"relay-1 (metrics, readyz)", "http://" + c.RelayAddr}, whereItem{"relay-2 (metrics, readyz)", "http://" + c.Relay2Addr})
 	}
-	data.Where = append(data.Where, whereItem{"PostgreSQL", redacted(c.DatabaseURL)}, whereItem{"RabbitMQ", redacted(c.AMQPURL)}, whereItem{"MongoDB", c.MongoURI})
+	data.Where = append(data.Where, whereItem{"PostgreSQL", redacted(c.DatabaseURL)}, whereItem{"RabbitMQ", redacted(c.AMQPURL)}, whereItem{"MongoDB", redacted(c.MongoURI)})
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
 	if err := v.page.Execute(w, data); err != nil {

@@ -71,6 +71,7 @@ func TestConfigRejectsBadValues(t *testing.T) {
 		{nil, map[string]string{"MONGO_URI": "mongodb://a:1,b:2/x"}, "MONGO_URI"},
 		{nil, map[string]string{"DATABASE_URL": "mysql://x"}, "DATABASE_URL"},
 		{nil, map[string]string{"AMQP_URL": "http://x"}, "AMQP_URL"},
+		{nil, map[string]string{"MONGO_URI": "mongodb://u:secret@a:1,b:2/x"}, "mongodb://u:xxxxx@a:1,b:2/x"},
 		{[]string{"extra"}, nil, "unexpected arguments"},
 	}
 	for _, tt := range tests {
