@@ -18,7 +18,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	amqp "github.com/rabbitmq/amqp091-go"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
@@ -28,8 +27,7 @@ import (
 // processes' states, one order's journey, and buttons that inject the guided
 // scenario's faults. Its data comes from outside the services, as an
 // operator would read it: the processes' /readyz and /metrics, the orders and
-// shipping HTTP APIs, the broker (a passive queue declare gives a queue's
-// message count without the management plugin), the shipping service's log
+// shipping HTTP APIs, the broker (broker.go), the shipping service's log
 // (one debug line per settled delivery), and read-only queries on the two
 // stores for the counts that must be exact whatever restarts (the orders and
 // their outbox rows in PostgreSQL, as `orders outbox-status` reads them; the
@@ -60,13 +58,13 @@ type liveView struct {
 	client *http.Client
 	pool   *pgxpool.Pool
 	mongo  *mongo.Client
+	broker *brokerReader
 	page   *template.Template
 	cancel context.CancelFunc
 	done   chan struct{}
 
 	mu    sync.Mutex
 	snap  snapshot
-	amqp  *amqp.Connection
 	notes []note
 	last  map[string]procStatus
 }
@@ -112,7 +110,7 @@ func startLiveView(ctx context.Context, d *demo) (*liveView, error) {
 	tr := &http.Transport{MaxIdleConnsPerHost: 4, IdleConnTimeout: 30 * time.Second}
 	v := &liveView{
 		d: d, ctl: d.ctl, ln: ln, tr: tr, client: &http.Client{Transport: tr, Timeout: 5 * time.Second},
-		pool: pool, mongo: mc, page: tmpl, done: make(chan struct{}), last: map[string]procStatus{},
+		pool: pool, mongo: mc, broker: newBrokerReader(d.cfg.AMQPURL), page: tmpl, done: make(chan struct{}), last: map[string]procStatus{},
 	}
 	v.srv = &http.Server{Handler: v.routes(), ReadHeaderTimeout: 5 * time.Second}
 	cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
@@ -133,12 +131,7 @@ func (v *liveView) close() error {
 	}
 	v.cancel()
 	<-v.done
-	v.mu.Lock()
-	if v.amqp != nil {
-		_ = v.amqp.Close()
-		v.amqp = nil
-	}
-	v.mu.Unlock()
+	v.broker.close()
 	v.pool.Close()
 	_ = v.mongo.Disconnect(ctx)
 	v.tr.CloseIdleConnections()
@@ -322,9 +315,13 @@ func (v *liveView) collectLoop(ctx context.Context) {
 	}
 }
 
+// collectTimeout bounds one reading of every source: a source that has not
+// answered by then is reported as unreadable, and the others are shown.
+const collectTimeout = 3 * time.Second
+
 // collect reads everything once, the sources in parallel.
 func (v *liveView) collect(ctx context.Context) snapshot {
-	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, collectTimeout)
 	defer cancel()
 	s := snapshot{At: time.Now(), Errors: map[string]string{}}
 	s.Stages.deliveryCounts = v.d.deliveries.counts()
@@ -349,7 +346,9 @@ func (v *liveView) collect(ctx context.Context) snapshot {
 		s.Stages.Applied = &n
 	})
 	wg.Go(func() {
-		if err := v.readBroker(&s.Stages); err != nil {
+		q, err := v.broker.counts(ctx)
+		s.Stages.QueueReady, s.Stages.QueueConsumers, s.Stages.DelayQueue, s.Stages.DeadLetterQueue = q.Ready, q.Consumers, q.Delay, q.DeadLetters
+		if err != nil {
 			fail("broker", err)
 		}
 	})
@@ -459,51 +458,6 @@ func (v *liveView) readPostgres(ctx context.Context, st *stages) error {
 	written := pending + dead + published + discarded
 	st.OrdersCreated, st.Pending, st.OutboxDeadLetters = &orders, &pending, &dead
 	st.OldestPendingAge, st.Published, st.Discarded, st.EventsWritten = &age, &published, &discarded, &written
-	return nil
-}
-
-// readBroker declares the shipping queues passively: the answer carries the
-// number of messages ready in each (not those delivered and not yet acked)
-// and of consumers.
-func (v *liveView) readBroker(st *stages) error {
-	v.mu.Lock()
-	conn := v.amqp
-	v.mu.Unlock()
-	if conn == nil || conn.IsClosed() {
-		c, err := amqp.DialConfig(v.d.cfg.AMQPURL, amqp.Config{
-			Dial:       amqp.DefaultDial(2 * time.Second),
-			Properties: amqp.Table{"connection_name": "demo live view"},
-		})
-		if err != nil {
-			return err
-		}
-		v.mu.Lock()
-		v.amqp, conn = c, c
-		v.mu.Unlock()
-	}
-	for _, q := range []struct {
-		name      string
-		msgs, use **int64
-	}{
-		{mainQueue, &st.QueueReady, &st.QueueConsumers},
-		{delayQueue, &st.DelayQueue, nil},
-		{dlq, &st.DeadLetterQueue, nil},
-	} {
-		ch, err := conn.Channel()
-		if err != nil {
-			return err
-		}
-		info, err := ch.QueueDeclarePassive(q.name, true, false, false, false, nil)
-		if err != nil {
-			continue // not declared yet: the channel is closed by the broker
-		}
-		_ = ch.Close()
-		msgs, consumers := int64(info.Messages), int64(info.Consumers)
-		*q.msgs = &msgs
-		if q.use != nil {
-			*q.use = &consumers
-		}
-	}
 	return nil
 }
 

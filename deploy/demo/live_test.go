@@ -171,6 +171,21 @@ func artifactPath(name string) string {
 	return abs
 }
 
+// state reads the live view's /api/state as the page does.
+func state(t *testing.T, base string) snapshot {
+	t.Helper()
+	resp, err := http.Get(base + "/api/state")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var s snapshot
+	if err := json.NewDecoder(resp.Body).Decode(&s); err != nil {
+		t.Fatalf("GET /api/state: %v", err)
+	}
+	return s
+}
+
 // The live view in a real browser, on the real system: an order placed with
 // a click reaches "applied once"; with both relays stopped from the page,
 // the next order stays pending (1) with a growing oldest age while the API
