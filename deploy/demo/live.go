@@ -254,14 +254,18 @@ func (v *liveView) actions() []action {
 
 // snapshot is what /api/state answers.
 type snapshot struct {
-	At        time.Time         `json:"at"`
-	Stages    stages            `json:"stages"`
-	Processes []processView     `json:"processes"`
-	Errors    map[string]string `json:"errors"`
-	Notes     []note            `json:"notes"`
+	// At is when the sources were read; AgeSeconds how long before the
+	// answer that was (the page marks old numbers as stale).
+	At         time.Time         `json:"at"`
+	AgeSeconds float64           `json:"age_seconds"`
+	Stages     stages            `json:"stages"`
+	Processes  []processView     `json:"processes"`
+	Errors     map[string]string `json:"errors"`
+	Notes      []note            `json:"notes"`
 }
 
-// stages are the pipeline's counts; a nil field could not be read.
+// stages are the pipeline's counts; a nil field could not be read (the page
+// says "unknown", never 0).
 type stages struct {
 	OrdersCreated     *int64   `json:"orders_created"`
 	EventsWritten     *int64   `json:"events_written"`
@@ -295,6 +299,11 @@ func (v *liveView) serveState(w http.ResponseWriter, _ *http.Request) {
 	s := v.snap
 	s.Notes = append([]note(nil), v.notes...)
 	v.mu.Unlock()
+	if s.At.IsZero() {
+		writeError(w, http.StatusServiceUnavailable, "first_reading", "the live view is reading the system for the first time")
+		return
+	}
+	s.AgeSeconds = time.Since(s.At).Seconds()
 	writeJSON(w, http.StatusOK, s)
 }
 

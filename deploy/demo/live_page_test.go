@@ -6,8 +6,11 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/chromedp/chromedp"
 )
 
 // pageView is a live view without connections to the system: its page and
@@ -155,4 +158,167 @@ func TestRedacted(t *testing.T) {
 			t.Errorf("redacted(%q) = %q, want %q", raw, got, want)
 		}
 	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// The page tells the truth about what it knows, in a real browser, over
+// snapshots the test sets: a count that could not be read says "unknown"
+// (pending with PostgreSQL unreadable is not "none waiting"); a dead letter
+// that shipping recorded and published to the dead-letter queue counts once;
+// a state shown by a colour is also said in words; a failed /api/state
+// shows a banner and the numbers it keeps are marked stale after a few
+// seconds, as are numbers the demo read long ago; and axe-core finds no
+// serious or critical accessibility violation in any of these states.
+func TestLivePageTellsTheTruth(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a browser")
+	}
+	t.Parallel()
+	chromium := chromiumPath(t)
+	p := newPageView(t, config{})
+	var mode atomic.Value // of string: "fresh", "old" or "fail"
+	mode.Store("fresh")
+	routes := p.v.routes()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/api/state" {
+			switch mode.Load() {
+			case "fail":
+				writeError(w, http.StatusInternalServerError, "boom", "the test fails /api/state")
+				return
+			case "fresh":
+				p.v.mu.Lock()
+				p.v.snap.At = time.Now()
+				p.v.mu.Unlock()
+			case "old":
+				p.v.mu.Lock()
+				p.v.snap.At = time.Now().Add(-30 * time.Second)
+				p.v.mu.Unlock()
+			}
+		}
+		routes.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+
+	running := func(name string, ready bool) processView {
+		return processView{procStatus: procStatus{Name: name, State: procRunning}, Ready: &ready}
+	}
+	// PostgreSQL unreadable: its counts are unknown. Shipping dead-lettered
+	// one message: its record in MongoDB and its copy in the dead-letter
+	// queue are one dead letter.
+	p.setSnapshot(snapshot{
+		Stages: stages{
+			Published: nil, QueueReady: ptr[int64](0), QueueConsumers: ptr[int64](1), DelayQueue: ptr[int64](0),
+			DeadLetterQueue: ptr[int64](1), Applied: ptr[int64](3), ShippingDead: ptr[int64](1), ParkedAggregates: ptr[int64](2),
+			deliveryCounts: deliveryCounts{Delivered: 3, Applied: 3},
+		},
+		Processes: []processView{running("orders", true), running("relay", false), {procStatus: procStatus{Name: "shipping", State: procStopped}}},
+		Errors:    map[string]string{"postgres": "connection refused"},
+	})
+	ctx := browser(t, chromium)
+	problems := watchConsole(t, ctx)
+	pg := page{t: t, ctx: ctx, js: problems}
+	pg.run("open the page", chromedp.Navigate(srv.URL+"/"), chromedp.WaitVisible(chromedp.ID("stage-created")))
+	pg.waitUntil("the first reading", func() bool { return pg.eval(`document.getElementById("status-line").dataset.at`) != "" })
+
+	text := func(sel string) string {
+		t.Helper()
+		return pg.eval(`document.querySelector(` + jsString(sel) + `).textContent`)
+	}
+	for sel, want := range map[string]string{
+		"#stage-created .count":   "unknown",
+		"#stage-pending .count":   "unknown",
+		"#oldest-age":             "oldest: unknown",
+		"#stage-published .count": "unknown",
+		"#events-written":         "unknown",
+		"#stage-dead .count":      "unknown", // the outbox's are unknown
+	} {
+		if got := text(sel); got != want {
+			t.Errorf("with PostgreSQL unreadable, %s shows %q, want %q", sel, got, want)
+		}
+	}
+	if got := pg.eval(`document.getElementById("stage-applied").className`); strings.Contains(got, "good") {
+		t.Errorf("applied is shown caught up (%q) while events written is unknown", got)
+	}
+	if got := text("#status-line"); !strings.Contains(got, "cannot read postgres: connection refused") {
+		t.Errorf("status line %q does not say PostgreSQL cannot be read", got)
+	}
+	if got := text("#proc-relay .badge"); got != "up, not ready" {
+		t.Errorf("relay badge %q", got)
+	}
+	axeCheck(t, pg, "counts unknown")
+
+	// Everything known, every state on: pending stuck, a queue backlog,
+	// duplicates absorbed, one dead letter.
+	p.setSnapshot(snapshot{
+		Stages: stages{
+			OrdersCreated: ptr[int64](9), EventsWritten: ptr[int64](10), Pending: ptr[int64](4), OldestPendingAge: ptr(12.5),
+			OutboxDeadLetters: ptr[int64](0), Published: ptr[int64](6), Discarded: ptr[int64](0),
+			QueueReady: ptr[int64](3), QueueConsumers: ptr[int64](1), DelayQueue: ptr[int64](0), DeadLetterQueue: ptr[int64](1),
+			Applied: ptr[int64](2), ShippingDead: ptr[int64](1), ParkedAggregates: ptr[int64](0),
+			deliveryCounts: deliveryCounts{Delivered: 5, Applied: 2, DuplicatesInbox: 1, DuplicatesVersion: 1},
+		},
+		Processes: []processView{running("orders", true), {procStatus: procStatus{Name: "relay", State: procRestarting}}, {procStatus: procStatus{Name: "shipping", State: procExited, LastExit: "exit status 2"}}},
+		Errors:    map[string]string{},
+	})
+	pg.waitUntil("the second reading", func() bool { return text("#stage-pending .count") == "4" })
+	for sel, want := range map[string]string{
+		"#stage-dead .count":       "1",
+		"#stage-dead .sub":         "outbox 0, dead-letter queue 1; shipping keeps 1 for replay",
+		"#stage-duplicates .count": "2",
+		"#oldest-age":              "oldest 12.5 s",
+	} {
+		if got := text(sel); got != want {
+			t.Errorf("%s shows %q, want %q", sel, got, want)
+		}
+	}
+	// Not by colour alone: each coloured stage says its state in words.
+	colouredWithoutWords := pg.eval(`[...document.querySelectorAll(".stage.hot, .stage.bad, .stage.good")]` +
+		`.filter(s => !(s.querySelector(".flag")?.textContent || "").trim()).map(s => s.id).join(" ") || "none"`)
+	coloured := pg.eval(`document.querySelectorAll(".stage.hot, .stage.bad, .stage.good").length`)
+	if colouredWithoutWords != "none" || coloured != "4" {
+		t.Errorf("coloured stages: %s; without words: %s (want 4: pending, queue, duplicates, dead letters; none without words)", coloured, colouredWithoutWords)
+	}
+	if got := pg.eval(`document.body.dataset.stale`); got != "false" {
+		t.Errorf("fresh numbers marked stale: %s", got)
+	}
+	axeCheck(t, pg, "every stage state")
+
+	// /api/state fails: a banner says so at once; the numbers stay, and are
+	// marked stale once they are older than a few seconds.
+	mode.Store("fail")
+	pg.waitUntil("the error banner", func() bool { return pg.eval(`document.getElementById("banner").hidden`) == "false" })
+	if got := text("#banner"); !strings.Contains(got, "Cannot read the demo's state") || !strings.Contains(got, "HTTP 500") {
+		t.Errorf("banner: %q", got)
+	}
+	if got := pg.eval(`document.getElementById("banner").getAttribute("role")`); got != "alert" {
+		t.Errorf("the banner's role is %q, want alert", got)
+	}
+	pg.waitUntil("the kept numbers marked stale", func() bool { return pg.eval(`document.body.dataset.stale`) == "true" })
+	if got := text("#stale-note"); !strings.HasPrefix(got, "Stale: the numbers below were read at ") {
+		t.Errorf("stale note: %q", got)
+	}
+	if got := text("#stage-pending .count"); got != "4" {
+		t.Errorf("pending shows %q while /api/state fails, want the last reading, 4, marked stale", got)
+	}
+	axeCheck(t, pg, "banner and stale numbers")
+
+	// /api/state answers again: the banner goes, and so does the stale mark.
+	mode.Store("fresh")
+	pg.waitUntil("the banner gone and the numbers fresh", func() bool {
+		return pg.eval(`document.getElementById("banner").hidden`) == "true" && pg.eval(`document.body.dataset.stale`) == "false"
+	})
+	// The demo answers, but its reading is 30 s old (a source held it).
+	mode.Store("old")
+	pg.waitUntil("an old reading marked stale", func() bool { return pg.eval(`document.body.dataset.stale`) == "true" })
+	if got := text("#stale-note"); !strings.Contains(got, " 30 s ago") && !strings.Contains(got, " 31 s ago") {
+		t.Errorf("stale note for a reading 30 s old: %q", got)
+	}
+	problems.check()
+}
+
+// jsString quotes s for a JavaScript expression.
+func jsString(s string) string {
+	b, _ := json.Marshal(s)
+	return string(b)
 }

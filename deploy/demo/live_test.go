@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -10,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -77,6 +79,7 @@ func browser(t *testing.T, path string) context.Context {
 type page struct {
 	t   *testing.T
 	ctx context.Context
+	js  *jsProblems // when set, a wait fails as soon as the page's script does
 }
 
 func (p page) run(what string, steps ...chromedp.Action[chromedp.Void]) {
@@ -133,6 +136,10 @@ func (p page) waitUntil(what string, cond func() bool) {
 	defer func(start time.Time) { p.t.Logf("%s: %s", what, time.Since(start).Round(time.Millisecond)) }(time.Now())
 	deadline := time.Now().Add(90 * time.Second)
 	for !cond() {
+		if p.js != nil && p.js.any() {
+			p.js.check()
+			p.t.FailNow()
+		}
 		if time.Now().After(deadline) {
 			p.t.Fatalf("the page never showed %s; pipeline: %s; journey: %s", what,
 				p.eval(`document.getElementById("pipeline").innerText.replace(/\s+/g, " ")`), p.journey())
@@ -141,11 +148,17 @@ func (p page) waitUntil(what string, cond func() bool) {
 	}
 }
 
-func (p page) screenshot(path string) {
+// screenshot saves the whole page, or with viewport only what the window
+// shows (its top).
+func (p page) screenshot(path string, viewport bool) {
 	p.t.Helper()
 	ctx, cancel := context.WithTimeout(p.ctx, 30*time.Second)
 	defer cancel()
-	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+	shot := chromedp.FullScreenshot(100)
+	if viewport {
+		shot = chromedp.CaptureScreenshot()
+	}
+	png, err := chromedp.Run(ctx, shot)
 	if err != nil {
 		p.t.Fatalf("screenshot: %v", err)
 	}
@@ -171,6 +184,108 @@ func artifactPath(name string) string {
 	return abs
 }
 
+// jsProblems collects what the page's script got wrong, from the browser's
+// console: uncaught exceptions and unhandled rejections, console.error calls,
+// and the browser's own error entries except failed HTTP requests (the
+// tests make some fail on purpose, and the browser logs each one).
+type jsProblems struct {
+	t    *testing.T
+	mu   sync.Mutex
+	list []string
+}
+
+// watchConsole starts collecting from the browser's current tab; it stops
+// when the test ends.
+func watchConsole(t *testing.T, ctx context.Context) *jsProblems {
+	t.Helper()
+	lctx, cancel := context.WithCancel(ctx)
+	msgs := chromedp.Console(lctx) // subscribed from here on
+	w := &jsProblems{t: t}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for m, err := range msgs {
+			if err != nil {
+				return
+			}
+			if m.IsException() || (m.Type == chromedp.ConsoleError && m.Source != "network") || m.Type == "assert" {
+				w.mu.Lock()
+				w.list = append(w.list, fmt.Sprintf("%s (%s:%d)", m, m.URL, m.Line+1))
+				w.mu.Unlock()
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	return w
+}
+
+func (w *jsProblems) any() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.list) > 0
+}
+
+// check fails the test if the page's script failed.
+func (w *jsProblems) check() {
+	w.t.Helper()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.list) > 0 {
+		w.t.Errorf("the page's JavaScript failed:\n  %s", strings.Join(w.list, "\n  "))
+	}
+}
+
+// axeSource is axe-core's script (testdata/axe-core/README.md).
+var axeSource = sync.OnceValues(func() ([]byte, error) {
+	return os.ReadFile(filepath.Join("testdata", "axe-core", "axe.min.js"))
+})
+
+type axeViolation struct {
+	ID     string   `json:"id"`
+	Impact string   `json:"impact"`
+	Help   string   `json:"help"`
+	Nodes  []string `json:"nodes"`
+}
+
+// axeCheck runs axe-core on the page as it is and fails the test on any
+// violation of impact serious or critical (colour contrast among them).
+func axeCheck(t *testing.T, p page, when string) {
+	t.Helper()
+	began := time.Now()
+	src, err := axeSource()
+	if err != nil {
+		t.Fatalf("axe-core: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(p.ctx, time.Minute)
+	defer cancel()
+	if _, err := chromedp.Run(ctx, chromedp.Evaluate[chromedp.Void](string(src))); err != nil {
+		t.Fatalf("inject axe-core: %v", err)
+	}
+	all, err := chromedp.Run(ctx, chromedp.Evaluate[[]axeViolation](`axe.run(document, {resultTypes: ["violations"]}).then(r => r.violations.map(v => ({
+		id: v.id, impact: v.impact || "", help: v.help,
+		nodes: v.nodes.map(n => n.target.join(" ") + ": " + (n.failureSummary || "").replace(/\s+/g, " "))})))`, chromedp.EvalAwaitPromise))
+	if err != nil {
+		t.Fatalf("axe-core run: %v", err)
+	}
+	var bad, other []string
+	for _, v := range all {
+		line := fmt.Sprintf("%s (%s): %s\n      %s", v.ID, v.Impact, v.Help, strings.Join(v.Nodes, "\n      "))
+		if v.Impact == "serious" || v.Impact == "critical" {
+			bad = append(bad, line)
+		} else {
+			other = append(other, v.ID+" ("+v.Impact+")")
+		}
+	}
+	if len(bad) > 0 {
+		t.Errorf("axe-core, %s: %d serious or critical violations:\n  %s", when, len(bad), strings.Join(bad, "\n  "))
+		return
+	}
+	t.Logf("axe-core, %s: no serious or critical violation (others: %v; %s)", when, other, time.Since(began).Round(time.Millisecond))
+}
+
 // state reads the live view's /api/state as the page does.
 func state(t *testing.T, base string) snapshot {
 	t.Helper()
@@ -189,9 +304,11 @@ func state(t *testing.T, base string) snapshot {
 // The live view in a real browser, on the real system: an order placed with
 // a click reaches "applied once"; with both relays stopped from the page,
 // the next order stays pending (1) with a growing oldest age while the API
-// still takes it; started again, the relays drain it, and the applied count
-// matches the orders placed. LIVE_VIEW_SCREENSHOT=path also saves the
-// screenshot there (docs/demo-live.png was taken so).
+// still takes it; a message id selected in the journey stays selected while
+// its row updates; started again, the relays drain the outbox, and the
+// applied count matches the orders placed. axe-core finds no serious or
+// critical violation, and the page's script never fails.
+// LIVE_VIEW_SCREENSHOT=path also saves a screenshot of the window there.
 func TestLiveViewInABrowser(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs every service and a browser")
@@ -204,16 +321,17 @@ func TestLiveViewInABrowser(t *testing.T) {
 	t.Logf("browser started: %s", time.Since(start).Round(time.Millisecond))
 	bin := buildBinaries(t)
 	t.Logf("binaries built: %s", time.Since(start).Round(time.Millisecond))
-	state := t.TempDir()
+	state0 := t.TempDir()
 	orders, shipping, relay, relay2, ui, mongo := freePort(t), freePort(t), freePort(t), freePort(t), freePort(t), freePort(t)
-	args := []string{"-bin", bin, "-state", state, "-orders-addr", orders, "-shipping-addr", shipping,
+	args := []string{"-bin", bin, "-state", state0, "-orders-addr", orders, "-shipping-addr", shipping,
 		"-relay-addr", relay, "-relay2-addr", relay2, "-ui-addr", ui}
 	env := map[string]string{"DATABASE_URL": dbURL, "AMQP_URL": amqpURL, "MONGO_URI": "mongodb://" + mongo + "/shipping"}
 	d := startDemo(t, args, env)
 	t.Logf("demo up: %s", time.Since(start).Round(time.Millisecond))
 	base := "http://" + ui
 
-	p := page{t: t, ctx: ctx}
+	js := watchConsole(t, ctx)
+	p := page{t: t, ctx: ctx, js: js}
 	p.run("open the live view", chromedp.Navigate(base+"/"), chromedp.WaitVisible(chromedp.ID("stage-created")))
 	p.waitUntil("the first reading", func() bool { return p.stage("created") == 0 && p.stage("applied") == 0 })
 
@@ -226,6 +344,7 @@ func TestLiveViewInABrowser(t *testing.T) {
 	p.waitUntil("one order created and applied", func() bool {
 		return p.stage("created") == 1 && p.stage("applied") == 1 && p.stage("pending") == 0
 	})
+	axeCheck(t, p, "an order applied")
 
 	// 2. No relay: the order is taken, its event waits.
 	p.click("stop-relays")
@@ -235,10 +354,10 @@ func TestLiveViewInABrowser(t *testing.T) {
 	})
 	p.click("place-order")
 	p.waitUntil("the second order created, its event pending", func() bool {
-		return p.stage("created") == 2 && p.stage("pending") == 1 && p.oldestAge() > 0
+		return p.stage("created") == 2 && p.stage("pending") == 1 && p.oldestAge() > 0 && strings.Contains(p.journey(), "not applied yet")
 	})
-	first := p.oldestAge()
-	p.waitUntil("the oldest pending age growing", func() bool { return p.oldestAge() > first })
+	oldest := p.oldestAge()
+	p.waitUntil("the oldest pending age growing", func() bool { return p.oldestAge() > oldest })
 	if n := p.stage("applied"); n != 1 {
 		t.Fatalf("with both relays stopped, applied = %d, want 1", n)
 	}
@@ -246,19 +365,38 @@ func TestLiveViewInABrowser(t *testing.T) {
 		t.Fatalf("the journey of the held order does not say it waits:\n%s", j)
 	}
 
-	// 3. The relays come back; the outbox drains; nothing lost, nothing twice.
-	p.click("start-relays")
+	// Select the waiting event's message id, as a reader about to copy it.
+	msgID := p.eval(`(() => {
+		const el = document.querySelector("#journey-rows .message-id");
+		const r = document.createRange();
+		r.selectNodeContents(el);
+		getSelection().removeAllRanges();
+		getSelection().addRange(r);
+		return getSelection().toString();
+	})()`)
+	if _, err := strconv.Atoi(msgID); err != nil {
+		t.Fatalf("selected %q, want a message id", msgID)
+	}
+
+	// The relays come back (a click that does not move the selection); the
+	// outbox drains; nothing lost, nothing twice; the selection stayed.
+	p.run("start the relays", chromedp.Evaluate[chromedp.Void](`document.querySelector("#action-start-relays button").click()`))
 	p.waitUntil("pending back to 0 and both orders applied", func() bool {
 		return p.stage("pending") == 0 && p.stage("applied") == 2 && p.stage("created") == 2 && p.stage("published") == 2
 	})
 	p.waitUntil("the second order applied once", func() bool { return strings.Contains(p.journey(), "applied once") })
+	if got := p.eval(`getSelection().toString()`); got != msgID {
+		t.Errorf("after its row updated, the selection is %q, want the message id %q: the row was rebuilt", got, msgID)
+	}
 	if n := p.stage("duplicates"); n != 0 {
 		t.Errorf("duplicates absorbed = %d after a clean run, want 0", n)
 	}
-	p.screenshot(artifactPath("demo-live-view.png"))
+
+	p.screenshot(artifactPath("demo-live-view.png"), false)
 	if path := os.Getenv("LIVE_VIEW_SCREENSHOT"); path != "" {
-		p.screenshot(path)
+		p.screenshot(path, true)
 	}
+	js.check()
 
 	// The page's API refuses what it does not know, with JSON errors.
 	for _, c := range []struct {
