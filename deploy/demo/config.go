@@ -49,6 +49,10 @@ type config struct {
 	// Compose, when set, is a compose file whose running project the demo
 	// serves the live view for, instead of running processes (compose.go).
 	Compose string
+	// JaegerUI is JAEGER_UI, the Jaeger UI (http://host:port) the live
+	// view's journey links each event's trace to. Default: none, no links;
+	// with -compose, the project's jaeger service when it publishes its UI.
+	JaegerUI string
 }
 
 const (
@@ -62,6 +66,7 @@ func parseConfig(args []string, getenv func(string) string, out io.Writer) (conf
 		DatabaseURL: cmp.Or(getenv("DATABASE_URL"), defaultDatabaseURL),
 		AMQPURL:     cmp.Or(getenv("AMQP_URL"), defaultAMQPURL),
 		MongoURI:    cmp.Or(getenv("MONGO_URI"), defaultMongoURI),
+		JaegerUI:    getenv("JAEGER_UI"),
 	}
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	fs.SetOutput(out)
@@ -102,6 +107,11 @@ func parseConfig(args []string, getenv func(string) string, out io.Writer) (conf
 
 func (c config) validate() error {
 	var errs []error
+	if c.JaegerUI != "" {
+		if u, err := url.Parse(c.JaegerUI); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			errs = append(errs, fmt.Errorf("JAEGER_UI %q: want http://host:port", redacted(c.JaegerUI)))
+		}
+	}
 	if c.Compose != "" {
 		if st, err := os.Stat(c.Compose); err != nil || st.IsDir() {
 			errs = append(errs, fmt.Errorf("-compose %s: no such file", c.Compose))

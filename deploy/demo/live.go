@@ -209,6 +209,9 @@ func (v *liveView) servePage(w http.ResponseWriter, _ *http.Request) {
 		data.Where = append(data.Where, whereItem{"relay-1 (metrics, readyz)", "http://" + c.RelayAddr}, whereItem{"relay-2 (metrics, readyz)", "http://" + c.Relay2Addr})
 	}
 	data.Where = append(data.Where, whereItem{"PostgreSQL", redacted(c.DatabaseURL)}, whereItem{"RabbitMQ", redacted(c.AMQPURL)}, whereItem{"MongoDB", redacted(c.MongoURI)})
+	if c.JaegerUI != "" {
+		data.Where = append(data.Where, whereItem{"Jaeger (traces)", c.JaegerUI})
+	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
 	if err := v.page.Execute(w, data); err != nil {

@@ -123,6 +123,7 @@ func TestLiveViewRedactsPasswords(t *testing.T) {
 		DatabaseURL: "postgres://orders:pg-secret@db:5432/orders",
 		AMQPURL:     "amqp://guest:mq-secret@mq:5672/",
 		MongoURI:    "mongodb://shipping:mongo-secret@mongo:27017/shipping?authSource=admin",
+		JaegerUI:    "http://127.0.0.1:16686",
 		UIAddr:      "127.0.0.1:8090", OrdersAddr: "o:1", ShippingAddr: "s:1",
 	}
 	p := newPageView(t, cfg)
@@ -140,6 +141,9 @@ func TestLiveViewRedactsPasswords(t *testing.T) {
 			t.Errorf("%s does not show MongoDB's redacted URI", what)
 		}
 	}
+	if !strings.Contains(rec.Body.String(), "http://127.0.0.1:16686") {
+		t.Error("the page does not say where Jaeger is")
+	}
 }
 
 func TestRedacted(t *testing.T) {
@@ -156,6 +160,24 @@ func TestRedacted(t *testing.T) {
 	} {
 		if got := redacted(raw); got != want {
 			t.Errorf("redacted(%q) = %q, want %q", raw, got, want)
+		}
+	}
+}
+
+func TestTraceID(t *testing.T) {
+	for tp, want := range map[string]string{
+		"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01":        "4bf92f3577b34da6a3ce929d0e0e4736",
+		"01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00-future": "4bf92f3577b34da6a3ce929d0e0e4736",
+		"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-x":      "",
+		"00-00000000000000000000000000000000-00f067aa0ba902b7-01":        "",
+		"00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01":        "",
+		"00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01":        "",
+		"ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01":        "",
+		"00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01":         "",
+		"": "",
+	} {
+		if got := traceID(tp); got != want {
+			t.Errorf("traceID(%q) = %q, want %q", tp, got, want)
 		}
 	}
 }

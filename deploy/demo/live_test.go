@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +18,7 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+	"github.com/jackc/pgx/v5"
 )
 
 // chromiumPath finds the browser: CHROMIUM if set, else chromium on the PATH.
@@ -94,6 +97,26 @@ func (p page) run(what string, steps ...chromedp.Action[chromedp.Void]) {
 func (p page) click(action string) {
 	p.t.Helper()
 	p.run("click "+action, chromedp.Click(chromedp.CSS(`#action-`+action+` button`)))
+}
+
+// clickForOrder clicks a button that places an order and waits until the
+// journey follows that new order; it returns the order's id.
+func (p page) clickForOrder(action string) string {
+	p.t.Helper()
+	before := p.followed()
+	p.click(action)
+	var id string
+	p.waitUntil("the journey following the order "+action+" placed", func() bool {
+		id = p.followed()
+		return id != "" && id != before && strings.Contains(p.eval(`document.getElementById("journey-head").textContent`), id)
+	})
+	return id
+}
+
+// followed is the id of the order the journey follows.
+func (p page) followed() string {
+	p.t.Helper()
+	return p.eval(`document.getElementById("follow-id").value`)
 }
 
 // eval returns a JavaScript expression's string value.
@@ -301,14 +324,33 @@ func state(t *testing.T, base string) snapshot {
 	return s
 }
 
-// The live view in a real browser, on the real system: an order placed with
-// a click reaches "applied once"; with both relays stopped from the page,
-// the next order stays pending (1) with a growing oldest age while the API
-// still takes it; a message id selected in the journey stays selected while
-// its row updates; started again, the relays drain the outbox, and the
-// applied count matches the orders placed. axe-core finds no serious or
-// critical violation, and the page's script never fails.
-// LIVE_VIEW_SCREENSHOT=path also saves a screenshot of the window there.
+func processByName(s snapshot, name string) processView {
+	for _, p := range s.Processes {
+		if p.Name == name {
+			return p
+		}
+	}
+	return processView{}
+}
+
+// The live view in a real browser, on the real system, with tracing on:
+//
+//  1. an order placed with a click reaches "applied once", and its journey
+//     shows the trace id stored with its event, linked to JAEGER_UI;
+//  2. with both relays stopped from the page, the next order stays pending
+//     with a growing oldest age while the API still takes it; a message id
+//     selected in the journey stays selected while its row updates and the
+//     relays, started again, drain the outbox;
+//  3. a page on another origin that posts "stop both relays" is refused and
+//     stops nothing;
+//  4. the crash buttons kill relay-1 between its publish and its mark, then
+//     shipping between its effect and its ack: each order is delivered
+//     twice, the duplicate is absorbed, and applied = orders created;
+//  5. axe-core finds no serious or critical violation, and the page's
+//     script never fails.
+//
+// LIVE_VIEW_SCREENSHOT=path also saves a screenshot of the window there
+// after the relay crash (docs/demo-live.png was taken so).
 func TestLiveViewInABrowser(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs every service and a browser")
@@ -316,6 +358,17 @@ func TestLiveViewInABrowser(t *testing.T) {
 	chromium := chromiumPath(t)
 	dbURL := demoDatabase(t)
 	amqpURL := demoVhost(t)
+	// The processes inherit the test's environment. Tracing on, exported
+	// to a sink of the test's own (its spans are not looked at: the
+	// journey reads the trace context stored with each event).
+	sink := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+	}))
+	t.Cleanup(sink.Close)
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", sink.URL)
+	// A relay killed between publish and mark holds its row until its lease
+	// ends (30 s by default): a shorter lease keeps the test short.
+	t.Setenv("RELAY_LEASE", "9s")
 	start := time.Now()
 	ctx := browser(t, chromium)
 	t.Logf("browser started: %s", time.Since(start).Round(time.Millisecond))
@@ -325,7 +378,8 @@ func TestLiveViewInABrowser(t *testing.T) {
 	orders, shipping, relay, relay2, ui, mongo := freePort(t), freePort(t), freePort(t), freePort(t), freePort(t), freePort(t)
 	args := []string{"-bin", bin, "-state", state0, "-orders-addr", orders, "-shipping-addr", shipping,
 		"-relay-addr", relay, "-relay2-addr", relay2, "-ui-addr", ui}
-	env := map[string]string{"DATABASE_URL": dbURL, "AMQP_URL": amqpURL, "MONGO_URI": "mongodb://" + mongo + "/shipping"}
+	const jaeger = "http://jaeger.test:16686"
+	env := map[string]string{"DATABASE_URL": dbURL, "AMQP_URL": amqpURL, "MONGO_URI": "mongodb://" + mongo + "/shipping", "JAEGER_UI": jaeger}
 	d := startDemo(t, args, env)
 	t.Logf("demo up: %s", time.Since(start).Round(time.Millisecond))
 	base := "http://" + ui
@@ -335,8 +389,8 @@ func TestLiveViewInABrowser(t *testing.T) {
 	p.run("open the live view", chromedp.Navigate(base+"/"), chromedp.WaitVisible(chromedp.ID("stage-created")))
 	p.waitUntil("the first reading", func() bool { return p.stage("created") == 0 && p.stage("applied") == 0 })
 
-	// 1. One order, from the page, all the way.
-	p.click("place-order")
+	// 1. One order, from the page, all the way, with its trace.
+	first := p.clickForOrder("place-order")
 	p.waitUntil("the order applied once", func() bool {
 		j := p.journey()
 		return strings.Contains(j, "order.created v1") && strings.Contains(j, "applied once") && strings.Contains(j, "delivered 1×")
@@ -344,6 +398,16 @@ func TestLiveViewInABrowser(t *testing.T) {
 	p.waitUntil("one order created and applied", func() bool {
 		return p.stage("created") == 1 && p.stage("applied") == 1 && p.stage("pending") == 0
 	})
+	stored := storedTraceID(t, dbURL, first)
+	if stored == "" {
+		t.Fatalf("order %s: its event carries no valid traceparent with tracing on", first)
+	}
+	if got := p.eval(`document.querySelector("#journey-rows .trace-id").textContent`); got != stored {
+		t.Errorf("the journey shows trace %q, the event carries %q", got, stored)
+	}
+	if got, want := p.eval(`document.querySelector("#journey-rows .trace a").href`), jaeger+"/trace/"+stored; got != want {
+		t.Errorf("the trace links to %q, want %q", got, want)
+	}
 	axeCheck(t, p, "an order applied")
 
 	// 2. No relay: the order is taken, its event waits.
@@ -352,7 +416,7 @@ func TestLiveViewInABrowser(t *testing.T) {
 		return p.eval(`document.getElementById("proc-relay-1").dataset.state`) == procStopped &&
 			p.eval(`document.getElementById("proc-relay-2").dataset.state`) == procStopped
 	})
-	p.click("place-order")
+	p.clickForOrder("place-order")
 	p.waitUntil("the second order created, its event pending", func() bool {
 		return p.stage("created") == 2 && p.stage("pending") == 1 && p.oldestAge() > 0 && strings.Contains(p.journey(), "not applied yet")
 	})
@@ -364,7 +428,6 @@ func TestLiveViewInABrowser(t *testing.T) {
 	if j := p.journey(); !strings.Contains(j, "pending") || !strings.Contains(j, "not applied yet") {
 		t.Fatalf("the journey of the held order does not say it waits:\n%s", j)
 	}
-
 	// Select the waiting event's message id, as a reader about to copy it.
 	msgID := p.eval(`(() => {
 		const el = document.querySelector("#journey-rows .message-id");
@@ -392,10 +455,72 @@ func TestLiveViewInABrowser(t *testing.T) {
 		t.Errorf("duplicates absorbed = %d after a clean run, want 0", n)
 	}
 
-	p.screenshot(artifactPath("demo-live-view.png"), false)
+	// 3. A page elsewhere posts "stop both relays" to the live view, as a
+	// form does (no script needed, no CORS preflight): refused, nothing
+	// stopped.
+	before := state(t, base)
+	attacker := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintf(w, `<!doctype html><html lang="en"><title>elsewhere</title>`+
+			`<form method="post" action="%s/api/actions/stop-relays"></form><script>document.forms[0].submit()</script></html>`, base)
+	}))
+	t.Cleanup(attacker.Close)
+	au, _ := url.Parse(attacker.URL)
+	p.run("open a page on another site", chromedp.Navigate("http://localhost:"+au.Port()+"/"))
+	p.waitUntil("the form's answer", func() bool { return p.eval(`location.href`) == base+"/api/actions/stop-relays" })
+	if body := p.eval(`document.body.innerText`); !strings.Contains(body, `"cross_origin"`) {
+		t.Errorf("the cross-site form's answer: %s, want the cross_origin error", body)
+	}
+	// A reading begun after the answer.
+	answered := time.Now()
+	after := state(t, base)
+	p.waitUntil("a reading after the form's answer", func() bool {
+		after = state(t, base)
+		return after.At.After(answered)
+	})
+	for _, name := range []string{"relay-1", "relay-2"} {
+		b, a := processByName(before, name), processByName(after, name)
+		if a.State != procRunning || a.PID != b.PID {
+			t.Errorf("%s after the cross-site form: %s pid %d, before: %s pid %d", name, a.State, a.PID, b.State, b.PID)
+		}
+	}
+	if !strings.Contains(d.out.String(), "refused a cross-origin POST /api/actions/stop-relays") {
+		t.Error("the demo's terminal does not say it refused the cross-site form")
+	}
+	p.run("back to the live view", chromedp.Navigate(base+"/?order="+first), chromedp.WaitVisible(chromedp.ID("stage-created")))
+	p.waitUntil("the reading after the way back", func() bool { return p.stage("applied") == 2 && strings.Contains(p.journey(), "applied once") })
+
+	// 4a. Relay-1 dies after RabbitMQ confirmed its publish, before it marks
+	// the row: the row is published again when the lease ends, delivered a
+	// second time, and the inbox absorbs it.
+	p.clickForOrder("crash-relay")
+	p.waitUntil("the relay crash's order delivered twice, applied once", func() bool {
+		j := p.journey()
+		return strings.Contains(j, "delivered 2×") && strings.Contains(j, "duplicate (inbox)") && strings.Contains(j, "applied once") &&
+			strings.Contains(j, "published ")
+	})
+	p.waitUntil("the duplicate counted", func() bool { return p.stage("duplicates") >= 1 })
 	if path := os.Getenv("LIVE_VIEW_SCREENSHOT"); path != "" {
 		p.screenshot(path, true)
 	}
+	axeCheck(t, p, "after the relay crash")
+	p.run("start relay-2", chromedp.Click(chromedp.CSS(`#proc-relay-2 button[data-action="start"]`)))
+	p.waitUntil("relay-2 up again", func() bool {
+		return p.eval(`document.getElementById("proc-relay-2").dataset.state`) == procRunning
+	})
+
+	// 4b. Shipping dies after its effect, before its ack: RabbitMQ delivers
+	// the message again to the restarted shipping, which recognises it.
+	p.clickForOrder("crash-shipping")
+	p.waitUntil("the shipping crash's order delivered twice, applied once", func() bool {
+		j := p.journey()
+		return strings.Contains(j, "delivered 2×") && strings.Contains(j, "duplicate (") && strings.Contains(j, "applied once") &&
+			!strings.Contains(j, "times!")
+	})
+	p.waitUntil("applied = created = published, nothing pending, both duplicates counted", func() bool {
+		return p.stage("created") == 4 && p.stage("applied") == 4 && p.stage("published") == 4 && p.stage("pending") == 0 &&
+			p.stage("duplicates") >= 2
+	})
+	p.screenshot(artifactPath("demo-live-view.png"), false)
 	js.check()
 
 	// The page's API refuses what it does not know, with JSON errors.
@@ -427,4 +552,26 @@ func TestLiveViewInABrowser(t *testing.T) {
 		}
 	}
 	d.stop(t)
+}
+
+// storedTraceID is the trace id of the traceparent stored with the order's
+// order.created event, read from the outbox's published rows.
+func storedTraceID(t *testing.T, dbURL, orderID string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var tp *string
+	if err := conn.QueryRow(ctx, `SELECT headers->>'traceparent' FROM outbox_published
+		WHERE aggregate_type = 'order' AND aggregate_id = $1 AND event_type = 'order.created'`, orderID).Scan(&tp); err != nil {
+		t.Fatalf("the published row of order %s: %v", orderID, err)
+	}
+	if tp == nil {
+		return ""
+	}
+	return traceID(*tp)
 }

@@ -188,8 +188,8 @@ function setCell(td, text, cls) {
   setClassName(td, "step " + cls);
 }
 
-// newEventRow builds an event's row; what does not change (its type and
-// message id) is written once.
+// newEventRow builds an event's row; what does not change (its type, message
+// id and trace) is written once.
 function newEventRow(e) {
   const tr = document.createElement("tr");
   tr.id = "event-" + e.message_id;
@@ -203,6 +203,26 @@ function newEventRow(e) {
   id.textContent = e.message_id;
   msg.append("message ", id);
   first.append(msg);
+  const trace = document.createElement("div");
+  trace.className = "small trace";
+  if (e.trace_id) {
+    const code = document.createElement("code");
+    code.className = "trace-id";
+    code.textContent = e.trace_id;
+    if (e.trace_url) {
+      const a = document.createElement("a");
+      a.href = e.trace_url;
+      a.target = "_blank";
+      a.rel = "noopener";
+      a.append(code);
+      trace.append("trace ", a, " (Jaeger)");
+    } else {
+      trace.append("trace ", code);
+    }
+  } else {
+    trace.append("no trace id (the event carries no traceparent: tracing is off)");
+  }
+  first.append(trace);
   for (let i = 0; i < 4; i++) cell(tr);
   return tr;
 }
