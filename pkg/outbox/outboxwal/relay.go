@@ -157,7 +157,7 @@ func (r *Relay) Run(ctx context.Context) error {
 					slog.String("slot", r.cfg.Slot), slog.String("detail", pgErr.Message))
 			}
 			waiting = true
-			retry.Sleep(ctx, r.cfg.TakeoverInterval)
+			r.awaitSlot(ctx)
 			continue
 		}
 		waiting = false
@@ -172,6 +172,23 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	r.log.InfoContext(context.WithoutCancel(ctx), "outbox WAL relay stopped")
 	return nil
+}
+
+// awaitSlot returns once the slot is free (or missing, or its state cannot
+// be read), looking every TakeoverInterval through the pool: a waiting relay
+// opens no replication connection (a WAL sender process on the server) until
+// it has a chance to take the slot.
+func (r *Relay) awaitSlot(ctx context.Context) {
+	for {
+		retry.Sleep(ctx, r.cfg.TakeoverInterval)
+		if ctx.Err() != nil {
+			return
+		}
+		s, err := Slot(ctx, r.pool, r.cfg.Slot)
+		if err != nil || !s.Active {
+			return
+		}
+	}
 }
 
 // replicationConfig is pool's connection configuration for a replication

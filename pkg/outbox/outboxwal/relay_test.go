@@ -3,7 +3,10 @@ package outboxwal_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -12,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/pkg/outbox/internal/outboxtest"
 	"github.com/outbox-inbox/reference/pkg/outbox/outboxwal"
 )
 
@@ -482,4 +486,37 @@ func TestRelayVacuumsTheOutboxAfterSweeps(t *testing.T) {
 			`SELECT coalesce(vacuum_count, 0) FROM pg_stat_user_tables WHERE relid = 'outbox'::regclass`).Scan(&n)
 		return n > 0, err
 	})
+}
+
+// A relay waiting for the slot looks at the slot through its pool; it opens
+// a replication connection (a WAL sender process on the server) only when
+// the slot is free. It used to open one every TakeoverInterval.
+func TestWaitingRelayOpensNoReplicationConnectionWhileTheSlotIsBusy(t *testing.T) {
+	ctx := context.Background()
+	pool := walPool(t)
+	cfg := walConfig(t, pool)
+	active, _ := startWAL(t, pool, &gatePublisher{}, cfg)
+	waitActive(t, active)
+
+	pc := pool.Config().Copy()
+	proxy := outboxtest.NewTCPProxy(t, fmt.Sprintf("%s:%d", pc.ConnConfig.Host, pc.ConnConfig.Port))
+	host, port, _ := strings.Cut(proxy.Addr(), ":")
+	pc.ConnConfig.Host = host
+	p, _ := strconv.Atoi(port)
+	pc.ConnConfig.Port = uint16(p)
+	waitingPool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(waitingPool.Close)
+	logs := &logRecorder{}
+	wcfg := cfg
+	wcfg.Logger = slog.New(logs)
+	startWAL(t, waitingPool, &gatePublisher{}, wcfg)
+	waitFor(t, "the second relay waiting", 10*time.Second, func() (bool, error) { return logs.has("waiting to take over"), nil })
+	from := proxy.Accepted()
+	time.Sleep(20 * cfg.TakeoverInterval)
+	if n := proxy.Accepted() - from; n > 1 {
+		t.Fatalf("the waiting relay opened %d connections in %v", n, 20*cfg.TakeoverInterval)
+	}
 }

@@ -26,6 +26,7 @@ type Proxy struct {
 	amqpURL  string
 	upstream string
 	drop     atomic.Bool // swallow what the broker sends
+	accepted atomic.Int64
 
 	mu    sync.Mutex
 	addr  string       // the listening address, fixed by the first Start
@@ -79,6 +80,9 @@ func (p *Proxy) SetUpstream(upstream string) {
 	p.upstream = upstream
 }
 
+// Accepted counts the connections the proxy accepted since it was made.
+func (p *Proxy) Accepted() int64 { return p.accepted.Load() }
+
 // CutAll closes every open connection; the proxy keeps listening.
 func (p *Proxy) CutAll() {
 	p.mu.Lock()
@@ -129,6 +133,7 @@ func (p *Proxy) accept(ln net.Listener) {
 		if err != nil {
 			return // closed by Stop
 		}
+		p.accepted.Add(1)
 		p.mu.Lock()
 		upstream := p.upstream
 		p.mu.Unlock()
