@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"time"
 
 	"github.com/FerretDB/FerretDB/ferretdb"
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -112,4 +113,41 @@ func startFerretDB(ctx context.Context) (uri string, stop func(), err error) {
 		<-done
 		_ = os.RemoveAll(dir)
 	}, nil
+}
+
+// A loss audit reads the ids a consumer recorded as done, in byte order of
+// the ids, to compare them with what the producer committed.
+func ExampleInbox_Recorded() {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	uri, stop, err := startFerretDB(ctx)
+	if err != nil {
+		panic(err)
+	}
+	defer stop()
+	client, err := mongo.Connect(options.Client().ApplyURI(uri))
+	if err != nil {
+		panic(err)
+	}
+	defer client.Disconnect(ctx)
+
+	in, err := inbox.New(client.Database("example"), inbox.Config{Consumer: "shipping"})
+	if err != nil {
+		panic(err)
+	}
+	for _, id := range []string{"9", "10", "11"} {
+		if _, err := in.Process(ctx, id, func(context.Context) error { return nil }); err != nil {
+			panic(err)
+		}
+	}
+	for m, err := range in.Recorded(ctx, time.Time{}, 0) {
+		if err != nil {
+			panic(err)
+		}
+		fmt.Println(m.MessageID)
+	}
+	// Output:
+	// 10
+	// 11
+	// 9
 }
