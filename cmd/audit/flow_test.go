@@ -234,21 +234,8 @@ func startShipping(t *testing.T, bin string, args []string, env ...string) strin
 		t.Fatal(err)
 	}
 	var logs safeBuffer
-	addr, done := make(chan string, 1), make(chan error, 1)
-	go func() {
-		lines := bufio.NewScanner(out)
-		for lines.Scan() {
-			logs.write(lines.Text() + "\n")
-			var rec struct {
-				Msg      string `json:"msg"`
-				HTTPAddr string `json:"http_addr"`
-			}
-			if json.Unmarshal(lines.Bytes(), &rec) == nil && rec.Msg == "listening" {
-				addr <- rec.HTTPAddr
-			}
-		}
-		done <- cmd.Wait()
-	}()
+	done := make(chan error, 1)
+	addr := listening(out, &logs, "http_addr", func() { done <- cmd.Wait() })
 	t.Cleanup(func() {
 		_ = cmd.Process.Signal(os.Interrupt)
 		select {
@@ -278,6 +265,26 @@ func startShipping(t *testing.T, bin string, args []string, env ...string) strin
 		return resp.StatusCode == http.StatusOK
 	})
 	return a
+}
+
+// listening reads JSON log lines from r into logs until r ends, then calls
+// end; the returned channel receives the address (the field key) of the
+// "listening" line.
+func listening(r io.Reader, logs *safeBuffer, key string, end func()) <-chan string {
+	addr := make(chan string, 1)
+	go func() {
+		lines := bufio.NewScanner(r)
+		for lines.Scan() {
+			logs.write(lines.Text() + "\n")
+			var rec map[string]any
+			if json.Unmarshal(lines.Bytes(), &rec) == nil && rec["msg"] == "listening" {
+				a, _ := rec[key].(string)
+				addr <- a
+			}
+		}
+		end()
+	}()
+	return addr
 }
 
 type safeBuffer struct {
@@ -552,21 +559,8 @@ func TestContinuousModeServesGauges(t *testing.T) {
 		done <- run(ctx, append(window, "-every", "1s", "-metrics-addr", "127.0.0.1:0"), func(k string) string { return env[k] }, w)
 		_ = w.Close()
 	}()
-	addr := make(chan string, 1)
 	var logs safeBuffer
-	go func() {
-		lines := bufio.NewScanner(r)
-		for lines.Scan() {
-			logs.write(lines.Text() + "\n")
-			var rec struct {
-				Msg  string `json:"msg"`
-				Addr string `json:"metrics_addr"`
-			}
-			if json.Unmarshal(lines.Bytes(), &rec) == nil && rec.Msg == "listening" {
-				addr <- rec.Addr
-			}
-		}
-	}()
+	addr := listening(r, &logs, "metrics_addr", func() {})
 	var a string
 	select {
 	case a = <-addr:
