@@ -7,7 +7,7 @@
 //	go run ./bench -quick              smaller sizes, to check the harness
 //
 // Figures: relay_drain, write_overhead, read_flat, e2e_latency, claim_flat,
-// status_scrape, inbox_throughput. See docs/benchmarks.md for what each
+// status_scrape, inbox_throughput, audit. See docs/benchmarks.md for what each
 // measures and the latest numbers.
 //
 // Every run works in resources of its own, removed at the end: one PostgreSQL
@@ -53,7 +53,7 @@ func main() {
 
 // figureOrder is the order figures run in: those that need the shipping
 // service and pkg/inbox last.
-var figureOrder = []string{"relay_drain", "relay_drain_wal", "write_overhead", "read_flat", "claim_flat", "status_scrape", "inbox_throughput", "e2e_latency", "e2e_latency_wal"}
+var figureOrder = []string{"relay_drain", "relay_drain_wal", "write_overhead", "read_flat", "claim_flat", "status_scrape", "inbox_throughput", "audit", "e2e_latency", "e2e_latency_wal"}
 
 // config holds the sizes of one run.
 type config struct {
@@ -77,6 +77,9 @@ type config struct {
 	// relayVacuumEvery is RelayConfig.VacuumEvery (0: auto, the service's).
 	relayVacuumEvery int
 
+	// auditEvents is how many events the audit figure audits.
+	auditEvents int
+
 	// readOrders and readBaseOrders are the table sizes read_flat compares,
 	// readRequests the GETs it times on each.
 	readOrders, readBaseOrders, readRequests int
@@ -99,6 +102,7 @@ func defaultConfig() config {
 		claimRate:     500,
 		inboxMessages: 1000,
 		inboxClients:  8,
+		auditEvents:   1_000_000,
 
 		readOrders:     1_000_000,
 		readBaseOrders: 1000,
@@ -121,6 +125,7 @@ func quickConfig() config {
 	c.claimChurn = 20_000
 	c.claimMeasure = 3 * time.Second
 	c.inboxMessages = 500
+	c.auditEvents = 20_000
 	return c
 }
 
@@ -225,6 +230,7 @@ func (b *bench) runFigures(ctx context.Context, selected []string, report *Repor
 		"claim_flat":       b.runClaimFlat,
 		"status_scrape":    b.runStatusScrape,
 		"inbox_throughput": b.runInboxThroughput,
+		"audit":            b.runAudit,
 		"e2e_latency":      b.runE2ELatency,
 		"e2e_latency_wal":  b.runE2ELatencyWAL,
 	}
