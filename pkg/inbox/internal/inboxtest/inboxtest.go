@@ -101,8 +101,21 @@ func (s suite) Run() int {
 // URI returns the connection string of the server Database uses.
 func URI(t testing.TB) string {
 	t.Helper()
+	uri, err := SharedURI()
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("inboxtest: %v (required under CI=true)", err)
+		}
+		t.Skipf("inboxtest: %v", err)
+	}
+	return uri
+}
+
+// SharedURI is URI for examples, which have no testing.TB: the embedded
+// FerretDB's error is returned instead of skipping.
+func SharedURI() (string, error) {
 	if uri := os.Getenv("TEST_MONGO_URI"); uri != "" {
-		return uri
+		return uri, nil
 	}
 	servers.mu.Lock()
 	defer servers.mu.Unlock()
@@ -110,12 +123,9 @@ func URI(t testing.TB) string {
 		servers.ferret, servers.ferretErr = startFerret()
 	}
 	if servers.ferretErr != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("inboxtest: embedded FerretDB did not start: %v (required under CI=true)", servers.ferretErr)
-		}
-		t.Skipf("inboxtest: embedded FerretDB did not start: %v", servers.ferretErr)
+		return "", fmt.Errorf("embedded FerretDB did not start: %w", servers.ferretErr)
 	}
-	return servers.ferret.uri
+	return servers.ferret.uri, nil
 }
 
 // Database returns a fresh database on TEST_MONGO_URI or the embedded
