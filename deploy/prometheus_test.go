@@ -141,6 +141,13 @@ func TestAlertRuleUnitTests(t *testing.T) {
 // alert that does not exist (promtool would pass it, finding none).
 func TestEveryAlertIsTestedAndHasARunbook(t *testing.T) {
 	t.Parallel()
+	everyAlertIsTestedAndHasARunbook(t, alertRules, ruleTests)
+}
+
+// everyAlertIsTestedAndHasARunbook checks the alerting rules in alertRules
+// against their unit tests in ruleTests.
+func everyAlertIsTestedAndHasARunbook(t *testing.T, alertRules, ruleTests string) {
+	t.Helper()
 	alerts := map[string]rule{}
 	for _, r := range readRules(t, alertRules) {
 		if r.Alert == "" {
@@ -166,7 +173,7 @@ func TestEveryAlertIsTestedAndHasARunbook(t *testing.T) {
 	if err := yaml.Unmarshal(raw, &tf); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"../rules/recording.yml", "../rules/alerts.yml"} {
+	for _, want := range []string{"../rules/recording.yml", "../" + strings.TrimPrefix(alertRules, promDir+"/")} {
 		if !slices.Contains(tf.RuleFiles, want) {
 			t.Errorf("%s does not load %s", ruleTests, want)
 		}
@@ -234,6 +241,13 @@ func markdownAnchors(doc string) map[string]bool {
 // fires and one where it always fires, and both must fail.
 func TestAlertRuleUnitTestsCatchBrokenAlerts(t *testing.T) {
 	t.Parallel()
+	brokenAlertsAreCaught(t, alertRules, ruleTests)
+}
+
+// brokenAlertsAreCaught checks that the unit tests in ruleTests catch
+// broken copies of each alert of alertRules.
+func brokenAlertsAreCaught(t *testing.T, alertRules, ruleTests string) {
+	t.Helper()
 	raw, err := os.ReadFile(alertRules)
 	if err != nil {
 		t.Fatal(err)

@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -584,6 +585,25 @@ func TestContinuousModeServesGauges(t *testing.T) {
 	for _, want := range []string{`audit_checked_events 1`, `audit_events{bucket="missing"} 0`, `audit_runs_total{result="not_whole"}`, `audit_last_success_timestamp_seconds`} {
 		if !strings.Contains(m, want) {
 			t.Errorf("/metrics lacks %q:\n%s", want, m)
+		}
+	}
+	// The alerts read only metrics the audit exports.
+	rules, err := os.ReadFile("../../deploy/prometheus/rules/audit.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, line := range strings.Split(string(rules), "\n") {
+		if strings.Contains(line, "expr:") {
+			names = append(names, regexp.MustCompile(`\baudit_[a-z_]+`).FindAllString(line, -1)...)
+		}
+	}
+	if len(names) == 0 {
+		t.Fatal("deploy/prometheus/rules/audit.yml names no audit_ metric")
+	}
+	for _, name := range names {
+		if !strings.Contains(m, "\n"+name+" ") && !strings.Contains(m, "\n"+name+"{") {
+			t.Errorf("rules/audit.yml reads %s, which /metrics does not export", name)
 		}
 	}
 	code, body := get("/report")
