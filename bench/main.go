@@ -2,7 +2,8 @@
 // against a baseline measured in the same run, prints them as a table and
 // writes them to a JSON file (BENCH_OUT, default bench-results.json).
 //
-//	go run ./bench                     every figure (6 to 10 minutes here)
+//	go run ./bench                     every figure (6 to 10 minutes here, and 10 to 25 more for
+//	                                   the audit figure, which writes a million inbox records on FerretDB)
 //	go run ./bench -only relay_drain   some figures, comma-separated
 //	go run ./bench -quick              smaller sizes, to check the harness
 //
@@ -20,6 +21,7 @@
 //	BENCH_REPS          repetitions of the throughput figures (default 3)
 //	BENCH_RELAY_BATCH_SIZE, BENCH_RELAY_WORKERS  relay tuning (default: the orders service's)
 //	BENCH_RELAY_VACUUM_EVERY  the relays' VacuumEvery (default 0, auto, the orders service's)
+//	BENCH_AUDIT_EVENTS  the events the audit figure audits (default 1,000,000)
 //	BENCH_KEEP=1        keep the PostgreSQL databases and vhosts for inspection
 package main
 
@@ -163,7 +165,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	for _, v := range []struct {
 		name string
 		dst  *int
-	}{{"BENCH_RELAY_BATCH_SIZE", &cfg.relayBatch}, {"BENCH_RELAY_WORKERS", &cfg.relayWorkers}} {
+	}{{"BENCH_RELAY_BATCH_SIZE", &cfg.relayBatch}, {"BENCH_RELAY_WORKERS", &cfg.relayWorkers}, {"BENCH_AUDIT_EVENTS", &cfg.auditEvents}} {
 		if s := getenv(v.name); s != "" {
 			n, err := strconv.Atoi(s)
 			if err != nil || n < 1 {
