@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/outbox-inbox/reference/pkg/outbox/internal/outboxtest"
 )
 
@@ -82,4 +84,46 @@ func TestNotVisibleUntilTheTransactionEnds(t *testing.T) {
 	if _, err := notVisible(ctx, pool, fence{server: "1/1"}, []*event{{tx: &txn{xid: xid + 1}}}); !errors.Is(err, errFenced) {
 		t.Fatalf("on another server: %v, want errFenced", err)
 	}
+}
+
+// BenchmarkVisibilityCheck compares what the relay asks PostgreSQL before a
+// batch (one snapshot) with the pg_locks scan it replaced, while 50 other
+// sessions are in transactions holding a few locks each (a busy server).
+// go test -run '^$' -bench VisibilityCheck ./pkg/outbox/outboxwal/
+func BenchmarkVisibilityCheck(b *testing.B) {
+	ctx := context.Background()
+	pool := outboxtest.Pool(b)
+	for i := range 50 {
+		conn, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig.Copy())
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = conn.Close(context.Background()) })
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, "SELECT txid_current(); LOCK TABLE outbox IN ACCESS SHARE MODE; SELECT count(*) FROM outbox_aggregates"); err != nil {
+			b.Fatal(err, i)
+		}
+	}
+	xids := []string{"1", "2", "3", "4", "5", "6", "7", "8"}
+	b.Run("snapshot", func(b *testing.B) {
+		for b.Loop() {
+			var text, server string
+			if err := pool.QueryRow(ctx, snapshotSQL).Scan(&text, &server); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("pg_locks", func(b *testing.B) {
+		for b.Loop() {
+			rows, err := pool.Query(ctx, `SELECT DISTINCT transactionid::text FROM pg_locks
+WHERE locktype = 'transactionid' AND transactionid::text = ANY($1::text[])`, xids)
+			if err != nil {
+				b.Fatal(err)
+			}
+			rows.Close()
+		}
+	})
 }
