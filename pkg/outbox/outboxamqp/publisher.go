@@ -473,13 +473,18 @@ func (p *Publisher) Close() error {
 	return nil
 }
 
+// HeaderCreatedAt carries the outbox row's creation time to the microsecond
+// (RFC 3339, UTC): the Timestamp property holds whole seconds only, too
+// coarse for a consumer that measures the time from commit to effect.
+const HeaderCreatedAt = "outbox_created_at"
+
 // Publishing returns the AMQP message the Publisher sends for e: persistent,
 // JSON, MessageId the outbox id, Type the event type, Timestamp the outbox
-// row's creation, and the headers aggregate_type, aggregate_id, event_type and
-// aggregate_version over e's own headers. Use it to publish an envelope by
+// row's creation, and the headers aggregate_type, aggregate_id, event_type,
+// aggregate_version and outbox_created_at over e's own headers. Use it to publish an envelope by
 // other means (a replay tool, a benchmark's baseline) in exactly the same form.
 func Publishing(e outbox.Envelope) amqp.Publishing {
-	h := make(amqp.Table, len(e.Headers)+4)
+	h := make(amqp.Table, len(e.Headers)+5)
 	for k, v := range e.Headers {
 		h[k] = v
 	}
@@ -488,6 +493,9 @@ func Publishing(e outbox.Envelope) amqp.Publishing {
 	h["aggregate_id"] = e.AggregateID
 	h["event_type"] = e.EventType
 	h["aggregate_version"] = e.AggregateVersion
+	if !e.CreatedAt.IsZero() {
+		h[HeaderCreatedAt] = e.CreatedAt.UTC().Format(time.RFC3339Nano)
+	}
 	return amqp.Publishing{
 		Headers:      h,
 		ContentType:  "application/json",
