@@ -6,15 +6,11 @@ import (
 )
 
 // The loss audit's alerts (rules/audit.yml, for cmd/audit -every) get the
-// checks of the other alerts: promtool loads them through prometheus.yml,
-// their unit tests pass and catch broken copies, each has a case where it
-// fires and one where it stays quiet, and a runbook section. The names of
-// the metrics they read are checked against the audit's /metrics by
-// cmd/audit's tests.
-const (
-	auditRules     = "prometheus/rules/audit.yml"
-	auditRuleTests = "prometheus/tests/audit_test.yml"
-)
+// checks of the other alerts, as a rule set of their own (ruleSets): their
+// unit tests pass and catch broken copies, each has a case where it fires
+// and one where it stays quiet, and a runbook section. Here: promtool loads
+// them through prometheus.yml. The names of the metrics they read are
+// checked against the audit's /metrics by cmd/audit's tests.
 
 func TestAuditAlertRulesAreLoadedAndTested(t *testing.T) {
 	t.Parallel()
@@ -29,10 +25,7 @@ func TestAuditAlertRulesAreLoadedAndTested(t *testing.T) {
 	if err != nil || !strings.Contains(out, "SUCCESS") {
 		t.Fatalf("promtool test rules: %v\n%s", err, out)
 	}
-	everyAlertIsTestedAndHasARunbook(t, auditRules, auditRuleTests)
-}
-
-func TestAuditAlertRuleUnitTestsCatchBrokenAlerts(t *testing.T) {
-	t.Parallel()
-	brokenAlertsAreCaught(t, auditRules, auditRuleTests)
+	if sets := ruleSets(t); len(sets["prometheus/rules/audit.yml"]) == 0 {
+		t.Errorf("no unit test loads rules/audit.yml: %v", sets)
+	}
 }
