@@ -269,6 +269,7 @@ func (p *Publisher) dial(ctx context.Context) (*session, error) {
 		p.next = (p.next + 1) % len(p.urls)
 		s, err := p.dialNode(ctx, i)
 		if err == nil {
+			s.node = p.nodes[i]
 			if len(p.urls) > 1 {
 				p.log.InfoContext(ctx, "outboxamqp: connected", slog.String("node", p.nodes[i]))
 			}
@@ -350,6 +351,19 @@ func ParseURLs(s string) ([]string, error) {
 // returns one error per message: nil only for a message the broker confirmed
 // and did not return. See outbox.Publisher.
 func (p *Publisher) PublishBatch(ctx context.Context, msgs []outbox.Envelope) []error {
+	return p.PublishBatchTimed(ctx, msgs, nil)
+}
+
+// PublishBatchTimed is PublishBatch that also sets confirmed[i] (when
+// confirmed is not nil) to the time message i's confirm, positive or not,
+// was seen, and leaves it zero when none was: a tracing decorator ends each
+// message's span then (outboxotel.ConfirmTimer). Confirms are awaited in
+// publish order, so one that arrives before an earlier message's is seen
+// with it; RabbitMQ confirms mostly in order on a channel.
+func (p *Publisher) PublishBatchTimed(ctx context.Context, msgs []outbox.Envelope, confirmed []time.Time) []error {
+	if len(confirmed) != len(msgs) {
+		confirmed = nil
+	}
 	errs := make([]error, len(msgs))
 	s := p.sess.Load()
 	if s == nil || s.isDead() {
@@ -375,6 +389,9 @@ func (p *Publisher) PublishBatch(ctx context.Context, msgs []outbox.Envelope) []
 		}
 		select {
 		case <-f.dc.Done():
+			if confirmed != nil {
+				confirmed[i] = time.Now()
+			}
 		case <-ctx.Done():
 		}
 	}
@@ -455,6 +472,22 @@ func (p *Publisher) Exchange() string { return p.cfg.Exchange }
 // RoutingKey returns the routing key e is published with (Config.RoutingKey,
 // by default its event type).
 func (p *Publisher) RoutingKey(e outbox.Envelope) string { return p.cfg.RoutingKey(e) }
+
+// Node returns the host and port of the broker node the publisher is
+// connected to, or "" and 0 when it is not, e.g. for a tracing decorator's
+// server.address and server.port (outboxotel.Server).
+func (p *Publisher) Node() (host string, port int) {
+	s := p.sess.Load()
+	if s == nil || s.isDead() {
+		return "", 0
+	}
+	host, ps, err := net.SplitHostPort(s.node)
+	if err != nil {
+		return "", 0
+	}
+	port, _ = strconv.Atoi(ps)
+	return host, port
+}
 
 // Close closes the connection. Later WaitReady calls return ErrClosed. Batches
 // in flight get their confirms reported as failed.
