@@ -43,12 +43,7 @@ func TestComposeAlertmanagerRoutesBySeverity(t *testing.T) {
 	p := load(t, nil)
 	am := service(t, p, "alertmanager")
 	mounts := bindMounts(t, am)
-	var configPath string
-	for _, arg := range am.Command {
-		if v, ok := strings.CutPrefix(arg, "--config.file="); ok {
-			configPath = v
-		}
-	}
+	configPath := flagValue(am.Command, "--config.file")
 	if h := hostPath(mounts, configPath); !sameFile(t, h, alertmanagerConfig) {
 		t.Fatalf("alertmanager reads %q, mounted from %q, want deploy/%s", configPath, h, alertmanagerConfig)
 	}

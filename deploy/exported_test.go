@@ -1,14 +1,12 @@
 package deploy_test
 
 import (
-	"bufio"
 	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
 	"net"
-	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
@@ -439,19 +437,8 @@ func scrapeNames(t *testing.T, u string, want ...string) map[string]bool {
 }
 
 func scrape(u string) (map[string]bool, error) {
-	resp, err := http.Get(u)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("%s: %s", u, resp.Status)
-	}
 	names := map[string]bool{}
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
+	err := scrapeLines(u, func(line string) error {
 		if f := strings.Fields(line); len(f) == 4 && f[0] == "#" && f[1] == "TYPE" {
 			names[f[2]] = true
 			if f[3] == "histogram" || f[3] == "summary" {
@@ -460,16 +447,17 @@ func scrape(u string) (map[string]bool, error) {
 					names[f[2]+"_bucket"] = true
 				}
 			}
-			continue
+			return nil
 		}
 		if line == "" || strings.HasPrefix(line, "#") {
-			continue
+			return nil
 		}
 		if i := strings.IndexAny(line, "{ "); i > 0 {
 			names[line[:i]] = true
 		}
-	}
-	return names, sc.Err()
+		return nil
+	})
+	return names, err
 }
 
 // startProcess runs a service binary until the test ends, then stops it

@@ -59,6 +59,18 @@ func sameFile(t *testing.T, a, b string) bool {
 	return errA == nil && errB == nil && os.SameFile(sa, sb)
 }
 
+// flagValue returns the value of a --name=value argument of a service's
+// command, or "".
+func flagValue(command types.ShellCommand, name string) string {
+	var v string
+	for _, arg := range command {
+		if rest, ok := strings.CutPrefix(arg, name+"="); ok {
+			v = rest
+		}
+	}
+	return v
+}
+
 // httpAddrPort returns the port a service's HTTP_ADDR listens on.
 func httpAddrPort(t *testing.T, s types.ServiceConfig) string {
 	t.Helper()
@@ -137,12 +149,7 @@ func TestComposePrometheusScrapesEveryService(t *testing.T) {
 	prom := service(t, p, "prometheus")
 	mounts := bindMounts(t, prom)
 
-	var configPath string
-	for _, arg := range prom.Command {
-		if v, ok := strings.CutPrefix(arg, "--config.file="); ok {
-			configPath = v
-		}
-	}
+	configPath := flagValue(prom.Command, "--config.file")
 	if configPath == "" {
 		t.Fatalf("prometheus command %v: want --config.file=...", prom.Command)
 	}

@@ -64,33 +64,44 @@ var (
 
 // scrapeSamples returns the samples of a /metrics endpoint.
 func scrapeSamples(u string) ([]sample, error) {
-	resp, err := http.Get(u)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("%s: %s", u, resp.Status)
-	}
 	var out []sample
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		m := sampleLine.FindStringSubmatch(sc.Text())
+	err := scrapeLines(u, func(line string) error {
+		m := sampleLine.FindStringSubmatch(line)
 		if m == nil {
-			continue
+			return nil
 		}
 		v, err := strconv.ParseFloat(m[3], 64)
 		if err != nil {
-			return nil, fmt.Errorf("%q: %w", sc.Text(), err)
+			return fmt.Errorf("%q: %w", line, err)
 		}
 		s := sample{name: m[1], labels: map[string]string{}, value: v}
 		for _, l := range labelPair.FindAllStringSubmatch(m[2], -1) {
 			s.labels[l[1]] = l[2]
 		}
 		out = append(out, s)
+		return nil
+	})
+	return out, err
+}
+
+// scrapeLines calls each with every line of a /metrics endpoint's answer.
+func scrapeLines(u string, each func(string) error) error {
+	resp, err := http.Get(u)
+	if err != nil {
+		return err
 	}
-	return out, sc.Err()
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: %s", u, resp.Status)
+	}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		if err := each(sc.Text()); err != nil {
+			return err
+		}
+	}
+	return sc.Err()
 }
 
 // slotState is what the exporter says of one replication slot.

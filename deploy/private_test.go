@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-inbox/reference/internal/rabbitnode"
 )
 
 // serverProc runs a server binary as a child of the test, as user cred
@@ -152,18 +154,14 @@ func privatePostgres(t *testing.T, settings ...string) (binDir, dbURL string) {
 	}
 }
 
-// rabbitServer is the broker's start script. RUNNING_UNDER_SYSTEMD makes it
-// exec the Erlang VM, so the child is the node itself.
-const rabbitServer = "/usr/lib/rabbitmq/bin/rabbitmq-server"
-
 // privateRabbitMQ starts a RabbitMQ node of the test's own, beside the
 // machine's broker, with the rabbitmq_prometheus plugin on (the machine's
 // broker has no plugins, and they are not changed there), and returns its
 // AMQP URL and the base URL of its Prometheus endpoint.
 func privateRabbitMQ(t *testing.T) (amqpURL, metricsURL string) {
 	t.Helper()
-	if _, err := os.Stat(rabbitServer); err != nil {
-		skipOrFail(t, "no RabbitMQ server (%s): %v", rabbitServer, err)
+	if _, err := os.Stat(rabbitnode.Server); err != nil {
+		skipOrFail(t, "no RabbitMQ server (%s): %v", rabbitnode.Server, err)
 	}
 	cred := systemUser(t, "rabbitmq")
 	dir := ownedTempDir(t, cred)
@@ -194,21 +192,7 @@ func privateRabbitMQ(t *testing.T) (amqpURL, metricsURL string) {
 		}
 	}
 	node := randomName("deploytest") + "@localhost"
-	serverProc(t, "rabbitmq "+node, cred, syscall.SIGTERM, []string{
-		"HOME=" + filepath.Join(dir, "home"),
-		"RABBITMQ_NODENAME=" + node,
-		"RABBITMQ_DIST_PORT=" + distPort,
-		"RABBITMQ_CONFIG_FILE=" + filepath.Join(dir, "rabbitmq.conf"),
-		"RABBITMQ_ADVANCED_CONFIG_FILE=" + filepath.Join(dir, "advanced.config"),
-		"RABBITMQ_ENABLED_PLUGINS_FILE=" + filepath.Join(dir, "enabled_plugins"),
-		"RABBITMQ_CONF_ENV_FILE=" + filepath.Join(dir, "rabbitmq-env.conf"),
-		"RABBITMQ_MNESIA_BASE=" + filepath.Join(dir, "data"),
-		"RABBITMQ_LOG_BASE=" + filepath.Join(dir, "log"),
-		"RABBITMQ_PID_FILE=" + filepath.Join(dir, "rabbit.pid"),
-		"ERL_EPMD_ADDRESS=127.0.0.1",
-		"ERL_CRASH_DUMP=" + filepath.Join(dir, "erl_crash.dump"),
-		"RUNNING_UNDER_SYSTEMD=true",
-	}, rabbitServer)
+	serverProc(t, "rabbitmq "+node, cred, syscall.SIGTERM, rabbitnode.Env(dir, node, distPort), rabbitnode.Server)
 	amqpURL = "amqp://guest:guest@" + amqpAddr + "/"
 	metricsURL = "http://" + promAddr
 	// The plugin starts once the broker runs: its endpoint answering means

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/outbox-inbox/reference/e2e/chaos"
+	"github.com/outbox-inbox/reference/internal/rabbitnode"
 )
 
 // rabbitCluster is a RabbitMQ cluster of the run's own: three nodes on this
@@ -41,10 +42,8 @@ type rabbitNode struct {
 	p    *proc
 }
 
-// rabbitServer is the broker's start script. RUNNING_UNDER_SYSTEMD makes it
-// exec the Erlang VM, so the supervised process is the node itself: SIGKILL
-// kills the node, SIGTERM stops it gracefully.
-const rabbitServer = "/usr/lib/rabbitmq/bin/rabbitmq-server"
+// rabbitServer is the broker's start script (rabbitnode.Server).
+const rabbitServer = rabbitnode.Server
 
 // rabbitClusterAvailable says why this machine cannot run a cluster of the
 // run's own, or nil.
@@ -165,22 +164,8 @@ func newRabbitNode(i int, prefix, dir, logDir string, cookie []byte, cred *sysca
 	p, err := newProc(procSpec{
 		name: chaos.NodeName(i),
 		bin:  rabbitServer,
-		env: []string{
-			"HOME=" + home,
-			"RABBITMQ_NODENAME=" + name,
-			"RABBITMQ_DIST_PORT=" + distPort,
-			"RABBITMQ_CONFIG_FILE=" + filepath.Join(ndir, "rabbitmq.conf"),
-			"RABBITMQ_ADVANCED_CONFIG_FILE=" + filepath.Join(ndir, "advanced.config"),
-			"RABBITMQ_ENABLED_PLUGINS_FILE=" + filepath.Join(ndir, "enabled_plugins"),
-			"RABBITMQ_CONF_ENV_FILE=" + filepath.Join(ndir, "rabbitmq-env.conf"),
-			"RABBITMQ_MNESIA_BASE=" + filepath.Join(ndir, "data"),
-			"RABBITMQ_LOG_BASE=" + filepath.Join(ndir, "log"),
-			"RABBITMQ_PID_FILE=" + filepath.Join(ndir, "rabbit.pid"),
-			"ERL_EPMD_ADDRESS=127.0.0.1",
-			"RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS=-kernel inet_dist_use_interface {127,0,0,1}",
-			"ERL_CRASH_DUMP=" + filepath.Join(ndir, "erl_crash.dump"),
-			"RUNNING_UNDER_SYSTEMD=true",
-		},
+		env: append(rabbitnode.Env(ndir, name, distPort),
+			"RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS=-kernel inet_dist_use_interface {127,0,0,1}"),
 		cred: cred,
 	}, logDir, onExit)
 	if err != nil {
