@@ -1,12 +1,18 @@
 package deploy_test
 
 import (
+	"encoding/json"
+	"fmt"
+	"maps"
+	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 const alertmanagerConfig = "alertmanager/alertmanager.yml"
@@ -101,4 +107,81 @@ func TestComposePostgresExporter(t *testing.T) {
 	if h := hostPath(bindMounts(t, ex), queries); !sameFile(t, h, exporterQueries) {
 		t.Errorf("postgres-exporter reads its queries from %s, mounted from %q, want deploy/%s", queries, h, exporterQueries)
 	}
+}
+
+// The real Alertmanager (Debian package prometheus-alertmanager), run with
+// the compose configuration, files a critical alert under oncall, a warning
+// under team and Watchdog under watchdog, as Prometheus would send them.
+func TestAlertmanagerFilesAlertsByReceiver(t *testing.T) {
+	t.Parallel()
+	bin, err := exec.LookPath("prometheus-alertmanager")
+	if err != nil {
+		if bin, err = exec.LookPath("alertmanager"); err != nil {
+			skipOrFail(t, "alertmanager not found: install the Debian package prometheus-alertmanager")
+		}
+	}
+	config, err := filepath.Abs(alertmanagerConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := freeAddr(t)
+	serverProc(t, "alertmanager", nil, syscall.SIGTERM, nil, bin, "--config.file="+config,
+		"--storage.path="+t.TempDir(), "--web.listen-address="+addr, "--cluster.listen-address=")
+	base := "http://" + addr + "/api/v2"
+
+	alerts := `[
+		{"labels": {"alertname": "OutboxStalled", "severity": "critical"}},
+		{"labels": {"alertname": "OutboxDeadLetters", "severity": "warning"}},
+		{"labels": {"alertname": "Watchdog", "severity": "none"}}
+	]`
+	want := map[string]string{"OutboxStalled": "oncall", "OutboxDeadLetters": "team", "Watchdog": "watchdog"}
+	deadline := time.Now().Add(time.Minute)
+	var last string
+	for {
+		got := map[string]string{}
+		resp, err := http.Post(base+"/alerts", "application/json", strings.NewReader(alerts))
+		if err == nil {
+			_ = resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				got, err = alertGroups(base)
+			} else {
+				err = fmt.Errorf("POST /alerts: %s", resp.Status)
+			}
+		}
+		if err == nil && maps.Equal(got, want) {
+			return
+		}
+		last = fmt.Sprintf("receivers %v, error %v", got, err)
+		if time.Now().After(deadline) {
+			t.Fatalf("Alertmanager never filed the alerts as %v: %s", want, last)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// alertGroups returns, per alert name, the receiver of its group.
+func alertGroups(base string) (map[string]string, error) {
+	resp, err := http.Get(base + "/alerts/groups")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	var groups []struct {
+		Receiver struct {
+			Name string `json:"name"`
+		} `json:"receiver"`
+		Alerts []struct {
+			Labels map[string]string `json:"labels"`
+		} `json:"alerts"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&groups); err != nil {
+		return nil, err
+	}
+	got := map[string]string{}
+	for _, g := range groups {
+		for _, a := range g.Alerts {
+			got[a.Labels["alertname"]] = g.Receiver.Name
+		}
+	}
+	return got, nil
 }
