@@ -51,14 +51,19 @@
 //
 // # Minimal use
 //
-// Create the tables once, with Migrate or by running Schema in your migration
-// tool, from a deployment step rather than at every process start: its DDL
-// takes a SHARE lock on outbox even when there is nothing to create, so while
-// any business transaction that wrote to the outbox is open, it waits, and every
-// writer queues behind it. A process that starts calls CheckSchema instead: it
-// reads the catalog only and fails with ErrSchemaMissing or ErrSchemaOutdated
-// (Schema records SchemaVersion as the comment of the outbox table). Then, in
-// the transaction that changes the business state:
+// Create the tables with Migrate, from a deployment step or at every start: on
+// an up-to-date schema it reads the catalog and locks nothing. A real upgrade
+// takes each table lock with a short lock_timeout, retrying with backoff while
+// business transactions hold the table (and logging which), and builds new
+// indexes CONCURRENTLY, so readers and writers are never queued behind it for
+// longer than that timeout (see MigrateWithConfig). Schema is the same SQL for
+// your own migration tool; run as is, it takes those locks without the
+// timeout. A process that starts can call CheckSchema instead: it reads the
+// catalog only and fails with ErrSchemaMissing or ErrSchemaOutdated, or with
+// ErrSchemaTooNew when a later version of this package migrated the database
+// and does not let this one run (Schema records its version, and the oldest
+// version that may run against it, as the comment of the outbox table).
+// Then, in the transaction that changes the business state:
 //
 //	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 //		if _, err := tx.Exec(ctx, "INSERT INTO orders ...", ...); err != nil {

@@ -13,3 +13,9 @@ func ClaimArgs(limit int, lease time.Duration) []any {
 
 // ClaimHandedOverSQL lets the external tests check the handed-over claim.
 var ClaimHandedOverSQL = claimHandedOverSQL
+
+// ParseSchema lets the external tests check what Migrate accepts.
+func ParseSchema(sql string) error {
+	_, err := parseSchema(sql)
+	return err
+}

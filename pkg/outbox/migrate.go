@@ -1,61 +1,59 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	_ "embed"
 	"errors"
 	"fmt"
+	"log/slog"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outbox-inbox/reference/pkg/outbox/internal/retry"
 )
 
-// Schema is the SQL that creates the outbox tables and indexes. It is idempotent.
-// Use it from your own migration tool if you do not want Migrate to run it. Its
-// last statement records SchemaVersion as the comment of the outbox table, which
-// CheckSchema reads.
+// Schema is the SQL that creates the outbox tables and indexes, at
+// SchemaVersion. Every statement is idempotent: give it to your own migration
+// tool if you do not want Migrate to run it. Its last statement records
+// SchemaVersion as the comment of the outbox table, which CheckSchema reads.
+//
+// Run as is on a live database, it locks the outbox table even when it
+// changes nothing (ADD COLUMN IF NOT EXISTS takes ACCESS EXCLUSIVE, CREATE
+// INDEX IF NOT EXISTS takes SHARE), queueing the table's readers and writers
+// behind any open transaction that touched it. Set a short lock_timeout in
+// the migration tool's session and retry, and build an index that a new
+// version adds to an existing table with CREATE INDEX CONCURRENTLY outside a
+// transaction: Migrate does all of this itself. Statements after a "-- since
+// schema N" line are what version N added.
 //
 //go:embed schema.sql
 var Schema string
 
-// migrateLockKey serialises concurrent Migrate calls: CREATE ... IF NOT EXISTS is
-// not safe against itself when two processes start at the same moment.
-const migrateLockKey int64 = 0x6f7574626f78 // "outbox"
-
-// TxBeginner is what Migrate needs: *pgxpool.Pool and *pgx.Conn both satisfy it.
-type TxBeginner interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
-}
-
-// Migrate creates the outbox tables and indexes in the database's current schema
-// (the connection's search_path) if they do not exist yet. It is safe to call from
-// several processes at once.
-func Migrate(ctx context.Context, db TxBeginner) error {
-	tx, err := db.Begin(ctx)
-	if err != nil {
-		return fmt.Errorf("outbox migrate: begin: %w", err)
-	}
-	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
-
-	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", migrateLockKey); err != nil {
-		return fmt.Errorf("outbox migrate: lock: %w", err)
-	}
-	if _, err := tx.Exec(ctx, Schema); err != nil {
-		return fmt.Errorf("outbox migrate: apply schema: %w", err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("outbox migrate: commit: %w", err)
-	}
-	return nil
-}
-
 // SchemaVersion is the version of Schema. It changes whenever Schema does, so
 // CheckSchema can tell a database that a previous version migrated.
-const SchemaVersion = 3
+const SchemaVersion = 4
 
-// schemaMarker is the comment Schema puts on the outbox table.
+// schemaOldestBinary is the oldest SchemaVersion of a binary that may run
+// against this schema, which the marker records: CheckSchema in a binary
+// built for an older version refuses to start. Keep it equal to the number in
+// schema.sql's marker.
+const schemaOldestBinary = 4
+
+// schemaMarker is the start of the comment Schema puts on the outbox table.
 const schemaMarker = "pkg/outbox schema "
+
+// markerRE reads the comment: the version, and the oldest binary's version
+// (absent from markers written by schema 3, which accepted any later binary).
+var markerRE = regexp.MustCompile(`^pkg/outbox schema (\d+)(?:; binaries of schema (\d+) or later)?$`)
 
 var (
 	// ErrSchemaMissing means the outbox table is not in the connection's
@@ -64,36 +62,614 @@ var (
 	// ErrSchemaOutdated means the outbox table was created by an earlier
 	// version of Schema: run Migrate (or Schema) again.
 	ErrSchemaOutdated = errors.New("outbox: schema outdated")
+	// ErrSchemaTooNew means the outbox schema was migrated by a later version
+	// of this package that older binaries must not run against (it would
+	// mishandle their rows, or they would mishandle its): upgrade the binary.
+	// Migrate changes nothing then.
+	ErrSchemaTooNew = errors.New("outbox: schema too new for this binary")
 )
 
-// CheckSchema reports whether the outbox tables are there, at SchemaVersion or
-// later, without changing anything: it reads the catalog only and takes no lock
-// on the tables, so it never waits for, nor makes anyone wait behind, a
-// transaction that writes to the outbox. (Migrate's CREATE INDEX IF NOT EXISTS
-// takes a SHARE lock on outbox even when the index exists: run Migrate from a
-// deployment step, and CheckSchema when a process starts.) It returns an error
-// wrapping ErrSchemaMissing or ErrSchemaOutdated, or the query's error.
-func CheckSchema(ctx context.Context, db DB) error {
+// migrateLockKey serialises the transactional steps of concurrent Migrate
+// calls: CREATE ... IF NOT EXISTS is not safe against itself when two
+// processes start at the same moment.
+const migrateLockKey int64 = 0x6f7574626f78 // "outbox"
+
+// DefaultMigrateLockTimeout is the default of MigrateConfig.LockTimeout.
+const DefaultMigrateLockTimeout = 100 * time.Millisecond
+
+// MigrateConfig configures MigrateWithConfig.
+type MigrateConfig struct {
+	// LockTimeout bounds each wait for a lock on an outbox table (the
+	// lock_timeout of each step's transaction). While a step waits for a
+	// lock, every later reader and writer of that table waits behind it, so
+	// the wait is kept short: when it times out, Migrate logs the sessions
+	// holding the table (pg_locks, pg_stat_activity) and tries again after a
+	// backoff (100ms doubling to 10s, with jitter), until ctx ends. Default
+	// DefaultMigrateLockTimeout (100ms).
+	LockTimeout time.Duration
+	// Logger receives what Migrate changes and what it waits for. Default
+	// slog.Default().
+	Logger *slog.Logger
+}
+
+// Migrate brings the outbox tables in the database's current schema (the
+// connection's search_path) to SchemaVersion, creating them if they do not
+// exist, with the defaults of MigrateConfig. See MigrateWithConfig.
+func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
+	return MigrateWithConfig(ctx, pool, MigrateConfig{})
+}
+
+// MigrateWithConfig brings the outbox tables to SchemaVersion, safely on a
+// live database and from several processes at once:
+//
+//   - It first reads the catalog, which locks no table: when the schema is up
+//     to date (every statement of Schema in effect, every index valid), it
+//     returns without taking any other lock, so it can run at every start.
+//   - Each missing column, table or setting is added in a transaction with
+//     a lock_timeout of cfg.LockTimeout, retried with backoff while the lock
+//     is held by others (who, it logs), until ctx ends.
+//   - Each missing index of a table that already exists is built with
+//     CREATE INDEX CONCURRENTLY, which lets readers and writers go on; an
+//     index left INVALID by an interrupted build (a cancelled or killed
+//     Migrate) is dropped concurrently and built again, and one that another
+//     process is building is waited for. Such a build waits for every
+//     transaction older than itself in the database to end; it logs them.
+//   - The version marker is written last, so a Migrate that stopped midway
+//     leaves a schema that CheckSchema still calls outdated, and the next
+//     Migrate finishes the work.
+//
+// A schema newer than SchemaVersion is left alone: Migrate returns nil if
+// this binary may run against it, and an error wrapping ErrSchemaTooNew
+// otherwise. It uses up to two of pool's connections at once.
+func MigrateWithConfig(ctx context.Context, pool *pgxpool.Pool, cfg MigrateConfig) error {
+	if cfg.LockTimeout < 0 {
+		return fmt.Errorf("outbox migrate: LockTimeout %v is negative", cfg.LockTimeout)
+	}
+	cfg.LockTimeout = cmp.Or(cfg.LockTimeout, DefaultMigrateLockTimeout)
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	stmts, err := schemaSteps()
+	if err != nil {
+		return fmt.Errorf("outbox migrate: %w", err)
+	}
+	m := &migrator{pool: pool, cfg: cfg, log: cfg.Logger, stmts: stmts, verbose: slog.LevelInfo}
+	if err := m.run(ctx); err != nil {
+		return fmt.Errorf("outbox migrate: %w", err)
+	}
+	return nil
+}
+
+// stmtKind is what a statement of schema.sql does, which tells how to find
+// out from the catalog whether it is in effect, and how to run it.
+type stmtKind int
+
+const (
+	kindTable   stmtKind = iota // CREATE TABLE IF NOT EXISTS
+	kindColumn                  // ALTER TABLE ... ADD COLUMN IF NOT EXISTS
+	kindOptions                 // ALTER TABLE ... SET (...)
+	kindIndex                   // CREATE [UNIQUE] INDEX IF NOT EXISTS
+	kindMarker                  // COMMENT ON TABLE outbox
+)
+
+// schemaStmt is one statement of schema.sql.
+type schemaStmt struct {
+	since   int // the schema version that introduced it
+	kind    stmtKind
+	sql     string
+	table   string   // the table it changes
+	name    string   // the column or index it adds
+	options []string // "name=value" for kindOptions
+}
+
+func (s schemaStmt) String() string {
+	switch s.kind {
+	case kindTable:
+		return "create table " + s.table
+	case kindColumn:
+		return "add column " + s.table + "." + s.name
+	case kindOptions:
+		return "set storage options of " + s.table
+	case kindIndex:
+		return "create index " + s.name + " on " + s.table
+	default:
+		return "record schema version " + strconv.Itoa(SchemaVersion)
+	}
+}
+
+var (
+	sinceRE   = regexp.MustCompile(`(?m)^-- since schema (\d+)$`)
+	tableRE   = regexp.MustCompile(`^CREATE TABLE IF NOT EXISTS (\w+) \(`)
+	columnRE  = regexp.MustCompile(`^ALTER TABLE (\w+) ADD COLUMN IF NOT EXISTS (\w+) `)
+	optionsRE = regexp.MustCompile(`^ALTER TABLE (\w+) SET \((.*)\);$`)
+	indexRE   = regexp.MustCompile(`^CREATE (?:UNIQUE )?INDEX IF NOT EXISTS (\w+) ON (\w+) `)
+	commentRE = regexp.MustCompile(`^COMMENT ON TABLE outbox IS '([^']*)';$`)
+	spacesRE  = regexp.MustCompile(`\s+`)
+)
+
+// schemaSteps is Schema cut into its statements, parsed once.
+var schemaSteps = sync.OnceValues(func() ([]schemaStmt, error) { return parseSchema(Schema) })
+
+// parseSchema cuts sql into statements (each ends with a semicolon at the end
+// of a line) and recognises each. Anything else is an error: Migrate could
+// not tell whether it is in effect without running it.
+func parseSchema(sql string) ([]schemaStmt, error) {
 	var (
-		found   bool
-		comment string
-		path    string
+		out   []schemaStmt
+		chunk strings.Builder
 	)
+	for line := range strings.Lines(sql) {
+		chunk.WriteString(line)
+		if !strings.HasSuffix(strings.TrimSpace(line), ";") || strings.HasPrefix(strings.TrimSpace(line), "--") {
+			continue
+		}
+		st, err := parseStmt(chunk.String())
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, st)
+		chunk.Reset()
+	}
+	if strings.TrimSpace(stripComments(chunk.String())) != "" {
+		return nil, fmt.Errorf("schema.sql ends with an unterminated statement: %.80q", chunk.String())
+	}
+	if len(out) == 0 || out[len(out)-1].kind != kindMarker {
+		return nil, errors.New("schema.sql does not end with its version marker")
+	}
+	return out, nil
+}
+
+func parseStmt(text string) (schemaStmt, error) {
+	st := schemaStmt{since: 1, sql: strings.TrimSpace(text)}
+	if m := sinceRE.FindStringSubmatch(text); m != nil {
+		st.since, _ = strconv.Atoi(m[1])
+	}
+	code := strings.TrimSpace(spacesRE.ReplaceAllString(stripComments(text), " "))
+	code = strings.ReplaceAll(strings.ReplaceAll(code, "( ", "("), " )", ")")
+	switch {
+	case tableRE.MatchString(code):
+		st.kind, st.table = kindTable, tableRE.FindStringSubmatch(code)[1]
+	case columnRE.MatchString(code):
+		m := columnRE.FindStringSubmatch(code)
+		st.kind, st.table, st.name = kindColumn, m[1], m[2]
+	case optionsRE.MatchString(code):
+		m := optionsRE.FindStringSubmatch(code)
+		st.kind, st.table = kindOptions, m[1]
+		for opt := range strings.SplitSeq(m[2], ",") {
+			k, v, ok := strings.Cut(opt, "=")
+			if !ok {
+				return st, fmt.Errorf("schema.sql: option %q of %s has no value", opt, st.table)
+			}
+			st.options = append(st.options, strings.TrimSpace(k)+"="+strings.TrimSpace(v))
+		}
+	case indexRE.MatchString(code):
+		m := indexRE.FindStringSubmatch(code)
+		st.kind, st.name, st.table = kindIndex, m[1], m[2]
+	case commentRE.MatchString(code):
+		st.kind, st.table, st.since = kindMarker, "outbox", SchemaVersion
+		want := fmt.Sprintf("%s%d; binaries of schema %d or later", schemaMarker, SchemaVersion, schemaOldestBinary)
+		if got := commentRE.FindStringSubmatch(code)[1]; got != want {
+			return st, fmt.Errorf("schema.sql's marker is %q, want %q (SchemaVersion and schemaOldestBinary)", got, want)
+		}
+	default:
+		return st, fmt.Errorf("schema.sql: Migrate cannot tell whether this statement is in effect: %.80q", code)
+	}
+	return st, nil
+}
+
+func stripComments(text string) string {
+	var b strings.Builder
+	for line := range strings.Lines(text) {
+		if i := strings.Index(line, "--"); i >= 0 {
+			line = line[:i] + "\n"
+		}
+		b.WriteString(line)
+	}
+	return b.String()
+}
+
+// schemaState is what the catalog says about the outbox table's version.
+type schemaState struct {
+	found   bool   // the outbox table is in the search_path
+	marked  bool   // its comment is a version marker
+	version int    // the marker's version
+	oldest  int    // the oldest binary's version the marker allows
+	comment string // the comment, for errors
+	path    string // the search_path, for errors
+}
+
+func readSchemaState(ctx context.Context, db DB) (schemaState, error) {
+	var s schemaState
 	err := db.QueryRow(ctx, `SELECT to_regclass('outbox') IS NOT NULL,
 		coalesce(obj_description(to_regclass('outbox'), 'pg_class'), ''),
-		current_setting('search_path')`).Scan(&found, &comment, &path)
+		current_setting('search_path')`).Scan(&s.found, &s.comment, &s.path)
+	if err != nil {
+		return s, err
+	}
+	if m := markerRE.FindStringSubmatch(s.comment); m != nil {
+		s.marked = true
+		s.version, _ = strconv.Atoi(m[1])
+		// A marker without the second number was written by schema 3 or
+		// earlier, which let any later binary run.
+		if m[2] != "" {
+			s.oldest, _ = strconv.Atoi(m[2])
+		}
+	}
+	return s, nil
+}
+
+// check is CheckSchema's verdict on s.
+func (s schemaState) check() error {
+	switch {
+	case !s.found:
+		return fmt.Errorf("%w: no outbox table in search_path %q (Migrate or Schema creates it)", ErrSchemaMissing, s.path)
+	case !s.marked:
+		return fmt.Errorf("%w: the outbox table has no schema version (comment %q), want %d (Migrate or Schema updates it)", ErrSchemaOutdated, s.comment, SchemaVersion)
+	case s.version < SchemaVersion:
+		return fmt.Errorf("%w: the outbox table is at schema version %d, want %d (Migrate or Schema updates it)", ErrSchemaOutdated, s.version, SchemaVersion)
+	case s.oldest > SchemaVersion:
+		return fmt.Errorf("%w: the outbox table is at schema version %d, which binaries built for schema %d must not use (it needs %d or later): deploy a newer binary",
+			ErrSchemaTooNew, s.version, SchemaVersion, s.oldest)
+	}
+	return nil
+}
+
+// CheckSchema reports whether the outbox tables are there, at a version this
+// binary can run against, without changing anything: it reads the catalog
+// only and takes no lock on the tables, so it never waits for, nor makes
+// anyone wait behind, a transaction that writes to the outbox. Call it when
+// a process starts. It returns an error wrapping ErrSchemaMissing or
+// ErrSchemaOutdated (run Migrate), ErrSchemaTooNew (a later version of this
+// package migrated the database and does not let this one run: upgrade the
+// binary), or the query's error.
+func CheckSchema(ctx context.Context, db DB) error {
+	s, err := readSchemaState(ctx, db)
 	if err != nil {
 		return fmt.Errorf("outbox check schema: %w", err)
 	}
-	if !found {
-		return fmt.Errorf("%w: no outbox table in search_path %q (Migrate or Schema creates it)", ErrSchemaMissing, path)
+	return s.check()
+}
+
+// migrator runs one Migrate.
+type migrator struct {
+	pool    *pgxpool.Pool
+	cfg     MigrateConfig
+	log     *slog.Logger
+	stmts   []schemaStmt
+	verbose slog.Level // of the per-step logs: Info, or Debug when creating everything
+}
+
+func (m *migrator) run(ctx context.Context) error {
+	state, err := readSchemaState(ctx, m.pool)
+	if err != nil {
+		return fmt.Errorf("read schema version: %w", err)
 	}
-	v, err := strconv.Atoi(strings.TrimPrefix(comment, schemaMarker))
-	if !strings.HasPrefix(comment, schemaMarker) || err != nil {
-		return fmt.Errorf("%w: the outbox table has no schema version (comment %q), want %d (Migrate or Schema updates it)", ErrSchemaOutdated, comment, SchemaVersion)
+	if state.marked && state.version > SchemaVersion {
+		if err := state.check(); err != nil {
+			return err
+		}
+		m.log.InfoContext(ctx, "outbox migrate: the schema is newer than this binary's; leaving it as it is",
+			slog.Int("schema_version", state.version), slog.Int("binary_schema_version", SchemaVersion))
+		return nil
 	}
-	if v < SchemaVersion {
-		return fmt.Errorf("%w: the outbox table is at schema version %d, want %d (Migrate or Schema updates it)", ErrSchemaOutdated, v, SchemaVersion)
+	applied, err := m.applied(ctx, m.pool, m.stmts)
+	if err != nil {
+		return err
 	}
+	var todo []schemaStmt
+	existed := map[string]bool{}
+	for i, st := range m.stmts {
+		if st.kind == kindTable && applied[i] {
+			existed[st.table] = true
+		}
+		if !applied[i] {
+			todo = append(todo, st)
+		}
+	}
+	if len(todo) == 0 {
+		return nil
+	}
+	if !state.found {
+		m.log.InfoContext(ctx, "outbox migrate: creating the outbox tables", slog.Int("schema_version", SchemaVersion))
+		m.verbose = slog.LevelDebug
+	} else {
+		m.log.InfoContext(ctx, "outbox migrate: bringing the schema to its current version",
+			slog.Int("from_version", state.version), slog.Int("to_version", SchemaVersion), slog.Int("steps", len(todo)))
+	}
+
+	// Consecutive statements run in one transaction; an index on a table
+	// that existed before this Migrate is built concurrently, on its own.
+	var group []schemaStmt
+	flush := func() error {
+		if len(group) == 0 {
+			return nil
+		}
+		err := m.inTx(ctx, group)
+		group = nil
+		return err
+	}
+	for _, st := range todo {
+		if st.kind == kindIndex && existed[st.table] {
+			if err := flush(); err != nil {
+				return err
+			}
+			if err := m.ensureIndex(ctx, st); err != nil {
+				return err
+			}
+			continue
+		}
+		group = append(group, st)
+	}
+	if err := flush(); err != nil {
+		return err
+	}
+	m.log.Log(ctx, m.verbose, "outbox migrate: schema up to date", slog.Int("schema_version", SchemaVersion))
 	return nil
+}
+
+// appliedSQL tells from the catalog alone whether a statement is in effect.
+// None of these reads locks the tables they look at.
+var appliedSQL = map[stmtKind]string{
+	kindTable: `SELECT to_regclass($1) IS NOT NULL`,
+	kindColumn: `SELECT EXISTS (SELECT 1 FROM pg_attribute
+		WHERE attrelid = to_regclass($1) AND attname = $2 AND attnum > 0 AND NOT attisdropped)`,
+	kindOptions: `SELECT coalesce((SELECT reloptions FROM pg_class WHERE oid = to_regclass($1)), '{}') @> $2::text[]`,
+	kindIndex:   `SELECT coalesce((` + indexStateSQL + `), 'missing') = 'valid'`,
+	kindMarker:  `SELECT coalesce(obj_description(to_regclass($1), 'pg_class'), '') = $2`,
+}
+
+// indexStateSQL says whether index $2 of table $1 is 'valid', 'building'
+// (INVALID while a build of it is in progress), 'invalid' (left by a build
+// that did not finish), or missing (NULL).
+const indexStateSQL = `
+SELECT CASE WHEN i.indisvalid THEN 'valid'
+            WHEN EXISTS (SELECT 1 FROM pg_stat_progress_create_index p WHERE p.index_relid = c.oid) THEN 'building'
+            ELSE 'invalid' END
+FROM pg_class c JOIN pg_index i ON i.indexrelid = c.oid
+WHERE c.relname = $2 AND i.indrelid = to_regclass($1)`
+
+func (st schemaStmt) appliedArgs() []any {
+	switch st.kind {
+	case kindColumn, kindIndex:
+		return []any{st.table, st.name}
+	case kindOptions:
+		return []any{st.table, st.options}
+	case kindMarker:
+		return []any{st.table, fmt.Sprintf("%s%d; binaries of schema %d or later", schemaMarker, SchemaVersion, schemaOldestBinary)}
+	default:
+		return []any{st.table}
+	}
+}
+
+// applied reads, in one round trip, which of stmts are in effect.
+func (m *migrator) applied(ctx context.Context, db interface {
+	SendBatch(context.Context, *pgx.Batch) pgx.BatchResults
+}, stmts []schemaStmt) ([]bool, error) {
+	b := &pgx.Batch{}
+	out := make([]bool, len(stmts))
+	for i, st := range stmts {
+		b.Queue(appliedSQL[st.kind], st.appliedArgs()...).QueryRow(func(row pgx.Row) error {
+			return row.Scan(&out[i])
+		})
+	}
+	if err := db.SendBatch(ctx, b).Close(); err != nil {
+		return nil, fmt.Errorf("read the catalog: %w", err)
+	}
+	return out, nil
+}
+
+// inTx runs the statements of stmts that are not in effect yet in one
+// transaction, under the migration lock and a lock_timeout, and retries with
+// backoff while a lock is not granted in time.
+func (m *migrator) inTx(ctx context.Context, stmts []schemaStmt) error {
+	for attempt := 1; ; attempt++ {
+		var waitingFor string // the table, or the migration lock, being locked
+		err := pgx.BeginFunc(ctx, m.pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, "SELECT set_config('lock_timeout', $1, true)",
+				strconv.FormatInt(m.cfg.LockTimeout.Milliseconds(), 10)+"ms"); err != nil {
+				return fmt.Errorf("set lock_timeout: %w", err)
+			}
+			waitingFor = ""
+			if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", migrateLockKey); err != nil {
+				return fmt.Errorf("take the migration lock: %w", err)
+			}
+			// Another Migrate may have applied some of them meanwhile.
+			applied, err := m.applied(ctx, tx, stmts)
+			if err != nil {
+				return err
+			}
+			for i, st := range stmts {
+				if applied[i] {
+					continue
+				}
+				waitingFor = st.table
+				if _, err := tx.Exec(ctx, st.sql); err != nil {
+					return fmt.Errorf("%s: %w", st, err)
+				}
+				m.log.Log(ctx, m.verbose, "outbox migrate: applied", slog.String("step", st.String()), slog.Int("since_version", st.since))
+			}
+			return nil
+		})
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil || !isLockTimeout(err) {
+			return err
+		}
+		wait := retry.Jitter(retry.Backoff(attempt, 100*time.Millisecond, 10*time.Second))
+		m.logBlockers(ctx, waitingFor, attempt, wait)
+		retry.Sleep(ctx, wait)
+		if ctx.Err() != nil {
+			return fmt.Errorf("gave up waiting for a lock: %w", ctx.Err())
+		}
+	}
+}
+
+func isLockTimeout(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03" // lock_not_available
+}
+
+// holdersSQL lists the other sessions holding a lock on table $1 or, when $1
+// is empty, the migration lock.
+const holdersSQL = `
+SELECT a.pid, string_agg(l.mode, '+' ORDER BY l.mode), coalesce(a.application_name, ''), coalesce(a.state, ''),
+       coalesce(extract(epoch FROM now() - a.xact_start), 0)::float8, left(coalesce(a.query, ''), 200)
+FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.granted AND l.pid <> pg_backend_pid()
+  AND CASE WHEN $1 = '' THEN l.locktype = 'advisory' AND l.classid = ($2::bigint >> 32)::oid AND l.objid = ($2::bigint & 4294967295)::oid
+           ELSE l.locktype = 'relation' AND l.relation = to_regclass($1) END
+GROUP BY a.pid, a.application_name, a.state, a.xact_start, a.query
+ORDER BY a.xact_start`
+
+// logBlockers logs who held what the timed-out step waited for.
+func (m *migrator) logBlockers(ctx context.Context, table string, attempt int, retryIn time.Duration) {
+	what := "the migration lock (another Migrate)"
+	if table != "" {
+		what = "a lock on table " + table
+	}
+	holders, err := m.sessions(ctx, holdersSQL, table, migrateLockKey)
+	if err != nil {
+		holders = []string{"(could not list them: " + err.Error() + ")"}
+	}
+	level := slog.LevelWarn
+	if table == "" {
+		level = slog.LevelInfo // another Migrate at work: nobody else waits
+	}
+	m.log.Log(ctx, level, "outbox migrate: lock not granted within the lock timeout, retrying; readers and writers of the table were queued meanwhile for at most that long",
+		slog.String("waiting_for", what), slog.Duration("lock_timeout", m.cfg.LockTimeout), slog.Int("attempt", attempt),
+		slog.Duration("retry_in", retryIn), slog.Any("held_by", holders))
+}
+
+// sessions runs a query listing sessions (pid, lock mode or wait, application,
+// state, transaction age in seconds, query) and formats them for a log.
+func (m *migrator) sessions(ctx context.Context, sql string, args ...any) ([]string, error) {
+	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	rows, err := m.pool.Query(qctx, sql, args...)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (string, error) {
+		var (
+			pid              int32
+			mode, app, state string
+			age              float64
+			query            string
+		)
+		if err := r.Scan(&pid, &mode, &app, &state, &age, &query); err != nil {
+			return "", err
+		}
+		return fmt.Sprintf("pid %d (%s, application %q, %s, transaction open %.1fs): %s", pid, mode, app, state, age, query), nil
+	})
+}
+
+// ensureIndex builds st's index concurrently, after dropping an INVALID one
+// that no build is working on, or waits for another process's build.
+func (m *migrator) ensureIndex(ctx context.Context, st schemaStmt) error {
+	build := strings.Replace(st.sql, "INDEX IF NOT EXISTS", "INDEX CONCURRENTLY IF NOT EXISTS", 1)
+	var waitLogged bool
+	for attempt := 1; ; attempt++ {
+		var state *string
+		if err := m.pool.QueryRow(ctx, indexStateSQL, st.table, st.name).Scan(&state); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("%s: read its state: %w", st, err)
+		}
+		var err error
+		switch {
+		case state != nil && *state == "valid":
+			return nil
+		case state != nil && *state == "building":
+			if !waitLogged {
+				m.log.InfoContext(ctx, "outbox migrate: another session is building the index; waiting for it", slog.String("index", st.name))
+				waitLogged = true
+			}
+			retry.Sleep(ctx, retry.Jitter(time.Second))
+			if ctx.Err() != nil {
+				return fmt.Errorf("%s: %w", st, ctx.Err())
+			}
+			continue
+		case state != nil: // invalid, and nobody builds it
+			m.log.WarnContext(ctx, "outbox migrate: dropping an INVALID index left by an interrupted build, to build it again",
+				slog.String("index", st.name))
+			err = m.execAlone(ctx, st.table, "DROP INDEX CONCURRENTLY IF EXISTS "+m.qualified(ctx, st.table, st.name))
+		default:
+			m.log.InfoContext(ctx, "outbox migrate: building an index concurrently (readers and writers go on)",
+				slog.String("step", st.String()), slog.Int("since_version", st.since))
+			err = m.execAlone(ctx, st.table, build)
+			if err == nil {
+				m.log.InfoContext(ctx, "outbox migrate: applied", slog.String("step", st.String()), slog.Int("since_version", st.since))
+			}
+		}
+		if err == nil {
+			continue
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("%s: %w (an INVALID index may be left: the next Migrate rebuilds it)", st, ctx.Err())
+		}
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || !slices.Contains([]string{"55P03", "40P01", "42P07"}, pgErr.Code) {
+			return fmt.Errorf("%s: %w", st, err)
+		}
+		// A lock timeout from the session's settings, a deadlock with another
+		// build, or a name another build took first: look again.
+		wait := retry.Jitter(retry.Backoff(attempt, 100*time.Millisecond, 10*time.Second))
+		m.log.WarnContext(ctx, "outbox migrate: index build failed, retrying", slog.String("index", st.name),
+			slog.Any("error", err), slog.Duration("retry_in", wait))
+		retry.Sleep(ctx, wait)
+	}
+}
+
+// qualified returns the index name qualified with its table's schema.
+func (m *migrator) qualified(ctx context.Context, table, name string) string {
+	var schema string
+	if err := m.pool.QueryRow(ctx, `SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE c.oid = to_regclass($1)`, table).Scan(&schema); err != nil {
+		return pgx.Identifier{name}.Sanitize()
+	}
+	return pgx.Identifier{schema, name}.Sanitize()
+}
+
+// buildWaitSQL lists what a concurrent index build on table $1 waits for:
+// the sessions blocking it (older transactions it must outlive).
+const buildWaitSQL = `
+SELECT a.pid, 'holds back the build, ' || p.phase, coalesce(a.application_name, ''), coalesce(a.state, ''),
+       coalesce(extract(epoch FROM now() - a.xact_start), 0)::float8, left(coalesce(a.query, ''), 200)
+FROM pg_stat_progress_create_index p
+CROSS JOIN LATERAL unnest(pg_blocking_pids(p.pid)) AS b(pid)
+JOIN pg_stat_activity a ON a.pid = b.pid
+WHERE p.relid = to_regclass($1) AND p.pid <> pg_backend_pid()`
+
+// execAlone runs a statement that must run outside a transaction (the
+// simple protocol sends it alone), and meanwhile logs every few seconds the
+// sessions the statement waits for.
+func (m *migrator) execAlone(ctx context.Context, table, sql string) error {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		t := time.NewTicker(2 * time.Second)
+		defer t.Stop()
+		var last string
+		for {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			waits, err := m.sessions(ctx, buildWaitSQL, table)
+			if err != nil || len(waits) == 0 {
+				continue
+			}
+			if s := strings.Join(waits, "; "); s != last {
+				last = s
+				m.log.WarnContext(ctx, "outbox migrate: the concurrent index build waits for older transactions to end",
+					slog.String("table", table), slog.Any("waiting_for", waits))
+			}
+		}
+	})
+	_, err := m.pool.Exec(ctx, sql, pgx.QueryExecModeSimpleProtocol)
+	close(done)
+	wg.Wait()
+	return err
 }

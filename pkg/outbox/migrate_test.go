@@ -2,17 +2,33 @@ package outbox_test
 
 import (
 	"context"
+	_ "embed"
 	"errors"
 	"fmt"
+	"log/slog"
+	"slices"
+	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-inbox/reference/pkg/outbox"
 )
 
+// schema3 is the schema as version 3 of this package wrote it: the starting
+// point of an upgrade.
+//
+//go:embed testdata/schema3.sql
+var schema3 string
+
 // CheckSchema tells a schema that is missing from one that an older Migrate
-// created, and accepts what Migrate creates today.
+// created, from one too new for this binary, and accepts what Migrate creates
+// today.
 func TestCheckSchema(t *testing.T) {
 	t.Parallel()
 	pool := newSchemaPool(t)
@@ -29,20 +45,45 @@ func TestCheckSchema(t *testing.T) {
 		t.Fatalf("after Migrate: %v", err)
 	}
 
+	next := outbox.SchemaVersion + 1
 	for marker, wantErr := range map[string]error{
 		"NULL":                      outbox.ErrSchemaOutdated, // migrated before the marker existed
 		"'pkg/outbox schema 1'":     outbox.ErrSchemaOutdated,
+		"'pkg/outbox schema 3'":     outbox.ErrSchemaOutdated,
 		"'someone else''s comment'": outbox.ErrSchemaOutdated,
 		"'pkg/outbox schema two'":   outbox.ErrSchemaOutdated,
-		fmt.Sprintf("'pkg/outbox schema %d'", outbox.SchemaVersion+1): nil, // a later Migrate keeps what this one needs
+		fmt.Sprintf("'pkg/outbox schema %d; binaries of schema %d or later'", next, outbox.SchemaVersion): nil, // a later schema this binary may run against
+		fmt.Sprintf("'pkg/outbox schema %d; binaries of schema %d or later'", next, next):                 outbox.ErrSchemaTooNew,
 	} {
 		if _, err := pool.Exec(ctx, "COMMENT ON TABLE outbox IS "+marker); err != nil {
 			t.Fatal(err)
 		}
 		err := outbox.CheckSchema(ctx, pool)
-		if !errors.Is(err, wantErr) || (wantErr != nil && !strings.Contains(err.Error(), "Migrate")) {
-			t.Errorf("marker %s: CheckSchema = %v, want %v telling to run Migrate", marker, err, wantErr)
+		switch {
+		case !errors.Is(err, wantErr):
+			t.Errorf("marker %s: CheckSchema = %v, want %v", marker, err, wantErr)
+		case wantErr == outbox.ErrSchemaOutdated && !strings.Contains(err.Error(), "Migrate"):
+			t.Errorf("marker %s: %v does not say to run Migrate", marker, err)
+		case wantErr == outbox.ErrSchemaTooNew && !strings.Contains(err.Error(), "newer binary"):
+			t.Errorf("marker %s: %v does not say to deploy a newer binary", marker, err)
 		}
+		if wantErr == outbox.ErrSchemaOutdated {
+			continue
+		}
+		// Migrate leaves a newer schema alone, whether or not it may run.
+		if err := outbox.Migrate(ctx, pool); !errors.Is(err, wantErr) {
+			t.Errorf("marker %s: Migrate = %v, want %v", marker, err, wantErr)
+		}
+		var comment string
+		if err := pool.QueryRow(ctx, "SELECT obj_description('outbox'::regclass, 'pg_class')").Scan(&comment); err != nil {
+			t.Fatal(err)
+		}
+		if "'"+comment+"'" != marker {
+			t.Errorf("Migrate changed the newer marker %s to %q", marker, comment)
+		}
+	}
+	if _, err := pool.Exec(ctx, "COMMENT ON TABLE outbox IS 'pkg/outbox schema 3'"); err != nil {
+		t.Fatal(err)
 	}
 	if err := outbox.Migrate(ctx, pool); err != nil {
 		t.Fatal(err)
@@ -52,35 +93,429 @@ func TestCheckSchema(t *testing.T) {
 	}
 }
 
+// Binaries built for schema 3 and earlier read the version marker as a bare
+// number after "pkg/outbox schema " and start only if they can: the marker of
+// this schema must not read so, or they would write beside it with rules it
+// no longer follows. The rule below is theirs, as released.
+func TestSchema3BinariesRefuseToStartOnThisSchema(t *testing.T) {
+	t.Parallel()
+	pool := newTestPool(t)
+	var comment string
+	if err := pool.QueryRow(context.Background(), "SELECT obj_description('outbox'::regclass, 'pg_class')").Scan(&comment); err != nil {
+		t.Fatal(err)
+	}
+	_, err := strconv.Atoi(strings.TrimPrefix(comment, "pkg/outbox schema "))
+	if !strings.HasPrefix(comment, "pkg/outbox schema ") || err == nil {
+		t.Fatalf("marker %q: a schema 3 binary reads a version from it and starts", comment)
+	}
+}
+
 // CheckSchema reads the catalog only: it answers while another transaction
 // holds the strongest lock on the outbox table, so it can never queue writers
 // behind it, as DDL does.
 func TestCheckSchemaTakesNoLockOnTheTable(t *testing.T) {
 	t.Parallel()
 	pool := newTestPool(t)
-	ctx := context.Background()
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx) //nolint:errcheck // test cleanup
-	if _, err := tx.Exec(ctx, "LOCK TABLE outbox, outbox_aggregates, outbox_published IN ACCESS EXCLUSIVE MODE"); err != nil {
-		t.Fatal(err)
-	}
+	lockTables(t, pool)
 	// A hang, not a slow answer, is the failure: the bound only ends the test.
-	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := outbox.CheckSchema(cctx, pool); err != nil {
 		t.Fatalf("CheckSchema with the tables locked: %v", err)
 	}
 }
 
-// The version marker is the schema's last statement, and names SchemaVersion:
-// whoever changes the schema above it bumps both.
+// Migrate on an up-to-date schema reads the catalog and changes nothing, so
+// it can run at every start: it answers while another transaction holds the
+// strongest lock on every outbox table.
+func TestMigrateUpToDateTakesNoLock(t *testing.T) {
+	t.Parallel()
+	pool := newTestPool(t)
+	lockTables(t, pool)
+	cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := outbox.Migrate(cctx, pool); err != nil {
+		t.Fatalf("Migrate of an up-to-date schema with the tables locked: %v", err)
+	}
+}
+
+// lockTables holds ACCESS EXCLUSIVE on the outbox tables until the test ends.
+func lockTables(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	if _, err := tx.Exec(ctx, "LOCK TABLE outbox, outbox_aggregates, outbox_published, outbox_discarded IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// logWatch is a slog handler that records every message with its attributes
+// as text, and lets a test wait for one.
+type logWatch struct {
+	mu      sync.Mutex
+	lines   []string
+	changed chan struct{}
+}
+
+func newLogWatch() *logWatch { return &logWatch{changed: make(chan struct{})} }
+
+func (h *logWatch) Enabled(context.Context, slog.Level) bool { return true }
+func (h *logWatch) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h *logWatch) WithGroup(string) slog.Handler            { return h }
+func (h *logWatch) Handle(_ context.Context, r slog.Record) error {
+	var b strings.Builder
+	b.WriteString(r.Message)
+	r.Attrs(func(a slog.Attr) bool {
+		fmt.Fprintf(&b, " %s=%v", a.Key, a.Value)
+		return true
+	})
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.lines = append(h.lines, b.String())
+	close(h.changed)
+	h.changed = make(chan struct{})
+	return nil
+}
+
+// count returns how many lines contain every one of parts.
+func (h *logWatch) count(parts ...string) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for _, l := range h.lines {
+		if !slices.ContainsFunc(parts, func(p string) bool { return !strings.Contains(l, p) }) {
+			n++
+		}
+	}
+	return n
+}
+
+// log writes the lines to the test's log under -v.
+func (h *logWatch) log(t *testing.T) {
+	if !testing.Verbose() {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, l := range h.lines {
+		t.Log(l)
+	}
+}
+
+// waitCount waits until at least n lines contain every one of parts. It
+// fails the test at once if one of as stopped answering meanwhile.
+func (h *logWatch) waitCount(t *testing.T, timeout time.Duration, as []*answering, n int, parts ...string) {
+	t.Helper()
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		h.mu.Lock()
+		changed := h.changed
+		h.mu.Unlock()
+		for _, a := range as {
+			if err := a.failed(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if h.count(parts...) >= n {
+			return
+		}
+		select {
+		case <-changed:
+		case <-tick.C:
+		case <-deadline.C:
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			t.Fatalf("timed out after %v waiting for %d log lines with %q; logged:\n%s", timeout, n, parts, strings.Join(h.lines, "\n"))
+		}
+	}
+}
+
+// answering runs op in a loop until stop, each call bounded by a second, and
+// counts the calls that answered; the first failure or overrun is kept.
+type answering struct {
+	calls atomic.Int64
+	mu    sync.Mutex
+	err   error
+}
+
+func (a *answering) run(stop <-chan struct{}, what string, op func(context.Context) error) {
+	for {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		start := time.Now()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		err := op(ctx)
+		cancel()
+		if err != nil {
+			a.mu.Lock()
+			if a.err == nil {
+				a.err = fmt.Errorf("%s did not answer within a second (%v): %w", what, time.Since(start), err)
+			}
+			a.mu.Unlock()
+			return
+		}
+		a.calls.Add(1)
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func (a *answering) failed() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.err
+}
+
+// waitAnswers waits until each of as has answered n more calls than it had,
+// failing on the first that stops answering.
+func waitAnswers(t *testing.T, n int64, as ...*answering) {
+	t.Helper()
+	base := make([]int64, len(as))
+	for i, a := range as {
+		base[i] = a.calls.Load()
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		done := true
+		for i, a := range as {
+			if err := a.failed(); err != nil {
+				t.Fatal(err)
+			}
+			if a.calls.Load() < base[i]+n {
+				done = false
+			}
+		}
+		if done {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("readers and writers stopped answering while Migrate ran")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// The upgrade from schema 3 runs beside the business: a writer's transaction
+// left open on the outbox keeps Migrate from adding its column, but Migrate
+// waits for it only a lock_timeout at a time and logs who holds the table, so
+// readers and other writers of the outbox go on answering within a second;
+// then the index of the new version is built concurrently while an unrelated
+// old transaction holds it back, and they still answer. Once both end,
+// Migrate finishes, and the schema is the one Schema describes.
+func TestMigrateUpgradeBesideOpenTransactionsKeepsTheOutboxAnswering(t *testing.T) {
+	t.Parallel()
+	pool := newSchemaPool(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, schema3); err != nil {
+		t.Fatal(err)
+	}
+	enqueue(t, pool, msg("before", "order.created"))
+
+	// The open writer: an enqueue whose transaction has not ended.
+	writer, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer writer.Rollback(ctx) //nolint:errcheck // committed below
+	if _, err := outbox.Enqueue(ctx, writer, msg("open", "order.created")); err != nil {
+		t.Fatal(err)
+	}
+	writerPID := backendPID(t, writer)
+
+	// An old transaction elsewhere, which a concurrent index build must outlive.
+	other, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Rollback(ctx) //nolint:errcheck // committed below
+	if _, err := other.Exec(ctx, "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ"); err != nil {
+		t.Fatal(err)
+	}
+	otherPID := backendPID(t, other)
+
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	defer func() { close(stop); wg.Wait() }()
+	var reader, writers answering
+	admin := outbox.NewAdmin(pool)
+	wg.Go(func() {
+		reader.run(stop, "Admin.Status", func(ctx context.Context) error {
+			_, err := admin.Status(ctx)
+			return err
+		})
+	})
+	var n atomic.Int64
+	wg.Go(func() {
+		writers.run(stop, "Enqueue", func(ctx context.Context) error {
+			return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				_, err := outbox.Enqueue(ctx, tx, msg(fmt.Sprintf("w-%d", n.Add(1)), "order.created"))
+				return err
+			})
+		})
+	})
+	waitAnswers(t, 5, &reader, &writers)
+
+	logs := newLogWatch()
+	migrated := make(chan error, 1)
+	go func() {
+		migrated <- outbox.MigrateWithConfig(ctx, pool, outbox.MigrateConfig{Logger: slog.New(logs)})
+	}()
+
+	// Migrate retries the column behind the open writer, naming it.
+	logs.waitCount(t, 60*time.Second, []*answering{&reader, &writers}, 3, "lock not granted", "table outbox", fmt.Sprintf("pid %d ", writerPID))
+	waitAnswers(t, 10, &reader, &writers)
+	select {
+	case err := <-migrated:
+		t.Fatalf("Migrate returned while the writer held the table: %v", err)
+	default:
+	}
+	if err := writer.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// The index build waits for the old transaction, and says so.
+	logs.waitCount(t, 60*time.Second, []*answering{&reader, &writers}, 1, "waits for older transactions", fmt.Sprintf("pid %d ", otherPID))
+	waitAnswers(t, 10, &reader, &writers)
+	select {
+	case err := <-migrated:
+		t.Fatalf("Migrate returned while the index build waited: %v", err)
+	default:
+	}
+	if err := other.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-migrated:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("Migrate did not finish once the transactions ended")
+	}
+	waitAnswers(t, 3, &reader, &writers)
+	logs.log(t)
+	if err := outbox.CheckSchema(ctx, pool); err != nil {
+		t.Fatalf("after the upgrade: %v", err)
+	}
+	fresh := newSchemaPool(t)
+	if _, err := fresh.Exec(ctx, outbox.Schema); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := catalog(t, pool), catalog(t, fresh); !slices.Equal(got, want) {
+		t.Fatalf("the upgraded schema differs from Schema:\nupgraded: %q\nSchema:   %q", got, want)
+	}
+}
+
+func backendPID(t *testing.T, tx pgx.Tx) int {
+	t.Helper()
+	var pid int
+	if err := tx.QueryRow(context.Background(), "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	return pid
+}
+
+// catalog describes the outbox tables of pool's schema: columns, indexes and
+// their validity, storage options, the version marker.
+func catalog(t *testing.T, pool *pgxpool.Pool) []string {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `
+SELECT c.relname || '.' || a.attname || ' ' || format_type(a.atttypid, a.atttypmod) || ' ' || a.attnotnull
+       || ' ' || coalesce(pg_get_expr(d.adbin, d.adrelid), '')
+FROM pg_attribute a
+JOIN pg_class c ON c.oid = a.attrelid
+LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind = 'r' AND a.attnum > 0 AND NOT a.attisdropped
+UNION ALL
+SELECT regexp_replace(pg_get_indexdef(i.indexrelid), ' ON \S+\.', ' ON ') || ' valid=' || i.indisvalid
+FROM pg_index i JOIN pg_class c ON c.oid = i.indrelid
+WHERE c.relnamespace = current_schema()::regnamespace
+UNION ALL
+SELECT relname || ' ' || coalesce(reloptions::text, '') || ' ' || coalesce(obj_description(oid, 'pg_class'), '')
+FROM pg_class WHERE relnamespace = current_schema()::regnamespace AND relkind = 'r'
+ORDER BY 1`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// An index build that was interrupted leaves an INVALID index under the
+// index's name, which CREATE INDEX IF NOT EXISTS takes for the index: Migrate
+// drops it and builds the real one.
+func TestMigrateRebuildsAnInvalidIndex(t *testing.T) {
+	t.Parallel()
+	pool := newTestPool(t)
+	ctx := context.Background()
+	enqueue(t, pool, msg("a", "order.created"), msg("a", "order.cancelled"), msg("b", "order.created"), msg("b", "order.cancelled"))
+	// A build that fails halfway, as a cancelled or killed one does, under
+	// the name of an index of the schema.
+	if _, err := pool.Exec(ctx, "DROP INDEX outbox_blocked"); err != nil {
+		t.Fatal(err)
+	}
+	_, err := pool.Exec(ctx, "CREATE UNIQUE INDEX CONCURRENTLY outbox_blocked ON outbox (event_type) WHERE blocked", pgx.QueryExecModeSimpleProtocol)
+	if err == nil {
+		t.Fatal("the planted build did not fail")
+	}
+	var valid bool
+	if err := pool.QueryRow(ctx, "SELECT indisvalid FROM pg_index WHERE indexrelid = 'outbox_blocked'::regclass").Scan(&valid); err != nil || valid {
+		t.Fatalf("no INVALID index planted: valid=%v, %v", valid, err)
+	}
+
+	logs := newLogWatch()
+	var wg sync.WaitGroup
+	errs := make([]error, 3)
+	for i := range errs {
+		wg.Go(func() { errs[i] = outbox.MigrateWithConfig(ctx, pool, outbox.MigrateConfig{Logger: slog.New(logs)}) })
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			t.Fatalf("concurrent Migrate: %v", err)
+		}
+	}
+	if logs.count("INVALID index", "outbox_blocked") == 0 {
+		t.Error("nothing logged about the INVALID index")
+	}
+	fresh := newTestPool(t)
+	if got, want := catalog(t, pool), catalog(t, fresh); !slices.Equal(got, want) {
+		t.Fatalf("after the repair the schema differs from a fresh one:\nrepaired: %q\nfresh:    %q", got, want)
+	}
+}
+
+// Schema cut into statements is what Migrate runs: every statement is one
+// Migrate knows how to check in the catalog, and the last one is the version
+// marker, naming SchemaVersion.
 func TestSchemaEndsWithItsVersionMarker(t *testing.T) {
 	t.Parallel()
-	want := fmt.Sprintf("COMMENT ON TABLE outbox IS 'pkg/outbox schema %d';", outbox.SchemaVersion)
+	want := fmt.Sprintf("COMMENT ON TABLE outbox IS 'pkg/outbox schema %d; binaries of schema %d or later';",
+		outbox.SchemaVersion, outbox.SchemaVersion)
 	if !strings.HasSuffix(strings.TrimSpace(outbox.Schema), want) {
 		t.Fatalf("schema.sql does not end with %q", want)
+	}
+	if err := outbox.ParseSchema(outbox.Schema); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []string{
+		"CREATE TABLE IF NOT EXISTS t (a int);\nUPDATE t SET a = 1;\n" + want,
+		"CREATE TABLE IF NOT EXISTS t (a int);\n",
+		strings.Replace(outbox.Schema, "IS 'pkg/outbox schema", "IS 'pkg/outbox schema 9", 1),
+	} {
+		if err := outbox.ParseSchema(bad); err == nil {
+			t.Errorf("ParseSchema accepted %.60q...", bad)
+		}
 	}
 }

@@ -1,5 +1,21 @@
--- Schema of pkg/outbox. Migrate applies it; it is idempotent, so it can also be
--- copied into a migration tool as is.
+-- Schema of pkg/outbox, at the version its last statement records.
+--
+-- Every statement is idempotent, so the whole file can go into a migration tool
+-- as is, and run again. On a live database, though, running it as is takes
+-- locks even when it changes nothing: ADD COLUMN IF NOT EXISTS takes ACCESS
+-- EXCLUSIVE on the table and CREATE INDEX IF NOT EXISTS takes SHARE, and each
+-- queues every reader and writer of the table behind any open transaction
+-- that touched it. Migrate applies the same statements without that: it
+-- reads the catalog first and runs only what is missing, takes each table
+-- lock with a short lock_timeout (retrying with backoff, and logging who
+-- holds the lock), and builds an index on an existing table CONCURRENTLY.
+--
+-- A statement belongs to the schema version that introduced it: the ones
+-- after a "-- since schema N" line came with version N (the others with the
+-- first versions). Migrate parses this file, so each statement ends with a
+-- semicolon at the end of a line, and is one of: CREATE TABLE IF NOT EXISTS,
+-- ALTER TABLE ... ADD COLUMN IF NOT EXISTS, ALTER TABLE ... SET (...),
+-- CREATE [UNIQUE] INDEX IF NOT EXISTS, and the COMMENT that closes the file.
 --
 -- Three tables keep the hot path small:
 --   outbox             rows not yet published: pending, in flight, or dead-lettered.
@@ -54,9 +70,17 @@ CREATE TABLE IF NOT EXISTS outbox (
 -- in_flight is true from a claim until the claim's outcome is written. A due
 -- row still in flight is one whose relay stopped while publishing it (crash,
 -- kill, out of memory): the claim dead-letters it if it reached the relay's
--- MaxAttempts, and otherwise hands it out alone, so a row that crashes relays
--- cannot take the rest of a batch down with it.
+-- MaxAttempts, and otherwise hands it out again (see suspect).
 ALTER TABLE outbox ADD COLUMN IF NOT EXISTS in_flight boolean NOT NULL DEFAULT false;
+
+-- since schema 4
+-- suspect says the row may be what stops its relays or what the broker
+-- refuses, so the claim hands it out alone, in a batch of its own: it was in
+-- flight when its relay stopped at two claims in a row, or it was in a batch
+-- the broker refused without saying which message it refused. A row whose
+-- relay stopped once goes back into normal batches (the stop was most likely
+-- a deploy or a kill, not the row); an outcome written for the row clears it.
+ALTER TABLE outbox ADD COLUMN IF NOT EXISTS suspect boolean NOT NULL DEFAULT false;
 
 -- Every published row leaves this table, so dead tuples pile up at the rate of
 -- publishing. Vacuum it after a fixed number of changes rather than a fraction of
@@ -84,6 +108,14 @@ CREATE INDEX IF NOT EXISTS outbox_due
 -- The operator's list of dead letters. Dead letters are rare, so it stays tiny.
 CREATE INDEX IF NOT EXISTS outbox_dead_lettered
     ON outbox (id) WHERE dead_lettered_at IS NOT NULL;
+
+-- since schema 4
+-- The rows waiting behind an earlier event of their aggregate, for the relay's
+-- periodic search of rows blocked behind nothing (their earlier events are
+-- gone, yet nothing unblocked them: a writer of an older version of this
+-- package, or a row deleted by hand). Only blocked rows are in it.
+CREATE INDEX IF NOT EXISTS outbox_blocked
+    ON outbox (id) WHERE blocked;
 
 CREATE TABLE IF NOT EXISTS outbox_published (
     id                bigint      PRIMARY KEY,
@@ -135,6 +167,11 @@ CREATE TABLE IF NOT EXISTS outbox_discarded (
 );
 
 -- The schema's version, which CheckSchema reads from the catalog without taking
--- a lock. Keep this the last statement, and bump the number here and
--- SchemaVersion (migrate.go) together whenever anything above changes.
-COMMENT ON TABLE outbox IS 'pkg/outbox schema 3';
+-- a lock, and the oldest version of this package that may run against it:
+-- CheckSchema in a binary built for an older schema refuses to start. (Binaries
+-- of schema 3 and earlier read the version as a bare number, which this marker
+-- is not, so they refuse too.) Keep this the last statement, and bump the
+-- numbers here and SchemaVersion (migrate.go) together whenever anything above
+-- changes; raise the second one when binaries of older schemas would
+-- mishandle rows under the new one.
+COMMENT ON TABLE outbox IS 'pkg/outbox schema 4; binaries of schema 4 or later';

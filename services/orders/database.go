@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -18,22 +19,25 @@ import (
 // Only `orders migrate` (and `orders serve` with MIGRATE=true) creates the
 // database and runs the schemas' DDL. Every other command opens the database
 // as it is and checks, from the catalog alone, that the schema it uses is
-// there: DDL at start, even CREATE INDEX IF NOT EXISTS with nothing to create,
-// takes a SHARE lock on outbox, so it waits for any open business transaction
-// that wrote to the outbox, and every writer then queues behind it.
+// there and that this binary may run against it (outbox.CheckSchema refuses a
+// schema an older binary would mishandle). The outbox's Migrate locks nothing
+// when the schema is up to date, and takes each lock of a real upgrade with a
+// short lock_timeout, retried, so running it at every start is safe; the
+// commands that do not need to change anything still do not.
 
 // migrate creates the database of DATABASE_URL if it does not exist and
 // applies the orders and outbox schemas.
-func migrate(ctx context.Context, getenv func(string) string, stdout io.Writer) error {
+func migrate(ctx context.Context, getenv func(string) string, stdout, logOut io.Writer) error {
 	cfg, err := config.FromEnv(getenv)
 	if err != nil {
 		return err
 	}
+	logger := newLogger(cfg, logOut).With("role", "migrate")
 	pcfg, err := postgres.PoolConfig(cfg.DatabaseURL, cfg.DatabasePooler)
 	if err != nil {
 		return err
 	}
-	pool, err := postgres.Open(ctx, pcfg)
+	pool, err := postgres.Open(ctx, pcfg, logger)
 	if err != nil {
 		return err
 	}
@@ -44,13 +48,13 @@ func migrate(ctx context.Context, getenv func(string) string, stdout io.Writer) 
 
 // serveDatabase opens the database for `orders serve`: it must exist and hold
 // both schemas, unless MIGRATE=true, which creates and migrates it first.
-func serveDatabase(ctx context.Context, cfg config.Config, tp trace.TracerProvider) (*pgxpool.Pool, error) {
+func serveDatabase(ctx context.Context, cfg config.Config, tp trace.TracerProvider, logger *slog.Logger) (*pgxpool.Pool, error) {
 	if cfg.Migrate {
 		pcfg, err := postgres.PoolConfig(cfg.DatabaseURL, cfg.DatabasePooler)
 		if err != nil {
 			return nil, err
 		}
-		pool, err := postgres.Open(ctx, pcfg)
+		pool, err := postgres.Open(ctx, pcfg, logger.With("role", "migrate"))
 		if err != nil {
 			return nil, err
 		}
@@ -73,8 +77,8 @@ func openDatabase(ctx context.Context, getenv func(string) string) (*pgxpool.Poo
 // anything, and checks its outbox schema, and with ordersTables the orders
 // service's tables too. A missing database, or a schema that is missing or
 // outdated, is an error that names the database and says to run `orders
-// migrate`. With TRACE_DB=true, every statement gets a span from tp (nil:
-// none).
+// migrate`; a schema too new for this binary says so. With TRACE_DB=true,
+// every statement gets a span from tp (nil: none).
 func connect(ctx context.Context, c config.Config, ordersTables bool, tp trace.TracerProvider) (*pgxpool.Pool, error) {
 	cfg, err := postgres.PoolConfig(c.DatabaseURL, c.DatabasePooler)
 	if err != nil {
@@ -105,7 +109,9 @@ func checkDatabase(ctx context.Context, pool *pgxpool.Pool, name string, ordersT
 	if err != nil {
 		return fmt.Errorf("connect to database %q: %w", name, err)
 	}
-	if err := outbox.CheckSchema(ctx, pool); err != nil {
+	if err := outbox.CheckSchema(ctx, pool); errors.Is(err, outbox.ErrSchemaTooNew) {
+		return fmt.Errorf("database %q: %w", name, err) // migrate cannot help: this binary is too old
+	} else if err != nil {
 		return fmt.Errorf("database %q: %w; %s", name, err, hint)
 	}
 	if !ordersTables {

@@ -56,8 +56,6 @@ func databaseName(t *testing.T, dbURL string) string {
 
 // Only `orders migrate` runs DDL: with an event trigger that rejects every DDL
 // statement in the database, migrate fails, and every other command works.
-// (DDL at start, such as CREATE INDEX IF NOT EXISTS, takes a SHARE lock on
-// outbox even when there is nothing to create.)
 func TestOnlyMigrateRunsDDL(t *testing.T) {
 	t.Parallel()
 	amqpURL := newVhost(t)
@@ -205,7 +203,8 @@ func TestCommandsRefuseAMissingDatabase(t *testing.T) {
 }
 
 // A database without the schema, or with an older one, is an error that says
-// to run migrate; nothing is created.
+// to run migrate; nothing is created. A schema too new for the binary is an
+// error too, and migrate leaves it alone.
 func TestCommandsRefuseAMissingOrOutdatedSchema(t *testing.T) {
 	t.Parallel()
 	dbURL := newDatabaseURL(t)
@@ -244,6 +243,28 @@ func TestCommandsRefuseAMissingOrOutdatedSchema(t *testing.T) {
 		t.Fatal(err)
 	}
 	check("outbox schema without a version", "schema outdated", commands)
+
+	// A schema migrated by a later binary that refuses this one: every
+	// command refuses, migrate included, and none says to migrate.
+	tooNew := fmt.Sprintf("pkg/outbox schema %d; binaries of schema %d or later", outbox.SchemaVersion+1, outbox.SchemaVersion+1)
+	if _, err := pool.Exec(t.Context(), "COMMENT ON TABLE outbox IS '"+tooNew+"'"); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range append(commands, []string{"migrate"}) {
+		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+		out, err := runCommand(ctx, env, args...)
+		cancel()
+		if err == nil || !strings.Contains(err.Error(), "too new") || strings.Contains(err.Error(), "run `orders migrate`") {
+			t.Errorf("schema too new: orders %v: %v %q, want an error saying the schema is too new", args, err, out)
+		}
+	}
+	var marker string
+	if err := pool.QueryRow(t.Context(), "SELECT obj_description('outbox'::regclass, 'pg_class')").Scan(&marker); err != nil || marker != tooNew {
+		t.Fatalf("the marker is %q after the commands (%v), want %q untouched", marker, err, tooNew)
+	}
+	if _, err := pool.Exec(t.Context(), "COMMENT ON TABLE outbox IS NULL"); err != nil {
+		t.Fatal(err)
+	}
 
 	if out, err := runCommand(t.Context(), env, "migrate"); err != nil {
 		t.Fatalf("migrate: %v %s", err, out)

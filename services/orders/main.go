@@ -9,9 +9,9 @@
 //	orders dead-letters    list, retry or discard dead-lettered events
 //
 // Only migrate creates the database and runs DDL (and serve with
-// MIGRATE=true, for a zero-setup local run): DDL takes locks that make the
-// outbox's writers wait. The other commands check the schema read-only and
-// fail, naming the database, when it or its schema is missing or outdated.
+// MIGRATE=true, for a zero-setup local run). The other commands check the
+// schema read-only and fail, naming the database, when it or its schema is
+// missing, outdated, or too new for this binary.
 //
 // Configuration comes from the environment; see internal/config.
 package main
@@ -81,7 +81,7 @@ func runTraced(ctx context.Context, args []string, getenv func(string) string, s
 	case "dead-letters":
 		return deadLetters(ctx, args, getenv, stdout)
 	case "migrate":
-		return migrate(ctx, getenv, stdout)
+		return migrate(ctx, getenv, stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return nil

@@ -46,7 +46,7 @@ func serve(ctx context.Context, getenv func(string) string, logOut io.Writer, te
 		return err
 	}
 
-	pool, err := serveDatabase(ctx, cfg, tel.TracerProvider)
+	pool, err := serveDatabase(ctx, cfg, tel.TracerProvider, logger)
 	if err != nil {
 		return err
 	}

@@ -11,6 +11,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"strings"
 	"testing"
@@ -107,7 +108,7 @@ func Pool(t testing.TB) *pgxpool.Pool {
 	pool := SchemaPool(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := outbox.Migrate(ctx, pool); err != nil {
+	if err := outbox.MigrateWithConfig(ctx, pool, outbox.MigrateConfig{Logger: slog.New(slog.DiscardHandler)}); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
 	return pool

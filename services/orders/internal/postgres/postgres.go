@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"log/slog"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -20,8 +21,9 @@ const migrateLockKey int64 = 0x6f7264657273 // "orders"
 
 // Open connects to cfg's database (see PoolConfig), creating it first when it
 // does not exist (so the service runs with zero setup against a fresh server),
-// and applies the orders and outbox schemas.
-func Open(ctx context.Context, cfg *pgxpool.Config) (*pgxpool.Pool, error) {
+// and applies the orders and outbox schemas, logging the outbox migration's
+// steps and waits to log.
+func Open(ctx context.Context, cfg *pgxpool.Config, log *slog.Logger) (*pgxpool.Pool, error) {
 	if err := ensureDatabase(ctx, cfg.ConnConfig); err != nil {
 		return nil, err
 	}
@@ -29,16 +31,17 @@ func Open(ctx context.Context, cfg *pgxpool.Config) (*pgxpool.Pool, error) {
 	if err != nil {
 		return nil, fmt.Errorf("connect to PostgreSQL: %w", err)
 	}
-	if err := Migrate(ctx, pool); err != nil {
+	if err := Migrate(ctx, pool, log); err != nil {
 		pool.Close()
 		return nil, err
 	}
 	return pool, nil
 }
 
-// Migrate applies the orders schema and the outbox schema. It is idempotent and
-// safe to run from several processes at once.
-func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
+// Migrate applies the orders schema and the outbox schema (see
+// outbox.MigrateWithConfig, which logs to log). It is idempotent and safe to
+// run from several processes at once.
+func Migrate(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) error {
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", migrateLockKey); err != nil {
 			return err
@@ -49,7 +52,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	if err != nil {
 		return fmt.Errorf("migrate orders schema: %w", err)
 	}
-	if err := outbox.Migrate(ctx, pool); err != nil {
+	if err := outbox.MigrateWithConfig(ctx, pool, outbox.MigrateConfig{Logger: log}); err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}
 	return nil
