@@ -7,8 +7,9 @@
 //	go run ./bench -only relay_drain   some figures, comma-separated
 //	go run ./bench -quick              smaller sizes, to check the harness
 //
-// Figures: relay_drain, write_overhead, read_flat, e2e_latency, claim_flat,
-// status_scrape, inbox_throughput, audit. See docs/benchmarks.md for what each
+// Figures: relay_drain, relay_drain_wal, relay_recovery, write_overhead,
+// read_flat, e2e_latency, claim_flat, status_scrape, inbox_throughput, audit.
+// See docs/benchmarks.md for what each
 // measures and the latest numbers.
 //
 // Every run works in resources of its own, removed at the end: one PostgreSQL
@@ -47,6 +48,13 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if os.Getenv(killedRelayEnv) != "" { // the relay relay_recovery kills
+		if err := runKilledRelay(ctx, os.Getenv, os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, "bench killed relay:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
@@ -55,27 +63,29 @@ func main() {
 
 // figureOrder is the order figures run in: those that need the shipping
 // service and pkg/inbox last.
-var figureOrder = []string{"relay_drain", "relay_drain_wal", "write_overhead", "read_flat", "claim_flat", "status_scrape", "inbox_throughput", "audit", "e2e_latency", "e2e_latency_wal"}
+var figureOrder = []string{"relay_drain", "relay_drain_wal", "relay_recovery", "write_overhead", "read_flat", "claim_flat", "status_scrape", "inbox_throughput", "audit", "e2e_latency", "e2e_latency_wal"}
 
 // config holds the sizes of one run.
 type config struct {
-	reps          int
-	drainBacklog  int
-	rawWindow     int
-	queueType     string
-	writeOrders   int
-	e2eRate       int
-	e2eDuration   time.Duration
-	e2eWarmup     time.Duration
-	e2eDrainWait  time.Duration
-	claimRetained int
-	claimChurn    int
-	claimMeasure  time.Duration
-	claimRate     int
-	inboxMessages int
-	inboxClients  int
-	relayBatch    int
-	relayWorkers  int
+	reps         int
+	drainBacklog int
+	// recoveryBacklog is the backlog relay_recovery drains.
+	recoveryBacklog int
+	rawWindow       int
+	queueType       string
+	writeOrders     int
+	e2eRate         int
+	e2eDuration     time.Duration
+	e2eWarmup       time.Duration
+	e2eDrainWait    time.Duration
+	claimRetained   int
+	claimChurn      int
+	claimMeasure    time.Duration
+	claimRate       int
+	inboxMessages   int
+	inboxClients    int
+	relayBatch      int
+	relayWorkers    int
 	// relayVacuumEvery is RelayConfig.VacuumEvery (0: auto, the service's).
 	relayVacuumEvery int
 
@@ -89,22 +99,23 @@ type config struct {
 
 func defaultConfig() config {
 	return config{
-		reps:          3,
-		drainBacklog:  100_000,
-		rawWindow:     1000,
-		queueType:     "quorum",
-		writeOrders:   4000,
-		e2eRate:       150,
-		e2eDuration:   20 * time.Second,
-		e2eWarmup:     2 * time.Second,
-		e2eDrainWait:  30 * time.Second,
-		claimRetained: 1_000_000,
-		claimChurn:    200_000,
-		claimMeasure:  10 * time.Second,
-		claimRate:     500,
-		inboxMessages: 1000,
-		inboxClients:  8,
-		auditEvents:   1_000_000,
+		reps:            3,
+		drainBacklog:    100_000,
+		recoveryBacklog: 10_000,
+		rawWindow:       1000,
+		queueType:       "quorum",
+		writeOrders:     4000,
+		e2eRate:         150,
+		e2eDuration:     20 * time.Second,
+		e2eWarmup:       2 * time.Second,
+		e2eDrainWait:    30 * time.Second,
+		claimRetained:   1_000_000,
+		claimChurn:      200_000,
+		claimMeasure:    10 * time.Second,
+		claimRate:       500,
+		inboxMessages:   1000,
+		inboxClients:    8,
+		auditEvents:     1_000_000,
 
 		readOrders:     1_000_000,
 		readBaseOrders: 1000,
@@ -117,6 +128,7 @@ func quickConfig() config {
 	c := defaultConfig()
 	c.reps = 1
 	c.drainBacklog = 10_000
+	c.recoveryBacklog = 3000
 	c.writeOrders = 500
 	c.readOrders = 100_000
 	c.readRequests = 500
@@ -227,6 +239,7 @@ func (b *bench) runFigures(ctx context.Context, selected []string, report *Repor
 	runners := map[string]func(context.Context) ([]Figure, error){
 		"relay_drain":      b.runRelayDrain,
 		"relay_drain_wal":  b.runRelayDrainWAL,
+		"relay_recovery":   b.runRelayRecovery,
 		"write_overhead":   b.runWriteOverhead,
 		"read_flat":        b.runReadFlat,
 		"claim_flat":       b.runClaimFlat,

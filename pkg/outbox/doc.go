@@ -174,15 +174,21 @@
 // of ids.
 //
 // A due row still marked in flight is one whose relay stopped while publishing
-// it: a crash, a kill, an out-of-memory, a panic in user code such as a routing
-// key function (the relay does not recover panics: a panic is a bug to fix, and
-// the process state after one cannot be trusted). Such a row is claimed alone,
-// in a batch of its own, so if it is what kills relays, it takes no batch-mates
-// down with it; and a due row that already had MaxAttempts attempts is
-// dead-lettered by the claim, with a reason in last_error, instead of being
-// handed to a publisher again. A row that crashes every relay that publishes it
-// therefore costs MaxAttempts crashes, one lease apart, and then waits for an
-// operator like any dead letter.
+// it: a deploy without a graceful stop, a kill, an out-of-memory, a database
+// failover that failed both its mark and its release, or a panic in user code
+// such as a routing key function (the relay does not recover panics: a panic
+// is a bug to fix, and the process state after one cannot be trusted). Most
+// stops are not the row's doing, and a stop leaves every row of the relay's
+// batches so: they go back into normal batches, so that a killed relay's
+// backlog drains at full speed, and are marked suspect. A row still in flight
+// at a second stop in a row is claimed alone, in a batch of its own, so if it
+// is what kills relays it takes no more batch-mates down with it; and a due
+// row that already had MaxAttempts attempts is dead-lettered by the claim,
+// with a reason in last_error, instead of being handed to a publisher again
+// (and goes out alone if an operator retries it). A row that crashes every
+// relay that publishes it therefore costs MaxAttempts crashes, one lease
+// apart, the first two with batch-mates, and then waits for an operator like
+// any dead letter.
 //
 // Publish. The whole batch goes to Publisher.PublishBatch, which pipelines it
 // and returns one verdict per message within PublishTimeout.
@@ -258,9 +264,9 @@
 // # Failure modes
 //
 //   - Relay killed before publishing: its rows stay leased and are claimed again
-//     when the lease ends, with the attempt counted, one row per claim (a row
-//     with no outcome may be the one that killed the relay, so it is not given
-//     batch-mates); the other due rows wait until those are retried.
+//     when the lease ends, with the attempt counted, in normal batches (the
+//     same drain rate as any backlog); only a row that was in flight at two
+//     stops in a row is retried alone.
 //   - Relay killed after the broker confirmed, before the mark
 //     (Hooks.AfterPublishBeforeMark marks this window): the rows are published
 //     again after the lease. Consumers see a duplicate with the same message id.
@@ -282,9 +288,10 @@
 //     aggregate does not delay the relay: each writer holds only the event
 //     before its own.
 //   - A message that crashes the relay (a panic in user code, an
-//     out-of-memory): retried alone after each lease, dead-lettered by the
-//     claim after MaxAttempts, with a reason; the other rows of its first batch
-//     are retried alone too, and may be duplicates.
+//     out-of-memory): retried after each lease, alone from its third attempt,
+//     dead-lettered by the claim after MaxAttempts, with a reason; the rows of
+//     its first two batches are retried (those in both of them alone) and may
+//     be duplicates.
 //   - The LISTEN connection dies without an error (a partition, an idle-flow
 //     timeout): found within twice ListenKeepalive and reopened, counted by
 //     Metrics.ListenReconnected; meanwhile the poll keeps the relay going.

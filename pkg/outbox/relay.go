@@ -79,9 +79,10 @@ type RelayConfig struct {
 	// counted when the row is claimed (so a relay crash counts) and given back
 	// when the publisher says the message was never sent. A row whose relay
 	// stopped while publishing it (crash, kill, out of memory: no outcome
-	// written when its lease ended) is retried alone, in a batch of its own,
-	// and dead-lettered when it is due again with MaxAttempts attempts.
-	// Default 20.
+	// written when its lease ended) is retried in a normal batch; one whose
+	// relays stopped so at two claims in a row is retried alone, in a batch
+	// of its own; either is dead-lettered when it is due again with
+	// MaxAttempts attempts. Default 20.
 	MaxAttempts int
 	// RetryBackoffMin and RetryBackoffMax bound the exponential backoff between
 	// attempts: RetryBackoffMin after the first failure, doubling, capped at

@@ -30,16 +30,22 @@ import (
 // exclude.
 //
 // in_flight says a claimed row has no outcome written yet. A due row still in
-// flight lost its relay mid-publish (see the schema). If any is among the due
-// rows, the claim takes the first one alone, so that a row that crashes relays
-// is retried without batch-mates; the others are claimed by the next claim. A
-// due row still in flight that reached MaxAttempts is dead-lettered here, with
-// a reason, and never handed to the publisher again: without this, a row that
-// kills every relay that publishes it would never get a failure recorded. A
-// row that is not in flight has an outcome: a failure, which dead-lettered it
-// already at MaxAttempts (failSQL), or a confirm its relay could not mark
-// (releaseUnmarkedSQL), which is no failure: it is claimed again whatever its
-// attempts, and dead-lettered only if that attempt fails.
+// flight lost its relay mid-publish (see the schema). Most such stops are not
+// the row's doing (a deploy without a graceful stop, an out-of-memory kill, a
+// database failover), and every row of the relay's batches is left so: they
+// go back into normal batches, and the claim sets suspect on them. A row that
+// is suspect when it is due again was in flight at two stops in a row (or its
+// batch was refused by the broker, see failSQL): it may be what stops its
+// relays, so it is claimed alone, the first one of the due rows, and the
+// others wait for the next claim. A due row still in flight that reached
+// MaxAttempts is dead-lettered here, with a reason, never handed to the
+// publisher again, and stays suspect, so a retry by an operator goes out
+// alone: without this, a row that kills every relay that publishes it would
+// never get a failure recorded. A row that is not in flight has an outcome: a
+// failure, which dead-lettered it already at MaxAttempts (failSQL), or a
+// confirm its relay could not mark (releaseUnmarkedSQL), which is no failure:
+// it is claimed again whatever its attempts, and dead-lettered only if that
+// attempt fails.
 //
 // The result has the claimed rows (dead = false), then the dead-lettered ones.
 //
@@ -47,7 +53,7 @@ import (
 // cursor would skip rows that commit late. A row is pending until it is moved.
 const claimSQL = `
 WITH due AS (
-    SELECT o.id, o.attempts, o.in_flight
+    SELECT o.id, o.attempts, o.in_flight, o.suspect, o.in_flight AND o.attempts >= $3::int AS spent
     FROM outbox o
     WHERE o.dead_lettered_at IS NULL
       AND NOT o.blocked
@@ -64,21 +70,23 @@ WITH due AS (
     UPDATE outbox o
     SET dead_lettered_at = now(),
         in_flight = false,
+        suspect = true,
         last_error = format('no outcome after attempt %s of %s: the relay stopped (crashed, was killed or ran out of memory) while publishing it, and the lease ended', o.attempts, $3::int)
     FROM due d
-    WHERE o.id = d.id AND d.in_flight AND d.attempts >= $3::int
+    WHERE o.id = d.id AND d.spent
     RETURNING o.id, o.aggregate_type, o.aggregate_id, o.aggregate_version, o.event_type,
               o.payload, o.headers, o.created_at, o.attempts, o.last_error
-), orphan AS (
-    SELECT id FROM due WHERE in_flight AND attempts < $3::int ORDER BY id LIMIT 1
+), alone AS (
+    SELECT id FROM due WHERE suspect AND NOT spent ORDER BY id LIMIT 1
 ), pick AS (
-    SELECT id FROM orphan
+    SELECT id FROM alone
     UNION ALL
-    SELECT id FROM due WHERE NOT in_flight AND NOT EXISTS (SELECT FROM orphan)
+    SELECT id FROM due WHERE NOT suspect AND NOT spent AND NOT EXISTS (SELECT FROM alone)
 ), claimed AS (
     UPDATE outbox o
     SET attempts = o.attempts + 1,
         in_flight = true,
+        suspect = o.suspect OR o.in_flight,
         next_attempt_at = now() + $2::bigint * interval '1 millisecond'
     WHERE o.id IN (SELECT id FROM pick)
     RETURNING o.id, o.aggregate_type, o.aggregate_id, o.aggregate_version, o.event_type,
@@ -254,27 +262,31 @@ func markPublished(ctx context.Context, db batchSender, envs []Envelope) (deferr
 
 // failure is the outcome of one failed publish attempt.
 type failure struct {
-	env    Envelope
-	err    string
-	delay  time.Duration // until the next attempt
-	dead   bool          // reached MaxAttempts
-	refund bool          // never sent: give the attempt back
+	env     Envelope
+	err     string
+	delay   time.Duration // until the next attempt
+	dead    bool          // reached MaxAttempts
+	refund  bool          // not counted: give the attempt back
+	suspect bool          // publish it alone from now on (see claimSQL)
 
 	unroutable bool // returned by the broker, for metrics
 }
 
 // failSQL records failed attempts in one statement. The attempts column is the
 // fencing token: a row another relay claimed since (after this relay's lease
-// ended) is left alone.
+// ended) is left alone. An outcome takes the row out of flight, and clears
+// suspect unless the failure says it is one; a refunded attempt (the message
+// was never sent) keeps it as it was.
 const failSQL = `
 WITH f AS (
-    SELECT * FROM unnest($1::bigint[], $2::int[], $3::text[], $4::bigint[], $5::bool[], $6::bool[])
-        AS f(id, attempts, err, delay_ms, dead, refund)
+    SELECT * FROM unnest($1::bigint[], $2::int[], $3::text[], $4::bigint[], $5::bool[], $6::bool[], $7::bool[])
+        AS f(id, attempts, err, delay_ms, dead, refund, suspect)
 )
 UPDATE outbox o
 SET attempts         = CASE WHEN f.refund THEN o.attempts - 1 ELSE o.attempts END,
     in_flight        = false,
-    last_error       = CASE WHEN f.refund THEN o.last_error ELSE f.err END,
+    suspect          = f.suspect OR (f.refund AND o.suspect),
+    last_error       = CASE WHEN f.refund AND NOT f.suspect THEN o.last_error ELSE f.err END,
     next_attempt_at  = now() + f.delay_ms * interval '1 millisecond',
     dead_lettered_at = CASE WHEN f.dead AND NOT f.refund THEN now() END
 FROM f
@@ -291,12 +303,13 @@ func recordFailures(ctx context.Context, db DB, fs []failure) (map[int64]bool, e
 		delays   = make([]int64, n)
 		dead     = make([]bool, n)
 		refund   = make([]bool, n)
+		suspect  = make([]bool, n)
 	)
 	for i, f := range fs {
 		fids[i], attempts[i], errs[i] = f.env.ID, int32(f.env.Attempt), f.err
-		delays[i], dead[i], refund[i] = f.delay.Milliseconds(), f.dead, f.refund
+		delays[i], dead[i], refund[i], suspect[i] = f.delay.Milliseconds(), f.dead, f.refund, f.suspect
 	}
-	rows, err := db.Query(ctx, failSQL, fids, attempts, errs, delays, dead, refund)
+	rows, err := db.Query(ctx, failSQL, fids, attempts, errs, delays, dead, refund, suspect)
 	if err != nil {
 		return nil, fmt.Errorf("record outbox publish failures: %w", err)
 	}
@@ -313,11 +326,12 @@ func recordFailures(ctx context.Context, db DB, fs []failure) (map[int64]bool, e
 
 // releaseUnmarkedSQL takes rows the relay published but could not mark out of
 // flight, keeping their lease: they are due again when it ends, like any
-// failed attempt, and claimed in a batch rather than alone. The attempts
-// column fences off rows another relay claimed since.
+// failed attempt, and claimed in a batch rather than alone (the broker took
+// them: they are not suspect). The attempts column fences off rows another
+// relay claimed since.
 const releaseUnmarkedSQL = `
 UPDATE outbox o
-SET in_flight = false
+SET in_flight = false, suspect = false
 FROM unnest($1::bigint[], $2::int[]) AS f(id, attempts)
 WHERE o.id = f.id AND o.attempts = f.attempts AND o.in_flight`
 
