@@ -69,10 +69,11 @@ var (
 	ErrSchemaTooNew = errors.New("outbox: schema too new for this binary")
 )
 
-// migrateLockKey serialises the transactional steps of concurrent Migrate
-// calls: CREATE ... IF NOT EXISTS is not safe against itself when two
+// migrateLockClass and the hash of the schema's name are the advisory lock
+// that serialises the transactional steps of concurrent Migrate calls on one
+// schema: CREATE ... IF NOT EXISTS is not safe against itself when two
 // processes start at the same moment.
-const migrateLockKey int64 = 0x6f7574626f78 // "outbox"
+const migrateLockClass int32 = 0x6f7574 // "out"
 
 // DefaultMigrateLockTimeout is the default of MigrateConfig.LockTimeout.
 const DefaultMigrateLockTimeout = 100 * time.Millisecond
@@ -463,15 +464,16 @@ func (m *migrator) applied(ctx context.Context, db interface {
 // backoff while a lock is not granted in time.
 func (m *migrator) inTx(ctx context.Context, stmts []schemaStmt) error {
 	for attempt := 1; ; attempt++ {
-		var waitingFor string // the table, or the migration lock, being locked
+		var waitingFor string // the table being locked
 		err := pgx.BeginFunc(ctx, m.pool, func(tx pgx.Tx) error {
+			// Only other Migrate calls take this lock, each for one short
+			// transaction: waiting for it holds nobody else up.
+			if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1, hashtext(current_schema()))", migrateLockClass); err != nil {
+				return fmt.Errorf("take the migration lock: %w", err)
+			}
 			if _, err := tx.Exec(ctx, "SELECT set_config('lock_timeout', $1, true)",
 				strconv.FormatInt(m.cfg.LockTimeout.Milliseconds(), 10)+"ms"); err != nil {
 				return fmt.Errorf("set lock_timeout: %w", err)
-			}
-			waitingFor = ""
-			if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", migrateLockKey); err != nil {
-				return fmt.Errorf("take the migration lock: %w", err)
 			}
 			// Another Migrate may have applied some of them meanwhile.
 			applied, err := m.applied(ctx, tx, stmts)
@@ -510,34 +512,23 @@ func isLockTimeout(err error) bool {
 	return errors.As(err, &pgErr) && pgErr.Code == "55P03" // lock_not_available
 }
 
-// holdersSQL lists the other sessions holding a lock on table $1 or, when $1
-// is empty, the migration lock.
+// holdersSQL lists the other sessions holding a lock on table $1.
 const holdersSQL = `
 SELECT a.pid, string_agg(l.mode, '+' ORDER BY l.mode), coalesce(a.application_name, ''), coalesce(a.state, ''),
        coalesce(extract(epoch FROM now() - a.xact_start), 0)::float8, left(coalesce(a.query, ''), 200)
 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-WHERE l.granted AND l.pid <> pg_backend_pid()
-  AND CASE WHEN $1 = '' THEN l.locktype = 'advisory' AND l.classid = ($2::bigint >> 32)::oid AND l.objid = ($2::bigint & 4294967295)::oid
-           ELSE l.locktype = 'relation' AND l.relation = to_regclass($1) END
+WHERE l.granted AND l.pid <> pg_backend_pid() AND l.locktype = 'relation' AND l.relation = to_regclass($1)
 GROUP BY a.pid, a.application_name, a.state, a.xact_start, a.query
 ORDER BY a.xact_start`
 
-// logBlockers logs who held what the timed-out step waited for.
+// logBlockers logs who held the table the timed-out step waited for.
 func (m *migrator) logBlockers(ctx context.Context, table string, attempt int, retryIn time.Duration) {
-	what := "the migration lock (another Migrate)"
-	if table != "" {
-		what = "a lock on table " + table
-	}
-	holders, err := m.sessions(ctx, holdersSQL, table, migrateLockKey)
+	holders, err := m.sessions(ctx, holdersSQL, table)
 	if err != nil {
 		holders = []string{"(could not list them: " + err.Error() + ")"}
 	}
-	level := slog.LevelWarn
-	if table == "" {
-		level = slog.LevelInfo // another Migrate at work: nobody else waits
-	}
-	m.log.Log(ctx, level, "outbox migrate: lock not granted within the lock timeout, retrying; readers and writers of the table were queued meanwhile for at most that long",
-		slog.String("waiting_for", what), slog.Duration("lock_timeout", m.cfg.LockTimeout), slog.Int("attempt", attempt),
+	m.log.WarnContext(ctx, "outbox migrate: lock not granted within the lock timeout, retrying; readers and writers of the table were queued meanwhile for at most that long",
+		slog.String("waiting_for", "a lock on table "+table), slog.Duration("lock_timeout", m.cfg.LockTimeout), slog.Int("attempt", attempt),
 		slog.Duration("retry_in", retryIn), slog.Any("held_by", holders))
 }
 
@@ -606,17 +597,29 @@ func (m *migrator) ensureIndex(ctx context.Context, st schemaStmt) error {
 		if ctx.Err() != nil {
 			return fmt.Errorf("%s: %w (an INVALID index may be left: the next Migrate rebuilds it)", st, ctx.Err())
 		}
-		var pgErr *pgconn.PgError
-		if !errors.As(err, &pgErr) || !slices.Contains([]string{"55P03", "40P01", "42P07"}, pgErr.Code) {
+		if !concurrentDDLConflict(err) {
 			return fmt.Errorf("%s: %w", st, err)
 		}
-		// A lock timeout from the session's settings, a deadlock with another
-		// build, or a name another build took first: look again.
+		// A lock timeout from the session's settings, or a collision with
+		// another Migrate building or dropping the same index: look again.
 		wait := retry.Jitter(retry.Backoff(attempt, 100*time.Millisecond, 10*time.Second))
 		m.log.WarnContext(ctx, "outbox migrate: index build failed, retrying", slog.String("index", st.name),
 			slog.Any("error", err), slog.Duration("retry_in", wait))
 		retry.Sleep(ctx, wait)
 	}
+}
+
+// concurrentDDLConflict tells the errors two sessions building or dropping
+// the same index concurrently can get from each other, and a lock timeout
+// from the session's own settings: a deadlock, a name taken first, a catalog
+// row changed under the statement.
+func concurrentDDLConflict(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	return slices.Contains([]string{"55P03", "40P01", "42P07"}, pgErr.Code) ||
+		pgErr.Code == "XX000" && strings.Contains(pgErr.Message, "tuple concurrently updated")
 }
 
 // qualified returns the index name qualified with its table's schema.

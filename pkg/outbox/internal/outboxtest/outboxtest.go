@@ -106,7 +106,7 @@ func SchemaPool(t testing.TB) *pgxpool.Pool {
 func Pool(t testing.TB) *pgxpool.Pool {
 	t.Helper()
 	pool := SchemaPool(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := outbox.MigrateWithConfig(ctx, pool, outbox.MigrateConfig{Logger: slog.New(slog.DiscardHandler)}); err != nil {
 		t.Fatalf("migrate: %v", err)
