@@ -254,8 +254,12 @@
 // row unblocked, or the relay can move the previous row only after the writer
 // committed, and then sees the writer's row: no row stays blocked behind
 // nothing, the relay never waits for a business transaction, and only the
-// writer of the very next version can hold it back. The claim's index
-// (outbox_due) contains unblocked, non-dead-lettered rows only: its size is the
+// writer of the very next version can hold it back. (A writer of schema 2 or
+// earlier running beside this relay, or an event deleted by hand, can still
+// leave a row blocked behind nothing: each relay looks for such rows at start
+// and every RelayConfig.StrandedCheckInterval, releases them, logs them and
+// counts them in Metrics.Stranded; Admin.Stranded counts those waiting.) The
+// claim's index (outbox_due) contains unblocked, non-dead-lettered rows only: its size is the
 // number of aggregates with work, and a long queue behind one aggregate costs
 // the claim nothing. The claim still checks that each row it takes is its
 // aggregate's oldest: ordering rests on that check for rows written unblocked

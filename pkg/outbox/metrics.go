@@ -55,6 +55,11 @@ type Metrics interface {
 	// still flow, up to PollInterval late. Never called without
 	// NotifyChannel.
 	ListenFallback(fallback bool)
+	// Stranded counts rows the relay found blocked behind nothing (see
+	// Admin.Stranded) and released. Any count means something writes to the
+	// outbox the way this package does not: a writer of an older version of
+	// it, or a hand-made change. Find it.
+	Stranded(n int)
 }
 
 // NopMetrics discards everything. It is the relay's default.
@@ -73,3 +78,4 @@ func (NopMetrics) MarkFailed()                  {}
 func (NopMetrics) Unmarked(int)                 {}
 func (NopMetrics) ListenReconnected()           {}
 func (NopMetrics) ListenFallback(bool)          {}
+func (NopMetrics) Stranded(int)                 {}

@@ -111,6 +111,13 @@ type RelayConfig struct {
 	// table's owner (PostgreSQL skips it with a warning otherwise) and skips
 	// the table while another vacuum holds it.
 	VacuumEvery int
+	// StrandedCheckInterval is how often the relay looks for rows blocked
+	// behind nothing (see Admin.Stranded: written by an older version of this
+	// package, or left by a hand-made change) and releases them, so that they
+	// are claimed in their aggregate's order; it also looks once at start.
+	// Each look reads the blocked rows only. Default 1m, at least 10ms; -1
+	// never looks.
+	StrandedCheckInterval time.Duration
 	// Logger receives the relay's logs. Default slog.Default().
 	Logger *slog.Logger
 	// Metrics receives counters and timings. Default NopMetrics.
@@ -179,6 +186,7 @@ const (
 	defaultListenKeepalive = 30 * time.Second
 	defaultListenProbe     = 2 * time.Second
 	defaultListenRetry     = time.Minute
+	defaultStrandedCheck   = time.Minute
 	minListenKeepalive     = 10 * time.Millisecond
 
 	// dbTimeout bounds each claim and mark statement. They run on a context
@@ -222,6 +230,7 @@ func (c RelayConfig) withDefaults() (RelayConfig, error) {
 	}
 	c.ListenProbeTimeout = cmp.Or(c.ListenProbeTimeout, defaultListenProbe)
 	c.ListenProbeRetry = cmp.Or(c.ListenProbeRetry, defaultListenRetry)
+	c.StrandedCheckInterval = cmp.Or(c.StrandedCheckInterval, defaultStrandedCheck)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -236,6 +245,8 @@ func (c RelayConfig) withDefaults() (RelayConfig, error) {
 		return c, fmt.Errorf("outbox relay config: Workers %d: at most %d", c.Workers, maxWorkers)
 	case c.ListenKeepalive < minListenKeepalive:
 		return c, fmt.Errorf("outbox relay config: ListenKeepalive %v: at least %v", c.ListenKeepalive, minListenKeepalive)
+	case c.StrandedCheckInterval != -1 && c.StrandedCheckInterval < minPollInterval:
+		return c, fmt.Errorf("outbox relay config: StrandedCheckInterval %v: want -1 (never), 0 (default) or at least %v", c.StrandedCheckInterval, minPollInterval)
 	case c.PollInterval < minPollInterval:
 		return c, fmt.Errorf("outbox relay config: PollInterval %v: at least %v", c.PollInterval, minPollInterval)
 	case c.Lease < 2*time.Millisecond:
@@ -338,6 +349,9 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	if r.cfg.VacuumEvery >= 0 {
 		wg.Go(func() { r.vacuumLoop(ctx) })
+	}
+	if r.cfg.StrandedCheckInterval > 0 {
+		wg.Go(func() { r.strandedLoop(ctx) })
 	}
 	r.Wake()
 	r.log.InfoContext(ctx, "outbox relay started",
@@ -489,6 +503,36 @@ func (r *Relay) runBatch(ctx context.Context) (BatchResult, error) {
 	r.cfg.Metrics.BatchDuration(time.Since(start))
 	r.batchDone(res)
 	return res, nil
+}
+
+// strandedLoop releases the rows blocked behind nothing, at start and every
+// StrandedCheckInterval, and wakes the workers when it released some.
+func (r *Relay) strandedLoop(ctx context.Context) {
+	t := time.NewTicker(r.cfg.StrandedCheckInterval)
+	defer t.Stop()
+	for {
+		qctx, cancel := context.WithTimeout(ctx, dbTimeout)
+		released, err := releaseStranded(qctx, r.pool)
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			r.log.WarnContext(ctx, "outbox relay: could not look for rows blocked behind nothing", slog.Any("error", err))
+		case len(released) > 0:
+			for _, e := range released {
+				r.log.WarnContext(ctx, "outbox event was blocked behind nothing (no earlier event of its aggregate is left: written by an older version of the outbox package, or a hand-made change): released",
+					envAttrs(e)...)
+			}
+			r.cfg.Metrics.Stranded(len(released))
+			r.Wake()
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 func (r *Relay) batchDone(res BatchResult) {

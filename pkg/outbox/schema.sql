@@ -44,9 +44,11 @@
 --     then unblocks version + 1 in a later statement of the same transaction.
 -- Either the writer sees the row gone (and inserts its row unblocked), or the
 -- relay cannot move that row before the writer commits, and then sees the
--- writer's row: a row can never stay blocked behind nothing. Only the writer of
--- the very next version ever holds that lock, so a relay is never kept waiting
--- by a queue of writers.
+-- writer's row: a row can never stay blocked behind nothing (unless a writer
+-- of an older version of this package, or a hand-made change, leaves one:
+-- relays look for such rows periodically, through outbox_blocked, and release
+-- them). Only the writer of the very next version ever holds that lock, so a
+-- relay is never kept waiting by a queue of writers.
 -- At REPEATABLE READ and SERIALIZABLE, Enqueue's snapshot may be older than the
 -- relay's last move, so it inserts its row unblocked; the claim's head check
 -- keeps the order, and such rows cost the claim a little until their turn.

@@ -353,3 +353,48 @@ func ids(envs []Envelope) []int64 {
 	}
 	return out
 }
+
+// strandedWhere finds the rows blocked behind nothing: blocked, although no
+// earlier event of their aggregate is left in the outbox. Enqueue and the
+// relay's mark never leave one (see insertSQL and moveSQL), but a writer of an
+// older version of this package does (schema 2 and earlier blocked a row by a
+// version counter the relay no longer advances), and so does an event deleted
+// by hand. Such a row is never claimed, and it is no dead letter an operator
+// could retry. The scan reads the outbox_blocked index, which holds the
+// blocked rows only, and looks up each one's predecessor in
+// outbox_aggregate_version.
+//
+// Unblocking one is safe: its writer allocated its version after every
+// earlier event of the aggregate was committed, so an earlier event cannot
+// appear later, and the statements that remove an event (mark, discard)
+// unblock its successor in the same transaction, so a snapshot that no longer
+// shows the predecessor shows the successor unblocked unless nobody did.
+const strandedWhere = `
+WHERE s.blocked
+  AND NOT EXISTS (
+      SELECT 1 FROM outbox p
+      WHERE p.aggregate_type = s.aggregate_type
+        AND p.aggregate_id = s.aggregate_id
+        AND p.aggregate_version < s.aggregate_version)`
+
+// releaseStrandedSQL unblocks the rows blocked behind nothing.
+const releaseStrandedSQL = `
+UPDATE outbox s SET blocked = false` + strandedWhere + `
+RETURNING s.id, s.aggregate_type, s.aggregate_id, s.aggregate_version, s.event_type, s.attempts`
+
+// releaseStranded unblocks the rows blocked behind nothing and returns them.
+func releaseStranded(ctx context.Context, db DB) ([]Envelope, error) {
+	rows, err := db.Query(ctx, releaseStrandedSQL)
+	if err != nil {
+		return nil, fmt.Errorf("release outbox rows blocked behind nothing: %w", err)
+	}
+	envs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Envelope, error) {
+		var e Envelope
+		err := r.Scan(&e.ID, &e.AggregateType, &e.AggregateID, &e.AggregateVersion, &e.EventType, &e.Attempt)
+		return e, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("release outbox rows blocked behind nothing: %w", err)
+	}
+	return envs, nil
+}

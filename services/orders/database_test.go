@@ -274,3 +274,64 @@ func TestCommandsRefuseAMissingOrOutdatedSchema(t *testing.T) {
 	}
 	check("no orders table", `table "orders"`, [][]string{{"serve"}})
 }
+
+// outbox-status counts the rows blocked behind nothing (an older writer's,
+// or a predecessor deleted by hand), which no relay claims until its periodic
+// check releases them.
+func TestOutboxStatusCountsRowsBlockedBehindNothing(t *testing.T) {
+	t.Parallel()
+	dbURL := migratedDatabaseURL(t)
+	pool := connectPool(t, dbURL)
+	ctx := t.Context()
+	env := map[string]string{"DATABASE_URL": dbURL}
+	var ids []outbox.Enqueued
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		var err error
+		ids, err = outbox.Enqueue(ctx, tx,
+			outbox.Message{AggregateType: "order", AggregateID: "o-1", EventType: "order.created", Payload: []byte(`{}`)},
+			outbox.Message{AggregateType: "order", AggregateID: "o-1", EventType: "order.cancelled", Payload: []byte(`{}`)})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := runCommand(ctx, env, "outbox-status"); err != nil || !strings.Contains(out, "blocked_behind_nothing=0") {
+		t.Fatalf("outbox-status: %v %q, want blocked_behind_nothing=0", err, out)
+	}
+	if _, err := pool.Exec(ctx, "DELETE FROM outbox WHERE id = $1", ids[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := runCommand(ctx, env, "outbox-status"); err != nil || !strings.Contains(out, "blocked_behind_nothing=1") {
+		t.Fatalf("outbox-status: %v %q, want blocked_behind_nothing=1", err, out)
+	}
+}
+
+// outbox-status says when its pending count is PostgreSQL's estimate (a
+// backlog above outbox.StatusCountLimit) rather than a count.
+func TestOutboxStatusSaysWhenPendingIsAnEstimate(t *testing.T) {
+	t.Parallel()
+	dbURL := migratedDatabaseURL(t)
+	pool := connectPool(t, dbURL)
+	ctx := t.Context()
+	env := map[string]string{"DATABASE_URL": dbURL}
+	if out, err := runCommand(ctx, env, "outbox-status"); err != nil || !strings.Contains(out, "pending=0 ") || !strings.Contains(out, "pending_estimated=false") {
+		t.Fatalf("outbox-status: %v %q, want pending=0 and pending_estimated=false", err, out)
+	}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, `
+INSERT INTO outbox (aggregate_type, aggregate_id, aggregate_version, event_type, payload)
+SELECT 'order', 'o-' || g, 1, 'order.created', '{}' FROM generate_series(1, $1::int) g`, outbox.StatusCountLimit+1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, "SELECT pg_stat_force_next_flush()"); err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("pending=%d ", outbox.StatusCountLimit+1)
+	if out, err := runCommand(ctx, env, "outbox-status"); err != nil || !strings.Contains(out, want) || !strings.Contains(out, "pending_estimated=true") {
+		t.Fatalf("outbox-status: %v %q, want %q and pending_estimated=true", err, out, want)
+	}
+}

@@ -5,7 +5,8 @@
 //	orders migrate         create the database and schema, then exit
 //	orders                 API and relay (the default)
 //	orders relay           the relay alone; run as many as you like
-//	orders outbox-status   print the outbox backlog: pending count, oldest age
+//	orders outbox-status   print the outbox backlog: pending count, dead letters,
+//	                       oldest age, rows blocked behind nothing
 //	orders dead-letters    list, retry or discard dead-lettered events
 //
 // Only migrate creates the database and runs DDL (and serve with
@@ -50,7 +51,9 @@ commands:
   serve          run the HTTP API and the relay (default); with MIGRATE=true,
                  migrate first
   relay          run the relay alone (any number may run at once)
-  outbox-status  print pending count, dead letters and the oldest pending age
+  outbox-status  print pending count, dead letters, the oldest pending age
+                 and the rows blocked behind nothing (released by the
+                 relays' periodic check)
   dead-letters list [-after ID] [-limit N]
                  list dead-lettered events
   dead-letters retry ID | -all

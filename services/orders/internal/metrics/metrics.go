@@ -27,6 +27,7 @@ type Relay struct {
 	unmarked         prometheus.Counter
 	listenReconnects prometheus.Counter
 	listenFallback   prometheus.Gauge
+	stranded         prometheus.Counter
 }
 
 var _ outbox.Metrics = (*Relay)(nil)
@@ -57,9 +58,11 @@ func NewRelay(reg prometheus.Registerer) *Relay {
 			Name: "outbox_listen_reconnects_total", Help: "Times the relay's LISTEN connection was lost (broken or silent) and reopened."}),
 		listenFallback: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "outbox_listen_fallback", Help: "1 while the relay is configured to LISTEN but its own test notification did not arrive (e.g. LISTEN through a transaction-pooling PgBouncer; set OUTBOX_LISTEN_URL), so it relies on polling; 0 otherwise."}),
+		stranded: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "outbox_stranded_released_total", Help: "Rows the relay found blocked behind nothing (written by an older outbox writer, or a hand-made change) and released."}),
 	}
 	reg.MustRegister(m.published, m.failed, m.returned, m.deadLettered, m.batchDuration, m.confirmLatency,
-		m.claimFailures, m.markFailures, m.unmarked, m.listenReconnects, m.listenFallback)
+		m.claimFailures, m.markFailures, m.unmarked, m.listenReconnects, m.listenFallback, m.stranded)
 	return m
 }
 
@@ -73,6 +76,7 @@ func (m *Relay) ClaimFailed()                   { m.claimFailures.Inc() }
 func (m *Relay) MarkFailed()                    { m.markFailures.Inc() }
 func (m *Relay) Unmarked(n int)                 { m.unmarked.Add(float64(n)) }
 func (m *Relay) ListenReconnected()             { m.listenReconnects.Inc() }
+func (m *Relay) Stranded(n int)                 { m.stranded.Add(float64(n)) }
 
 // ListenFallback sets outbox_listen_fallback to 1 or 0.
 func (m *Relay) ListenFallback(fallback bool) {
