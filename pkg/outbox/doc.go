@@ -155,10 +155,22 @@
 //   - A message must fit what the broker can take. Enqueue rejects
 //     (ErrInvalidMessage, nothing written) an EventType, AggregateType or
 //     header name over MaxNameBytes (255: they travel as AMQP short strings,
-//     and amqp091-go closes the whole connection on a longer one, at every
-//     retry, until the row is dead-lettered), headers over MaxHeaderBytes in
-//     all, and a Payload over WriterConfig.MaxPayloadBytes (1 MiB by default).
-//     A custom outboxamqp RoutingKey must keep its keys within 255 bytes too.
+//     and amqp091-go closes the whole connection on a longer one), a header
+//     named CC or BCC (RabbitMQ reads them as lists of routing keys and
+//     closes the channel on a string), headers over MaxHeaderBytes measured
+//     as the broker measures them (the encoded AMQP field table, with the
+//     four headers the publisher adds: 15,000 names of 4 bytes are 60 KB of
+//     text but 150 KB on the wire, over RabbitMQ's frame_max), and a Payload
+//     over WriterConfig.MaxPayloadBytes (1 MiB by default). A custom
+//     outboxamqp RoutingKey must keep its keys within 255 bytes too.
+//
+// These rules are AMQP's and RabbitMQ's, written out here rather than taken
+// from an AMQP client: this package imports none, so that a copy of it
+// carries no broker. A hook that the publisher package provides would check
+// the same thing, but only where a Writer was built with it; Enqueue, the
+// call people copy, would check nothing. For another broker they are
+// conservative (short names, at most 64 KiB of headers) and cost nothing to
+// keep.
 //
 // # How the relay works
 //

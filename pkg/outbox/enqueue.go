@@ -13,17 +13,19 @@ import (
 
 // ErrInvalidMessage is returned by Enqueue for a message that can never be
 // published: a missing field, a payload that is not JSON, text PostgreSQL
-// cannot store, or a field over a limit of the broker's protocol (see
-// MaxNameBytes, MaxHeaderBytes) or of the Writer (WriterConfig.MaxPayloadBytes).
-// Nothing is written when it is returned.
+// cannot store, a header the broker refuses, or a field over a limit of the
+// broker's protocol (see MaxNameBytes, MaxHeaderBytes) or of the Writer
+// (WriterConfig.MaxPayloadBytes). Nothing is written when it is returned.
 var ErrInvalidMessage = errors.New("outbox: invalid message")
 
-// Limits a message must keep, checked by Enqueue and Writer.Queue. They come
-// from AMQP 0-9-1, where breaking them is not a failed publish but a protocol
-// error: amqp091-go closes the whole connection, failing every confirm in
-// flight on it, at every retry, until the row is dead-lettered and its
-// aggregate blocked. Checking them when the event is written turns that into
-// an error in the business transaction instead.
+// Limits a message must keep, checked by Enqueue and Writer.Queue. They are
+// the rules of AMQP 0-9-1 and RabbitMQ, computed here from the message alone
+// (this package imports no AMQP client), because breaking them is not a failed
+// publish but a protocol error: the broker or the client closes the channel,
+// or the whole connection, failing every confirm in flight on it, at every
+// retry. Checking them when the event is written turns that into an error in
+// the business transaction instead. See the package doc, "What writers must
+// do".
 const (
 	// MaxNameBytes bounds EventType, AggregateType and each header name. They
 	// travel as AMQP short strings: the event type is the message's type
@@ -32,15 +34,58 @@ const (
 	// usually built from. A custom outboxamqp.Config.RoutingKey must keep its
 	// result within this limit too.
 	MaxNameBytes = 255
-	// MaxHeaderBytes bounds the bytes of AggregateType, AggregateID, EventType
-	// and every header name and value, added up. They all travel in the
-	// message's AMQP content header frame, which must fit in the frame_max the
-	// broker negotiated (RabbitMQ's default 128 KiB); this leaves room for the
-	// encoding and the other properties.
+	// MaxHeaderBytes bounds a message's headers as the broker measures them:
+	// the AMQP field table a publisher sends, which holds Headers and the
+	// four headers every publisher adds (aggregate_type, aggregate_id and
+	// event_type as long strings, aggregate_version as a 64-bit integer; they
+	// replace same-named entries of Headers), encoded: the table's 4-byte
+	// length, then per entry its name as a short string (1 byte of length,
+	// then the name), a type byte, and the value (a long string: 4 bytes of
+	// length, then the text; the integer: 8 bytes).
+	// The table travels in the message's content header frame, which must fit
+	// in the frame_max the connection negotiated (RabbitMQ's default: 128 KiB)
+	// with the other properties; 64 KiB leaves room for them and for brokers
+	// configured down to about 65 KiB (outboxamqp warns on a smaller
+	// frame_max), and consumers get the same frame back.
 	MaxHeaderBytes = 64 << 10
 	// DefaultMaxPayloadBytes is the default of WriterConfig.MaxPayloadBytes.
 	DefaultMaxPayloadBytes = 1 << 20
 )
+
+// reservedHeader says whether a publisher sets the header name from the row
+// (see Publisher), over a same-named entry of Message.Headers.
+func reservedHeader(name string) bool {
+	switch name {
+	case "aggregate_type", "aggregate_id", "event_type", "aggregate_version":
+		return true
+	}
+	return false
+}
+
+// refusedHeaderName says whether RabbitMQ reads the header itself and refuses
+// it with a string value: it closes the channel with 406
+// PRECONDITION_FAILED (unacceptable_type_in_header). CC and BCC name extra
+// routing keys and must be arrays of strings, which a header of this
+// package, a string, cannot be. (Names are compared as RabbitMQ does: "cc"
+// is an ordinary header.)
+func refusedHeaderName(name string) bool { return name == "CC" || name == "BCC" }
+
+// headerBytes returns the size of m's headers as MaxHeaderBytes measures
+// them: the encoded AMQP field table a publisher sends for m.
+func headerBytes(m Message) int {
+	n := 4 // the table's length
+	entry := func(name string, value int) { n += 1 + len(name) + 1 + value }
+	for k, v := range m.Headers {
+		if !reservedHeader(k) {
+			entry(k, 4+len(v))
+		}
+	}
+	entry("aggregate_type", 4+len(m.AggregateType))
+	entry("aggregate_id", 4+len(m.AggregateID))
+	entry("event_type", 4+len(m.EventType))
+	entry("aggregate_version", 8)
+	return n
+}
 
 // Message is one event to publish. AggregateType and AggregateID name the entity
 // the event is about; events of one aggregate are published in the order they
@@ -60,8 +105,12 @@ type Message struct {
 	// change, and of duplicate keys only the last one is kept. Required.
 	Payload []byte
 	// Headers travel with the message to the broker, e.g. W3C trace context
-	// ("traceparent", "tracestate"). Names are at most MaxNameBytes; names and
-	// values count toward MaxHeaderBytes with the three fields above. Optional.
+	// ("traceparent", "tracestate"), as long-string entries of its AMQP
+	// headers table. Names are at most MaxNameBytes; "CC" and "BCC" are
+	// refused (RabbitMQ reads them as lists of routing keys); an entry named
+	// aggregate_type, aggregate_id, event_type or aggregate_version is
+	// replaced by the publisher's. The whole
+	// table, with the three fields above, must fit MaxHeaderBytes. Optional.
 	Headers map[string]string
 }
 
@@ -285,7 +334,6 @@ func (m Message) validate(maxPayload int) error {
 	if strings.Contains(string(m.Payload), `\u0000`) {
 		return errors.New(`Payload contains \u0000, which PostgreSQL cannot store`)
 	}
-	headerBytes := len(m.AggregateType) + len(m.AggregateID) + len(m.EventType)
 	for k, v := range m.Headers {
 		if err := storableText(k); err != nil {
 			return fmt.Errorf("header name %q: %w", k, err)
@@ -293,13 +341,15 @@ func (m Message) validate(maxPayload int) error {
 		if len(k) > MaxNameBytes {
 			return fmt.Errorf("header name %.40q... has %d bytes, more than the %d of an AMQP short string", k, len(k), MaxNameBytes)
 		}
+		if refusedHeaderName(k) {
+			return fmt.Errorf("header %q: RabbitMQ takes it for a list of routing keys and closes the channel on a string value; use another name", k)
+		}
 		if err := storableText(v); err != nil {
 			return fmt.Errorf("header %q: %w", k, err)
 		}
-		headerBytes += len(k) + len(v)
 	}
-	if headerBytes > MaxHeaderBytes {
-		return fmt.Errorf("headers, aggregate and event type have %d bytes together, more than the limit of %d (MaxHeaderBytes)", headerBytes, MaxHeaderBytes)
+	if n := headerBytes(m); n > MaxHeaderBytes {
+		return fmt.Errorf("the headers take %d bytes as the broker measures them (an AMQP field table, with the publisher's aggregate_type, aggregate_id, event_type and aggregate_version), more than the limit of %d (MaxHeaderBytes)", n, MaxHeaderBytes)
 	}
 	return nil
 }

@@ -356,9 +356,11 @@ func TestQueueSendsMessagesInTheCallersBatch(t *testing.T) {
 
 // A message the broker cannot take must not reach the outbox: amqp091 closes
 // the whole connection on a short string over 255 bytes (the event type is the
-// message's type and default routing key; header names are table keys), and
-// the broker on a content header frame over its frame_max. Each limit is
-// checked by Enqueue and by Writer.Queue, which then write or queue nothing.
+// message's type and default routing key; header names are table keys),
+// RabbitMQ the channel on a CC or BCC header that is not a list, and the
+// connection on a content header frame over its frame_max, which the headers
+// fill as an encoded AMQP table, not as text. Each limit is checked by
+// Enqueue and by Writer.Queue, which then write or queue nothing.
 func TestEnqueueRejectsMessagesTheBrokerCannotTake(t *testing.T) {
 	t.Parallel()
 	pool := newTestPool(t)
@@ -373,7 +375,17 @@ func TestEnqueueRejectsMessagesTheBrokerCannotTake(t *testing.T) {
 		"header name over 255 bytes":    func(m *outbox.Message) { m.Headers = map[string]string{long(256): "v"} },
 		"header values over 64 KiB":     func(m *outbox.Message) { m.Headers = map[string]string{"baggage": long(64 << 10)} },
 		"aggregate id over 64 KiB":      func(m *outbox.Message) { m.AggregateID = long(64 << 10) },
-		"payload over 1 MiB":            func(m *outbox.Message) { m.Payload = jsonOfSize(1<<20 + 1) },
+		// RabbitMQ reads CC and BCC as lists of routing keys: 406
+		// unacceptable_type_in_header on a string, the channel closed.
+		"header CC":  func(m *outbox.Message) { m.Headers = map[string]string{"CC": "audit"} },
+		"header BCC": func(m *outbox.Message) { m.Headers = map[string]string{"BCC": "audit"} },
+		// 60 KB of text, 150 KB as an AMQP table: over RabbitMQ's frame_max
+		// (501 FRAME_ERROR, the connection closed).
+		"15,000 header names of 4 bytes": func(m *outbox.Message) { m.Headers = names(15_000, 4) },
+		"headers under 64 KiB as text, over it encoded": func(m *outbox.Message) {
+			m.Headers = names(6000, 8) // 48,000 bytes of names, 84,000 encoded
+		},
+		"payload over 1 MiB": func(m *outbox.Message) { m.Payload = jsonOfSize(1<<20 + 1) },
 	}
 	for name, mutate := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -416,6 +428,44 @@ func TestEnqueueRejectsMessagesTheBrokerCannotTake(t *testing.T) {
 	atLimits.Payload = jsonOfSize(1 << 20)
 	if got := enqueue(t, pool, atLimits); len(got) != 1 {
 		t.Fatalf("enqueued %d messages at the limits, want 1", len(got))
+	}
+}
+
+// names returns n headers with distinct names of size bytes and empty values.
+func names(n, size int) map[string]string {
+	h := make(map[string]string, n)
+	for i := range n {
+		h[fmt.Sprintf("%0*x", size, i)] = ""
+	}
+	return h
+}
+
+// The headers are measured as the AMQP field table a publisher sends: the
+// table's length, then per entry a short-string name, a type byte and the
+// value, with the four headers every publisher adds (a same-named header of
+// the message is replaced, not counted twice).
+func TestHeaderBytesMeasuresTheEncodedTable(t *testing.T) {
+	t.Parallel()
+	base := outbox.Message{AggregateType: "order", AggregateID: "o-1", EventType: "order.created"}
+	// 4 (table) + aggregate_type 1+14+1+4+5 + aggregate_id 1+12+1+4+3
+	// + event_type 1+10+1+4+13 + aggregate_version 1+17+1+8
+	const reserved = 4 + 25 + 21 + 29 + 27
+	for name, c := range map[string]struct {
+		headers map[string]string
+		want    int
+	}{
+		"no headers":              {nil, reserved},
+		"one header":              {map[string]string{"a": "bc"}, reserved + 1 + 1 + 1 + 4 + 2},
+		"empty name and value":    {map[string]string{"": ""}, reserved + 1 + 0 + 1 + 4 + 0},
+		"a reserved name":         {map[string]string{"event_type": "spoofed"}, reserved},
+		"multi-byte text (bytes)": {map[string]string{"é": "日本"}, reserved + 1 + 2 + 1 + 4 + 6},
+		"15,000 names of 4 bytes": {names(15_000, 4), reserved + 15_000*(1+4+1+4)},
+	} {
+		m := base
+		m.Headers = c.headers
+		if got := outbox.HeaderBytes(m); got != c.want {
+			t.Errorf("%s: %d bytes, want %d", name, got, c.want)
+		}
 	}
 }
 

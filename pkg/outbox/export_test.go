@@ -19,3 +19,6 @@ func ParseSchema(sql string) error {
 	_, err := parseSchema(sql)
 	return err
 }
+
+// HeaderBytes lets the external tests check the measure of MaxHeaderBytes.
+var HeaderBytes = headerBytes

@@ -86,7 +86,16 @@ type Publisher struct {
 	closed    atomic.Bool
 	closeOnce sync.Once
 	closing   chan struct{}
+
+	frameSize int // the frame_max the client asks for; 0: amqp091's default, the broker's 128 KiB
 }
+
+// minFrameMax is the frame_max a message needs whose headers fill
+// outbox.MaxHeaderBytes: the table, and the rest of the content header frame
+// (frame header and end, class, weight, body size, property flags, content
+// type, delivery mode, message id, timestamp, a type of 255 bytes: 324 bytes),
+// rounded up.
+const minFrameMax = outbox.MaxHeaderBytes + 512
 
 var _ outbox.Publisher = (*Publisher)(nil)
 
@@ -293,6 +302,7 @@ func (p *Publisher) dialNode(ctx context.Context, i int) (*session, error) {
 	props.SetClientConnectionName(p.cfg.ConnectionName)
 	dialer := &net.Dialer{Timeout: p.cfg.DialTimeout}
 	conn, err := amqp.DialConfig(p.urls[i], amqp.Config{
+		FrameSize:       p.frameSize,
 		Heartbeat:       p.cfg.Heartbeat,
 		TLSClientConfig: p.cfg.TLS,
 		Properties:      props,
@@ -315,6 +325,10 @@ func (p *Publisher) dialNode(ctx context.Context, i int) (*session, error) {
 	log := p.log
 	if len(p.urls) > 1 {
 		log = log.With(slog.String("node", p.nodes[i]))
+	}
+	if fs := conn.Config.FrameSize; fs > 0 && fs < minFrameMax {
+		log.WarnContext(ctx, "outboxamqp: the connection's frame_max is smaller than what a message whose headers fill outbox.MaxHeaderBytes needs: the broker will refuse such messages, and the relay will isolate and dead-letter them; raise the broker's frame_max",
+			slog.Int("frame_max", fs), slog.Int("needed", minFrameMax))
 	}
 	s, err := newSession(conn, log, p.cfg.MaxInFlight)
 	if err != nil {
