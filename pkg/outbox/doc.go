@@ -170,7 +170,12 @@
 // the same thing, but only where a Writer was built with it; Enqueue, the
 // call people copy, would check nothing. For another broker they are
 // conservative (short names, at most 64 KiB of headers) and cost nothing to
-// keep.
+// keep. And whatever a broker refuses that Enqueue let through (a stricter
+// broker, a frame_max set lower than MaxHeaderBytes needs, a rule of a
+// future version) cannot block the outbox: a publisher says so with
+// ErrBatchRefused, the relay sends each message of that batch alone next
+// time without counting the attempt, and the one the broker refuses alone
+// fails its attempts and is dead-lettered, while every other row goes out.
 //
 // # How the relay works
 //
@@ -293,7 +298,13 @@
 //     are reported failed, retried after a backoff, and may be duplicates.
 //   - Broker refuses or returns a message (nack, no queue bound): a failed
 //     attempt. Unroutable messages end as dead letters rather than being marked
-//     published.
+//     published. A nack or a confirm timeout fails only the batch it came in
+//     (outboxamqp gives each batch a channel of its own).
+//   - Broker refuses a message by closing its channel or connection, without
+//     saying which (ErrBatchRefused): the messages of that batch without a
+//     verdict are retried alone, their attempt given back (BatchResult.Isolated);
+//     the refused one then fails alone, attempt after attempt, and is
+//     dead-lettered with the broker's reason.
 //   - PostgreSQL unavailable: claims fail and are retried with backoff; a mark
 //     that fails is retried while the lease lasts, then the batch is published
 //     again after the lease. Metrics.ClaimFailed, MarkFailed and Unmarked count

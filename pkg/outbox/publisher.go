@@ -54,6 +54,21 @@ type Envelope struct {
 //     it cannot have reached the broker: the relay retries it at once without
 //     counting an attempt. Never use it for a message that might have been sent.
 //
+//   - An error wrapping ErrBatchRefused says the broker refused one message of
+//     the batch without saying which, and took the others without a verdict
+//     down with it (RabbitMQ closes the channel, or the connection, on a
+//     header of a type it refuses or a frame too large): the relay sends each
+//     such message alone next time, without counting this attempt, and counts
+//     the attempts of the one the broker refuses alone, until it is
+//     dead-lettered. Use it only for a refusal the broker blames on a message
+//     it was sent, not for an outage: it makes every message concerned go out
+//     one per claim.
+//
+//   - Headers: a publisher sends Envelope.Headers with aggregate_type,
+//     aggregate_id, event_type (strings) and aggregate_version (a 64-bit
+//     integer) set from the envelope, over same-named entries; Enqueue's
+//     MaxHeaderBytes measures that table.
+//
 //   - The envelopes of one batch belong to distinct aggregates, so they may be
 //     sent concurrently; PublishBatch must return by the time ctx ends (the
 //     relay's PublishTimeout), and must be safe for concurrent use: a relay runs
@@ -71,4 +86,8 @@ var (
 	// bound for it. It counts as a failed attempt: publishing to nowhere is not
 	// publishing.
 	ErrUnroutable = errors.New("outbox: message unroutable")
+	// ErrBatchRefused marks a message without a verdict because the broker
+	// refused some message of its batch, without saying which, and dropped
+	// the channel or connection that carried them. See Publisher.
+	ErrBatchRefused = errors.New("outbox: the broker refused a message of the batch")
 )

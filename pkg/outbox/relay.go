@@ -161,6 +161,10 @@ type BatchResult struct {
 	// NotSent are rows the publisher never sent; they are due again at once,
 	// their attempt given back.
 	NotSent []int64
+	// Isolated are rows of a batch the broker refused without saying which
+	// message it refused (ErrBatchRefused): each goes out alone next time,
+	// at once, its attempt given back.
+	Isolated []int64
 	// DeadLetteredAtClaim are due rows the claim dead-lettered instead of
 	// handing them out, because they had MaxAttempts attempts already: their
 	// relays stopped while publishing them, every time.
@@ -462,12 +466,19 @@ func (r *Relay) runBatch(ctx context.Context) (BatchResult, error) {
 			continue
 		}
 		f := failure{env: e, err: errorText(perr), unroutable: errors.Is(perr, ErrUnroutable)}
+		refused := errors.Is(perr, ErrBatchRefused)
 		switch {
 		case errors.Is(perr, ErrNotSent):
 			f.refund = true
+		case refused && len(envs) > 1:
+			// Any of the batch's messages without a verdict may be the one the
+			// broker refused: each goes out alone, at no attempt's cost.
+			f.refund, f.suspect, f.isolate = true, true, true
 		case e.Attempt >= r.cfg.MaxAttempts:
-			f.dead = true
+			f.dead, f.suspect = true, refused
 		default:
+			// Refused alone, it is the one: it stays alone, and its attempts count.
+			f.suspect = refused
 			f.delay = retry.Jitter(retry.Backoff(e.Attempt, r.cfg.RetryBackoffMin, r.cfg.RetryBackoffMax))
 		}
 		failures = append(failures, f)
@@ -537,7 +548,7 @@ func (r *Relay) strandedLoop(ctx context.Context) {
 
 func (r *Relay) batchDone(res BatchResult) {
 	if h := r.cfg.Hooks.BatchDone; h != nil {
-		for _, s := range [][]int64{res.Published, res.Unmarked, res.Failed, res.DeadLettered, res.NotSent, res.DeadLetteredAtClaim} {
+		for _, s := range [][]int64{res.Published, res.Unmarked, res.Failed, res.DeadLettered, res.NotSent, res.Isolated, res.DeadLetteredAtClaim} {
 			slices.Sort(s)
 		}
 		h(res)
@@ -613,6 +624,10 @@ func (r *Relay) recordFailures(ctx context.Context, failures []failure, res *Bat
 	for _, f := range failures {
 		attrs := append(envAttrs(f.env), slog.String("error", f.err))
 		switch {
+		case f.isolate:
+			res.Isolated = append(res.Isolated, f.env.ID)
+			r.log.WarnContext(ctx, "outbox event in a batch the broker refused (it did not say which message): retrying it alone", attrs...)
+			failed++
 		case f.refund:
 			res.NotSent = append(res.NotSent, f.env.ID)
 			r.log.DebugContext(ctx, "outbox event not sent, retrying", attrs...)

@@ -268,6 +268,7 @@ type failure struct {
 	dead    bool          // reached MaxAttempts
 	refund  bool          // not counted: give the attempt back
 	suspect bool          // publish it alone from now on (see claimSQL)
+	isolate bool          // its batch was refused by the broker (refund and suspect)
 
 	unroutable bool // returned by the broker, for metrics
 }

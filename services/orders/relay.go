@@ -27,7 +27,7 @@ func newRelay(cfg config.Config, pool *pgxpool.Pool, reg prometheus.Registerer, 
 		URL:            cfg.AMQPURL,
 		Exchange:       config.Exchange,
 		ConnectionName: "orders-relay",
-		MaxInFlight:    2 * cfg.BatchSize, // the relay's default 2 workers x RELAY_BATCH_SIZE
+		MaxInFlight:    cfg.BatchSize, // one batch per channel
 		Logger:         logger,
 	})
 	if err != nil {

@@ -28,7 +28,8 @@
 // PublishWithDeferredConfirmWithContext. A message succeeds only with a
 // positive confirm and no basic.return. RabbitMQ sends the return of an
 // unroutable mandatory message before its ack; the client puts returns into a
-// buffer of Config.MaxInFlight slots before it processes the following ack,
+// buffer of Config.MaxInFlight slots (one buffer per channel) before it
+// processes the following ack,
 // and PublishBatch has that buffer drained after the acks and before it reads
 // any verdict, so a return is never missed or attributed after its ack.
 // Returns are matched to messages by MessageId. The goroutine that takes them
@@ -42,19 +43,36 @@
 // outbox.ErrUnroutable), a confirm still missing at the deadline, or a
 // connection or channel that closed with confirms outstanding (their outcome is
 // unknown: the broker may hold the message, so the relay retries it and
-// consumers may see it twice). A message that was never handed to the
-// connection (not connected, broker blocking until the deadline, channel
-// already closed) wraps outbox.ErrNotSent, and the relay retries it without
-// counting an attempt.
+// consumers may see it twice). When the broker itself closed the channel or the
+// connection because of a message it was sent (406 PRECONDITION_FAILED, such as
+// RabbitMQ's unacceptable_type_in_header for a CC header that is not a list;
+// 501 FRAME_ERROR for a frame over frame_max; 502 SYNTAX_ERROR), it does not say
+// which message: the errors of the messages without a verdict wrap
+// outbox.ErrBatchRefused, and the relay sends each alone next time, without
+// counting the attempt, so the refused one fails alone and the others go out.
+// A message that was never handed to the connection (not connected, broker
+// blocking until the deadline, channel already closed) wraps outbox.ErrNotSent,
+// and the relay retries it without counting an attempt.
 //
 // # Connection management
 //
 // New does not connect. WaitReady dials when there is no live connection, with
 // jittered exponential backoff between failures (Config.ReconnectMin to
 // ReconnectMax), and returns once connected; a broker that is down at start
-// only delays the relay, which claims nothing meanwhile. Any close of the
-// connection or of its channel ends the session: outstanding confirms fail, and
-// the next WaitReady dials again.
+// only delays the relay, which claims nothing meanwhile. A close of the
+// connection ends the session: outstanding confirms fail, and the next
+// WaitReady dials again.
+//
+// Each batch publishes on a confirm-mode channel of its own (taken from the
+// connection's idle channels, or opened), so a fault on one batch's channel
+// fails that batch only: after a nack (on RabbitMQ 3.10 a channel that got a
+// quorum queue's nack during a leader election went on nacking), confirms
+// still missing at the deadline, or the broker closing it, the channel is
+// closed and never used again, while other batches' channels and the
+// connection go on; if the broker does not even answer the channel's close
+// within a second, the connection is closed. What belongs to the connection
+// (a broken socket, a connection-level error, a write stuck on a broker that
+// stopped reading) still fails every batch in flight on it.
 //
 // On a RabbitMQ cluster, Config.URL lists the nodes, separated by commas. A
 // connection attempt tries them in turn (each within DialTimeout), starting
@@ -72,18 +90,23 @@
 // its own) so PublishBatch returns on time and nothing more is written after
 // the relay gave up on the batch.
 //
+// The connection's frame_max bounds a message's content header frame, which
+// carries its headers: WaitReady warns when the negotiated frame_max is smaller
+// than a message whose headers fill outbox.MaxHeaderBytes needs.
+//
 // Every notification channel registered with the client (returns, blocked,
 // channel and connection close) is drained by a goroutine of the session for
 // as long as the client may write to it: the client drops notifications that
 // nobody reads, and a dropped return would be a lost message.
 //
 // Ready answers at once, without dialling, whether the publisher holds a live
-// connection and channel that the broker is not blocking, and otherwise why
+// connection that the broker is not blocking, and otherwise why
 // not (ErrNotConnected with the lost connection's cause and the last failed
 // attempt, the broker's blocking reason, or ErrClosed): a readiness probe of
 // the relay's process reports the broker with it.
 //
-// One Publisher holds one connection and one channel; it is safe for
-// concurrent use by the relay's workers, whose batches are sent one after the
-// other and confirmed concurrently. Close it when the relay has stopped.
+// One Publisher holds one connection and one channel per batch in flight; it is
+// safe for concurrent use by the relay's workers, whose batches are sent and
+// confirmed concurrently, each on its channel. Close it when the relay has
+// stopped.
 package outboxamqp

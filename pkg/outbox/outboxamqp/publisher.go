@@ -55,14 +55,15 @@ type Config struct {
 	// 100ms and 10s.
 	ReconnectMin time.Duration
 	ReconnectMax time.Duration
-	// MaxInFlight is how many messages may await their confirms at once, over
-	// all callers: for a relay, RelayConfig.Workers x BatchSize. It sizes the
-	// buffer that takes the broker's basic.return notifications, so the client
-	// never waits to hand one over (it drops a notification not taken within
-	// 5s, and a dropped return would count an unroutable message as
-	// published). The reader of that buffer never blocks either, so a smaller
-	// value is still correct under normal scheduling. Each slot takes 264
-	// bytes (64-bit), allocated once per connection. Default 1,000 (the relay's default 2 x 500).
+	// MaxInFlight is how many messages one batch may have awaiting their
+	// confirms at once: for a relay, its BatchSize (a larger value does no
+	// harm). It sizes the buffer of each channel that takes the broker's
+	// basic.return notifications, so the client never waits to hand one over
+	// (it drops a notification not taken within 5s, and a dropped return
+	// would count an unroutable message as published). The reader of that
+	// buffer never blocks either, so a smaller value is still correct under
+	// normal scheduling. Each slot takes 264 bytes (64-bit), allocated once
+	// per channel. Default 1,000.
 	MaxInFlight int
 	// Logger receives connection events. Default slog.Default().
 	Logger *slog.Logger
@@ -70,8 +71,10 @@ type Config struct {
 
 // Publisher publishes outbox envelopes to RabbitMQ with publisher confirms. It
 // implements outbox.Publisher; see that interface for the contract. It holds one
-// connection with one confirm-mode channel, opened by WaitReady and reopened
-// after any failure, and is safe for concurrent use.
+// connection, opened by WaitReady and reopened after it fails, and on it one
+// confirm-mode channel per batch in flight (a relay's Workers), so that a
+// fault on one batch's channel fails no other batch. It is safe for
+// concurrent use.
 type Publisher struct {
 	cfg    Config
 	urls   []string // the nodes, from Config.URL
@@ -330,15 +333,17 @@ func (p *Publisher) dialNode(ctx context.Context, i int) (*session, error) {
 		log.WarnContext(ctx, "outboxamqp: the connection's frame_max is smaller than what a message whose headers fill outbox.MaxHeaderBytes needs: the broker will refuse such messages, and the relay will isolate and dead-letter them; raise the broker's frame_max",
 			slog.Int("frame_max", fs), slog.Int("needed", minFrameMax))
 	}
-	s, err := newSession(conn, log, p.cfg.MaxInFlight)
+	s := newSession(conn, log, p.cfg.MaxInFlight)
+	c, err := s.openChannel()
 	if err != nil {
-		_ = conn.Close()
+		s.close()
 		return nil, err
 	}
-	if err := s.ch.ExchangeDeclare(p.cfg.Exchange, p.cfg.ExchangeType, true, false, false, false, nil); err != nil {
+	if err := c.ch.ExchangeDeclare(p.cfg.Exchange, p.cfg.ExchangeType, true, false, false, false, nil); err != nil {
 		s.close()
 		return nil, fmt.Errorf("declare exchange %q: %w", p.cfg.Exchange, err)
 	}
+	s.release(c) // the first batch's channel
 	return s, nil
 }
 
@@ -361,9 +366,17 @@ func ParseURLs(s string) ([]string, error) {
 	return urls, nil
 }
 
-// PublishBatch publishes msgs, all sent before any confirm is awaited, and
-// returns one error per message: nil only for a message the broker confirmed
-// and did not return. See outbox.Publisher.
+// PublishBatch publishes msgs on a channel of its own, all sent before any
+// confirm is awaited, and returns one error per message: nil only for a
+// message the broker confirmed and did not return. See outbox.Publisher.
+//
+// A fault of the batch's channel fails this batch only: after a nack, or
+// confirms that did not come by ctx's deadline, the channel is closed and
+// the next batch opens another, while batches on other channels go on. When
+// the broker closed the channel (or the connection) because of a message it
+// refuses (406 PRECONDITION_FAILED, 501 FRAME_ERROR, 502 SYNTAX_ERROR), it
+// does not say which: every message of the batch still without a verdict
+// gets an error wrapping outbox.ErrBatchRefused.
 func (p *Publisher) PublishBatch(ctx context.Context, msgs []outbox.Envelope) []error {
 	return p.PublishBatchTimed(ctx, msgs, nil)
 }
@@ -384,16 +397,22 @@ func (p *Publisher) PublishBatchTimed(ctx context.Context, msgs []outbox.Envelop
 		fill(errs, 0, fmt.Errorf("outboxamqp: not connected: %w", outbox.ErrNotSent))
 		return errs
 	}
+	c, err := s.acquire()
+	if err != nil {
+		fill(errs, 0, fmt.Errorf("outboxamqp: %w: %w", err, outbox.ErrNotSent))
+		return errs
+	}
+	defer s.release(c)
 
 	flights := make([]*flight, len(msgs))
 	for i, m := range msgs {
 		flights[i] = &flight{id: strconv.FormatInt(m.ID, 10)}
 	}
-	s.track(flights)
-	defer s.untrack(flights)
+	c.track(flights)
+	defer c.untrack(flights)
 
 	// Send everything first: many messages in flight, one confirm each.
-	sent := s.send(ctx, p.cfg.Exchange, msgs, flights, p.cfg.RoutingKey, errs)
+	sent := c.send(ctx, p.cfg.Exchange, msgs, flights, p.cfg.RoutingKey, errs)
 
 	// Then collect the verdicts.
 	for i := range sent {
@@ -411,19 +430,16 @@ func (p *Publisher) PublishBatchTimed(ctx context.Context, msgs []outbox.Envelop
 	}
 	timedOut := false
 	for i := range sent {
-		if f := flights[i]; f.dc != nil {
-			select {
-			case <-f.dc.Done():
-			default:
-				timedOut = true
-			}
+		if f := flights[i]; f.dc != nil && !isDone(f.dc.Done()) {
+			timedOut = true
 		}
 	}
 	if timedOut {
-		// Confirms stuck past the deadline: the connection is not trustworthy.
-		// Closing it fails the other pending confirms and writes nothing more.
-		p.log.WarnContext(ctx, "outboxamqp: confirms timed out, reconnecting", slog.Any("error", ctx.Err()))
-		s.close()
+		// Confirms stuck past the deadline: this channel is not trustworthy.
+		// Closing it fails its other pending confirms; other batches' channels
+		// go on.
+		p.log.WarnContext(ctx, "outboxamqp: confirms timed out, closing the batch's channel", slog.Any("error", ctx.Err()))
+		c.close()
 	}
 	// A basic.return precedes the ack of its message: have every return
 	// received so far recorded before reading the acks. When the batch's
@@ -434,16 +450,15 @@ func (p *Publisher) PublishBatchTimed(ctx context.Context, msgs []outbox.Envelop
 		syncCtx, cancel = context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 		defer cancel()
 	}
-	syncErr := s.syncReturns(syncCtx)
+	syncErr := c.syncReturns(syncCtx)
 
+	nacked := false
 	for i := range sent {
 		f := flights[i]
 		if f.dc == nil {
 			continue
 		}
-		select {
-		case <-f.dc.Done():
-		default:
+		if !isDone(f.dc.Done()) {
 			errs[i] = fmt.Errorf("outboxamqp: no confirm within the publish timeout (outcome unknown): %w", ctx.Err())
 			continue
 		}
@@ -455,28 +470,51 @@ func (p *Publisher) PublishBatchTimed(ctx context.Context, msgs []outbox.Envelop
 			errs[i] = fmt.Errorf("outboxamqp: confirmed, but its return could not be ruled out (outcome unknown): %w", syncErr)
 		case f.dc.Acked():
 			errs[i] = nil
-		case s.isDead():
-			errs[i] = fmt.Errorf("outboxamqp: connection lost before the confirm (outcome unknown): %w", s.cause())
 		default:
-			errs[i] = errors.New("outboxamqp: nacked by the broker")
+			cause, closed := c.closeCause()
+			switch {
+			case closed && refusesAMessage(cause):
+				errs[i] = fmt.Errorf("outboxamqp: the broker refused a message of this batch and closed its channel (outcome unknown): %w: %w",
+					cause, outbox.ErrBatchRefused)
+			case closed:
+				errs[i] = fmt.Errorf("outboxamqp: channel or connection closed before the confirm (outcome unknown): %w", cause)
+			default:
+				errs[i] = errors.New("outboxamqp: nacked by the broker")
+				nacked = true
+			}
 		}
 	}
 	// A channel that saw a nack is not used again: on RabbitMQ 3.10, a
 	// channel that got a quorum queue's nack while the queue elected a new
 	// leader went on nacking every publish to it (seen for minutes on a
 	// three-node cluster), while a new channel was confirmed at once.
-	for i := range sent {
-		if f := flights[i]; f.dc != nil && isDone(f.dc.Done()) && !f.dc.Acked() && !s.isDead() {
-			p.log.WarnContext(ctx, "outboxamqp: nacked by the broker, reconnecting")
-			s.close()
-			break
-		}
+	if nacked {
+		p.log.WarnContext(ctx, "outboxamqp: nacked by the broker, closing the batch's channel")
+		c.close()
 	}
-	if n := s.strays.Swap(0); n > 0 {
+	if n := c.strays.Swap(0); n > 0 {
 		// Logged here, by a caller, never by the returns reader.
 		p.log.WarnContext(ctx, "outboxamqp: returns for messages no longer awaited", slog.Int64("returns", n))
 	}
 	return errs
+}
+
+// refusesAMessage tells a channel or connection close with which the broker
+// refuses a message it was sent (rather than failing for everyone): a header
+// of a type it does not accept (406; RabbitMQ checks CC and BCC), a frame
+// larger than frame_max (501), a field table it cannot parse (502). Only a
+// close the broker sent counts: the client reports a broken connection as a
+// 501 of its own.
+func refusesAMessage(err error) bool {
+	var e *amqp.Error
+	if !errors.As(err, &e) || !e.Server {
+		return false
+	}
+	switch e.Code {
+	case amqp.PreconditionFailed, amqp.FrameError, amqp.SyntaxError:
+		return true
+	}
+	return false
 }
 
 // Exchange returns the exchange every message is published to (Config.Exchange),

@@ -148,7 +148,9 @@ func TestNewValidatesConfig(t *testing.T) {
 
 // Confirms that do not come back by the deadline make PublishBatch return on
 // time, with an outcome-unknown failure (not ErrNotSent: the broker may have
-// the messages), and the publisher reconnects for the next batch.
+// the messages). The batch's channel is closed; here the broker does not
+// answer that either (nothing it sends comes through), so the connection is
+// dropped, and the publisher reconnects for the next batch.
 func TestPublishBatchWithoutConfirmsByTheDeadline(t *testing.T) {
 	t.Parallel()
 	b := newBroker(t, true)
@@ -172,6 +174,7 @@ func TestPublishBatchWithoutConfirmsByTheDeadline(t *testing.T) {
 		}
 	}
 	b.waitDeliveries("the unconfirmed messages routed anyway", 10*time.Second, func(ds []amqp.Delivery) bool { return len(ds) == 3 })
+	waitUntil(t, "the unanswering connection dropped", func() bool { return p.Ready() != nil })
 
 	px.DropReplies(false)
 	if errs := publishBatch(t, p, envelope(4, "o-4", 1, "order.created")); errs[0] != nil {

@@ -34,11 +34,30 @@ func (h stuckHandler) Handle(context.Context, slog.Record) error {
 func (h stuckHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
 func (h stuckHandler) WithGroup(string) slog.Handler      { return h }
 
+// strayReturn publishes, on the channel p's next batch will take, a message
+// that comes back as a return no batch awaits: the kind of return a reader
+// would be tempted to log.
+func strayReturn(t *testing.T, ctx context.Context, p *Publisher, exchange string) {
+	t.Helper()
+	s := p.sess.Load()
+	c, err := s.acquire()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.release(c)
+	if err := c.ch.PublishWithContext(ctx, exchange, "nowhere", true, false, amqp.Publishing{MessageId: "stray"}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // A logger that blocks must not cost a basic.return: the client waits 5s at
 // most for its reader to take one and then drops it, and the message's ack
 // that follows would make an unroutable message count as published. The
 // batch is preceded by a return the publisher cannot match (a message it no
-// longer awaits), which is the kind of return a reader would log.
+// longer awaits), which is the kind of return a reader would log. The returns
+// buffer holds one message (MaxInFlight: 1), so a reader that waited for the
+// logger even once would let the client drop the returns behind it: a large
+// buffer would hide that.
 func TestReturnsAreKeptWhileTheLoggerBlocks(t *testing.T) {
 	t.Parallel()
 	ch, exchange := returnsExchange(t)
@@ -51,7 +70,8 @@ func TestReturnsAreKeptWhileTheLoggerBlocks(t *testing.T) {
 	}
 
 	var records atomic.Int64
-	p, err := New(Config{URL: outboxtest.AMQPURL(), Exchange: exchange, Logger: slog.New(stuckHandler{stuck: 6 * time.Second, records: &records})})
+	p, err := New(Config{URL: outboxtest.AMQPURL(), Exchange: exchange, MaxInFlight: 1,
+		Logger: slog.New(stuckHandler{stuck: 6 * time.Second, records: &records})})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,13 +82,9 @@ func TestReturnsAreKeptWhileTheLoggerBlocks(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// A return for a message no batch awaits, on the publisher's own channel.
-	s := p.sess.Load()
-	if err := s.ch.PublishWithContext(ctx, exchange, "nowhere", true, false, amqp.Publishing{MessageId: "stray"}); err != nil {
-		t.Fatal(err)
-	}
+	strayReturn(t, ctx, p, exchange)
 	var msgs []outbox.Envelope
-	for i := range 6 {
+	for i := range 20 {
 		key := "order.unroutable"
 		if i%2 == 0 {
 			key = "routed"
@@ -94,21 +110,21 @@ func TestReturnsAreKeptWhileTheLoggerBlocks(t *testing.T) {
 func TestSyncReturnsRecordsWhatIsBuffered(t *testing.T) {
 	t.Parallel()
 	const n = 100
-	s := &session{returns: make(chan amqp.Return, n), syncReq: make(chan chan struct{}), drainDone: make(chan struct{})}
+	c := &channel{returns: make(chan amqp.Return, n), syncReq: make(chan chan struct{}), drainDone: make(chan struct{})}
 	var fs []*flight
 	for i := range n {
 		fs = append(fs, &flight{id: strconv.Itoa(i)})
 	}
-	s.track(fs)
+	c.track(fs)
 	for _, f := range fs {
-		s.returns <- amqp.Return{MessageId: f.id, ReplyCode: 312, ReplyText: "NO_ROUTE"}
+		c.returns <- amqp.Return{MessageId: f.id, ReplyCode: 312, ReplyText: "NO_ROUTE"}
 	}
-	go s.drainReturns()
+	go c.drainReturns()
 	defer func() {
-		close(s.returns)
-		<-s.drainDone
+		close(c.returns)
+		<-c.drainDone
 	}()
-	if err := s.syncReturns(context.Background()); err != nil {
+	if err := c.syncReturns(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	for _, f := range fs {
@@ -122,10 +138,10 @@ func TestSyncReturnsRecordsWhatIsBuffered(t *testing.T) {
 // that does not answer.
 func TestSyncReturnsHonoursTheContext(t *testing.T) {
 	t.Parallel()
-	s := &session{syncReq: make(chan chan struct{}), drainDone: make(chan struct{})} // no reader
+	c := &channel{syncReq: make(chan chan struct{}), drainDone: make(chan struct{})} // no reader
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
-	if err := s.syncReturns(ctx); !errors.Is(err, context.DeadlineExceeded) {
+	if err := c.syncReturns(ctx); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("syncReturns without a reader: %v, want the context's deadline", err)
 	}
 }
@@ -138,7 +154,8 @@ func TestRelayNeverMarksAReturnedEventWhileTheLoggerBlocks(t *testing.T) {
 	_, exchange := returnsExchange(t)
 
 	var records atomic.Int64
-	p, err := New(Config{URL: outboxtest.AMQPURL(), Exchange: exchange, Logger: slog.New(stuckHandler{stuck: 6 * time.Second, records: &records})})
+	p, err := New(Config{URL: outboxtest.AMQPURL(), Exchange: exchange, MaxInFlight: 1,
+		Logger: slog.New(stuckHandler{stuck: 6 * time.Second, records: &records})})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,12 +165,10 @@ func TestRelayNeverMarksAReturnedEventWhileTheLoggerBlocks(t *testing.T) {
 	if err := p.WaitReady(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.sess.Load().ch.PublishWithContext(ctx, exchange, "nowhere", true, false, amqp.Publishing{MessageId: "stray"}); err != nil {
-		t.Fatal(err)
-	}
+	strayReturn(t, ctx, p, exchange)
 
 	var msgs []outbox.Message
-	for i := range 5 {
+	for i := range 20 {
 		msgs = append(msgs, outboxtest.Msg("o-"+strconv.Itoa(i), "order.created"))
 	}
 	events := outboxtest.Enqueue(t, pool, msgs...)

@@ -21,34 +21,32 @@ type flight struct {
 	returned atomic.Pointer[amqp.Return]
 }
 
-// session is one connection and its confirm-mode channel. It dies on the first
-// close of either and is never revived: the Publisher dials a new one.
+// session is one connection and the confirm-mode channels opened on it. It
+// dies when the connection closes and is never revived: the Publisher dials a
+// new one.
+//
+// Each batch publishes on a channel of its own for as long as it runs
+// (acquire, release), so a fault on one channel (a nack, confirms that do not
+// come by the deadline, the broker closing the channel on a message it
+// refuses) fails that batch only: the channel is closed, and the other
+// batches' channels, and the connection, go on. What the connection carries
+// for all of them (a write stuck on a broker that stopped reading, a
+// connection-level error) still ends every batch in flight.
 //
 // Every notification channel registered with the client is drained by a
 // goroutine of the session, which ends when the client closes that channel.
 type session struct {
-	conn *amqp.Connection
-	ch   *amqp.Channel
-	log  *slog.Logger
-	node string // host:port of the node connected to
-
-	sendMu  sync.Mutex  // one batch sends at a time
-	writing atomic.Bool // a publish is in the client's hands (maybe stuck on a full socket)
-
-	// inflight maps MessageId to its flight, for returns. A sync.Map, so the
-	// returns reader never waits for a lock.
-	inflight sync.Map
-	strays   atomic.Int64 // returns that matched no flight, logged by PublishBatch
+	conn         *amqp.Connection
+	log          *slog.Logger
+	returnBuffer int
+	node         string // host:port of the node connected to
 
 	mu            sync.Mutex
 	blocked       bool
 	blockedReason string
 	unblocked     chan struct{} // closed when the broker unblocks us
 	deadCause     error
-
-	returns   chan amqp.Return // buffered: see drainReturns
-	syncReq   chan chan struct{}
-	drainDone chan struct{}
+	idle          []*channel // channels no batch uses
 
 	dead      chan struct{}
 	deadOnce  sync.Once
@@ -58,46 +56,25 @@ type session struct {
 
 var errClosedByPublisher = errors.New("closed by the publisher")
 
-func newSession(conn *amqp.Connection, log *slog.Logger, returnBuffer int) (*session, error) {
+func newSession(conn *amqp.Connection, log *slog.Logger, returnBuffer int) *session {
 	s := &session{
-		conn:      conn,
-		log:       log,
-		returns:   make(chan amqp.Return, returnBuffer),
-		syncReq:   make(chan chan struct{}),
-		drainDone: make(chan struct{}),
-		dead:      make(chan struct{}),
+		conn:         conn,
+		log:          log,
+		returnBuffer: returnBuffer,
+		dead:         make(chan struct{}),
 	}
-	// Register on the connection first, so a block sent right after the
-	// handshake is not missed.
+	// Registered right after the handshake, so a block sent at once is not
+	// missed.
 	blocks := conn.NotifyBlocked(make(chan amqp.Blocking, 4))
 	connClosed := conn.NotifyClose(make(chan *amqp.Error, 1))
 	s.wg.Go(func() { s.drainBlocked(blocks) })
-
-	ch, err := conn.Channel()
-	if err != nil {
-		s.wg.Go(func() { s.watch(connClosed, nil) })
-		return nil, fmt.Errorf("open channel: %w", err)
-	}
-	s.ch = ch
-	ch.NotifyReturn(s.returns)
-	chClosed := ch.NotifyClose(make(chan *amqp.Error, 1))
-	s.wg.Go(s.drainReturns)
-	s.wg.Go(func() { s.watch(connClosed, chClosed) })
-	if err := ch.Confirm(false); err != nil {
-		s.close()
-		return nil, fmt.Errorf("enable publisher confirms: %w", err)
-	}
-	return s, nil
+	s.wg.Go(func() { s.watch(connClosed) })
+	return s
 }
 
-// watch marks the session dead on the first close, and closes the connection if
-// only the channel died, so everything of the session ends.
-func (s *session) watch(connClosed, chClosed <-chan *amqp.Error) {
-	var e *amqp.Error
-	select {
-	case e = <-connClosed:
-	case e = <-chClosed: // nil channel when there is none: never ready
-	}
+// watch marks the session dead when the connection closes.
+func (s *session) watch(connClosed <-chan *amqp.Error) {
+	e := <-connClosed
 	var cause error = errClosedByPublisher
 	if e != nil {
 		cause = e
@@ -200,6 +177,140 @@ func (s *session) waitUnblocked(ctx context.Context) error {
 	}
 }
 
+// acquire returns a channel for one batch: an idle one, or a new one.
+func (s *session) acquire() (*channel, error) {
+	s.mu.Lock()
+	for len(s.idle) > 0 {
+		c := s.idle[len(s.idle)-1]
+		s.idle = s.idle[:len(s.idle)-1]
+		if !c.isClosed() {
+			s.mu.Unlock()
+			return c, nil
+		}
+	}
+	s.mu.Unlock()
+	if s.isDead() {
+		return nil, fmt.Errorf("connection lost: %w", s.cause())
+	}
+	return s.openChannel()
+}
+
+// release gives c back for another batch, unless it is closed.
+func (s *session) release(c *channel) {
+	if c.isClosed() || s.isDead() {
+		return
+	}
+	s.mu.Lock()
+	s.idle = append(s.idle, c)
+	s.mu.Unlock()
+}
+
+// channel is one confirm-mode channel of a session, used by one batch at a
+// time.
+type channel struct {
+	s       *session
+	ch      *amqp.Channel
+	writing atomic.Bool // a publish is in the client's hands (maybe stuck on a full socket)
+
+	// inflight maps MessageId to its flight, for returns. A sync.Map, so the
+	// returns reader never waits for a lock.
+	inflight sync.Map
+	strays   atomic.Int64 // returns that matched no flight, logged by PublishBatch
+
+	returns   chan amqp.Return // buffered: see drainReturns
+	syncReq   chan chan struct{}
+	drainDone chan struct{}
+
+	closing   atomic.Bool   // the publisher closes it: no batch may take it
+	closed    chan struct{} // closed once the client closed it; cause is set then
+	cause     error
+	closeOnce sync.Once
+}
+
+// openChannel opens a confirm-mode channel, with a returns buffer of
+// returnBuffer.
+func (s *session) openChannel() (*channel, error) {
+	ch, err := s.conn.Channel()
+	if err != nil {
+		return nil, fmt.Errorf("open channel: %w", err)
+	}
+	c := &channel{
+		s:         s,
+		ch:        ch,
+		returns:   make(chan amqp.Return, s.returnBuffer),
+		syncReq:   make(chan chan struct{}),
+		drainDone: make(chan struct{}),
+		closed:    make(chan struct{}),
+	}
+	ch.NotifyReturn(c.returns)
+	closes := ch.NotifyClose(make(chan *amqp.Error, 1))
+	s.wg.Go(c.drainReturns)
+	s.wg.Go(func() { c.watch(closes) })
+	if err := ch.Confirm(false); err != nil {
+		c.close()
+		return nil, fmt.Errorf("enable publisher confirms: %w", err)
+	}
+	return c, nil
+}
+
+// watch records why the channel closed: the broker's error, or nil when the
+// publisher closed it (or the connection closed cleanly).
+func (c *channel) watch(closes <-chan *amqp.Error) {
+	var cause error = errClosedByPublisher
+	if e, ok := <-closes; ok && e != nil {
+		cause = e
+	}
+	c.cause = cause // read only after closed is closed
+	close(c.closed)
+}
+
+func (c *channel) isClosed() bool {
+	return c.closing.Load() || c.ch.IsClosed()
+}
+
+// closeCause reports whether the client closed the channel (the broker closed
+// it, or the connection went), and why. The client marks it closed before it
+// fails the pending confirms, and hands the cause over just after, so this
+// waits briefly for it.
+func (c *channel) closeCause() (error, bool) {
+	if !c.ch.IsClosed() {
+		return nil, false
+	}
+	t := time.NewTimer(time.Second)
+	defer t.Stop()
+	select {
+	case <-c.closed:
+		return c.cause, true
+	case <-t.C:
+		return errors.New("channel closed, cause unknown"), true
+	}
+}
+
+// close closes the channel without waiting for the broker's answer. If that
+// answer does not come within a second (a broker that stopped answering), the
+// connection is closed: nothing on it can be trusted.
+func (c *channel) close() {
+	c.closeOnce.Do(func() {
+		c.closing.Store(true)
+		c.s.wg.Go(func() {
+			done := make(chan struct{})
+			go func() {
+				_ = c.ch.Close()
+				close(done)
+			}()
+			t := time.NewTimer(time.Second)
+			defer t.Stop()
+			select {
+			case <-done:
+			case <-t.C:
+				c.s.log.Warn("outboxamqp: the broker did not answer the close of a channel; closing the connection")
+				c.s.close()
+				<-done
+			}
+		})
+	})
+}
+
 // drainReturns records each returned message on its flight. It never blocks,
 // logs or takes a lock: the client waits at most 5s for a notification to be
 // taken and then drops it, and a dropped return would let the message's ack
@@ -211,17 +322,17 @@ func (s *session) waitUnblocked(ctx context.Context) error {
 // processes that ack. So once a caller has seen an ack, the message's return,
 // if any, is either recorded or in the buffer: syncReturns has the buffer
 // drained before the caller reads its verdicts.
-func (s *session) drainReturns() {
-	defer close(s.drainDone)
+func (c *channel) drainReturns() {
+	defer close(c.drainDone)
 	for {
 		select {
-		case r, ok := <-s.returns:
+		case r, ok := <-c.returns:
 			if !ok {
 				return
 			}
-			s.recordReturn(r)
-		case req := <-s.syncReq:
-			open := s.drainBuffered()
+			c.recordReturn(r)
+		case req := <-c.syncReq:
+			open := c.drainBuffered()
 			close(req)
 			if !open {
 				return
@@ -232,36 +343,36 @@ func (s *session) drainReturns() {
 
 // drainBuffered records every return already in the buffer. It reports false
 // when the client closed the channel.
-func (s *session) drainBuffered() bool {
+func (c *channel) drainBuffered() bool {
 	for {
 		select {
-		case r, ok := <-s.returns:
+		case r, ok := <-c.returns:
 			if !ok {
 				return false
 			}
-			s.recordReturn(r)
+			c.recordReturn(r)
 		default:
 			return true
 		}
 	}
 }
 
-func (s *session) recordReturn(r amqp.Return) {
-	if f, ok := s.inflight.Load(r.MessageId); ok {
+func (c *channel) recordReturn(r amqp.Return) {
+	if f, ok := c.inflight.Load(r.MessageId); ok {
 		f.(*flight).returned.Store(&r)
 		return
 	}
-	s.strays.Add(1)
+	c.strays.Add(1)
 }
 
 // syncReturns returns nil once every return the client has delivered so far
 // is recorded. Called after a message's ack, it guarantees that message's
 // return, if any, is visible on its flight. It fails only if ctx ends first.
-func (s *session) syncReturns(ctx context.Context) error {
+func (c *channel) syncReturns(ctx context.Context) error {
 	req := make(chan struct{})
 	select {
-	case s.syncReq <- req:
-	case <-s.drainDone: // the client closed the channel: every return was recorded
+	case c.syncReq <- req:
+	case <-c.drainDone: // the client closed the channel: every return was recorded
 		return nil
 	case <-ctx.Done():
 		return fmt.Errorf("wait for returns: %w", ctx.Err())
@@ -274,42 +385,41 @@ func (s *session) syncReturns(ctx context.Context) error {
 	}
 }
 
-func (s *session) track(fs []*flight) {
+func (c *channel) track(fs []*flight) {
 	for _, f := range fs {
-		s.inflight.Store(f.id, f)
+		c.inflight.Store(f.id, f)
 	}
 }
 
-func (s *session) untrack(fs []*flight) {
+func (c *channel) untrack(fs []*flight) {
 	for _, f := range fs {
-		s.inflight.CompareAndDelete(f.id, f)
+		c.inflight.CompareAndDelete(f.id, f)
 	}
 }
 
 // send publishes msgs in order and returns how many it handed to the client;
 // errs holds the error of every message that got no deferred confirm. If ctx
-// ends while a write is stuck (a broker that stopped reading), the session is
-// closed to unblock it; a publish that has not started sees ctx and does not.
-func (s *session) send(ctx context.Context, exchange string, msgs []outbox.Envelope, fs []*flight,
+// ends while a write is stuck (a broker that stopped reading), the connection
+// is closed to unblock it; a publish that has not started sees ctx and does
+// not.
+func (c *channel) send(ctx context.Context, exchange string, msgs []outbox.Envelope, fs []*flight,
 	routingKey func(outbox.Envelope) string, errs []error,
 ) int {
-	s.sendMu.Lock()
-	defer s.sendMu.Unlock()
 	stop := context.AfterFunc(ctx, func() {
-		if s.writing.Load() {
-			s.close()
+		if c.writing.Load() {
+			c.s.close()
 		}
 	})
 	defer stop()
 
 	for i, m := range msgs {
-		if err := s.waitUnblocked(ctx); err != nil {
+		if err := c.s.waitUnblocked(ctx); err != nil {
 			fill(errs, i, fmt.Errorf("outboxamqp: %w: %w", err, outbox.ErrNotSent))
 			return i
 		}
-		s.writing.Store(true)
-		dc, err := s.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, routingKey(m), true, false, Publishing(m))
-		s.writing.Store(false)
+		c.writing.Store(true)
+		dc, err := c.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, routingKey(m), true, false, Publishing(m))
+		c.writing.Store(false)
 		switch {
 		case err == nil && dc != nil:
 			fs[i].dc = dc
@@ -318,7 +428,7 @@ func (s *session) send(ctx context.Context, exchange string, msgs []outbox.Envel
 		case errors.Is(err, amqp.ErrClosed) || ctx.Err() != nil && errors.Is(err, ctx.Err()):
 			fill(errs, i, fmt.Errorf("outboxamqp: publish: %w: %w", err, outbox.ErrNotSent))
 			return i
-		case s.isDead():
+		case c.s.isDead():
 			// The write failed halfway: the broker may or may not have it.
 			errs[i] = fmt.Errorf("outboxamqp: publish (outcome unknown): %w", err)
 			fill(errs, i+1, fmt.Errorf("outboxamqp: connection lost: %w", outbox.ErrNotSent))

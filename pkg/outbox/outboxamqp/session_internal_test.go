@@ -53,7 +53,8 @@ func TestBlockedConnectionPausesPublishingUntilUnblocked(t *testing.T) {
 	defer cancel()
 	msgs := []outbox.Envelope{{ID: 1}, {ID: 2}}
 	errs := make([]error, len(msgs))
-	if n := s.send(ctx, "x", msgs, []*flight{{id: "1"}, {id: "2"}}, func(outbox.Envelope) string { return "k" }, errs); n != 0 {
+	c := &channel{s: s}
+	if n := c.send(ctx, "x", msgs, []*flight{{id: "1"}, {id: "2"}}, func(outbox.Envelope) string { return "k" }, errs); n != 0 {
 		t.Fatalf("sent %d messages while blocked", n)
 	}
 	for i, err := range errs {
