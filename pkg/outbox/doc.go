@@ -364,7 +364,11 @@
 // event_id, aggregate_id, event_type and attempt on per-event lines.
 //
 // Each relay worker uses a pool connection only while it claims or marks; a
-// relay with NotifyChannel holds one more, outside the pool.
+// relay with NotifyChannel holds one more, outside the pool. Its memory is
+// bounded by the bytes of its batches in flight, not their number: with the
+// default BatchSize and Workers, 1,000 payloads of 1 MiB would be 1 GiB, so
+// each claim stops at a share of RelayConfig.MaxInFlightBytes (64 MiB in
+// all by default), and a payload larger than a worker's share goes alone.
 //
 // # Behind a connection pooler
 //

@@ -8,7 +8,7 @@ const ClaimSQL = claimSQL
 // ClaimArgs are the arguments of ClaimSQL for a claim of up to limit rows,
 // with the default MaxAttempts.
 func ClaimArgs(limit int, lease time.Duration) []any {
-	return []any{limit, lease.Milliseconds(), defaultMaxAttempts}
+	return []any{limit, lease.Milliseconds(), defaultMaxAttempts, int64(DefaultMaxInFlightBytes)}
 }
 
 // ClaimHandedOverSQL lets the external tests check the handed-over claim.

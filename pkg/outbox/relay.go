@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -29,6 +30,15 @@ type RelayConfig struct {
 	// batch waits for its confirms, another is claimed and sent. Default 2, at
 	// most 64. Each worker uses a pool connection only while it claims or marks.
 	Workers int
+	// MaxInFlightBytes bounds the bytes of payloads and headers (as
+	// PostgreSQL prints them: what the relay reads and holds) in the batches
+	// the relay has in flight at once: each worker's claim stops at
+	// MaxInFlightBytes / Workers, in due order, but always takes one row, so a
+	// row larger than a worker's share goes out alone. The process holds
+	// about twice that while a batch is read and published. Default
+	// DefaultMaxInFlightBytes (64 MiB: 1,000 payloads of 1 MiB, what the
+	// other defaults allow, would be 1 GiB); -1: no bound.
+	MaxInFlightBytes int64
 	// PollInterval is the fallback ticker: the relay looks for due rows at least
 	// this often, whatever the wake-ups. It alone is enough for correctness (rows
 	// committed by other processes, retries whose backoff ended, leases of a dead
@@ -173,6 +183,9 @@ type BatchResult struct {
 	Err error
 }
 
+// DefaultMaxInFlightBytes is the default of RelayConfig.MaxInFlightBytes.
+const DefaultMaxInFlightBytes = 64 << 20
+
 const (
 	defaultBatchSize       = 500
 	maxBatchSize           = 10_000
@@ -218,6 +231,10 @@ func (c RelayConfig) withDefaults() (RelayConfig, error) {
 			return c, fmt.Errorf("outbox relay config: %s is negative", f.name)
 		}
 	}
+	if c.MaxInFlightBytes < -1 {
+		return c, fmt.Errorf("outbox relay config: MaxInFlightBytes %d: want -1 (no bound), 0 (default %d) or a number of bytes", c.MaxInFlightBytes, DefaultMaxInFlightBytes)
+	}
+	c.MaxInFlightBytes = cmp.Or(c.MaxInFlightBytes, DefaultMaxInFlightBytes)
 	c.BatchSize = cmp.Or(c.BatchSize, defaultBatchSize)
 	c.Workers = cmp.Or(c.Workers, defaultWorkers)
 	c.PollInterval = cmp.Or(c.PollInterval, defaultPollInterval)
@@ -285,6 +302,8 @@ type Relay struct {
 	wake    chan struct{}
 	running atomic.Bool
 
+	claimBytes int64 // a worker's share of MaxInFlightBytes
+
 	vacuumEvery      atomic.Int64 // rows between vacuums; 0 until vacuumLoop decided
 	movedSinceVacuum atomic.Int64
 	vacuumDue        chan struct{}
@@ -304,13 +323,18 @@ func NewRelay(pool *pgxpool.Pool, pub Publisher, cfg RelayConfig) (*Relay, error
 	if err != nil {
 		return nil, err
 	}
+	claimBytes := int64(math.MaxInt64)
+	if cfg.MaxInFlightBytes > 0 {
+		claimBytes = max(1, cfg.MaxInFlightBytes/int64(cfg.Workers))
+	}
 	return &Relay{
-		pool:  pool,
-		pub:   pub,
-		cfg:   cfg,
-		log:   cfg.Logger,
-		admin: NewAdmin(pool),
-		wake:  make(chan struct{}, 1),
+		pool:       pool,
+		pub:        pub,
+		cfg:        cfg,
+		claimBytes: claimBytes,
+		log:        cfg.Logger,
+		admin:      NewAdmin(pool),
+		wake:       make(chan struct{}, 1),
 
 		vacuumDue: make(chan struct{}, 1),
 	}, nil
@@ -423,7 +447,7 @@ func (r *Relay) runBatch(ctx context.Context) (BatchResult, error) {
 	start := time.Now()
 
 	cctx, cancel := context.WithTimeout(detached, dbTimeout)
-	envs, dead, err := claim(cctx, r.pool, r.cfg.BatchSize, r.cfg.Lease, r.cfg.MaxAttempts, r.cfg.HandedOverOnly)
+	envs, dead, err := claim(cctx, r.pool, r.cfg.BatchSize, r.claimBytes, r.cfg.Lease, r.cfg.MaxAttempts, r.cfg.HandedOverOnly)
 	cancel()
 	if err != nil {
 		return BatchResult{}, err

@@ -47,13 +47,18 @@ import (
 // it is claimed again whatever its attempts, and dead-lettered only if that
 // attempt fails.
 //
+// The batch stops at $4 bytes of payloads and headers (as text: what the
+// relay holds in memory), in due order, but takes its first row whatever its
+// size, so a row larger than the budget goes out alone.
+//
 // The result has the claimed rows (dead = false), then the dead-lettered ones.
 //
 // There is no id cursor: ids are allocated at insert, not at commit, so a
 // cursor would skip rows that commit late. A row is pending until it is moved.
 const claimSQL = `
 WITH due AS (
-    SELECT o.id, o.attempts, o.in_flight, o.suspect, o.in_flight AND o.attempts >= $3::int AS spent
+    SELECT o.id, o.attempts, o.in_flight, o.suspect, o.in_flight AND o.attempts >= $3::int AS spent,
+           o.next_attempt_at, octet_length(o.payload::text) + octet_length(o.headers::text) AS bytes
     FROM outbox o
     WHERE o.dead_lettered_at IS NULL
       AND NOT o.blocked
@@ -78,10 +83,14 @@ WITH due AS (
               o.payload, o.headers, o.created_at, o.attempts, o.last_error
 ), alone AS (
     SELECT id FROM due WHERE suspect AND NOT spent ORDER BY id LIMIT 1
+), batch AS (
+    SELECT id, row_number() OVER w AS n, sum(bytes) OVER w AS running
+    FROM due WHERE NOT suspect AND NOT spent AND NOT EXISTS (SELECT FROM alone)
+    WINDOW w AS (ORDER BY next_attempt_at, id)
 ), pick AS (
     SELECT id FROM alone
     UNION ALL
-    SELECT id FROM due WHERE NOT suspect AND NOT spent AND NOT EXISTS (SELECT FROM alone)
+    SELECT id FROM batch WHERE n = 1 OR running <= $4::bigint
 ), claimed AS (
     UPDATE outbox o
     SET attempts = o.attempts + 1,
@@ -113,12 +122,12 @@ var claimHandedOverSQL = strings.Replace(claimSQL,
 	"WHERE o.dead_lettered_at IS NULL\n      AND NOT o.blocked",
 	"WHERE o.dead_lettered_at IS NULL\n      AND NOT o.blocked\n      AND o.last_error IS NOT NULL", 1)
 
-func claim(ctx context.Context, db DB, limit int, lease time.Duration, maxAttempts int, handedOverOnly bool) ([]Envelope, []deadAtClaim, error) {
+func claim(ctx context.Context, db DB, limit int, maxBytes int64, lease time.Duration, maxAttempts int, handedOverOnly bool) ([]Envelope, []deadAtClaim, error) {
 	query := claimSQL
 	if handedOverOnly {
 		query = claimHandedOverSQL
 	}
-	rows, err := db.Query(ctx, query, limit, lease.Milliseconds(), maxAttempts)
+	rows, err := db.Query(ctx, query, limit, lease.Milliseconds(), maxAttempts, maxBytes)
 	if err != nil {
 		return nil, nil, fmt.Errorf("claim outbox batch: %w", err)
 	}

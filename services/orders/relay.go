@@ -36,6 +36,7 @@ func newRelay(cfg config.Config, pool *pgxpool.Pool, reg prometheus.Registerer, 
 	metrics.RegisterPublisherReady(reg, pub.Ready)
 	relayCfg := outbox.RelayConfig{
 		BatchSize:          cfg.BatchSize,
+		MaxInFlightBytes:   cfg.MaxInFlightBytes,
 		PollInterval:       cfg.PollInterval,
 		Lease:              cfg.Lease,
 		PublishTimeout:     min(10*time.Second, cfg.Lease/3),

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/outbox-inbox/reference/pkg/outbox"
 	"github.com/outbox-inbox/reference/pkg/outbox/outboxamqp"
 )
 
@@ -81,6 +82,11 @@ type Config struct {
 	PollInterval time.Duration
 	// BatchSize is RELAY_BATCH_SIZE. Default: 500.
 	BatchSize int
+	// MaxInFlightBytes is RELAY_MAX_IN_FLIGHT_BYTES, the bytes of payloads
+	// and headers a relay holds in its batches at once (see
+	// outbox.RelayConfig.MaxInFlightBytes). Default: 67108864 (64 MiB,
+	// outbox.DefaultMaxInFlightBytes).
+	MaxInFlightBytes int64
 	// MaxAttempts is RELAY_MAX_ATTEMPTS, attempts before a row is
 	// dead-lettered. Default: 10.
 	MaxAttempts int
@@ -179,6 +185,11 @@ func FromEnv(getenv func(string) string) (Config, error) {
 	if c.MaxAttempts, err = intVar(getenv, "RELAY_MAX_ATTEMPTS", 10); err != nil {
 		return c, err
 	}
+	inFlight, err := intVar(getenv, "RELAY_MAX_IN_FLIGHT_BYTES", outbox.DefaultMaxInFlightBytes)
+	if err != nil {
+		return c, err
+	}
+	c.MaxInFlightBytes = int64(inFlight)
 	if err := c.LogLevel.UnmarshalText([]byte(cmp.Or(getenv("LOG_LEVEL"), "info"))); err != nil {
 		return c, fmt.Errorf("LOG_LEVEL: %w", err)
 	}

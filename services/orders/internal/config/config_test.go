@@ -3,6 +3,7 @@ package config_test
 import (
 	"testing"
 
+	"github.com/outbox-inbox/reference/pkg/outbox"
 	"github.com/outbox-inbox/reference/services/orders/internal/config"
 )
 
@@ -60,5 +61,19 @@ func TestDatabasePoolerAndListenURL(t *testing.T) {
 	})
 	if err != nil || cfg.ListenURL != "postgres://db:5432/orders" {
 		t.Errorf("OUTBOX_LISTEN_URL: %q (%v)", cfg.ListenURL, err)
+	}
+}
+
+func TestRelayMaxInFlightBytes(t *testing.T) {
+	for env, want := range map[string]int64{"": outbox.DefaultMaxInFlightBytes, "1048576": 1 << 20} {
+		cfg, err := config.FromEnv(func(k string) string { return map[string]string{"RELAY_MAX_IN_FLIGHT_BYTES": env}[k] })
+		if err != nil || cfg.MaxInFlightBytes != want {
+			t.Errorf("RELAY_MAX_IN_FLIGHT_BYTES=%q: %d (%v), want %d", env, cfg.MaxInFlightBytes, err, want)
+		}
+	}
+	for _, bad := range []string{"0", "-1", "64MiB"} {
+		if _, err := config.FromEnv(func(k string) string { return map[string]string{"RELAY_MAX_IN_FLIGHT_BYTES": bad}[k] }); err == nil {
+			t.Errorf("RELAY_MAX_IN_FLIGHT_BYTES=%q accepted", bad)
+		}
 	}
 }
