@@ -33,8 +33,10 @@ type Metrics interface {
 	// publishes nothing while they do. Alert when it keeps growing.
 	ClaimFailed()
 	// MarkFailed counts statements recording a batch's outcome that failed
-	// (a database error): marking confirmed rows published, or recording
-	// failed attempts. A failed mark is retried while the lease leaves time.
+	// (a database error): marking confirmed rows published, recording failed
+	// attempts, or recording that confirmed rows could not be marked (after
+	// which they count as in flight at a stop: see RelayConfig.MaxAttempts).
+	// A failed mark is retried while the lease leaves time.
 	MarkFailed()
 	// Unmarked counts rows the broker confirmed that the relay could not mark
 	// published before giving up (database errors, or the writer of the next

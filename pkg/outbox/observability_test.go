@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -373,5 +374,56 @@ func TestRelayReopensASilentlyDeadListenConnection(t *testing.T) {
 	waitPublished(t, batches, notifyOne("o-2"))
 	if m.listenReconnects.Load() < 1 {
 		t.Fatal("the reconnection was not counted")
+	}
+}
+
+// When the relay gives up marking confirmed rows (here the writer of the
+// aggregate's next event holds the row past the lease's margin) and then
+// cannot even record that (here a trigger refuses the update), the failed
+// statement is counted with the failed marks: it is database trouble too.
+func TestRelayCountsAFailedReleaseOfUnmarkedRows(t *testing.T) {
+	t.Parallel()
+	pool := newTestPool(t)
+	ctx := context.Background()
+	e := enqueue(t, pool, msg("o-1", "order.created"))[0]
+
+	// The writer of the next event holds the row, as Enqueue does.
+	writer, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer writer.Rollback(ctx) //nolint:errcheck // ends the hold
+	if _, err := writer.Exec(ctx, "SELECT 1 FROM outbox WHERE id = $1 FOR KEY SHARE", e.ID); err != nil {
+		t.Fatal(err)
+	}
+	// The release of unmarked rows (in flight -> not) fails.
+	if _, err := pool.Exec(ctx, `
+CREATE FUNCTION refuse_release() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN RAISE EXCEPTION 'planted: release refused'; END $$;
+CREATE TRIGGER refuse_release BEFORE UPDATE ON outbox
+FOR EACH ROW WHEN (OLD.in_flight AND NOT NEW.in_flight) EXECUTE FUNCTION refuse_release()`); err != nil {
+		t.Fatal(err)
+	}
+
+	m := &countingMetrics{}
+	cfg := fastConfig(t)
+	cfg.Metrics = m
+	cfg.Lease = time.Second
+	cfg.PublishTimeout = 500 * time.Millisecond
+	batches := make(chan outbox.BatchResult, 10)
+	cfg.Hooks.BatchDone = func(r outbox.BatchResult) { batches <- r }
+	startRelay(t, pool, &memPublisher{}, cfg)
+
+	select {
+	case r := <-batches:
+		if !slices.Equal(r.Unmarked, []int64{e.ID}) || r.Err == nil || !strings.Contains(r.Err.Error(), "release refused") {
+			t.Fatalf("batch %+v, want %d unmarked, with the release's error", r, e.ID)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no batch")
+	}
+	// Deferred marks are no failures: the one failure is the release.
+	if got := m.markFailures.Load(); got != 1 {
+		t.Fatalf("mark failures %d, want 1 (the failed release)", got)
 	}
 }

@@ -621,7 +621,10 @@ func (r *Relay) mark(ctx context.Context, confirmed []Envelope, leaseEnd time.Ti
 			// database is what failed, they are.
 			rctx, cancel := context.WithTimeout(ctx, dbTimeout)
 			if rerr := releaseUnmarked(rctx, r.pool, pending); rerr != nil {
-				r.log.WarnContext(ctx, "outbox relay: could not record unmarked rows", slog.Any("error", rerr), slog.Int("rows", len(pending)))
+				r.cfg.Metrics.MarkFailed()
+				err = errors.Join(err, rerr)
+				r.log.WarnContext(ctx, "outbox relay: could not record unmarked rows (they stay in flight: retried after their lease, as after a crash)",
+					slog.Any("error", rerr), slog.Int("rows", len(pending)))
 			}
 			cancel()
 			return marked, ids(pending), err

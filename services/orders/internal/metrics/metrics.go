@@ -51,7 +51,7 @@ func NewRelay(reg prometheus.Registerer) *Relay {
 		claimFailures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "outbox_claim_failures_total", Help: "Claims that failed with a database error: nothing is published while they do."}),
 		markFailures: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "outbox_mark_failures_total", Help: "Statements recording a batch's outcome (mark published, record failures) that failed with a database error."}),
+			Name: "outbox_mark_failures_total", Help: "Statements recording a batch's outcome (mark published, record failures, record rows left unmarked) that failed with a database error."}),
 		unmarked: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "outbox_unmarked_total", Help: "Messages the broker confirmed that could not be marked published: each is published again after its lease."}),
 		listenReconnects: prometheus.NewCounter(prometheus.CounterOpts{
