@@ -309,8 +309,9 @@ func waitAnswers(t *testing.T, n int64, as ...*answering) {
 // waits for it only a lock_timeout at a time and logs who holds the table, so
 // readers and other writers of the outbox go on answering within a second;
 // then the index of the new version is built concurrently while an unrelated
-// old transaction holds it back, and they still answer. Once both end,
-// Migrate finishes, and the schema is the one Schema describes.
+// old transaction holds it back, and they, and a relay of this version, still
+// answer. Once both transactions end, Migrate finishes, and the schema is the
+// one Schema describes.
 func TestMigrateUpgradeBesideOpenTransactionsKeepsTheOutboxAnswering(t *testing.T) {
 	t.Parallel()
 	pool := newSchemaPool(t)
@@ -382,9 +383,38 @@ func TestMigrateUpgradeBesideOpenTransactionsKeepsTheOutboxAnswering(t *testing.
 		t.Fatal(err)
 	}
 
-	// The index build waits for the old transaction, and says so.
+	// The index build waits for the old transaction, and says so. The
+	// column is there by now: a relay of this version runs, and it too goes
+	// on answering: each event enqueued is published within a second.
 	logs.waitCount(t, 60*time.Second, []*answering{&reader, &writers}, 1, "waits for older transactions", fmt.Sprintf("pid %d ", otherPID))
-	waitAnswers(t, 10, &reader, &writers)
+	pub := &memPublisher{}
+	cfg := fastConfig(t)
+	relay := startRelay(t, pool, pub, cfg)
+	var relayed answering
+	wg.Go(func() {
+		relayed.run(stop, "the relay", func(ctx context.Context) error {
+			var e []outbox.Enqueued
+			if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				var err error
+				e, err = outbox.Enqueue(ctx, tx, msg(fmt.Sprintf("r-%d", n.Add(1)), "order.created"))
+				return err
+			}); err != nil {
+				return err
+			}
+			relay.Wake()
+			for {
+				if slices.ContainsFunc(pub.snapshot(), func(p outbox.Envelope) bool { return p.ID == e[0].ID }) {
+					return nil
+				}
+				select {
+				case <-ctx.Done():
+					return fmt.Errorf("event %d not published: %w", e[0].ID, ctx.Err())
+				case <-time.After(5 * time.Millisecond):
+				}
+			}
+		})
+	})
+	waitAnswers(t, 10, &reader, &writers, &relayed)
 	select {
 	case err := <-migrated:
 		t.Fatalf("Migrate returned while the index build waited: %v", err)
@@ -401,7 +431,7 @@ func TestMigrateUpgradeBesideOpenTransactionsKeepsTheOutboxAnswering(t *testing.
 	case <-time.After(60 * time.Second):
 		t.Fatal("Migrate did not finish once the transactions ended")
 	}
-	waitAnswers(t, 3, &reader, &writers)
+	waitAnswers(t, 3, &reader, &writers, &relayed)
 	logs.log(t)
 	if err := outbox.CheckSchema(ctx, pool); err != nil {
 		t.Fatalf("after the upgrade: %v", err)
