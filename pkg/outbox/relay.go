@@ -616,8 +616,9 @@ func (r *Relay) mark(ctx context.Context, confirmed []Envelope, leaseEnd time.Ti
 				r.log.WarnContext(ctx, "outbox event published but not marked: it will be published again",
 					append(envAttrs(e), slog.Any("error", err))...)
 			}
-			// The relay knows what became of these rows: they are not the
-			// orphans of a crash, to be retried alone. Best effort: if the
+			// The relay knows what became of these rows: the broker took
+			// them. They are not the orphans of a crash, whose rows count as
+			// in flight at a stop (see claimSQL). Best effort: if the
 			// database is what failed, they are.
 			rctx, cancel := context.WithTimeout(ctx, dbTimeout)
 			if rerr := releaseUnmarked(rctx, r.pool, pending); rerr != nil {
