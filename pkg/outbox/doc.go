@@ -159,7 +159,7 @@
 //     named CC or BCC (RabbitMQ reads them as lists of routing keys and
 //     closes the channel on a string), headers over MaxHeaderBytes measured
 //     as the broker measures them (the encoded AMQP field table, with the
-//     four headers the publisher adds: 15,000 names of 4 bytes are 60 KB of
+//     five headers the publisher adds: 15,000 names of 4 bytes are 60 KB of
 //     text but 150 KB on the wire, over RabbitMQ's frame_max), and a Payload
 //     over WriterConfig.MaxPayloadBytes (1 MiB by default). A custom
 //     outboxamqp RoutingKey must keep its keys within 255 bytes too.

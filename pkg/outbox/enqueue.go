@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
@@ -36,9 +37,10 @@ const (
 	MaxNameBytes = 255
 	// MaxHeaderBytes bounds a message's headers as the broker measures them:
 	// the AMQP field table a publisher sends, which holds Headers and the
-	// four headers every publisher adds (aggregate_type, aggregate_id and
-	// event_type as long strings, aggregate_version as a 64-bit integer; they
-	// replace same-named entries of Headers), encoded: the table's 4-byte
+	// five headers every publisher adds (aggregate_type, aggregate_id and
+	// event_type as long strings, aggregate_version as a 64-bit integer,
+	// outbox_created_at as a long string of at most 30 bytes, the row's
+	// creation time; they replace same-named entries of Headers), encoded: the table's 4-byte
 	// length, then per entry its name as a short string (1 byte of length,
 	// then the name), a type byte, and the value (a long string: 4 bytes of
 	// length, then the text; the integer: 8 bytes).
@@ -56,7 +58,7 @@ const (
 // (see Publisher), over a same-named entry of Message.Headers.
 func reservedHeader(name string) bool {
 	switch name {
-	case "aggregate_type", "aggregate_id", "event_type", "aggregate_version":
+	case "aggregate_type", "aggregate_id", "event_type", "aggregate_version", createdAtHeader:
 		return true
 	}
 	return false
@@ -84,8 +86,13 @@ func headerBytes(m Message) int {
 	entry("aggregate_id", 4+len(m.AggregateID))
 	entry("event_type", 4+len(m.EventType))
 	entry("aggregate_version", 8)
+	entry(createdAtHeader, 4+len(time.RFC3339Nano)-5) // UTC: "Z", not "Z07:00"
 	return n
 }
+
+// createdAtHeader is outboxamqp.HeaderCreatedAt: the row's creation time, to
+// the microsecond (the AMQP timestamp has whole seconds).
+const createdAtHeader = "outbox_created_at"
 
 // Message is one event to publish. AggregateType and AggregateID name the entity
 // the event is about; events of one aggregate are published in the order they

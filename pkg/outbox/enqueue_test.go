@@ -449,7 +449,8 @@ func TestHeaderBytesMeasuresTheEncodedTable(t *testing.T) {
 	base := outbox.Message{AggregateType: "order", AggregateID: "o-1", EventType: "order.created"}
 	// 4 (table) + aggregate_type 1+14+1+4+5 + aggregate_id 1+12+1+4+3
 	// + event_type 1+10+1+4+13 + aggregate_version 1+17+1+8
-	const reserved = 4 + 25 + 21 + 29 + 27
+	// + outbox_created_at 1+17+1+4+30
+	const reserved = 4 + 25 + 21 + 29 + 27 + 53
 	for name, c := range map[string]struct {
 		headers map[string]string
 		want    int

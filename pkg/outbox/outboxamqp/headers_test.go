@@ -13,6 +13,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/pkg/outbox/outboxamqp"
 )
 
 // largestAccepted returns the largest n for which Enqueue's validation accepts
@@ -116,6 +117,11 @@ func TestEveryAcceptedEdgeCaseReachesTheBroker(t *testing.T) {
 		wantHeaders["aggregate_id"] = m.AggregateID
 		wantHeaders["event_type"] = m.EventType
 		wantHeaders["aggregate_version"] = int64(1)
+		created, _ := d.Headers[outboxamqp.HeaderCreatedAt].(string)
+		if _, err := time.Parse(time.RFC3339Nano, created); err != nil {
+			t.Errorf("%s: header %s = %q: %v", name, outboxamqp.HeaderCreatedAt, created, err)
+		}
+		wantHeaders[outboxamqp.HeaderCreatedAt] = created
 		if !maps.EqualFunc(d.Headers, wantHeaders, func(a, b any) bool { return a == b }) {
 			t.Errorf("%s: delivered headers differ from the message's (%d entries, want %d)", name, len(d.Headers), len(wantHeaders))
 		}
