@@ -237,8 +237,15 @@ func (h *logWatch) waitCount(t *testing.T, timeout time.Duration, as []*answerin
 	}
 }
 
-// answering runs op in a loop until stop, each call bounded by a second, and
-// counts the calls that answered; the first failure or overrun is kept.
+// answerBound is how long one call of an answering loop may take. The
+// transactions Migrate waits behind stay open far longer than this (until the
+// test ends them), so a call queued behind Migrate's lock fails it; Migrate's
+// own waits last a lock_timeout (100 ms) at a time. It leaves room for a
+// loaded machine.
+const answerBound = 3 * time.Second
+
+// answering runs op in a loop until stop, each call bounded by answerBound,
+// and counts the calls that answered; the first failure or overrun is kept.
 type answering struct {
 	calls atomic.Int64
 	mu    sync.Mutex
@@ -253,13 +260,13 @@ func (a *answering) run(stop <-chan struct{}, what string, op func(context.Conte
 		default:
 		}
 		start := time.Now()
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), answerBound)
 		err := op(ctx)
 		cancel()
 		if err != nil {
 			a.mu.Lock()
 			if a.err == nil {
-				a.err = fmt.Errorf("%s did not answer within a second (%v): %w", what, time.Since(start), err)
+				a.err = fmt.Errorf("%s did not answer within %v (%v): %w", what, answerBound, time.Since(start), err)
 			}
 			a.mu.Unlock()
 			return
@@ -307,7 +314,8 @@ func waitAnswers(t *testing.T, n int64, as ...*answering) {
 // The upgrade from schema 3 runs beside the business: a writer's transaction
 // left open on the outbox keeps Migrate from adding its column, but Migrate
 // waits for it only a lock_timeout at a time and logs who holds the table, so
-// readers and other writers of the outbox go on answering within a second;
+// readers and other writers of the outbox go on answering (each call within
+// answerBound);
 // then the index of the new version is built concurrently while an unrelated
 // old transaction holds it back, and they, and a relay of this version, still
 // answer. Once both transactions end, Migrate finishes, and the schema is the
@@ -385,7 +393,7 @@ func TestMigrateUpgradeBesideOpenTransactionsKeepsTheOutboxAnswering(t *testing.
 
 	// The index build waits for the old transaction, and says so. The
 	// column is there by now: a relay of this version runs, and it too goes
-	// on answering: each event enqueued is published within a second.
+	// on answering: each event enqueued is published within answerBound.
 	logs.waitCount(t, 60*time.Second, []*answering{&reader, &writers}, 1, "waits for older transactions", fmt.Sprintf("pid %d ", otherPID))
 	pub := &memPublisher{}
 	cfg := fastConfig(t)
