@@ -1,5 +1,5 @@
 # The commands the README gives. Tests talk to the real local PostgreSQL and
-# RabbitMQ (see README, "Running the tests").
+# RabbitMQ (see docs/testing.md).
 
 GO ?= go
 TEST_FLAGS ?=
