@@ -268,7 +268,7 @@
 // FerretDB's SQLite backend pushes no filter but {_id: x} down to SQLite, so
 // there each purge reads the whole collection once (the plain index does
 // not help it): its cost grows with the collection (about 0.5s at 5,000
-// records and 2s at 20,000 on the machine this was built on), and lookups
+// records and 2s at 20,000 on the repository's CI machine), and lookups
 // made meanwhile wait up to tens of milliseconds. Deleting in batches by
 // _id, the filter FerretDB does push down, measured slower (each such
 // delete is a write transaction of its own there). Run the purger every

@@ -4,9 +4,8 @@
 // The replica set is TEST_MONGO_REPLSET_URI when set; otherwise a single-node
 // replica set in a container started through testcontainers, once per test
 // binary, when a Docker engine answers. Without either, tests are skipped with
-// the reason, also under CI=true: a machine without Docker (such as the one
-// this project is built on) cannot have one, and this is the only skip CI
-// accepts. Any other failure fails the test under CI=true.
+// the reason, also under CI=true: a machine without Docker cannot have one,
+// and this is the only skip CI accepts. Any other failure fails the test under CI=true.
 //
 //	func TestMain(m *testing.M) { goleak.VerifyTestMain(replsettest.Suite(m)) }
 package replsettest
