@@ -1,0 +1,299 @@
+package doccheck_test
+
+import (
+	"bytes"
+	"net/url"
+	"os"
+	"os/exec"
+	"path"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/outbox-inbox/reference/internal/doccheck"
+)
+
+// repo is the repository's root and the files git tracks there.
+type repo struct {
+	root  string
+	files []string // slash-separated, relative to root
+}
+
+func trackedFiles(t *testing.T) repo {
+	t.Helper()
+	root, err := filepath.Abs(filepath.Join("..", ".."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(root, "go.mod")); err != nil {
+		t.Fatalf("repository root %s: %v", root, err)
+	}
+	out, err := exec.Command("git", "-C", root, "ls-files", "-z").Output()
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("git ls-files: %v", err)
+		}
+		t.Skipf("git ls-files: %v (a checkout without git: nothing to list)", err)
+	}
+	var files []string
+	for f := range strings.SplitSeq(strings.TrimRight(string(out), "\x00"), "\x00") {
+		if f != "" {
+			files = append(files, f)
+		}
+	}
+	return repo{root: root, files: files}
+}
+
+func (r repo) read(t *testing.T, f string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(r.root, filepath.FromSlash(f)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// markdown are the pages whose links are checked: the README and docs/.
+func (r repo) markdown() []string {
+	var md []string
+	for _, f := range r.files {
+		if f == "README.md" || (path.Dir(f) == "docs" && strings.HasSuffix(f, ".md")) {
+			md = append(md, f)
+		}
+	}
+	return md
+}
+
+// checkLink returns what is wrong with target, linked from the tracked file
+// from, or "".
+func (r repo) checkLink(t *testing.T, from, target string, anchors map[string]map[string]bool) string {
+	if doccheck.External(target) {
+		return ""
+	}
+	p, frag, _ := strings.Cut(target, "#")
+	p, err := url.PathUnescape(p)
+	if err != nil {
+		return "bad escape: " + err.Error()
+	}
+	dest := from
+	if p != "" {
+		if path.IsAbs(p) {
+			return "absolute path: GitHub resolves it against the site, not the repository"
+		}
+		dest = path.Clean(path.Join(path.Dir(from), p))
+		if dest == ".." || strings.HasPrefix(dest, "../") {
+			return "leaves the repository"
+		}
+		if _, err := os.Stat(filepath.Join(r.root, filepath.FromSlash(dest))); err != nil {
+			return "no such file or directory: " + dest
+		}
+		if !r.tracked(dest) {
+			return dest + " is not tracked by git: the link would break on GitHub"
+		}
+	}
+	if frag == "" || !strings.HasSuffix(dest, ".md") {
+		return ""
+	}
+	a, ok := anchors[dest]
+	if !ok {
+		a = doccheck.Anchors(r.read(t, dest))
+		anchors[dest] = a
+	}
+	if !a[frag] {
+		return "no heading with anchor #" + frag + " in " + dest
+	}
+	return ""
+}
+
+// tracked reports whether p is a tracked file or a directory holding one.
+func (r repo) tracked(p string) bool {
+	for _, f := range r.files {
+		if f == p || strings.HasPrefix(f, p+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+// Every relative link of the README and of docs/*.md names a file the
+// repository tracks, and a heading that exists when it has a #fragment.
+func TestMarkdownLinksResolve(t *testing.T) {
+	r := trackedFiles(t)
+	pages := r.markdown()
+	if !slices.Contains(pages, "README.md") || len(pages) < 2 {
+		t.Fatalf("found %v: want the README and docs/*.md", pages)
+	}
+	anchors := map[string]map[string]bool{}
+	checked := 0
+	for _, page := range pages {
+		for _, l := range doccheck.Links(r.read(t, page)) {
+			checked++
+			if why := r.checkLink(t, page, l.Target, anchors); why != "" {
+				t.Errorf("%s:%d: link %q: %s", page, l.Line, l.Target, why)
+			}
+		}
+	}
+	if checked < 50 {
+		t.Errorf("checked %d links: the parser lost most of them", checked)
+	}
+}
+
+// docsPath finds the docs/*.md paths Go comments, the Makefile and
+// configuration files name, with their #fragment if any.
+var docsPath = regexp.MustCompile(`(?:^|[^A-Za-z0-9_./-])(?:\.\./)*(docs/[A-Za-z0-9_-]+\.md)(?:#([A-Za-z0-9_-]+))?`)
+
+// The docs/ pages that code, comments and configuration point to exist,
+// and so do the headings they name.
+func TestPathsToDocsInCodeExist(t *testing.T) {
+	r := trackedFiles(t)
+	anchors := map[string]map[string]bool{}
+	checked := 0
+	for _, f := range r.files {
+		if !strings.HasSuffix(f, ".go") && !strings.HasSuffix(f, ".yml") && !strings.HasSuffix(f, ".sh") && path.Base(f) != "Makefile" {
+			continue
+		}
+		text := r.read(t, f)
+		for _, m := range docsPath.FindAllStringSubmatchIndex(text, -1) {
+			checked++
+			target := text[m[2]:m[3]]
+			if m[4] >= 0 {
+				target += "#" + text[m[4]:m[5]]
+			}
+			line := 1 + strings.Count(text[:m[0]], "\n")
+			// Resolved from the root: comments name docs/ from there.
+			if why := r.checkLink(t, "README.md", target, anchors); why != "" {
+				t.Errorf("%s:%d: %s: %s", f, line, target, why)
+			}
+		}
+	}
+	if checked == 0 {
+		t.Error("no docs/ path found in code: the pattern is broken")
+	}
+}
+
+// checkedForWording are the files whose sentences are read: documentation,
+// code and its comments, configuration. Third-party files under testdata/
+// are not the repository's words.
+func checkedForWording(f string) bool {
+	if strings.Contains("/"+f, "/testdata/") {
+		return false
+	}
+	switch path.Ext(f) {
+	case ".md", ".go", ".yml", ".yaml", ".sh", ".sql", ".conf", ".env", ".html", ".js", ".json":
+		return true
+	}
+	return path.Base(f) == "Makefile" || path.Base(f) == "Dockerfile"
+}
+
+// No tracked file talks about how the repository was made (doccheck.Forbidden
+// lists the phrases): that history is in the commits.
+func TestNoSentenceAboutHowTheRepositoryWasMade(t *testing.T) {
+	r := trackedFiles(t)
+	read := 0
+	for _, f := range r.files {
+		if !checkedForWording(f) {
+			continue
+		}
+		text := r.read(t, f)
+		if bytes.IndexByte([]byte(text), 0) >= 0 {
+			continue // binary
+		}
+		read++
+		for _, found := range doccheck.Find(text) {
+			t.Errorf("%s:%d: %q: %s", f, found.Line, found.Text, found.Why)
+		}
+	}
+	if read < 100 {
+		t.Errorf("read %d files: want every tracked source and document", read)
+	}
+}
+
+// The README stays a ten-minute read: the reference material lives in docs/.
+func TestReadmeStaysShort(t *testing.T) {
+	const maxLines, maxLine = 260, 300
+	r := trackedFiles(t)
+	lines := strings.Split(strings.TrimRight(r.read(t, "README.md"), "\n"), "\n")
+	if len(lines) > maxLines {
+		t.Errorf("README.md has %d lines, want at most %d: move reference material to docs/", len(lines), maxLines)
+	}
+	for i, l := range lines {
+		if n := len([]rune(l)); n > maxLine {
+			t.Errorf("README.md:%d is %d characters long, want at most %d", i+1, n, maxLine)
+		}
+	}
+}
+
+func TestSlugFollowsGitHub(t *testing.T) {
+	for _, tc := range []struct{ heading, want string }{
+		{"Running the tests", "running-the-tests"},
+		{"The problem: a dual write", "the-problem-a-dual-write"},
+		{"Delivery limit, prefetch and consumer_timeout (RabbitMQ 3.10)", "delivery-limit-prefetch-and-consumer_timeout-rabbitmq-310"},
+		{"audit: the loss audit over 1,000,000 events", "audit-the-loss-audit-over-1000000-events"},
+		{"1. The business transaction: services/orders/internal/postgres/store.go", "1-the-business-transaction-servicesordersinternalpostgresstorego"},
+		{"What's left -- to try", "whats-left----to-try"},
+		{"Größe und Äpfel", "größe-und-äpfel"},
+	} {
+		if got := doccheck.Slug(tc.heading); got != tc.want {
+			t.Errorf("Slug(%q) = %q, want %q", tc.heading, got, tc.want)
+		}
+	}
+}
+
+func TestHeadingsTakeRenderedTextAndNumberDuplicates(t *testing.T) {
+	md := "# Title\n\n## `RELAY_MODE` and [the relay](x.md)\n\n```\n## not a heading\n```\n\n## Tests\n### Tests\n## Tests ##\n#no space\n"
+	var got []string
+	for _, h := range doccheck.Headings(md) {
+		got = append(got, h.Anchor)
+	}
+	want := []string{"title", "relay_mode-and-the-relay", "tests", "tests-1", "tests-2"}
+	if !slices.Equal(got, want) {
+		t.Errorf("anchors %q, want %q", got, want)
+	}
+}
+
+func TestLinksOutsideCodeOnly(t *testing.T) {
+	md := "See [a](a.md#x) and ![img](i.png \"title\").\n" +
+		"`[not](code.md)` and\n```\n[nor](fence.md)\n```\n" +
+		"[split\ntext](b.md) <https://example.com> [ext](https://example.com/y)\n" +
+		"[ref]: <c.md>\n"
+	var got []string
+	for _, l := range doccheck.Links(md) {
+		got = append(got, l.Target+"@"+strings.Repeat("|", l.Line))
+	}
+	want := []string{"a.md#x@|", "i.png@|", "b.md@||||||", "https://example.com/y@|||||||", "c.md@||||||||"}
+	if !slices.Equal(got, want) {
+		t.Errorf("links %q, want %q", got, want)
+	}
+	if !doccheck.External("https://example.com/y") || !doccheck.External("mailto:x@y") || doccheck.External("../README.md") {
+		t.Error("External misjudges a scheme")
+	}
+}
+
+// The wording check catches each phrase, across a line break inside a
+// comment too, and leaves ordinary sentences alone.
+func TestFindCatchesPhrasesAcrossCommentLines(t *testing.T) {
+	// Each sentence is built from two halves, so that this file does not
+	// itself contain the phrases it looks for.
+	bad := []string{
+		"It ran on the develop" + "ment machine.",
+		"// ran on the develop" + "ment\n// machine, twice",
+		"# added in this\n# rou" + "nd",
+		"as the review" + "er asked",
+		"2s on the machine this was bu" + "ilt on",
+		"a machine without Docker (such as the one\n// this project is bu" + "ilt on)",
+	}
+	for _, text := range bad {
+		if fs := doccheck.Find(text); len(fs) == 0 {
+			t.Errorf("Find(%q) found nothing", text)
+		}
+	}
+	if fs := doccheck.Find("// Line 1\n// line 2 of the round trip\n"); len(fs) != 0 {
+		t.Errorf("Find flagged an ordinary comment: %v", fs)
+	}
+	fs := doccheck.Find("one\ntwo\nthe develop" + "ment machine\n")
+	if len(fs) != 1 || fs[0].Line != 3 {
+		t.Errorf("Find = %+v, want one finding on line 3", fs)
+	}
+}
