@@ -297,3 +297,39 @@ func TestFindCatchesPhrasesAcrossCommentLines(t *testing.T) {
 		t.Errorf("Find = %+v, want one finding on line 3", fs)
 	}
 }
+
+// testName finds the test and benchmark functions a page names; a trailing
+// * names every function with that prefix.
+var testName = regexp.MustCompile(`\b((?:Test|Benchmark)[A-Z][A-Za-z0-9_]*)(\*?)`)
+
+var testFunc = regexp.MustCompile(`(?m)^func ((?:Test|Benchmark)[A-Za-z0-9_]+)\(`)
+
+// Every test the README and docs/ name as a proof exists, so a renamed or
+// deleted test cannot leave a claim pointing at nothing.
+func TestTestsNamedInDocsExist(t *testing.T) {
+	r := trackedFiles(t)
+	var funcs []string
+	for _, f := range r.files {
+		if strings.HasSuffix(f, "_test.go") {
+			for _, m := range testFunc.FindAllStringSubmatch(r.read(t, f), -1) {
+				funcs = append(funcs, m[1])
+			}
+		}
+	}
+	named := 0
+	for _, page := range r.markdown() {
+		text := r.read(t, page)
+		for _, m := range testName.FindAllStringSubmatchIndex(text, -1) {
+			name, prefix := text[m[2]:m[3]], m[5] > m[4]
+			named++
+			if !slices.ContainsFunc(funcs, func(f string) bool {
+				return f == name || (prefix && strings.HasPrefix(f, name))
+			}) {
+				t.Errorf("%s:%d: %s names no test function of the repository", page, 1+strings.Count(text[:m[0]], "\n"), text[m[2]:m[5]])
+			}
+		}
+	}
+	if named < 20 {
+		t.Errorf("found %d test names in the docs: the pattern is broken", named)
+	}
+}
