@@ -313,3 +313,44 @@ func TestTransactionModeVersionConflict(t *testing.T) {
 		t.Fatalf("version %d, want 3", v)
 	}
 }
+
+// A read preference in the URI does not move transactions off the primary.
+// On a single-node replica set readPreference=secondary has nowhere to go:
+// any operation of a transaction that followed it would fail server
+// selection.
+func TestTransactionModeRunsOnThePrimaryWhateverTheURIReadPreference(t *testing.T) {
+	t.Parallel()
+	b := replicaSet(t, inbox.Config{})
+	uri := inboxtest.ReplicaSetURI(t)
+	sep := "?"
+	if strings.Contains(uri, "?") {
+		sep = "&"
+	}
+	secondary := inboxtest.Client(t, uri+sep+"readPreference=secondary&serverSelectionTimeoutMS=3000")
+	db := secondary.Database(b.db.Name())
+	in, err := inbox.New(db, inbox.Config{Consumer: "test", DoneCacheSize: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	effects := db.Collection("effects")
+	for i := range 2 {
+		res, err := in.Process(t.Context(), "m-1", func(ctx context.Context) error {
+			if err := effects.FindOne(ctx, bson.D{{Key: "_id", Value: "m-1"}}).Err(); !errors.Is(err, mongo.ErrNoDocuments) {
+				return fmt.Errorf("read before write: %w", err)
+			}
+			_, err := effects.InsertOne(ctx, bson.D{{Key: "_id", Value: "m-1"}, {Key: "message_id", Value: "m-1"}})
+			return err
+		})
+		want := inbox.Duplicate
+		if i == 0 {
+			want = inbox.Processed
+		}
+		if err != nil || res != want {
+			t.Fatalf("delivery %d: %v, %v; want %v", i+1, res, err, want)
+		}
+	}
+	if done, err := in.IsDone(t.Context(), "m-1"); err != nil || !done {
+		t.Fatalf("IsDone: %v, %v; want true", done, err)
+	}
+	b.exactlyOnce(t, "m-1")
+}

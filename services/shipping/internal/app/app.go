@@ -66,7 +66,8 @@ type Config struct {
 	// effect. Default: 10ms; negative writes each record before the ack.
 	InboxFlushInterval time.Duration
 	// PurgeInterval is how often expired inbox records are purged where the
-	// server has no TTL index. Default: 10m.
+	// server has no TTL index. Default: inbox.DefaultPurgeInterval (1h: on
+	// FerretDB each purge reads the whole inbox collection).
 	PurgeInterval time.Duration
 	// AdminToken is the bearer token of the /admin/dead-letters endpoints.
 	// Default: "" (the admin endpoints are off).
@@ -114,7 +115,7 @@ func New(cfg Config) (*App, error) {
 		return nil, errors.New("shipping: AMQPURL and MongoURI are required")
 	}
 	cfg.HTTPAddr = cmp.Or(cfg.HTTPAddr, "127.0.0.1:8081")
-	cfg.PurgeInterval = cmp.Or(cfg.PurgeInterval, 10*time.Minute)
+	cfg.PurgeInterval = cmp.Or(cfg.PurgeInterval, inbox.DefaultPurgeInterval)
 	if cfg.TracerProvider == nil {
 		cfg.TracerProvider = noop.NewTracerProvider()
 	}
