@@ -55,6 +55,15 @@ type Config struct {
 	Prefetch, Concurrency int
 	// MaxAttempts and MaxDeferrals bound retries (defaults in processor.Config).
 	MaxAttempts, MaxDeferrals int
+	// MaxTransientDeferrals and MaxDeferralAge bound the deferrals of a
+	// message the inbox fails on by itself, and every message's deferrals
+	// by age (defaults in processor.Config: 20, 30m).
+	MaxTransientDeferrals int
+	MaxDeferralAge        time.Duration
+	// StuckAfter is how long a worker may spend on one delivery before it
+	// counts as stuck; /readyz answers 503 while every worker is (default in
+	// rabbitmq.Config: 60s).
+	StuckAfter time.Duration
 	// InboxRetention keeps inbox records (default in inbox.Config: 7 days).
 	InboxRetention time.Duration
 	// InboxFlushInterval is the inbox's inbox.Config.FlushInterval: on a
@@ -79,6 +88,8 @@ type Config struct {
 	Crash *crashpoint.Trigger
 	// WrapStore, when set, wraps the shipment store (tests inject failures).
 	WrapStore func(processor.Store) processor.Store
+	// WrapInbox, when set, wraps the inbox (tests inject its failures).
+	WrapInbox func(processor.Inbox) processor.Inbox
 	// Logger. Default: discard.
 	Logger *slog.Logger
 	// TracerProvider traces each delivery: a CONSUMER span "process
@@ -186,9 +197,14 @@ func New(cfg Config) (*App, error) {
 	if cfg.WrapStore != nil {
 		store = cfg.WrapStore(store)
 	}
+	var in processor.Inbox = a.inbox
+	if cfg.WrapInbox != nil {
+		in = cfg.WrapInbox(in)
+	}
 	proc, err := processor.New(processor.Config{
-		Inbox: a.inbox, Store: store, Metrics: m, DeadLetters: a.dead,
+		Inbox: in, Store: store, Metrics: m, DeadLetters: a.dead,
 		MaxAttempts: cfg.MaxAttempts, MaxDeferrals: cfg.MaxDeferrals,
+		MaxTransientDeferrals: cfg.MaxTransientDeferrals, MaxDeferralAge: cfg.MaxDeferralAge,
 		Crash: cfg.Crash, Logger: log, Tracing: traced,
 	})
 	if err != nil {
@@ -196,7 +212,7 @@ func New(cfg Config) (*App, error) {
 	}
 	a.consumer, err = rabbitmq.New(rabbitmq.Config{
 		URL: cfg.AMQPURL, Topology: cfg.Topology,
-		Prefetch: cfg.Prefetch, Concurrency: cfg.Concurrency,
+		Prefetch: cfg.Prefetch, Concurrency: cfg.Concurrency, StuckAfter: cfg.StuckAfter,
 		Metrics: m, Logger: log,
 		TracerProvider: cfg.TracerProvider, Propagator: cfg.Propagator,
 	}, proc)
@@ -220,6 +236,7 @@ func New(cfg Config) (*App, error) {
 		Checks: map[string]httpapi.Check{
 			"mongodb": a.store.Ping,
 			"broker":  func(context.Context) error { return a.consumer.Ready() },
+			"workers": func(context.Context) error { return a.consumer.Working() },
 		},
 		Gatherer:    reg,
 		Logger:      log,

@@ -19,7 +19,9 @@ type Metrics struct {
 	DeadLettered *prometheus.CounterVec
 	// Deferred counts messages sent through the delay queue, by reason:
 	// "gap" (an earlier version is missing), "in_progress", "retry" (the
-	// handler failed), "transient" (the inbox failed, not the handler).
+	// handler failed), "transient" (the inbox's transaction kept failing
+	// transiently, inbox.ErrTransient), "database" (the inbox failed on
+	// another database error while MongoDB answers).
 	Deferred *prometheus.CounterVec
 	// UnknownType counts messages of an event type not handled here,
 	// recorded as no-ops at their version.
@@ -56,7 +58,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "shipping_events_dead_lettered_total", Help: "Messages moved to the dead-letter queue, by reason.",
 		}, []string{"reason"}),
 		Deferred: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "shipping_events_deferred_total", Help: "Messages sent through the delay queue, by reason (gap, in_progress, retry, transient).",
+			Name: "shipping_events_deferred_total", Help: "Messages sent through the delay queue, by reason (gap, in_progress, retry, transient, database).",
 		}, []string{"reason"}),
 		UnknownType: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "shipping_events_unknown_type_total", Help: "Messages of an event type this service does not handle, recorded as no-ops at their version.",
@@ -100,7 +102,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 	for _, l := range []string{"inbox", "version"} {
 		m.Duplicates.WithLabelValues(l)
 	}
-	for _, r := range []string{"gap", "in_progress", "retry", "transient"} {
+	for _, r := range []string{"gap", "in_progress", "retry", "transient", "database"} {
 		m.Deferred.WithLabelValues(r)
 	}
 	return m, nil

@@ -125,6 +125,12 @@ type Config struct {
 	// RetryMin and RetryMax bound the backoff before a Retry verdict's
 	// delivery is handled again. Default: 100ms and 5s.
 	RetryMin, RetryMax time.Duration
+	// StuckAfter is how long a worker may handle one delivery (its handler,
+	// the retries of a Retry verdict, the settling) before it counts as
+	// stuck; while every worker is stuck, Working fails (the service's
+	// /readyz answers 503). Default: 60s, as long as the server's default
+	// transactionLifetimeLimitSeconds.
+	StuckAfter time.Duration
 	// ShutdownTimeout is how long in-flight deliveries may finish after the
 	// context ends (or after the broker cancelled the consumer, or returned a
 	// republished copy); then their handling is cancelled and they return to
@@ -158,6 +164,9 @@ type Consumer struct {
 	ready   atomic.Bool
 	tagBase string
 	tr      tracing
+	// busy holds, per worker, when it took its current delivery (Unix
+	// nanoseconds), 0 while it waits for one.
+	busy []atomic.Int64
 }
 
 // New returns a Consumer; Run starts it.
@@ -183,6 +192,7 @@ func New(cfg Config, h Handler) (*Consumer, error) {
 	cfg.RetryMin = cmp.Or(cfg.RetryMin, 100*time.Millisecond)
 	cfg.RetryMax = cmp.Or(cfg.RetryMax, 5*time.Second)
 	cfg.ShutdownTimeout = cmp.Or(cfg.ShutdownTimeout, 10*time.Second)
+	cfg.StuckAfter = cmp.Or(cfg.StuckAfter, DefaultStuckAfter)
 	cfg.ConnectionName = cmp.Or(cfg.ConnectionName, "shipping")
 	switch {
 	case cfg.Prefetch < 1 || cfg.Prefetch > 65535:
@@ -195,6 +205,8 @@ func New(cfg Config, h Handler) (*Consumer, error) {
 		return nil, fmt.Errorf("rabbitmq: retry backoff %v..%v: want 0 < min <= max", cfg.RetryMin, cfg.RetryMax)
 	case cfg.ShutdownTimeout < 0:
 		return nil, fmt.Errorf("rabbitmq: ShutdownTimeout %v: want >= 0", cfg.ShutdownTimeout)
+	case cfg.StuckAfter < 0:
+		return nil, fmt.Errorf("rabbitmq: StuckAfter %v: want > 0", cfg.StuckAfter)
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -202,8 +214,36 @@ func New(cfg Config, h Handler) (*Consumer, error) {
 	}
 	return &Consumer{
 		cfg: cfg, nodes: nodes, h: h, log: log, tagBase: cfg.ConnectionName + "-" + hex.EncodeToString(randBytes(4)),
-		tr: newTracing(cfg.TracerProvider, cfg.Propagator, cfg.Topology.Queue),
+		tr:   newTracing(cfg.TracerProvider, cfg.Propagator, cfg.Topology.Queue),
+		busy: make([]atomic.Int64, cfg.Concurrency),
 	}, nil
+}
+
+// DefaultStuckAfter is Config.StuckAfter's default.
+const DefaultStuckAfter = 60 * time.Second
+
+// Working returns nil unless every worker has been handling one delivery
+// for longer than StuckAfter: a handler that never returns, a dependency
+// that keeps failing under a Retry verdict, a settling that never ends. The
+// consumer then takes no new delivery.
+func (c *Consumer) Working() error {
+	now := time.Now()
+	var latest time.Time
+	for i := range c.busy {
+		ns := c.busy[i].Load()
+		if ns == 0 {
+			return nil
+		}
+		since := time.Unix(0, ns)
+		if now.Sub(since) <= c.cfg.StuckAfter {
+			return nil
+		}
+		if since.After(latest) {
+			latest = since
+		}
+	}
+	return fmt.Errorf("all %d workers stuck: each has been on one delivery for more than %v (the latest for %v)",
+		len(c.busy), c.cfg.StuckAfter, now.Sub(latest).Round(time.Second))
 }
 
 // Topology returns the topology with defaults filled in.
@@ -314,10 +354,12 @@ func (c *Consumer) session(ctx context.Context, pub *republisher) (connected boo
 	s := &sessionState{ch: ch, pub: pub, lost: make(chan struct{}), draining: make(chan struct{}), ended: make(chan struct{})}
 
 	var wg sync.WaitGroup
-	for range c.cfg.Concurrency {
+	for i := range c.cfg.Concurrency {
 		wg.Go(func() {
 			for d := range deliveries {
+				c.busy[i].Store(time.Now().UnixNano())
 				c.handle(hctx, s, d)
+				c.busy[i].Store(0)
 			}
 			// The broker cancelled the consumer (queue deleted), the
 			// channel closed, or we cancelled it on shutdown.

@@ -154,7 +154,7 @@ func endProcess(span trace.Span, v Verdict, err error) {
 		span.SetStatus(codes.Error, "dead-lettered: "+v.Reason+": "+v.Detail)
 	case v.Action == Retry:
 		span.SetStatus(codes.Error, "kept for a retry: a dependency is unavailable")
-	case v.Action == Defer && (v.Reason == "retry" || v.Reason == "transient"):
+	case v.Action == Defer && (v.Reason == "retry" || v.Reason == "transient" || v.Reason == "database"):
 		span.SetStatus(codes.Error, "deferred: "+v.Reason)
 	}
 	span.End()
