@@ -38,6 +38,11 @@
 // already re-published it), so no message is parked behind a hold that is
 // gone.
 //
+// A kept message's headers are stored as an array of typed {k, t, v}
+// entries (Headers): any AMQP key survives, '.' and a leading '$' included,
+// and a replay sends each value with its AMQP type (timestamps, byte
+// strings, tables, arrays, every integer width).
+//
 // Lookups are by _id, except the listings (List, Stats, and a release's
 // parked messages and remaining dead letters of one order), which scan their
 // small collections.
@@ -77,12 +82,12 @@ var ErrNotFound = errors.New("deadletter: no such dead letter")
 
 // Message is a message as kept for a later re-publish.
 type Message struct {
-	MessageID   string         `bson:"message_id" json:"message_id"`
-	Type        string         `bson:"type,omitempty" json:"type,omitempty"`
-	ContentType string         `bson:"content_type,omitempty" json:"content_type,omitempty"`
-	RoutingKey  string         `bson:"routing_key" json:"routing_key"` // as first published
-	Headers     map[string]any `bson:"headers,omitempty" json:"-"`
-	Body        []byte         `bson:"body" json:"-"`
+	MessageID   string  `bson:"message_id" json:"message_id"`
+	Type        string  `bson:"type,omitempty" json:"type,omitempty"`
+	ContentType string  `bson:"content_type,omitempty" json:"content_type,omitempty"`
+	RoutingKey  string  `bson:"routing_key" json:"routing_key"` // as first published
+	Headers     Headers `bson:"headers,omitempty" json:"-"`
+	Body        []byte  `bson:"body" json:"-"`
 }
 
 // Letter is a recorded dead letter.
