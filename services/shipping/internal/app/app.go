@@ -201,8 +201,20 @@ func New(cfg Config) (*App, error) {
 	if cfg.WrapInbox != nil {
 		in = cfg.WrapInbox(in)
 	}
+	a.releases, err = deadletter.NewManager(deadletter.Config{
+		Store: a.dead,
+		Publisher: deadletter.AMQPPublisher{
+			URL: cfg.AMQPURL, Queue: cfg.Topology.WithDefaults().Queue,
+			TracerProvider: cfg.TracerProvider, Propagator: cfg.Propagator,
+		},
+		Skipper: a.store,
+		Logger:  log,
+	})
+	if err != nil {
+		return fail(fmt.Errorf("shipping: %w", err))
+	}
 	proc, err := processor.New(processor.Config{
-		Inbox: in, Store: store, Metrics: m, DeadLetters: a.dead,
+		Inbox: in, Store: store, Metrics: m, DeadLetters: a.dead, Releases: a.releases,
 		MaxAttempts: cfg.MaxAttempts, MaxDeferrals: cfg.MaxDeferrals,
 		MaxTransientDeferrals: cfg.MaxTransientDeferrals, MaxDeferralAge: cfg.MaxDeferralAge,
 		Crash: cfg.Crash, Logger: log, Tracing: traced,
@@ -216,18 +228,6 @@ func New(cfg Config) (*App, error) {
 		Metrics: m, Logger: log,
 		TracerProvider: cfg.TracerProvider, Propagator: cfg.Propagator,
 	}, proc)
-	if err != nil {
-		return fail(fmt.Errorf("shipping: %w", err))
-	}
-	a.releases, err = deadletter.NewManager(deadletter.Config{
-		Store: a.dead,
-		Publisher: deadletter.AMQPPublisher{
-			URL: cfg.AMQPURL, Queue: a.consumer.Topology().Queue,
-			TracerProvider: cfg.TracerProvider, Propagator: cfg.Propagator,
-		},
-		Skipper: a.store,
-		Logger:  log,
-	})
 	if err != nil {
 		return fail(fmt.Errorf("shipping: %w", err))
 	}

@@ -215,3 +215,37 @@ func TestServiceFinishesAReleaseACrashInterruptedAtStart(t *testing.T) {
 		t.Fatalf("after the restart: dead letters %+v, holds %+v, %v; want the release finished", letters, holds, err)
 	}
 }
+
+// A dead-lettered version that applies after all (the relay published it
+// again, its handler's trouble over) releases what its order held: the
+// versions parked behind it follow, in order, and no dead letter nor hold
+// is left for an operator to replay.
+func TestDeadLetteredVersionAppliedByAnotherCopyReleasesItsOrder(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	var broken atomic.Bool
+	broken.Store(true)
+	a := e.start(app.Config{
+		MaxAttempts: 2, AdminToken: "s3cret", DeadLetterStatsInterval: 50 * time.Millisecond,
+		WrapStore: func(s processor.Store) processor.Store { return brokenStore{s, "again-1", &broken} },
+	})
+	e.pub.publish(created("1901", "again-1"))
+	waitFor(t, 30*time.Second, "the create dead-lettered", func() bool {
+		return value(a.Metrics().DeadLettered.WithLabelValues("handler_failed")) == 1
+	})
+	e.pub.publish(cancelled("1902", "again-1"))
+	waitFor(t, 30*time.Second, "the cancel parked", func() bool { return value(a.Metrics().Parked) == 1 })
+
+	broken.Store(false)
+	e.pub.publish(created("1901", "again-1")) // the relay's second copy
+	s := e.waitShipment("again-1", 2)
+	wantEvents(t, s, "1901", "1902")
+	if vs := e.order.versions("again-1"); fmt.Sprint(vs) != "[1 2]" {
+		t.Fatalf("application order %v, want [1 2]", vs)
+	}
+	waitFor(t, 10*time.Second, "the gauges back to 0", func() bool { return gauge(a, "held") == 0 && gauge(a, "parked") == 0 })
+	if _, body := adminDo(t, http.MethodGet, "http://"+a.HTTPAddr()+"/admin/dead-letters", "s3cret"); !strings.Contains(body, `"dead_letters":[]`) || !strings.Contains(body, `"held_orders":[]`) {
+		t.Fatalf("after the second copy applied: %s; want no dead letter and no held order left", body)
+	}
+	e.waitDrained(a)
+}

@@ -22,6 +22,10 @@
 //     order and the hold is removed, or, while another dead letter of the
 //     order still holds it, moved to that one (the released versions after
 //     it find their gap again and park again).
+//   - Applied does the same when the held version applies after all (a
+//     second copy of it, or the redelivery of a message whose dead letter
+//     was recorded but not published): its dead letter is dropped and the
+//     order released, with no operator.
 //
 // A release is idempotent and resumable: the hold is first marked
 // "releasing" with a token; each parked message is deleted only after its

@@ -18,6 +18,9 @@
 //     times, then dead-letter inbox_failed. MongoDB not answering at all:
 //     keep the delivery and retry (Retry), so its delivery limit is not
 //     burnt.
+//   - applied, or a duplicate, at the version its order is held at (a
+//     second copy of a dead-lettered version, or a dead letter whose publish
+//     failed after its record): the order is released (Config.Releases).
 //   - whatever the reason, a message first deferred more than
 //     MaxDeferralAge ago is dead-lettered instead of deferred again (the
 //     time of its first deferral travels in a header): every message ends.
@@ -86,7 +89,14 @@ type DeadLetters interface {
 	Unpark(ctx context.Context, orderID string, version int64) (bool, error)
 }
 
+// Releases releases an order held behind a dead letter whose version was
+// applied after all (services/shipping/internal/deadletter).
+type Releases interface {
+	Applied(ctx context.Context, orderID string, version int64) (int, error)
+}
+
 var (
+	_ Releases         = (*deadletter.Manager)(nil)
 	_ Inbox            = (*inbox.Inbox)(nil)
 	_ Store            = (*mongodb.Store)(nil)
 	_ DeadLetters      = (*deadletter.Store)(nil)
@@ -125,6 +135,13 @@ type Config struct {
 	// until an operator replays or discards the dead letter. Default: nil
 	// (dead letters only go to the dead-letter queue).
 	DeadLetters DeadLetters
+	// Releases releases an order whose held version was applied after all
+	// (a second copy of it, or the redelivery of a message whose dead letter
+	// was recorded but not published): its parked messages go out again in
+	// version order and the hold is gone. It is asked after every applied
+	// message and duplicate (one lookup by _id). Default: nil (the order
+	// stays held until an operator replays or discards its dead letter).
+	Releases Releases
 	// Crash arms the crash points shipping.after_effect_before_inbox and
 	// shipping.after_inbox_before_ack. Default: nil (disarmed).
 	Crash *crashpoint.Trigger
@@ -320,6 +337,15 @@ func (p *Processor) Handle(ctx context.Context, d rabbitmq.Delivery) (v rabbitmq
 	default:
 		p.cfg.Metrics.Processed.Inc()
 		log.DebugContext(ctx, "applied")
+	}
+	if p.cfg.Releases != nil {
+		// Before the ack: a crash here leaves the delivery to come again, a
+		// duplicate that releases the order then.
+		// The manager logs the release.
+		if _, err := p.cfg.Releases.Applied(ctx, ev.OrderID, ev.Version); err != nil {
+			log.WarnContext(ctx, "applied at the version its order is held at, but could not release the order; keeping the delivery", "error", err)
+			return rabbitmq.Verdict{Action: rabbitmq.Retry}
+		}
 	}
 	p.cfg.Crash.Hit(crashpoint.ShippingAfterInboxBeforeAck)
 	return rabbitmq.Verdict{Action: rabbitmq.Ack}

@@ -458,3 +458,55 @@ func TestParkedMessageIsTakenBackWhenAReleaseBeganMeanwhile(t *testing.T) {
 		t.Fatalf("still parked: %+v", dl.parked)
 	}
 }
+
+// fakeReleases records what Applied was asked.
+type fakeReleases struct {
+	asked []string
+	err   error
+}
+
+func (f *fakeReleases) Applied(_ context.Context, orderID string, version int64) (int, error) {
+	f.asked = append(f.asked, fmt.Sprintf("%s/%d", orderID, version))
+	return 0, f.err
+}
+
+// Every applied message, and every duplicate, asks to release its order at
+// its version (a held version applied after all); a release that fails
+// keeps the delivery.
+func TestAppliedMessagesReleaseTheirOrderIfHeldAtTheirVersion(t *testing.T) {
+	for name, tc := range map[string]struct {
+		inbox processor.Inbox
+		store fakeStore
+		ask   bool
+	}{
+		"applied":         {store: fakeStore{outcome: mongodb.Applied}, ask: true},
+		"already applied": {store: fakeStore{outcome: mongodb.AlreadyApplied}, ask: true},
+		"inbox duplicate": {inbox: fakeInbox{duplicate: true}, ask: true},
+		"gap":             {store: fakeStore{err: shipment.ErrGap}},
+		"handler fails":   {store: fakeStore{err: errors.New("bug")}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			m, _ := metrics.New(prometheus.NewRegistry())
+			in := tc.inbox
+			if in == nil {
+				in = fakeInbox{}
+			}
+			rel := &fakeReleases{}
+			p, err := processor.New(processor.Config{Inbox: in, Store: tc.store, Metrics: m, DeadLetters: &fakeDeadLetters{}, Releases: rel})
+			if err != nil {
+				t.Fatal(err)
+			}
+			p.Handle(t.Context(), cancelDelivery(2, nil))
+			if got := fmt.Sprint(rel.asked); tc.ask && got != "[o-1/2]" || !tc.ask && len(rel.asked) != 0 {
+				t.Fatalf("releases asked %s", got)
+			}
+			if !tc.ask {
+				return
+			}
+			rel.err = errors.New("broker down")
+			if v := p.Handle(t.Context(), cancelDelivery(2, nil)); v.Action != rabbitmq.Retry {
+				t.Fatalf("verdict %v %q with a release that failed, want retry", v.Action, v.Reason)
+			}
+		})
+	}
+}

@@ -181,7 +181,7 @@ func New(cfg Config, h Handler) (*Consumer, error) {
 	if h == nil {
 		return nil, errors.New("rabbitmq: nil handler")
 	}
-	cfg.Topology = cfg.Topology.withDefaults()
+	cfg.Topology = cfg.Topology.WithDefaults()
 	if err := cfg.Topology.validate(); err != nil {
 		return nil, err
 	}
