@@ -349,13 +349,25 @@ func (a *App) Run(parent context.Context) error {
 }
 
 // refreshDeadLetterStats keeps the dead-letter gauges current. First it
-// finishes the releases of dead letters that a crash interrupted (retrying
-// at each tick until MongoDB and the broker answer).
+// creates the dead-letter collections' indexes and finishes the releases of
+// dead letters that a crash interrupted (retrying at each tick until
+// MongoDB and the broker answer).
 func (a *App) refreshDeadLetterStats(ctx context.Context) {
 	t := time.NewTicker(cmp.Or(a.cfg.DeadLetterStatsInterval, 15*time.Second))
 	defer t.Stop()
-	resumed := false
+	indexed, resumed := false, false
 	for {
+		if !indexed {
+			ictx, cancel := context.WithTimeout(ctx, time.Minute)
+			err := a.dead.EnsureIndexes(ictx)
+			cancel()
+			switch {
+			case err == nil:
+				indexed = true
+			case ctx.Err() == nil:
+				a.log.WarnContext(ctx, "dead-letter indexes not created yet, retrying", "error", err)
+			}
+		}
 		if !resumed {
 			rctx, cancel := context.WithTimeout(ctx, time.Minute)
 			n, err := a.releases.Resume(rctx)

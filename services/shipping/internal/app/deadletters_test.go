@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -248,4 +249,48 @@ func TestDeadLetteredVersionAppliedByAnotherCopyReleasesItsOrder(t *testing.T) {
 		t.Fatalf("after the second copy applied: %s; want no dead letter and no held order left", body)
 	}
 	e.waitDrained(a)
+}
+
+// The service creates the dead-letter collections' indexes at start.
+func TestServiceCreatesTheDeadLetterIndexesAtStart(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.start(app.Config{DeadLetterStatsInterval: 50 * time.Millisecond})
+	indexes := func(coll string) []string {
+		cur, err := e.db.Collection(coll).Indexes().List(t.Context())
+		if err != nil {
+			return nil
+		}
+		var specs []struct {
+			Key bson.D `bson:"key"`
+		}
+		if err := cur.All(t.Context(), &specs); err != nil {
+			return nil
+		}
+		var out []string
+		for _, s := range specs {
+			var keys []string
+			for _, k := range s.Key {
+				keys = append(keys, k.Key)
+			}
+			out = append(out, strings.Join(keys, ","))
+		}
+		return out
+	}
+	want := map[string][]string{
+		deadletter.LettersCollection: {"order_id,holds,version", "dead_lettered_at"},
+		deadletter.ParkedCollection:  {"order_id,version", "order_id,parked_at", "parked_at"},
+		deadletter.HoldsCollection:   {"state"},
+	}
+	waitFor(t, 30*time.Second, "the dead-letter indexes", func() bool {
+		for coll, keys := range want {
+			have := indexes(coll)
+			for _, k := range keys {
+				if !slices.Contains(have, k) {
+					return false
+				}
+			}
+		}
+		return true
+	})
 }

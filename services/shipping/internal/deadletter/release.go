@@ -116,15 +116,12 @@ const (
 // "releasing"), repeating the action the operator asked. It returns how
 // many releases it finished.
 func (m *Manager) Resume(ctx context.Context) (int, error) {
-	_, holds, err := m.cfg.Store.List(ctx)
+	holds, err := m.cfg.Store.releasing(ctx)
 	if err != nil {
 		return 0, err
 	}
 	done := 0
 	for _, h := range holds {
-		if h.State != StateReleasing {
-			continue
-		}
 		do := m.Replay
 		switch h.Action {
 		case actionDiscard:
