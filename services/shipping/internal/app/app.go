@@ -64,6 +64,10 @@ type Config struct {
 	// counts as stuck; /readyz answers 503 while every worker is (default in
 	// rabbitmq.Config: 60s).
 	StuckAfter time.Duration
+	// ConfirmTimeout bounds the wait for the confirm of a deferred or
+	// dead-lettered copy, after which its delivery goes back to the queue
+	// (default in rabbitmq.Config: 30s).
+	ConfirmTimeout time.Duration
 	// InboxRetention keeps inbox records (default in inbox.Config: 7 days).
 	InboxRetention time.Duration
 	// InboxFlushInterval is the inbox's inbox.Config.FlushInterval: on a
@@ -224,7 +228,7 @@ func New(cfg Config) (*App, error) {
 	}
 	a.consumer, err = rabbitmq.New(rabbitmq.Config{
 		URL: cfg.AMQPURL, Topology: cfg.Topology,
-		Prefetch: cfg.Prefetch, Concurrency: cfg.Concurrency, StuckAfter: cfg.StuckAfter,
+		Prefetch: cfg.Prefetch, Concurrency: cfg.Concurrency, StuckAfter: cfg.StuckAfter, ConfirmTimeout: cfg.ConfirmTimeout,
 		Metrics: m, Logger: log,
 		TracerProvider: cfg.TracerProvider, Propagator: cfg.Propagator,
 	}, proc)

@@ -36,6 +36,12 @@ type Metrics struct {
 	BrokerConnections prometheus.Counter
 	// Consuming is 1 while the consumer is consuming.
 	Consuming prometheus.Gauge
+	// PublisherBlocked is 1 while the broker blocks the connection that
+	// publishes deferred and dead-lettered copies (a memory or disk alarm).
+	PublisherBlocked prometheus.Gauge
+	// RepublishTimeouts counts deferred or dead-lettered copies not
+	// confirmed in time, whose delivery went back to the queue.
+	RepublishTimeouts prometheus.Counter
 	// Parked counts messages parked behind a dead letter of their order.
 	Parked prometheus.Counter
 	// HeldOrders, ParkedMessages, OldestParkedAge and DeadLetters show what
@@ -76,6 +82,12 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		Consuming: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "shipping_consumer_up", Help: "1 while the consumer is consuming from the broker.",
 		}),
+		PublisherBlocked: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "shipping_publisher_blocked", Help: "1 while the broker blocks the connection publishing deferred and dead-lettered copies (a resource alarm).",
+		}),
+		RepublishTimeouts: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "shipping_republish_confirm_timeouts_total", Help: "Deferred or dead-lettered copies not confirmed in time; their deliveries went back to the queue.",
+		}),
 		Parked: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "shipping_events_parked_total", Help: "Messages parked behind a dead letter of their order.",
 		}),
@@ -93,7 +105,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		}),
 	}
 	for _, c := range []prometheus.Collector{m.Processed, m.Duplicates, m.DeadLettered, m.Deferred, m.UnknownType,
-		m.HandlerDuration, m.MongoUnavailable, m.BrokerConnections, m.Consuming,
+		m.HandlerDuration, m.MongoUnavailable, m.BrokerConnections, m.Consuming, m.PublisherBlocked, m.RepublishTimeouts,
 		m.Parked, m.HeldOrders, m.ParkedMessages, m.OldestParkedAge, m.DeadLetters} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register metrics: %w", err)

@@ -125,6 +125,13 @@ type Config struct {
 	// RetryMin and RetryMax bound the backoff before a Retry verdict's
 	// delivery is handled again. Default: 100ms and 5s.
 	RetryMin, RetryMax time.Duration
+	// ConfirmTimeout bounds the wait for the broker's confirm of a deferred
+	// or dead-lettered copy. Past it (the broker blocks publishing
+	// connections under a memory or disk alarm; the delay queue has no
+	// leader) the delivery is handed back to the queue (nack with requeue,
+	// which counts against its delivery limit) and the worker moves on, so
+	// that the deliveries that need only an ack keep flowing. Default: 30s.
+	ConfirmTimeout time.Duration
 	// StuckAfter is how long a worker may handle one delivery (its handler,
 	// the retries of a Retry verdict, the settling) before it counts as
 	// stuck; while every worker is stuck, Working fails (the service's
@@ -193,6 +200,7 @@ func New(cfg Config, h Handler) (*Consumer, error) {
 	cfg.RetryMax = cmp.Or(cfg.RetryMax, 5*time.Second)
 	cfg.ShutdownTimeout = cmp.Or(cfg.ShutdownTimeout, 10*time.Second)
 	cfg.StuckAfter = cmp.Or(cfg.StuckAfter, DefaultStuckAfter)
+	cfg.ConfirmTimeout = cmp.Or(cfg.ConfirmTimeout, DefaultConfirmTimeout)
 	cfg.ConnectionName = cmp.Or(cfg.ConnectionName, "shipping")
 	switch {
 	case cfg.Prefetch < 1 || cfg.Prefetch > 65535:
@@ -207,6 +215,8 @@ func New(cfg Config, h Handler) (*Consumer, error) {
 		return nil, fmt.Errorf("rabbitmq: ShutdownTimeout %v: want >= 0", cfg.ShutdownTimeout)
 	case cfg.StuckAfter < 0:
 		return nil, fmt.Errorf("rabbitmq: StuckAfter %v: want > 0", cfg.StuckAfter)
+	case cfg.ConfirmTimeout < 0:
+		return nil, fmt.Errorf("rabbitmq: ConfirmTimeout %v: want > 0", cfg.ConfirmTimeout)
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -219,8 +229,11 @@ func New(cfg Config, h Handler) (*Consumer, error) {
 	}, nil
 }
 
-// DefaultStuckAfter is Config.StuckAfter's default.
-const DefaultStuckAfter = 60 * time.Second
+// Defaults of Config.
+const (
+	DefaultStuckAfter     = 60 * time.Second
+	DefaultConfirmTimeout = 30 * time.Second
+)
 
 // Working returns nil unless every worker has been handling one delivery
 // for longer than StuckAfter: a handler that never returns, a dependency
@@ -272,7 +285,8 @@ func (c *Consumer) Ready() error {
 func (c *Consumer) Run(ctx context.Context) error {
 	pub := &republisher{
 		nodes: c.nodes.Fork(), name: c.cfg.ConnectionName + "-publisher",
-		inFlight: c.cfg.Prefetch + c.cfg.Concurrency, log: c.log,
+		inFlight: c.cfg.Prefetch + c.cfg.Concurrency, timeout: c.cfg.ConfirmTimeout,
+		log: c.log, metrics: c.cfg.Metrics,
 	}
 	defer pub.close()
 	failures := 0
@@ -480,6 +494,21 @@ func (c *Consumer) handle(ctx context.Context, s *sessionState, d amqp.Delivery)
 			err := c.settle(hctx, s, d, v)
 			endProcess(span, v, err)
 			if err == nil {
+				return
+			}
+			if errors.Is(err, errConfirmTimeout) {
+				// Hand the delivery back and free the worker: waiting on,
+				// every worker would end up here and no ack would flow.
+				c.log.WarnContext(ctx, "republished copy not confirmed in time; returning the delivery to the queue",
+					"event_id", d.MessageId, "action", v.Action.String(), "error", err)
+				if m := c.cfg.Metrics; m != nil {
+					m.RepublishTimeouts.Inc()
+				}
+				if !s.isLost() {
+					if nerr := d.Nack(false, true); nerr != nil {
+						c.log.WarnContext(ctx, "nack", "event_id", d.MessageId, "error", nerr)
+					}
+				}
 				return
 			}
 			if errors.Is(err, errReturned) || errors.Is(err, errNoExchange) {
