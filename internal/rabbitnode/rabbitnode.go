@@ -11,7 +11,8 @@
 //
 // Prepare lays a node out and says how to run it (the e2e suite runs its
 // cluster's nodes under its own supervisor); Start also runs it, waits until
-// it is up, and Close stops it and removes its directory.
+// it is up, and Close stops it and removes its directory; ForTest does that
+// for the length of a test.
 package rabbitnode
 
 import (
@@ -27,6 +28,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"testing"
 	"time"
 )
 
@@ -293,4 +295,30 @@ func (s *syncBuffer) tail(n int) string {
 	defer s.mu.Unlock()
 	lines := strings.Split(strings.TrimSpace(string(s.b)), "\n")
 	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
+
+// ForTest starts a node for t (Start) and stops it when t ends, printing
+// what the node said if t failed. Where no node can run here it skips t,
+// or fails it under CI=true.
+func ForTest(t testing.TB, prefix string) *Running {
+	t.Helper()
+	if err := Available(); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("rabbitnode: no RabbitMQ node of the test's own: %v (required under CI=true)", err)
+		}
+		t.Skipf("rabbitnode: no RabbitMQ node of the test's own: %v", err)
+	}
+	n, err := Start(t.Context(), prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("node %s said:\n%s", n.Name, n.Output())
+		}
+		if err := n.Close(); err != nil {
+			t.Errorf("rabbitnode: close node %s: %v", n.Name, err)
+		}
+	})
+	return n
 }

@@ -10,17 +10,7 @@ import (
 )
 
 func TestANodeOfItsOwnServesAMQPUntilClosed(t *testing.T) {
-	if err := rabbitnode.Available(); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("no RabbitMQ node of the test's own: %v (required under CI=true)", err)
-		}
-		t.Skipf("no RabbitMQ node of the test's own: %v", err)
-	}
-	n, err := rabbitnode.Start(t.Context(), "rabbitnode-test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer n.Close()
+	n := rabbitnode.ForTest(t, "rabbitnode-test")
 	if n.Port == "5672" {
 		t.Fatalf("the node listens on %s, the machine's broker's port", n.Port)
 	}

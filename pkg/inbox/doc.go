@@ -358,18 +358,39 @@
 //
 // # Tests
 //
-// The package's tests need nothing from the repository around it (its
-// servers come from its own internal/inboxtest): the standalone protocol
-// runs on a FerretDB embedded in the test binary, or on TEST_MONGO_URI. The
-// transaction state machine (transient retries, the budget, unknown commits,
-// aborts, duplicate confirmation, a handler that swallowed a write error) is
-// tested without a server, through an unexported seam (txStore) that
-// returns the driver's errors with their real labels and codes. The tests
-// against a real replica set (an orphaned transaction holding the record, an
-// effect without a record, a version conflict, concurrent duplicates,
-// rollback) run on TEST_MONGO_REPLSET_URI, or on a testcontainers replica
-// set where Docker answers; without either they are skipped, also under
-// CI=true, and the test binary prints how many did not run and why.
+// The package's tests need nothing from the repository around them: their
+// servers come from internal/inboxtest, which imports only the MongoDB
+// driver. The standalone protocol runs on TEST_MONGO_URI (a standalone
+// mongod, or FerretDB); in this repository, when it is unset, on an embedded
+// FerretDB that the tests start as a command of the repository's own
+// (internal/mongolocal/testserver). The transaction state machine
+// (transient retries, the budget, unknown commits, aborts, duplicate
+// confirmation, a handler that swallowed a write error, the majority read of
+// IsDone) is tested without a server, through an unexported seam (txStore)
+// that returns the driver's errors with their real labels and codes. The
+// tests against a real replica set (an orphaned transaction holding the
+// record, an effect without a record, a version conflict, concurrent
+// duplicates, rollback, a readPreference in the connection string) run on
+// TEST_MONGO_REPLSET_URI, or, in this repository, on a replica set in a
+// container where Docker answers; without either they are skipped, also
+// under CI=true, and the test binary prints how many did not run and why.
+//
+// # Copying
+//
+// Copy this directory, with its subdirectories, into your module, change
+// the import paths, and run go mod tidy. Your go.mod then requires:
+//
+//   - go.mongodb.org/mongo-driver/v2 (the package itself);
+//   - go.opentelemetry.io/otel and go.opentelemetry.io/otel/trace
+//     (inboxotel only: the OpenTelemetry API; delete inboxotel if you do not
+//     trace);
+//   - go.opentelemetry.io/otel/sdk (inboxotel's tests only: they record
+//     spans in memory and choose samplers);
+//   - go.uber.org/goleak (the tests only: no goroutine outlives them);
+//
+// and their own dependencies, marked indirect; no server, container library
+// or embedded database. Run the tests with TEST_MONGO_URI, and
+// TEST_MONGO_REPLSET_URI for transaction mode, set to servers of yours.
 //
 // # Schema
 //

@@ -21,11 +21,12 @@ import (
 	"github.com/outbox-inbox/reference/pkg/inbox/internal/inboxtest"
 )
 
-// These tests need a replica set (TEST_MONGO_REPLSET_URI, or Docker for a
-// testcontainers one); without one they skip, saying so, and TestMain prints
-// how many did not run. Their effect is deliberately NOT idempotent: the
-// transaction alone must keep it to one. The same state machine is tested
-// with injected driver errors, without a server, in txstate_test.go.
+// These tests need a replica set (TEST_MONGO_REPLSET_URI, or, in this
+// repository, Docker for a container); without one they skip, saying so,
+// and TestMain prints how many did not run. Their effect is deliberately NOT
+// idempotent: the transaction alone must keep it to one. The same state
+// machine is tested with injected driver errors, without a server, in
+// txstate_test.go.
 
 func replicaSet(t *testing.T, cfg inbox.Config) *bundle {
 	t.Helper()

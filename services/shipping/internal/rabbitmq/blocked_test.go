@@ -2,7 +2,6 @@ package rabbitmq
 
 import (
 	"context"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -16,32 +15,6 @@ import (
 	"github.com/outbox-inbox/reference/internal/rabbitnode"
 	"github.com/outbox-inbox/reference/services/shipping/internal/metrics"
 )
-
-// privateNode starts a RabbitMQ node of the test's own, stopped and removed
-// when the test ends: a resource alarm on the machine's broker would block
-// every other test's publishers.
-func privateNode(t *testing.T) *rabbitnode.Running {
-	t.Helper()
-	if err := rabbitnode.Available(); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("no RabbitMQ node of the test's own: %v (required under CI=true)", err)
-		}
-		t.Skipf("no RabbitMQ node of the test's own: %v", err)
-	}
-	n, err := rabbitnode.Start(t.Context(), "shipping-blocked")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("node %s said:\n%s", n.Name, n.Output())
-		}
-		if err := n.Close(); err != nil {
-			t.Errorf("close node %s: %v", n.Name, err)
-		}
-	})
-	return n
-}
 
 // queueDepth is the messages in queue on n, ready or unacked.
 func queueDepth(t *testing.T, n *rabbitnode.Running, queue string) int {
@@ -69,7 +42,9 @@ func queueDepth(t *testing.T, n *rabbitnode.Running, queue string) int {
 // round the delay queue and come back.
 func TestBlockedPublishingConnectionDoesNotFreezeTheAcks(t *testing.T) {
 	t.Parallel()
-	node := privateNode(t)
+	// A node of the test's own: a resource alarm on the machine's broker
+	// would block every other test's publishers.
+	node := rabbitnode.ForTest(t, "shipping-blocked")
 	m, err := metrics.New(prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
