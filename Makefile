@@ -6,7 +6,7 @@ TEST_FLAGS ?=
 
 SHELL := /bin/bash
 
-.PHONY: test vet fmt-check demo services chaos chaos-cluster bench generate
+.PHONY: test vet fmt-check demo services chaos chaos-cluster bench generate audit
 
 ## test: gofmt check, go vet, and every test with the race detector. The
 ## end-to-end suite (short chaos profile) runs last and alone: it stops and
@@ -38,6 +38,18 @@ chaos-cluster: services
 ## (5 to 10 minutes; not part of test). See docs/benchmarks.md.
 bench: services
 	$(GO) run ./bench
+
+## audit: one loss audit of the demo's databases (make demo without Docker:
+## the outbox in orders_demo, shipping's inbox on the embedded FerretDB at
+## 127.0.0.1:27017/shipping; DATABASE_URL and MONGO_URI point elsewhere):
+## the JSON report, exit 1 when an event is missing or an inbox record is a
+## phantom. AUDIT_FLAGS adds flags; its default grace of one minute judges
+## the demo's recent events. See docs/audit.md.
+AUDIT_FLAGS ?= -grace 1m
+audit:
+	DATABASE_URL="$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/orders_demo?sslmode=disable}" \
+	MONGO_URI="$${MONGO_URI:-mongodb://127.0.0.1:27017/shipping}" \
+	$(GO) run ./cmd/audit $(AUDIT_FLAGS)
 
 ## generate: regenerate the orders store's queries with the pinned sqlc
 ## (services/orders/internal/postgres/sqlc.yaml) and record the checksums a

@@ -2,12 +2,13 @@
 // against a baseline measured in the same run, prints them as a table and
 // writes them to a JSON file (BENCH_OUT, default bench-results.json).
 //
-//	go run ./bench                     every figure (6 to 10 minutes here)
+//	go run ./bench                     every figure (6 to 10 minutes here, and 10 to 25 more for
+//	                                   the audit figure, which writes a million inbox records on FerretDB)
 //	go run ./bench -only relay_drain   some figures, comma-separated
 //	go run ./bench -quick              smaller sizes, to check the harness
 //
 // Figures: relay_drain, write_overhead, read_flat, e2e_latency, claim_flat,
-// status_scrape, inbox_throughput. See docs/benchmarks.md for what each
+// status_scrape, inbox_throughput, audit. See docs/benchmarks.md for what each
 // measures and the latest numbers.
 //
 // Every run works in resources of its own, removed at the end: one PostgreSQL
@@ -20,6 +21,7 @@
 //	BENCH_REPS          repetitions of the throughput figures (default 3)
 //	BENCH_RELAY_BATCH_SIZE, BENCH_RELAY_WORKERS  relay tuning (default: the orders service's)
 //	BENCH_RELAY_VACUUM_EVERY  the relays' VacuumEvery (default 0, auto, the orders service's)
+//	BENCH_AUDIT_EVENTS  the events the audit figure audits (default 1,000,000)
 //	BENCH_KEEP=1        keep the PostgreSQL databases and vhosts for inspection
 package main
 
@@ -53,7 +55,7 @@ func main() {
 
 // figureOrder is the order figures run in: those that need the shipping
 // service and pkg/inbox last.
-var figureOrder = []string{"relay_drain", "relay_drain_wal", "write_overhead", "read_flat", "claim_flat", "status_scrape", "inbox_throughput", "e2e_latency", "e2e_latency_wal"}
+var figureOrder = []string{"relay_drain", "relay_drain_wal", "write_overhead", "read_flat", "claim_flat", "status_scrape", "inbox_throughput", "audit", "e2e_latency", "e2e_latency_wal"}
 
 // config holds the sizes of one run.
 type config struct {
@@ -77,6 +79,9 @@ type config struct {
 	// relayVacuumEvery is RelayConfig.VacuumEvery (0: auto, the service's).
 	relayVacuumEvery int
 
+	// auditEvents is how many events the audit figure audits.
+	auditEvents int
+
 	// readOrders and readBaseOrders are the table sizes read_flat compares,
 	// readRequests the GETs it times on each.
 	readOrders, readBaseOrders, readRequests int
@@ -99,6 +104,7 @@ func defaultConfig() config {
 		claimRate:     500,
 		inboxMessages: 1000,
 		inboxClients:  8,
+		auditEvents:   1_000_000,
 
 		readOrders:     1_000_000,
 		readBaseOrders: 1000,
@@ -121,6 +127,7 @@ func quickConfig() config {
 	c.claimChurn = 20_000
 	c.claimMeasure = 3 * time.Second
 	c.inboxMessages = 500
+	c.auditEvents = 20_000
 	return c
 }
 
@@ -158,7 +165,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	for _, v := range []struct {
 		name string
 		dst  *int
-	}{{"BENCH_RELAY_BATCH_SIZE", &cfg.relayBatch}, {"BENCH_RELAY_WORKERS", &cfg.relayWorkers}} {
+	}{{"BENCH_RELAY_BATCH_SIZE", &cfg.relayBatch}, {"BENCH_RELAY_WORKERS", &cfg.relayWorkers}, {"BENCH_AUDIT_EVENTS", &cfg.auditEvents}} {
 		if s := getenv(v.name); s != "" {
 			n, err := strconv.Atoi(s)
 			if err != nil || n < 1 {
@@ -225,6 +232,7 @@ func (b *bench) runFigures(ctx context.Context, selected []string, report *Repor
 		"claim_flat":       b.runClaimFlat,
 		"status_scrape":    b.runStatusScrape,
 		"inbox_throughput": b.runInboxThroughput,
+		"audit":            b.runAudit,
 		"e2e_latency":      b.runE2ELatency,
 		"e2e_latency_wal":  b.runE2ELatencyWAL,
 	}

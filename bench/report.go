@@ -24,6 +24,8 @@ const (
 	RatioAtMost GoalKind = "ratio_at_most"
 	// ValueAtMost: the value itself must be <= the limit, in the figure's unit.
 	ValueAtMost GoalKind = "value_at_most"
+	// ValueAtLeast: the value itself must be >= the limit, in the figure's unit.
+	ValueAtLeast GoalKind = "value_at_least"
 )
 
 // Goal is a figure's target (docs/guarantees.md, "Performance goals").
@@ -41,6 +43,8 @@ func (g Goal) String(unit string) string {
 		return fmt.Sprintf("<= %.2fx", g.Limit)
 	case ValueAtMost:
 		return fmt.Sprintf("<= %s %s", formatNumber(g.Limit), unit)
+	case ValueAtLeast:
+		return fmt.Sprintf(">= %s %s", formatNumber(g.Limit), unit)
 	default:
 		return "-"
 	}
@@ -89,6 +93,8 @@ func newFigure(name, unit string, value, baseline float64, goal Goal, measures, 
 			met = f.Ratio != nil && value/baseline <= goal.Limit
 		case ValueAtMost:
 			met = value <= goal.Limit
+		case ValueAtLeast:
+			met = value >= goal.Limit
 		}
 		f.Met = &met
 	}

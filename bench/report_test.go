@@ -101,6 +101,8 @@ func TestNewFigureRatioAndVerdict(t *testing.T) {
 		{"latency over its ceiling", 1.5, 1.0, Goal{RatioAtMost, 1.15}, ptr(1.5), ptr(false)},
 		{"absolute ceiling met", 12, 900, Goal{ValueAtMost, 25}, ptr(0.0133), ptr(true)},
 		{"absolute ceiling missed", 30, 900, Goal{ValueAtMost, 25}, ptr(0.0333), ptr(false)},
+		{"absolute floor met", 120000, 10000, Goal{ValueAtLeast, 100000}, ptr(12.0), ptr(true)},
+		{"absolute floor missed", 90000, 10000, Goal{ValueAtLeast, 100000}, ptr(9.0), ptr(false)},
 		{"no goal, no verdict", 5, 10, Goal{}, ptr(0.5), nil},
 		{"zero baseline: no ratio, ratio goal missed", 5, 0, Goal{RatioAtLeast, 0.5}, nil, ptr(false)},
 		{"zero baseline does not hide an absolute goal", 5, 0, Goal{ValueAtMost, 25}, nil, ptr(true)},
@@ -126,6 +128,7 @@ func TestGoalText(t *testing.T) {
 		{Goal{RatioAtLeast, 0.8}, ">= 0.80x"},
 		{Goal{RatioAtMost, 1.15}, "<= 1.15x"},
 		{Goal{ValueAtMost, 25}, "<= 25.00 ms"},
+		{Goal{ValueAtLeast, 25}, ">= 25.00 ms"},
 		{Goal{}, "-"},
 	} {
 		if got := tt.g.String("ms"); got != tt.want {

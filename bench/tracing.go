@@ -27,12 +27,16 @@ func untraced(pub outbox.Publisher) outbox.Publisher {
 
 // untracedWriteHeaders is what the orders store does for an event with
 // tracing off: the client's context is extracted (a random sampled
-// traceparent, as a client would send), the write span is started on a no-op
-// tracer, and the event's headers are written from its context.
+// traceparent, as a client would send), the write span and the event's
+// create span are started on a no-op tracer, and the event's headers are
+// written from the create span's context with the allowed baggage.
 func untracedWriteHeaders(ctx context.Context) map[string]string {
 	prop := benchPropagator()
+	tracer := noop.NewTracerProvider().Tracer("bench")
 	ctx = prop.Extract(ctx, propagation.MapCarrier(traceHeaders()))
-	ctx, span := noop.NewTracerProvider().Tracer("bench").Start(ctx, "orders.create")
+	ctx, span := tracer.Start(ctx, "orders.create")
 	defer span.End()
-	return outboxotel.InjectHeaders(ctx, prop, nil)
+	ctx, create := tracer.Start(ctx, "create orders.events")
+	defer create.End()
+	return outboxotel.InjectHeaders(outboxotel.LimitBaggage(ctx, nil, 512), prop, nil)
 }

@@ -73,7 +73,7 @@ var (
 	// oneShot runs to completion before the apps that need it.
 	oneShot = []string{"migrate"}
 	// monitoring watches the others (monitoring_test.go checks its wiring).
-	monitoring = []string{"grafana", "prometheus"}
+	monitoring = []string{"alertmanager", "grafana", "postgres-exporter", "prometheus"}
 	// tracingBackend receives the services' spans (tracing_test.go checks it).
 	tracingBackend = []string{"jaeger"}
 )
@@ -133,9 +133,12 @@ func TestHealthchecksAndStartOrder(t *testing.T) {
 		"relay":    {"orders", "rabbitmq"},
 		"shipping": {"mongodb", "rabbitmq"},
 		"loadgen":  {"orders", "shipping"},
-		// Prometheus scrapes whatever is up, from the start.
-		"prometheus": nil,
-		"grafana":    {"prometheus"},
+		// Prometheus scrapes whatever is up, from the start, and the
+		// exporter connects to the database at each scrape.
+		"prometheus":        nil,
+		"postgres-exporter": nil,
+		"alertmanager":      nil,
+		"grafana":           {"prometheus"},
 		// Tracing is best effort: nothing waits for its backend.
 		"jaeger": nil,
 	}
@@ -338,7 +341,7 @@ func TestPortsArePublishedOnLoopbackAndCanBeMoved(t *testing.T) {
 	defaults := map[string]string{
 		"orders:8080": "8080", "shipping:8081": "8081", "postgres:5432": "5432",
 		"rabbitmq:5672": "5672", "rabbitmq:15672": "15672", "mongodb:27017": "27017",
-		"prometheus:9090": "9090", "grafana:3000": "3000",
+		"prometheus:9090": "9090", "grafana:3000": "3000", "alertmanager:9093": "9093",
 		"jaeger:16686": "16686", "jaeger:4318": "4318",
 	}
 	check := func(p *types.Project, want map[string]string) {
@@ -366,12 +369,12 @@ func TestPortsArePublishedOnLoopbackAndCanBeMoved(t *testing.T) {
 	check(load(t, map[string]string{
 		"ORDERS_PORT": "18080", "SHIPPING_PORT": "18081", "POSTGRES_PORT": "15432",
 		"RABBITMQ_PORT": "15673", "RABBITMQ_UI_PORT": "25672", "MONGO_PORT": "37017",
-		"PROMETHEUS_PORT": "19090", "GRAFANA_PORT": "13000",
+		"PROMETHEUS_PORT": "19090", "GRAFANA_PORT": "13000", "ALERTMANAGER_PORT": "19093",
 		"JAEGER_UI_PORT": "26686", "JAEGER_OTLP_PORT": "14318",
 	}), map[string]string{
 		"orders:8080": "18080", "shipping:8081": "18081", "postgres:5432": "15432",
 		"rabbitmq:5672": "15673", "rabbitmq:15672": "25672", "mongodb:27017": "37017",
-		"prometheus:9090": "19090", "grafana:3000": "13000",
+		"prometheus:9090": "19090", "grafana:3000": "13000", "alertmanager:9093": "19093",
 		"jaeger:16686": "26686", "jaeger:4318": "14318",
 	})
 }

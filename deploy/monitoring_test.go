@@ -1,6 +1,7 @@
 package deploy_test
 
 import (
+	"cmp"
 	"encoding/json"
 	"net"
 	"net/url"
@@ -58,6 +59,18 @@ func sameFile(t *testing.T, a, b string) bool {
 	return errA == nil && errB == nil && os.SameFile(sa, sb)
 }
 
+// flagValue returns the value of a --name=value argument of a service's
+// command, or "".
+func flagValue(command types.ShellCommand, name string) string {
+	var v string
+	for _, arg := range command {
+		if rest, ok := strings.CutPrefix(arg, name+"="); ok {
+			v = rest
+		}
+	}
+	return v
+}
+
 // httpAddrPort returns the port a service's HTTP_ADDR listens on.
 func httpAddrPort(t *testing.T, s types.ServiceConfig) string {
 	t.Helper()
@@ -69,10 +82,18 @@ func httpAddrPort(t *testing.T, s types.ServiceConfig) string {
 }
 
 type promConfigFile struct {
-	RuleFiles     []string `yaml:"rule_files"`
+	RuleFiles []string `yaml:"rule_files"`
+	Alerting  struct {
+		Alertmanagers []struct {
+			StaticConfigs []struct {
+				Targets []string `yaml:"targets"`
+			} `yaml:"static_configs"`
+		} `yaml:"alertmanagers"`
+	} `yaml:"alerting"`
 	ScrapeConfigs []struct {
-		JobName      string `yaml:"job_name"`
-		MetricsPath  string `yaml:"metrics_path"`
+		JobName      string              `yaml:"job_name"`
+		MetricsPath  string              `yaml:"metrics_path"`
+		Params       map[string][]string `yaml:"params"`
 		DNSSDConfigs []struct {
 			Names []string `yaml:"names"`
 			Type  string   `yaml:"type"`
@@ -84,21 +105,51 @@ type promConfigFile struct {
 	} `yaml:"scrape_configs"`
 }
 
+// scrapeJob is what Prometheus must scrape: the compose services behind a
+// job, on which port and path (with its query).
+type scrapeJob struct {
+	services []string
+	port     string
+	path     string
+}
+
+// rabbitQueueFamilies are the per-queue metric families of
+// rabbitmq_prometheus the rules read (rabbitmq_detailed_queue_messages*,
+// rabbitmq_detailed_queue_consumers); its aggregated /metrics has no queue
+// label, and its /metrics/per-object no resource alarms.
+const rabbitQueueFamilies = "/metrics/detailed?family=queue_coarse_metrics&family=queue_consumer_count"
+
+// scrapeJobs are the jobs the rules and the dashboard read, by job name.
+// The applications' ports are those their HTTP_ADDR listens on.
+func scrapeJobs(t *testing.T, p *types.Project) map[string]scrapeJob {
+	t.Helper()
+	jobs := map[string]scrapeJob{
+		// The exporter's and the plugin's default ports.
+		"postgres-exporter": {[]string{"postgres-exporter"}, "9187", "/metrics"},
+		"rabbitmq":          {[]string{"rabbitmq"}, "15692", "/metrics"},
+		"rabbitmq-queues":   {append([]string{"rabbitmq"}, clusterNodes...), "15692", rabbitQueueFamilies},
+		"rabbitmq-cluster":  {clusterNodes, "15692", "/metrics"},
+		"alertmanager":      {[]string{"alertmanager"}, "9093", "/metrics"},
+	}
+	for _, name := range apps {
+		jobs[name] = scrapeJob{[]string{name}, httpAddrPort(t, service(t, p, name)), "/metrics"}
+	}
+	return jobs
+}
+
 // Prometheus runs with this repository's configuration and rules, scrapes
-// every replica of each application service on the port it listens on, and
-// keeps its data in a named volume.
+// every replica of each application service on the port it listens on, the
+// database through postgres-exporter and the broker's rabbitmq_prometheus
+// plugin (per queue), sends its alerts to the compose Alertmanager, keeps
+// exemplars, and keeps its data in a named volume.
 func TestComposePrometheusScrapesEveryService(t *testing.T) {
 	t.Parallel()
 	p := load(t, nil)
+	withCluster := load(t, nil, "cluster")
 	prom := service(t, p, "prometheus")
 	mounts := bindMounts(t, prom)
 
-	var configPath string
-	for _, arg := range prom.Command {
-		if v, ok := strings.CutPrefix(arg, "--config.file="); ok {
-			configPath = v
-		}
-	}
+	configPath := flagValue(prom.Command, "--config.file")
 	if configPath == "" {
 		t.Fatalf("prometheus command %v: want --config.file=...", prom.Command)
 	}
@@ -129,23 +180,37 @@ func TestComposePrometheusScrapesEveryService(t *testing.T) {
 		}
 	}
 
-	scraped := map[string]string{} // service -> port
+	want := scrapeJobs(t, p)
+	seen := map[string]bool{}
 	for _, sc := range cfg.ScrapeConfigs {
-		if sc.MetricsPath != "" && sc.MetricsPath != "/metrics" {
-			t.Errorf("job %s scrapes %s: the services serve /metrics", sc.JobName, sc.MetricsPath)
+		path := cmp.Or(sc.MetricsPath, "/metrics")
+		if len(sc.Params) > 0 {
+			path += "?" + url.Values(sc.Params).Encode()
 		}
+		job, expected := want[sc.JobName]
+		seen[sc.JobName] = expected
+		var names []string
 		for _, sd := range sc.DNSSDConfigs {
 			if sd.Type != "A" {
 				t.Errorf("job %s: dns_sd type %q, want A (every replica's address)", sc.JobName, sd.Type)
 			}
 			for _, name := range sd.Names {
-				if _, ok := p.Services[name]; !ok {
+				if _, ok := withCluster.Services[name]; !ok {
 					t.Errorf("job %s scrapes %s, which is not a compose service", sc.JobName, name)
 				}
-				if sc.JobName != name {
-					t.Errorf("job %s scrapes service %s: the rules expect job names equal to the services", sc.JobName, name)
+				names = append(names, name)
+				if expected && strconv.Itoa(sd.Port) != job.port {
+					t.Errorf("job %s scrapes %s on port %d, want %s", sc.JobName, name, sd.Port, job.port)
 				}
-				scraped[name] = strconv.Itoa(sd.Port)
+			}
+		}
+		if expected {
+			slices.Sort(names)
+			if !slices.Equal(names, job.services) {
+				t.Errorf("job %s scrapes %v, want %v: the rules expect these job names", sc.JobName, names, job.services)
+			}
+			if path != job.path {
+				t.Errorf("job %s scrapes %s, want %s", sc.JobName, path, job.path)
 			}
 		}
 		for _, st := range sc.StaticConfigs {
@@ -160,15 +225,22 @@ func TestComposePrometheusScrapesEveryService(t *testing.T) {
 			}
 		}
 	}
-	for _, name := range apps {
-		port, ok := scraped[name]
-		if !ok {
-			t.Errorf("prometheus does not scrape %s", name)
-			continue
+	for job := range want {
+		if !seen[job] {
+			t.Errorf("prometheus has no job %s", job)
 		}
-		if want := httpAddrPort(t, service(t, p, name)); port != want {
-			t.Errorf("prometheus scrapes %s on port %s, but it listens on %s", name, port, want)
+	}
+	var am []string
+	for _, a := range cfg.Alerting.Alertmanagers {
+		for _, st := range a.StaticConfigs {
+			am = append(am, st.Targets...)
 		}
+	}
+	if !slices.Equal(am, []string{"alertmanager:9093"}) {
+		t.Errorf("prometheus sends its alerts to %v, want the compose alertmanager:9093", am)
+	}
+	if !slices.Contains(prom.Command, "--enable-feature=exemplar-storage") {
+		t.Errorf("prometheus command %v: want --enable-feature=exemplar-storage, or the dashboard has no exemplars to link to traces", prom.Command)
 	}
 	ok := slices.ContainsFunc(prom.Volumes, func(v types.ServiceVolumeConfig) bool {
 		_, declared := p.Volumes[v.Source]
@@ -181,10 +253,16 @@ func TestComposePrometheusScrapesEveryService(t *testing.T) {
 
 type grafanaDatasources struct {
 	Datasources []struct {
-		Name string `yaml:"name"`
-		UID  string `yaml:"uid"`
-		Type string `yaml:"type"`
-		URL  string `yaml:"url"`
+		Name     string `yaml:"name"`
+		UID      string `yaml:"uid"`
+		Type     string `yaml:"type"`
+		URL      string `yaml:"url"`
+		JSONData struct {
+			ExemplarTraceIDDestinations []struct {
+				Name          string `yaml:"name"`
+				DatasourceUID string `yaml:"datasourceUid"`
+			} `yaml:"exemplarTraceIdDestinations"`
+		} `yaml:"jsonData"`
 	} `yaml:"datasources"`
 }
 
@@ -220,16 +298,21 @@ func provisioningFiles(t *testing.T, mounts map[string]string, dir string) []str
 	return files
 }
 
-// Grafana is provisioned with a datasource that is the compose Prometheus
-// and with the dashboards of deploy/grafana/dashboards, whose panels all use
-// that datasource; its home dashboard exists.
+// Grafana is provisioned with a datasource that is the compose Prometheus,
+// whose exemplars link to the trace in a Jaeger datasource that is the
+// compose Jaeger, and with the dashboards of deploy/grafana/dashboards,
+// whose panels all use a Prometheus datasource (through the dashboard's
+// datasource variable); its home dashboard exists.
 func TestComposeGrafanaIsProvisioned(t *testing.T) {
 	t.Parallel()
 	p := load(t, nil)
 	g := service(t, p, "grafana")
 	mounts := bindMounts(t, g)
 
-	uids := map[string]bool{}
+	// The compose service each datasource type must point at, on this port.
+	backends := map[string][2]string{"prometheus": {"prometheus", "9090"}, "jaeger": {"jaeger", "16686"}}
+	uids := map[string]string{} // uid -> type
+	exemplarsTo := map[string]string{}
 	for _, f := range provisioningFiles(t, mounts, "/etc/grafana/provisioning/datasources") {
 		raw, err := os.ReadFile(f)
 		if err != nil {
@@ -241,19 +324,35 @@ func TestComposeGrafanaIsProvisioned(t *testing.T) {
 		}
 		for _, d := range ds.Datasources {
 			u, err := url.Parse(d.URL)
-			if err != nil || d.Type != "prometheus" || d.UID == "" {
-				t.Errorf("%s: datasource %q: want type prometheus, a uid and a URL, got %+v", f, d.Name, d)
+			backend, known := backends[d.Type]
+			if err != nil || !known || d.UID == "" {
+				t.Errorf("%s: datasource %q: want type prometheus or jaeger, a uid and a URL, got %+v", f, d.Name, d)
 				continue
 			}
-			prom, ok := p.Services[u.Hostname()]
-			if !ok || u.Hostname() != "prometheus" || !exposes(prom, u.Port()) {
-				t.Errorf("%s: datasource %q points at %s, want the compose prometheus service on a port it publishes", f, d.Name, d.URL)
+			svc, ok := p.Services[u.Hostname()]
+			if !ok || u.Hostname() != backend[0] || u.Port() != backend[1] || !exposes(svc, u.Port()) {
+				t.Errorf("%s: datasource %q points at %s, want the compose %s service on port %s", f, d.Name, d.URL, backend[0], backend[1])
 			}
-			uids[d.UID] = true
+			uids[d.UID] = d.Type
+			for _, e := range d.JSONData.ExemplarTraceIDDestinations {
+				exemplarsTo[d.UID] = e.DatasourceUID
+				if e.Name != "trace_id" {
+					t.Errorf("%s: datasource %q reads exemplar label %q; shipping's exemplars carry trace_id", f, d.Name, e.Name)
+				}
+			}
 		}
 	}
-	if len(uids) == 0 {
-		t.Fatal("grafana: no datasource is provisioned")
+	var promUID string
+	for uid, typ := range uids {
+		if typ == "prometheus" {
+			promUID = uid
+		}
+	}
+	if promUID == "" {
+		t.Fatal("grafana: no Prometheus datasource is provisioned")
+	}
+	if to := exemplarsTo[promUID]; uids[to] != "jaeger" {
+		t.Errorf("grafana: the Prometheus datasource's exemplars link to %q, want the Jaeger datasource", to)
 	}
 
 	var dashboards []string
@@ -284,10 +383,22 @@ func TestComposeGrafanaIsProvisioned(t *testing.T) {
 	}
 	for _, f := range dashboards {
 		d := readDashboard(t, f)
+		// A datasource variable stands for every provisioned datasource of
+		// its type.
+		vars := map[string]string{}
+		for _, v := range d.Templating.List {
+			if v.Type == "datasource" {
+				vars["${"+v.Name+"}"], vars["$"+v.Name] = v.Query, v.Query
+			}
+		}
 		for _, pnl := range d.panels() {
 			for _, uid := range pnl.datasourceUIDs() {
-				if !uids[uid] {
-					t.Errorf("%s: panel %q uses datasource uid %q, which is not provisioned (have %v)", f, pnl.Title, uid, keys(uids))
+				typ, isVar := vars[uid]
+				if !isVar {
+					typ = uids[uid]
+				}
+				if typ != "prometheus" {
+					t.Errorf("%s: panel %q uses datasource %q, which is no provisioned Prometheus datasource nor a variable of that type (have %v)", f, pnl.Title, uid, keys(uids))
 				}
 			}
 		}
@@ -301,9 +412,16 @@ func TestComposeGrafanaIsProvisioned(t *testing.T) {
 
 // dashboard is the part of a Grafana dashboard JSON the tests read.
 type dashboard struct {
-	UID    string  `json:"uid"`
-	Title  string  `json:"title"`
-	Panels []panel `json:"panels"`
+	UID        string  `json:"uid"`
+	Title      string  `json:"title"`
+	Panels     []panel `json:"panels"`
+	Templating struct {
+		List []struct {
+			Name  string `json:"name"`
+			Type  string `json:"type"`
+			Query string `json:"query"`
+		} `json:"list"`
+	} `json:"templating"`
 }
 
 type panel struct {
@@ -314,6 +432,7 @@ type panel struct {
 	Targets    []struct {
 		RefID      string          `json:"refId"`
 		Expr       string          `json:"expr"`
+		Exemplar   bool            `json:"exemplar"`
 		Datasource json.RawMessage `json:"datasource"`
 	} `json:"targets"`
 	Panels []panel `json:"panels"` // a collapsed row's panels
@@ -366,4 +485,49 @@ func (p panel) datasourceUIDs() []string {
 	}
 	slices.Sort(uids)
 	return slices.Compact(uids)
+}
+
+// The dashboard lets the viewer pick the Prometheus datasource (every panel
+// uses the variable), shows the commit-to-applied SLI with its exemplars
+// (each links to its trace through the datasource's exemplar destination),
+// the broker's queues and the database's replication slots.
+func TestDashboardShowsTheSLOTheBrokerAndTheSlots(t *testing.T) {
+	t.Parallel()
+	d := readDashboard(t, "grafana/dashboards/outbox-inbox.json")
+	variable := ""
+	for _, v := range d.Templating.List {
+		if v.Type == "datasource" && v.Query == "prometheus" {
+			variable = "${" + v.Name + "}"
+		}
+	}
+	if variable == "" {
+		t.Fatal("the dashboard has no Prometheus datasource variable")
+	}
+	want := map[string]bool{ // a metric some panel must show -> with exemplars
+		"shipping_commit_to_applied_seconds_bucket": true,
+		"rabbitmq_detailed_queue_messages_ready":    false,
+		"rabbitmq_detailed_queue_consumers":         false,
+		"pg_replication_slots_retained_bytes":       false,
+		"pg_replication_slots_wal_at_risk":          false,
+	}
+	shown := map[string]bool{}
+	for _, p := range d.panels() {
+		for _, uid := range p.datasourceUIDs() {
+			if uid != variable {
+				t.Errorf("panel %q uses datasource %q, not the variable %s", p.Title, uid, variable)
+			}
+		}
+		for _, q := range p.Targets {
+			for metric, exemplars := range want {
+				if strings.Contains(q.Expr, metric) && (!exemplars || q.Exemplar) {
+					shown[metric] = true
+				}
+			}
+		}
+	}
+	for metric, exemplars := range want {
+		if !shown[metric] {
+			t.Errorf("no panel shows %s (with exemplars: %v)", metric, exemplars)
+		}
+	}
 }

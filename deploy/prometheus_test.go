@@ -1,13 +1,16 @@
 package deploy_test
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -16,14 +19,22 @@ import (
 // the services and loads rules/; tests/alerts_test.yml holds the rules' unit
 // tests; docs/operations.md is the runbook every alert links to.
 const (
-	promDir       = "prometheus"
-	promConfig    = "prometheus/prometheus.yml"
-	alertRules    = "prometheus/rules/alerts.yml"
-	recordRules   = "prometheus/rules/recording.yml"
-	ruleTests     = "prometheus/tests/alerts_test.yml"
+	promDir     = "prometheus"
+	promConfig  = "prometheus/prometheus.yml"
+	alertRules  = "prometheus/rules/alerts.yml"
+	recordRules = "prometheus/rules/recording.yml"
+	// ruleTestsGlob are the rules' unit tests: evaluated every minute, and,
+	// for the alerts whose windows span hours, every 5 minutes.
+	ruleTestsGlob = "prometheus/tests/*_test.yml"
 	runbook       = "../docs/operations.md"
-	runbookPrefix = "docs/operations.md#"
+	// runbookBase is where the runbook is published: every runbook_url is
+	// this, "#", and the alert's name in lower case. The runbook states it.
+	runbookBase = "https://github.com/outbox-inbox/reference/blob/main/docs/operations.md"
 )
+
+// alwaysFiring are the alerts that fire all the time by design: they have
+// no test where they stay quiet.
+var alwaysFiring = map[string]bool{"Watchdog": true}
 
 // promtool returns the path of promtool (Debian package prometheus, which
 // .ci/run installs): the test skips without it, and fails under CI=true.
@@ -52,19 +63,22 @@ func runPromtool(t *testing.T, dir string, args ...string) (string, error) {
 
 // ruleFile is a Prometheus rule file.
 type ruleFile struct {
-	Groups []struct {
-		Name  string `yaml:"name"`
-		Rules []rule `yaml:"rules"`
-	} `yaml:"groups"`
+	Groups []ruleGroup `yaml:"groups"`
+}
+
+type ruleGroup struct {
+	Name  string `yaml:"name"`
+	Rules []rule `yaml:"rules"`
 }
 
 type rule struct {
-	Alert       string            `yaml:"alert"`
-	Record      string            `yaml:"record"`
+	Alert       string            `yaml:"alert,omitempty"`
+	Record      string            `yaml:"record,omitempty"`
 	Expr        string            `yaml:"expr"`
-	For         string            `yaml:"for"`
-	Labels      map[string]string `yaml:"labels"`
-	Annotations map[string]string `yaml:"annotations"`
+	For         string            `yaml:"for,omitempty"`
+	Labels      map[string]string `yaml:"labels,omitempty"`
+	Annotations map[string]string `yaml:"annotations,omitempty"`
+	group       string            // the group's name
 }
 
 func readRules(t *testing.T, path string) []rule {
@@ -79,12 +93,57 @@ func readRules(t *testing.T, path string) []rule {
 	}
 	var rules []rule
 	for _, g := range f.Groups {
-		rules = append(rules, g.Rules...)
+		for _, r := range g.Rules {
+			r.group = g.Name
+			rules = append(rules, r)
+		}
 	}
 	if len(rules) == 0 {
 		t.Fatalf("%s has no rules", path)
 	}
 	return rules
+}
+
+// ruleTestFiles returns the rules' unit test files.
+func ruleTestFiles(t *testing.T) []string {
+	t.Helper()
+	files, err := filepath.Glob(ruleTestsGlob)
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no rule tests match %s: %v", ruleTestsGlob, err)
+	}
+	return files
+}
+
+// ruleSets groups the unit test files by the alerting rules they test: each
+// loads recording.yml and one file of alerts (rules/alerts.yml, or
+// rules/audit.yml for the loss audit's). The keys are paths like alertRules.
+func ruleSets(t *testing.T) map[string][]string {
+	t.Helper()
+	sets := map[string][]string{}
+	for _, f := range ruleTestFiles(t) {
+		raw, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var tf ruleTestFile
+		if err := yaml.Unmarshal(raw, &tf); err != nil {
+			t.Fatal(err)
+		}
+		var alertFiles []string
+		for _, rf := range tf.RuleFiles {
+			if rf != "../rules/recording.yml" {
+				alertFiles = append(alertFiles, filepath.Join(promDir, strings.TrimPrefix(rf, "../")))
+			}
+		}
+		if !slices.Contains(tf.RuleFiles, "../rules/recording.yml") || len(alertFiles) != 1 {
+			t.Fatalf("%s loads %v: want ../rules/recording.yml and one file of alerts", f, tf.RuleFiles)
+		}
+		sets[alertFiles[0]] = append(sets[alertFiles[0]], f)
+	}
+	if len(sets[alertRules]) == 0 {
+		t.Fatalf("no unit test loads %s", alertRules)
+	}
+	return sets
 }
 
 // ruleTestFile is the part of a promtool test file the checks read.
@@ -130,8 +189,12 @@ func TestPrometheusConfigAndRulesAreValid(t *testing.T) {
 
 func TestAlertRuleUnitTests(t *testing.T) {
 	t.Parallel()
-	out, err := runPromtool(t, promDir, "test", "rules", "tests/alerts_test.yml")
-	if err != nil || !strings.Contains(out, "SUCCESS") {
+	files := ruleTestFiles(t)
+	for i, f := range files {
+		files[i] = filepath.Base(f)
+	}
+	out, err := runPromtool(t, filepath.Join(promDir, "tests"), append([]string{"test", "rules"}, files...)...)
+	if err != nil || strings.Count(out, "SUCCESS") != len(files) {
 		t.Fatalf("promtool test rules: %v\n%s", err, out)
 	}
 }
@@ -141,6 +204,14 @@ func TestAlertRuleUnitTests(t *testing.T) {
 // alert that does not exist (promtool would pass it, finding none).
 func TestEveryAlertIsTestedAndHasARunbook(t *testing.T) {
 	t.Parallel()
+	for alertRules, tests := range ruleSets(t) {
+		t.Run(filepath.Base(alertRules), func(t *testing.T) { everyAlertIsTestedAndHasARunbook(t, alertRules, tests) })
+	}
+}
+
+// everyAlertIsTestedAndHasARunbook checks the alerts of alertRules against
+// their unit tests.
+func everyAlertIsTestedAndHasARunbook(t *testing.T, alertRules string, tests []string) {
 	alerts := map[string]rule{}
 	for _, r := range readRules(t, alertRules) {
 		if r.Alert == "" {
@@ -158,29 +229,26 @@ func TestEveryAlertIsTestedAndHasARunbook(t *testing.T) {
 		}
 	}
 
-	raw, err := os.ReadFile(ruleTests)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var tf ruleTestFile
-	if err := yaml.Unmarshal(raw, &tf); err != nil {
-		t.Fatal(err)
-	}
-	for _, want := range []string{"../rules/recording.yml", "../rules/alerts.yml"} {
-		if !slices.Contains(tf.RuleFiles, want) {
-			t.Errorf("%s does not load %s", ruleTests, want)
-		}
-	}
 	fires, quiet := map[string]int{}, map[string]int{}
-	for _, tc := range tf.Tests {
-		for _, a := range tc.AlertRuleTest {
-			if _, ok := alerts[a.Alertname]; !ok {
-				t.Errorf("test %q checks alert %q, which %s does not define", tc.Name, a.Alertname, alertRules)
-			}
-			if len(a.ExpAlerts) > 0 {
-				fires[a.Alertname]++
-			} else {
-				quiet[a.Alertname]++
+	for _, f := range tests {
+		raw, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var tf ruleTestFile
+		if err := yaml.Unmarshal(raw, &tf); err != nil {
+			t.Fatal(err)
+		}
+		for _, tc := range tf.Tests {
+			for _, a := range tc.AlertRuleTest {
+				if _, ok := alerts[a.Alertname]; !ok {
+					t.Errorf("%s: test %q checks alert %q, which %s does not define", f, tc.Name, a.Alertname, alertRules)
+				}
+				if len(a.ExpAlerts) > 0 {
+					fires[a.Alertname]++
+				} else {
+					quiet[a.Alertname]++
+				}
 			}
 		}
 	}
@@ -190,21 +258,28 @@ func TestEveryAlertIsTestedAndHasARunbook(t *testing.T) {
 		t.Fatalf("the runbook: %v", err)
 	}
 	anchors := markdownAnchors(string(doc))
+	if !strings.Contains(string(doc), runbookBase) {
+		t.Errorf("%s does not state the runbook's base URL %s", runbook, runbookBase)
+	}
 	for name, r := range alerts {
 		if fires[name] == 0 {
 			t.Errorf("alert %s has no unit test where it fires", name)
 		}
-		if quiet[name] == 0 {
+		if quiet[name] == 0 && !alwaysFiring[name] {
 			t.Errorf("alert %s has no unit test where it stays quiet", name)
 		}
-		if s := r.Labels["severity"]; !slices.Contains([]string{"critical", "warning", "info"}, s) {
-			t.Errorf("alert %s: severity %q, want critical, warning or info", name, s)
+		severities := []string{"critical", "warning", "info"}
+		if alwaysFiring[name] {
+			severities = []string{"none"} // routed to a dead man's switch, never to people
+		}
+		if s := r.Labels["severity"]; !slices.Contains(severities, s) {
+			t.Errorf("alert %s: severity %q, want one of %v", name, s, severities)
 		}
 		if r.Annotations["summary"] == "" || r.Annotations["description"] == "" {
 			t.Errorf("alert %s: want a summary and a description", name)
 		}
 		url := r.Annotations["runbook_url"]
-		if want := runbookPrefix + strings.ToLower(name); url != want {
+		if want := runbookBase + "#" + strings.ToLower(name); url != want {
 			t.Errorf("alert %s: runbook_url %q, want %q", name, url, want)
 		}
 		if !anchors[strings.ToLower(name)] {
@@ -229,88 +304,313 @@ func markdownAnchors(doc string) map[string]bool {
 	return anchors
 }
 
-// The unit tests can fail: for each alert, promtool test rules runs its
-// tests against two broken copies of the rules, one where the alert never
-// fires and one where it always fires, and both must fail.
+// The unit tests can fail, and they pin every figure of every alert: for
+// each alert, promtool test rules runs the alert's own tests against broken
+// copies of it, and each copy must make some test fail. The copies: the
+// alert never fires; it always fires; each threshold it compares with
+// halved and doubled (0 becomes 1 and -1); each range window and offset
+// halved and doubled; its `for` dropped, halved and doubled (none becomes
+// 1m); and, in each recording rule it reads, each window halved and doubled
+// wherever the rule uses it (a recorded ratio's two rates share a window).
+// Each copy is loaded alone, with the recording rules it reads, so that
+// promtool evaluates one alert, not all of them.
 func TestAlertRuleUnitTestsCatchBrokenAlerts(t *testing.T) {
 	t.Parallel()
-	raw, err := os.ReadFile(alertRules)
-	if err != nil {
-		t.Fatal(err)
+	for alertRules, tests := range ruleSets(t) {
+		t.Run(filepath.Base(alertRules), func(t *testing.T) { brokenAlertsAreCaught(t, alertRules, tests) })
 	}
-	rec, err := filepath.Abs(recordRules)
-	if err != nil {
-		t.Fatal(err)
+}
+
+// brokenAlertsAreCaught checks that the unit tests catch broken copies of
+// each alert of alertRules.
+func brokenAlertsAreCaught(t *testing.T, alertRules string, tests []string) {
+	recorded := map[string]rule{}
+	for _, r := range readRules(t, recordRules) {
+		recorded[r.Record] = r
 	}
-	testsRaw, err := os.ReadFile(ruleTests)
-	if err != nil {
-		t.Fatal(err)
+	testFiles := map[string][]byte{}
+	for _, f := range tests {
+		raw, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		testFiles[f] = raw
 	}
 	dir := t.TempDir()
-	type mutant struct{ alert, kind, file string }
-	var mutants []mutant
-	var files []string
+	type mutantFiles struct {
+		mutation
+		files []string // its test files: one failing is enough
+	}
+	var mutants []mutantFiles
+	var all []string
 	for _, r := range readRules(t, alertRules) {
-		for kind, expr := range map[string]string{"never": "vector(1) > 2", "always": "vector(1)"} {
-			var doc yaml.Node
-			if err := yaml.Unmarshal(raw, &doc); err != nil {
-				t.Fatal(err)
+		ms := alertMutations(t, r)
+		names, err := metricNames(r.Expr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var reads []rule
+		for _, n := range names {
+			if rr, ok := recorded[n]; ok {
+				reads = append(reads, rr)
+				ms = append(ms, recordingMutations(t, r.Alert, rr)...)
 			}
-			if !setAlertExpr(&doc, r.Alert, expr) {
-				t.Fatalf("alert %s not found in the YAML tree", r.Alert)
+		}
+		for i, m := range ms {
+			base := filepath.Join(dir, fmt.Sprintf("%s-%d", r.Alert, i))
+			broken := r
+			var rec []rule
+			for _, rr := range reads {
+				if rr.Record == m.record {
+					rr.Expr = m.expr
+				}
+				rec = append(rec, rr)
 			}
-			out, err := yaml.Marshal(&doc)
-			if err != nil {
-				t.Fatal(err)
+			if m.record == "" {
+				broken.Expr = m.expr
+				if m.forDur != nil {
+					broken.For = *m.forDur
+				}
 			}
-			base := filepath.Join(dir, r.Alert+"-"+kind)
-			if err := os.WriteFile(base+".rules.yml", out, 0o644); err != nil {
-				t.Fatal(err)
+			groups := []ruleGroup{{Name: r.group, Rules: []rule{broken}}}
+			order := []string{r.group}
+			if len(rec) > 0 {
+				groups = append([]ruleGroup{{Name: rec[0].group, Rules: rec}}, groups...)
+				order = append([]string{rec[0].group}, order...)
 			}
-			// Only the alert's own tests, with the broken copy: all of them
-			// for each of the 2 x alerts copies would take minutes.
-			tests := testsOf(t, testsRaw, r.Alert, rec, base+".rules.yml")
-			if err := os.WriteFile(base+".test.yml", tests, 0o644); err != nil {
-				t.Fatal(err)
+			writeYAML(t, base+".rules.yml", ruleFile{Groups: groups})
+			mf := mutantFiles{mutation: m}
+			for src, raw := range testFiles {
+				tests, ok := testsOf(t, raw, r.Alert, base+".rules.yml", order)
+				if !ok {
+					continue
+				}
+				f := base + "." + filepath.Base(src)
+				if err := os.WriteFile(f, tests, 0o644); err != nil {
+					t.Fatal(err)
+				}
+				mf.files = append(mf.files, f)
+				all = append(all, f)
 			}
-			mutants = append(mutants, mutant{r.Alert, kind, base + ".test.yml"})
-			files = append(files, base+".test.yml")
+			if len(mf.files) == 0 {
+				t.Fatalf("alert %s has no unit test", r.Alert)
+			}
+			mutants = append(mutants, mf)
 		}
 	}
 	// One promtool run for all of them; it reports each file in turn.
-	out, _ := runPromtool(t, dir, append([]string{"test", "rules"}, files...)...)
+	t.Logf("%d broken copies of the alerts, %d test files", len(mutants), len(all))
+	out, _ := runPromtool(t, dir, append([]string{"test", "rules"}, all...)...)
 	for _, m := range mutants {
-		i := strings.Index(out, "Unit Testing:  "+m.file)
-		if i < 0 {
-			t.Errorf("promtool did not report %s:\n%s", m.file, out)
-			continue
+		caught := false
+		for _, f := range m.files {
+			i := strings.Index(out, "Unit Testing:  "+f)
+			if i < 0 {
+				t.Fatalf("promtool did not report %s:\n%s", f, out)
+			}
+			section := out[i+len("Unit Testing:  "+f):]
+			if j := strings.Index(section, "Unit Testing:  "); j >= 0 {
+				section = section[:j]
+			}
+			caught = caught || strings.Contains(section, "FAILED")
 		}
-		section := out[i+len("Unit Testing:  "+m.file):]
-		if j := strings.Index(section, "Unit Testing:  "); j >= 0 {
-			section = section[:j]
-		}
-		if !strings.Contains(section, "FAILED") {
-			t.Errorf("alert %s: its unit tests pass with an alert that %s fires", m.alert, m.kind)
+		if !caught {
+			t.Errorf("alert %s: its unit tests pass when %s", m.alert, m.what)
 		}
 	}
 }
 
+func writeYAML(t *testing.T, path string, v any) {
+	t.Helper()
+	out, err := yaml.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, out, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// mutation is a broken copy of one alert: its expression and its `for`
+// (nil: unchanged), or, when record is set, the expression of the recording
+// rule record that it reads.
+type mutation struct {
+	alert, what string
+	expr        string
+	forDur      *string
+	record      string
+}
+
+var (
+	// A comparison with a number literal: the alert's threshold.
+	thresholdRe = regexp.MustCompile(`(>=|<=|==|!=|>|<)\s*(bool\s+)?(-?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)`)
+	// A range selector's or subquery's range, and an offset.
+	windowRe = regexp.MustCompile(`\[(\d+[smhdwy])(?::\d+[smhdwy])?\]|offset\s+(\d+[smhdwy])`)
+)
+
+// alertMutations returns the broken copies of r that its tests must catch.
+func alertMutations(t *testing.T, r rule) []mutation {
+	t.Helper()
+	ms := []mutation{{alert: r.Alert, what: "it never fires", expr: "vector(1) > 2"}}
+	if !alwaysFiring[r.Alert] {
+		ms = append(ms, mutation{alert: r.Alert, what: "it always fires", expr: "vector(1)"})
+	}
+	masked := quotedOrBraced(r.Expr)
+	for _, loc := range thresholdRe.FindAllStringSubmatchIndex(r.Expr, -1) {
+		numStart, numEnd := loc[6], loc[7]
+		if masked[loc[0]] || numEnd < len(r.Expr) && isIdentByte(r.Expr[numEnd]) {
+			continue
+		}
+		v, err := strconv.ParseFloat(r.Expr[numStart:numEnd], 64)
+		if err != nil {
+			t.Fatalf("alert %s: threshold %q: %v", r.Alert, r.Expr[numStart:numEnd], err)
+		}
+		alts := []float64{v / 2, v * 2}
+		if v == 0 {
+			alts = []float64{1, -1}
+		}
+		op := r.Expr[loc[2]:loc[3]]
+		for _, a := range alts {
+			n := strconv.FormatFloat(a, 'g', -1, 64)
+			ms = append(ms, mutation{alert: r.Alert,
+				what: fmt.Sprintf("%s %s becomes %s %s", op, r.Expr[numStart:numEnd], op, n),
+				expr: r.Expr[:numStart] + n + r.Expr[numEnd:]})
+		}
+	}
+	for _, loc := range windowRe.FindAllStringSubmatchIndex(r.Expr, -1) {
+		start, end := loc[2], loc[3]
+		if start < 0 {
+			start, end = loc[4], loc[5]
+		}
+		d := promDuration(t, r.Expr[start:end])
+		for _, a := range []time.Duration{d / 2, d * 2} {
+			n := strconv.Itoa(int(a.Seconds())) + "s"
+			ms = append(ms, mutation{alert: r.Alert,
+				what: fmt.Sprintf("the window %s becomes %s in %q", r.Expr[start:end], n, r.Expr[loc[0]:loc[1]]),
+				expr: r.Expr[:start] + n + r.Expr[end:]})
+		}
+	}
+	var fors []time.Duration
+	if r.For == "" {
+		fors = []time.Duration{time.Minute}
+	} else {
+		f := promDuration(t, r.For)
+		fors = []time.Duration{0, f * 2}
+		// Half of 1m would fire at the same evaluation (every minute in
+		// the tests) as 1m itself.
+		if f/2 >= time.Minute {
+			fors = append(fors, f/2)
+		}
+	}
+	for _, f := range fors {
+		n := strconv.Itoa(int(f.Seconds())) + "s"
+		ms = append(ms, mutation{alert: r.Alert, what: fmt.Sprintf("for %q becomes %s", r.For, n), forDur: &n})
+	}
+	for i := range ms {
+		if ms[i].expr == "" {
+			ms[i].expr = r.Expr
+		}
+	}
+	return ms
+}
+
+// recordingMutations returns the copies of the recording rule rr, read by
+// alert, with each of its windows halved and doubled wherever it occurs.
+func recordingMutations(t *testing.T, alert string, rr rule) []mutation {
+	t.Helper()
+	var ms []mutation
+	seen := map[string]bool{}
+	for _, m := range windowRe.FindAllStringSubmatch(rr.Expr, -1) {
+		lit := m[1] + m[2]
+		if seen[lit] {
+			continue
+		}
+		seen[lit] = true
+		d := promDuration(t, lit)
+		for _, a := range []time.Duration{d / 2, d * 2} {
+			n := strconv.Itoa(int(a.Seconds())) + "s"
+			expr := windowRe.ReplaceAllStringFunc(rr.Expr, func(w string) string {
+				if sm := windowRe.FindStringSubmatch(w); sm[1]+sm[2] != lit {
+					return w
+				}
+				return strings.Replace(w, lit, n, 1)
+			})
+			ms = append(ms, mutation{alert: alert, record: rr.Record, expr: expr,
+				what: fmt.Sprintf("the window %s becomes %s in the recording rule %s", lit, n, rr.Record)})
+		}
+	}
+	return ms
+}
+
+// quotedOrBraced marks the bytes of expr inside quotes or label matchers.
+func quotedOrBraced(expr string) []bool {
+	m := make([]bool, len(expr))
+	var quote byte
+	depth := 0
+	for i := 0; i < len(expr); i++ {
+		c := expr[i]
+		switch {
+		case quote != 0:
+			m[i] = true
+			if c == '\\' {
+				i++
+				if i < len(expr) {
+					m[i] = true
+				}
+			} else if c == quote {
+				quote = 0
+			}
+		case c == '"' || c == '\'' || c == '`':
+			quote, m[i] = c, true
+		case c == '{':
+			depth++
+			m[i] = true
+		case c == '}':
+			depth--
+			m[i] = true
+		default:
+			m[i] = depth > 0
+		}
+	}
+	return m
+}
+
+func isIdentByte(c byte) bool {
+	return c == '_' || c == ':' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
+}
+
+// promDuration parses a Prometheus duration of one unit (5m, 6h, 1d).
+func promDuration(t *testing.T, s string) time.Duration {
+	t.Helper()
+	units := map[byte]time.Duration{'s': time.Second, 'm': time.Minute, 'h': time.Hour, 'd': 24 * time.Hour, 'w': 7 * 24 * time.Hour, 'y': 365 * 24 * time.Hour}
+	n, err := strconv.Atoi(s[:len(s)-1])
+	u, ok := units[s[len(s)-1]]
+	if err != nil || !ok {
+		t.Fatalf("duration %q: want a number and one unit", s)
+	}
+	return time.Duration(n) * u
+}
+
 // testsOf returns the promtool test file raw with only the test groups that
-// check alert, loading the rule files rec and alerts.
-func testsOf(t *testing.T, raw []byte, alert, rec, alerts string) []byte {
+// check alert, loading the rule file rules evaluated in order, and whether
+// raw has any such group.
+func testsOf(t *testing.T, raw []byte, alert, rules string, order []string) ([]byte, bool) {
 	t.Helper()
 	var doc yaml.Node
 	if err := yaml.Unmarshal(raw, &doc); err != nil {
 		t.Fatal(err)
 	}
 	root := doc.Content[0]
+	found := false
 	for i := 0; i+1 < len(root.Content); i += 2 {
 		v := root.Content[i+1]
 		switch root.Content[i].Value {
 		case "rule_files":
-			v.Content = []*yaml.Node{
-				{Kind: yaml.ScalarNode, Value: rec},
-				{Kind: yaml.ScalarNode, Value: alerts},
+			v.Content = []*yaml.Node{{Kind: yaml.ScalarNode, Value: rules}}
+		case "group_eval_order":
+			v.Content = nil
+			for _, g := range order {
+				v.Content = append(v.Content, &yaml.Node{Kind: yaml.ScalarNode, Value: g})
 			}
 		case "tests":
 			v.Content = slices.DeleteFunc(v.Content, func(tc *yaml.Node) bool {
@@ -322,34 +622,12 @@ func testsOf(t *testing.T, raw []byte, alert, rec, alerts string) []byte {
 				}
 				return !slices.ContainsFunc(g.AlertRuleTest, func(a alertRuleTest) bool { return a.Alertname == alert })
 			})
+			found = len(v.Content) > 0
 		}
 	}
 	out, err := yaml.Marshal(&doc)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return out
-}
-
-// setAlertExpr replaces the expr of the alert named name in a rule file's
-// YAML tree, and reports whether it found it.
-func setAlertExpr(n *yaml.Node, name, expr string) bool {
-	if n.Kind == yaml.MappingNode {
-		for i := 0; i+1 < len(n.Content); i += 2 {
-			if n.Content[i].Value == "alert" && n.Content[i+1].Value == name {
-				for j := 0; j+1 < len(n.Content); j += 2 {
-					if n.Content[j].Value == "expr" {
-						n.Content[j+1].Value = expr
-						return true
-					}
-				}
-			}
-		}
-	}
-	for _, c := range n.Content {
-		if setAlertExpr(c, name, expr) {
-			return true
-		}
-	}
-	return false
+	return out, found
 }

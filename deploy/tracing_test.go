@@ -33,7 +33,7 @@ func TestTracingExportsToJaeger(t *testing.T) {
 			t.Errorf("jaeger does not expose 4318, where %s exports", name)
 		}
 		if p, ok := s.Environment["OTEL_EXPORTER_OTLP_PROTOCOL"]; ok && p != nil && *p != "http/protobuf" {
-			t.Errorf("%s OTEL_EXPORTER_OTLP_PROTOCOL %q: the services speak http/protobuf only", name, *p)
+			t.Errorf("%s OTEL_EXPORTER_OTLP_PROTOCOL %q: port 4318 is OTLP over http/protobuf (grpc is 4317)", name, *p)
 		}
 		n := env(t, s, "OTEL_SERVICE_NAME")
 		if names[n] {

@@ -18,6 +18,7 @@ import (
 // recordedSpan is one span an OTLP exporter sent, flattened.
 type recordedSpan struct {
 	Service  string // the resource's service.name
+	Instance string // the resource's service.instance.id
 	Name     string
 	Kind     tracepb.Span_SpanKind
 	TraceID  string // hex
@@ -25,6 +26,17 @@ type recordedSpan struct {
 	ParentID string // "" for a root
 	Status   tracepb.Status_StatusCode
 	Attrs    map[string]any
+	Links    []string // "traceid/spanid" of each link
+}
+
+// linksTo reports whether s links to span o.
+func (s recordedSpan) linksTo(o recordedSpan) bool {
+	for _, l := range s.Links {
+		if l == o.TraceID+"/"+o.SpanID {
+			return true
+		}
+	}
+	return false
 }
 
 func (s recordedSpan) String() string {
@@ -94,11 +106,17 @@ func (r *otlpReceiver) export(w http.ResponseWriter, req *http.Request) {
 	}
 	var got []recordedSpan
 	for _, rs := range msg.GetResourceSpans() {
-		service := attrMap(rs.GetResource().GetAttributes())["service.name"]
+		res := attrMap(rs.GetResource().GetAttributes())
+		service, instance := res["service.name"], res["service.instance.id"]
 		for _, ss := range rs.GetScopeSpans() {
 			for _, s := range ss.GetSpans() {
+				var links []string
+				for _, l := range s.GetLinks() {
+					links = append(links, hex.EncodeToString(l.GetTraceId())+"/"+hex.EncodeToString(l.GetSpanId()))
+				}
 				got = append(got, recordedSpan{
-					Service: fmt.Sprint(service), Name: s.GetName(), Kind: s.GetKind(),
+					Service: fmt.Sprint(service), Instance: fmt.Sprint(instance), Links: links,
+					Name: s.GetName(), Kind: s.GetKind(),
 					TraceID: hex.EncodeToString(s.GetTraceId()), SpanID: hex.EncodeToString(s.GetSpanId()),
 					ParentID: hex.EncodeToString(s.GetParentSpanId()), Status: s.GetStatus().GetCode(),
 					Attrs: attrMap(s.GetAttributes()),

@@ -18,15 +18,17 @@ import (
 // shipping processes exporting to an OTLP/HTTP receiver of the test's own,
 // and follows orders placed with a client traceparent and baggage:
 //
-//   - a sampled order gives one trace from the orders server span, through
-//     the write span and the relay's publish span (PRODUCER, with the
-//     messaging attributes), to shipping's process span (CONSUMER), each the
-//     parent of the next, and the client's baggage is in the message shipping
-//     receives;
+//   - a sampled order gives one trace: the orders server span, the write
+//     span, the event's create span (PRODUCER), whose context the message
+//     carries; the relay's publish span (PRODUCER, with the messaging
+//     attributes) and shipping's process span (CONSUMER) are both children
+//     of the create span (the event is young) and link to it; the client's
+//     allowed baggage is in the message shipping receives; each process
+//     says which instance it is (service.instance.id);
 //   - an unsampled order records no span in either process, and the message
 //     shipping applies still carries its trace id, unsampled, and baggage;
 //   - the same message delivered again (as after a lost ack) is processed
-//     as a duplicate in the original trace, under the same publish span.
+//     as a duplicate in the original trace, under the same create span.
 func TestOneTraceAcrossProcesses(t *testing.T) {
 	amqpHost := requireServices(t, true)
 	bins := buildBinaries(t)
@@ -103,7 +105,8 @@ func TestOneTraceAcrossProcesses(t *testing.T) {
 		}
 	}()
 
-	ordersEnv := []string{"DATABASE_URL=" + dbURL, "AMQP_URL=" + amqpURL, "RELAY_POLL_INTERVAL=200ms", "LOG_LEVEL=info"}
+	ordersEnv := []string{"DATABASE_URL=" + dbURL, "AMQP_URL=" + amqpURL, "RELAY_POLL_INTERVAL=200ms", "LOG_LEVEL=info",
+		"TRACE_BAGGAGE_KEYS=tenant"}
 	migrate := exec.CommandContext(ctx, bins.Orders, "migrate")
 	migrate.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME")}, ordersEnv...)
 	if out, err := migrate.CombinedOutput(); err != nil {
@@ -187,9 +190,16 @@ func TestOneTraceAcrossProcesses(t *testing.T) {
 
 	// 1. A sampled order: one trace, orders server span to shipping.
 	const sampledTrace = "4bf92f3577b34da6a3ce929d0e0e4736"
-	orderID := post("00-"+sampledTrace+"-00f067aa0ba902b7-01", "tenant=acme")
+	orderID := post("00-"+sampledTrace+"-00f067aa0ba902b7-01", "tenant=acme,session=s-91")
 	msg := tap.next(t, orderID)
-	spans := waitTrace(sampledTrace, "shipping process span", isProcess)
+	// The processes export on their own schedules: wait for each one's.
+	waitTrace(sampledTrace, "shipping process span", isProcess)
+	waitTrace(sampledTrace, "orders server span", func(s recordedSpan) bool {
+		return s.Service == "orders" && s.Kind == tracepb.Span_SPAN_KIND_SERVER
+	})
+	spans := waitTrace(sampledTrace, "relay publish span", func(s recordedSpan) bool {
+		return s.Service == "orders" && s.Name == "publish orders.events"
+	})
 	one := func(pred func(recordedSpan) bool, what string) recordedSpan {
 		t.Helper()
 		var found []recordedSpan
@@ -205,19 +215,34 @@ func TestOneTraceAcrossProcesses(t *testing.T) {
 	}
 	server := one(func(s recordedSpan) bool { return s.Service == "orders" && s.Kind == tracepb.Span_SPAN_KIND_SERVER }, "orders server")
 	write := one(func(s recordedSpan) bool { return s.Service == "orders" && s.Name == "orders.create" }, "write")
-	publish := one(func(s recordedSpan) bool { return s.Service == "orders" && s.Kind == tracepb.Span_SPAN_KIND_PRODUCER }, "publish")
+	create := one(func(s recordedSpan) bool { return s.Service == "orders" && s.Name == "create orders.events" }, "create")
+	publish := one(func(s recordedSpan) bool { return s.Service == "orders" && s.Name == "publish orders.events" }, "publish")
 	process := one(isProcess, "shipping process")
 	if server.Name != "POST /orders" || server.ParentID != "00f067aa0ba902b7" {
 		t.Errorf("server span %v, want POST /orders under the client's span", server)
 	}
-	if write.ParentID != server.SpanID {
-		t.Errorf("write span %v, want a child of the server span %s", write, server.SpanID)
+	if write.ParentID != server.SpanID || write.Kind != tracepb.Span_SPAN_KIND_INTERNAL {
+		t.Errorf("write span %v, want an internal child of the server span %s", write, server.SpanID)
 	}
-	if publish.ParentID != write.SpanID || publish.Name != "publish orders.events" {
-		t.Errorf("publish span %v, want publish orders.events under the write span %s", publish, write.SpanID)
+	if create.ParentID != write.SpanID || create.Kind != tracepb.Span_SPAN_KIND_PRODUCER || create.Attrs["messaging.operation.type"] != "create" {
+		t.Errorf("create span %v (%v), want a producer create span under the write span %s", create, create.Attrs, write.SpanID)
 	}
-	if process.ParentID != publish.SpanID {
-		t.Errorf("shipping process span %v, want a child of the publish span %s", process, publish.SpanID)
+	if publish.ParentID != create.SpanID || !publish.linksTo(create) || publish.Kind != tracepb.Span_SPAN_KIND_PRODUCER {
+		t.Errorf("publish span %v (links %v), want a producer child of the create span %s, linked to it", publish, publish.Links, create.SpanID)
+	}
+	if process.Name != "process orders.events" || process.ParentID != create.SpanID || !process.linksTo(create) {
+		t.Errorf("shipping process span %v (links %v), want process orders.events, a child of the create span %s, linked to it", process, process.Links, create.SpanID)
+	}
+	if process.Attrs["messaging.destination.name"] != "orders.events" || process.Attrs["messaging.destination.subscription.name"] != "shipping.order-events" {
+		t.Errorf("process span destination %v, subscription %v", process.Attrs["messaging.destination.name"], process.Attrs["messaging.destination.subscription.name"])
+	}
+	for _, s := range []recordedSpan{server, publish, process} {
+		if len(s.Instance) != 36 {
+			t.Errorf("%v: service.instance.id %q, want a UUID of the process", s, s.Instance)
+		}
+	}
+	if server.Instance != publish.Instance || server.Instance == process.Instance {
+		t.Errorf("instances: orders API %s, its relay %s, shipping %s: want one per process", server.Instance, publish.Instance, process.Instance)
 	}
 	for k, want := range map[string]any{
 		"messaging.system": "rabbitmq", "messaging.operation.type": "send", "messaging.destination.name": "orders.events",
@@ -234,11 +259,11 @@ func TestOneTraceAcrossProcesses(t *testing.T) {
 			t.Errorf("process span %s = %v, want %v", k, process.Attrs[k], want)
 		}
 	}
-	if got := msg.Headers["traceparent"]; got != "00-"+sampledTrace+"-"+publish.SpanID+"-01" {
-		t.Errorf("the message's traceparent %v, want the publish span's", got)
+	if got := msg.Headers["traceparent"]; got != "00-"+sampledTrace+"-"+create.SpanID+"-01" {
+		t.Errorf("the message's traceparent %v, want the create span's", got)
 	}
 	if got := msg.Headers["baggage"]; got != "tenant=acme" {
-		t.Errorf("the message's baggage %v, want the client's tenant=acme", got)
+		t.Errorf("the message's baggage %v, want the client's tenant=acme alone (TRACE_BAGGAGE_KEYS=tenant)", got)
 	}
 
 	// 2. An unsampled order: no span anywhere, its context still travels.
@@ -257,7 +282,7 @@ func TestOneTraceAcrossProcesses(t *testing.T) {
 	waitTrace(laterTrace, "shipping process span", isProcess)
 
 	// 3. The first order's message delivered again: a duplicate, in the
-	// original trace, under the same publish span.
+	// original trace, under the same create span.
 	dup := amqp.Publishing{
 		Headers: msg.Headers, ContentType: msg.ContentType, DeliveryMode: amqp.Persistent,
 		MessageId: msg.MessageId, Timestamp: msg.Timestamp, Type: msg.Type, Body: msg.Body,
@@ -269,8 +294,8 @@ func TestOneTraceAcrossProcesses(t *testing.T) {
 		return isProcess(s) && s.SpanID != process.SpanID
 	})
 	for _, s := range spans {
-		if isProcess(s) && s.SpanID != process.SpanID && s.ParentID != publish.SpanID {
-			t.Errorf("the redelivered copy's process span %v, want a child of the publish span %s", s, publish.SpanID)
+		if isProcess(s) && s.SpanID != process.SpanID && s.ParentID != create.SpanID {
+			t.Errorf("the redelivered copy's process span %v, want a child of the create span %s", s, create.SpanID)
 		}
 	}
 	waitTrace(sampledTrace, "span marking the duplicate", func(s recordedSpan) bool {

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -59,6 +60,13 @@ var composePublished = []struct {
 	{"rabbitmq", 5672},
 	{"mongodb", 27017},
 }
+
+// composeJaeger is the tracing UI's published port, which the journey's
+// trace links point at when the project publishes it.
+var composeJaeger = struct {
+	Service string
+	Port    int
+}{"jaeger", 16686}
 
 // composeProcesses are the page's process cards in compose mode, one per
 // service; Stoppable ones have stop and start buttons.
@@ -319,6 +327,12 @@ func runCompose(ctx context.Context, cfg config, stdout io.Writer) error {
 	d.cfg.OrdersAddr, d.cfg.ShippingAddr = addrs["orders"], addrs["shipping"]
 	d.cfg.RelayAddr, d.cfg.Relay2Addr = "", "" // the relay publishes no port
 	d.cfg.DatabaseURL, d.cfg.AMQPURL, d.cfg.MongoURI = composeURLs(addrs["postgres"], addrs["rabbitmq"], addrs["mongodb"])
+	if d.cfg.JaegerUI == "" {
+		// Optional: without it the journey shows trace ids, unlinked.
+		if a, err := ctl.publishedAddr(ctx, composeJaeger.Service, composeJaeger.Port); err == nil {
+			d.cfg.JaegerUI = "http://" + a
+		}
+	}
 
 	fctx, stopFollow := context.WithCancel(ctx)
 	followed := make(chan struct{})
@@ -381,8 +395,9 @@ func (d *demo) composeBanner(ctl *composeController) {
 		fmt.Sprintf("  shipping API  http://%s", c.ShippingAddr),
 		fmt.Sprintf("  PostgreSQL    %s", redacted(c.DatabaseURL)),
 		fmt.Sprintf("  RabbitMQ      %s  (management UI: docker compose port rabbitmq 15672)", redacted(c.AMQPURL)),
-		fmt.Sprintf("  MongoDB       %s", c.MongoURI),
+		fmt.Sprintf("  MongoDB       %s", redacted(c.MongoURI)),
 		"  logs          " + strings.Join(ctl.argv("logs", "--follow"), " "),
+		"  Jaeger        " + cmp.Or(c.JaegerUI, "not published: the journey shows trace ids without links"),
 		"  guided tour: docs/demo.md",
 		"",
 	} {

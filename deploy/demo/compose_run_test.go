@@ -28,6 +28,7 @@ port)
 	"orders 8080") echo "$FAKE_ORDERS" ;;
 	"shipping 8081") echo "$FAKE_SHIPPING" ;;
 	"postgres 5432" | "rabbitmq 5672" | "mongodb 27017") echo "$FAKE_CLOSED" ;;
+	"jaeger 16686") echo "0.0.0.0:16686" ;;
 	*) exit 1 ;;
 	esac ;;
 ps) cat "$FAKE_PS" ;;
@@ -133,7 +134,7 @@ func TestComposeModeServesTheLiveView(t *testing.T) {
 	body := new(strings.Builder)
 	_, _ = io.Copy(body, page.Body)
 	_ = page.Body.Close()
-	for _, want := range []string{`id="proc-relay"`, `data-action="stop-relays"`, "docker compose (" + composeFile + ")"} {
+	for _, want := range []string{`id="proc-relay"`, `data-action="stop-relays"`, "docker compose (" + composeFile + ")", "Jaeger (traces): <code>http://127.0.0.1:16686</code>"} {
 		if !strings.Contains(body.String(), want) {
 			t.Errorf("the page lacks %s", want)
 		}
@@ -168,7 +169,7 @@ func TestComposeModeServesTheLiveView(t *testing.T) {
 	log := string(raw)
 	for _, want := range []string{
 		dc + "port orders 8080\n", dc + "port shipping 8081\n", dc + "port postgres 5432\n",
-		dc + "port rabbitmq 5672\n", dc + "port mongodb 27017\n",
+		dc + "port rabbitmq 5672\n", dc + "port mongodb 27017\n", dc + "port jaeger 16686\n",
 		dc + "ps --all --format json\n",
 		dc + "logs --follow --no-color --no-log-prefix --since ",
 		dc + "stop relay\n",

@@ -298,7 +298,7 @@ func TestComposeControllerMatchesTheComposeFile(t *testing.T) {
 		return ""
 	}
 
-	for _, pp := range composePublished {
+	for _, pp := range append(composePublished, composeJaeger) {
 		s := svc(pp.Service)
 		found := false
 		for _, port := range s.Ports {

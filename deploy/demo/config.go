@@ -49,6 +49,10 @@ type config struct {
 	// Compose, when set, is a compose file whose running project the demo
 	// serves the live view for, instead of running processes (compose.go).
 	Compose string
+	// JaegerUI is JAEGER_UI, the Jaeger UI (http://host:port) the live
+	// view's journey links each event's trace to. Default: none, no links;
+	// with -compose, the project's jaeger service when it publishes its UI.
+	JaegerUI string
 }
 
 const (
@@ -62,6 +66,7 @@ func parseConfig(args []string, getenv func(string) string, out io.Writer) (conf
 		DatabaseURL: cmp.Or(getenv("DATABASE_URL"), defaultDatabaseURL),
 		AMQPURL:     cmp.Or(getenv("AMQP_URL"), defaultAMQPURL),
 		MongoURI:    cmp.Or(getenv("MONGO_URI"), defaultMongoURI),
+		JaegerUI:    getenv("JAEGER_UI"),
 	}
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	fs.SetOutput(out)
@@ -102,6 +107,11 @@ func parseConfig(args []string, getenv func(string) string, out io.Writer) (conf
 
 func (c config) validate() error {
 	var errs []error
+	if c.JaegerUI != "" {
+		if u, err := url.Parse(c.JaegerUI); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			errs = append(errs, fmt.Errorf("JAEGER_UI %q: want http://host:port", redacted(c.JaegerUI)))
+		}
+	}
 	if c.Compose != "" {
 		if st, err := os.Stat(c.Compose); err != nil || st.IsDir() {
 			errs = append(errs, fmt.Errorf("-compose %s: no such file", c.Compose))
@@ -132,10 +142,10 @@ func (c config) validate() error {
 		errs = append(errs, errors.New("-orders-addr, -shipping-addr, -relay-addr, -relay2-addr and -ui-addr must differ"))
 	}
 	if u, err := url.Parse(c.DatabaseURL); err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
-		errs = append(errs, fmt.Errorf("DATABASE_URL %q: want postgres://...", c.DatabaseURL))
+		errs = append(errs, fmt.Errorf("DATABASE_URL %q: want postgres://...", redacted(c.DatabaseURL)))
 	}
 	if u, err := url.Parse(c.AMQPURL); err != nil || (u.Scheme != "amqp" && u.Scheme != "amqps") {
-		errs = append(errs, fmt.Errorf("AMQP_URL %q: want amqp://...", c.AMQPURL))
+		errs = append(errs, fmt.Errorf("AMQP_URL %q: want amqp://...", redacted(c.AMQPURL)))
 	}
 	if _, err := mongoAddr(c.MongoURI); err != nil {
 		errs = append(errs, err)
@@ -153,7 +163,7 @@ func (c config) validate() error {
 func mongoAddr(uri string) (string, error) {
 	u, err := url.Parse(uri)
 	if err != nil || u.Scheme != "mongodb" || u.Host == "" || strings.Contains(u.Host, ",") {
-		return "", fmt.Errorf("MONGO_URI %q: want mongodb://host:port/database", uri)
+		return "", fmt.Errorf("MONGO_URI %q: want mongodb://host:port/database", redacted(uri))
 	}
 	if _, _, err := net.SplitHostPort(u.Host); err != nil {
 		return net.JoinHostPort(u.Host, "27017"), nil
@@ -161,11 +171,27 @@ func mongoAddr(uri string) (string, error) {
 	return u.Host, nil
 }
 
-// redacted hides a URL's password for printing.
+// redacted hides a URL's password for printing. A URL that does not parse
+// (a bad escape, say) has its password hidden all the same.
 func redacted(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
+	if u, err := url.Parse(raw); err == nil {
+		return u.Redacted()
+	}
+	scheme, rest, ok := strings.Cut(raw, "://")
+	if !ok {
 		return raw
 	}
-	return u.Redacted()
+	authority := rest
+	if i := strings.IndexAny(rest, "/?#"); i >= 0 {
+		authority = rest[:i]
+	}
+	at := strings.LastIndexByte(authority, '@')
+	if at < 0 {
+		return raw
+	}
+	user, _, hasPassword := strings.Cut(authority[:at], ":")
+	if !hasPassword {
+		return raw
+	}
+	return scheme + "://" + user + ":xxxxx" + rest[at:]
 }

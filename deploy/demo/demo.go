@@ -269,8 +269,11 @@ func (d *demo) banner() {
 		fmt.Sprintf("  shipping API  http://%s        (pid %d)", d.cfg.ShippingAddr, pids["shipping"]),
 		fmt.Sprintf("  PostgreSQL    %s", redacted(d.cfg.DatabaseURL)),
 		fmt.Sprintf("  RabbitMQ      %s", redacted(d.cfg.AMQPURL)),
-		fmt.Sprintf("  MongoDB       %s  (embedded FerretDB, pid %d, data in %s)", d.cfg.MongoURI, pids["mongolocal"], filepath.Join(d.cfg.StateDir, "mongolocal")),
+		fmt.Sprintf("  MongoDB       %s  (embedded FerretDB, pid %d, data in %s)", redacted(d.cfg.MongoURI), pids["mongolocal"], filepath.Join(d.cfg.StateDir, "mongolocal")),
 		fmt.Sprintf("  pid files     %s", run),
+	}
+	if d.cfg.JaegerUI != "" {
+		lines = append(lines, fmt.Sprintf("  Jaeger        %s  (the live view links each event's trace there)", d.cfg.JaegerUI))
 	}
 	if d.cfg.Load {
 		lines = append(lines, fmt.Sprintf("  load          %v orders/s for 10m (pid %d)", d.cfg.LoadRate, pids["loadgen"]))

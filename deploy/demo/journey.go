@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -43,19 +44,25 @@ type journeyEvent struct {
 	// applied, and never more.
 	Applied   int        `json:"applied"`
 	AppliedAt *time.Time `json:"applied_at,omitempty"`
+	// TraceID is the trace of the request that wrote the event, from the
+	// W3C traceparent stored in the outbox row's headers; "" when the row
+	// has none (tracing off, and no trace context from the client).
+	TraceID string `json:"trace_id,omitempty"`
+	// TraceURL is that trace in the Jaeger UI, when one is configured.
+	TraceURL string `json:"trace_url,omitempty"`
 }
 
 const journeySQL = `
 SELECT id, event_type, aggregate_version, created_at, attempts,
        CASE WHEN dead_lettered_at IS NOT NULL THEN 'dead_lettered'
             WHEN in_flight THEN 'in_flight' ELSE 'pending' END,
-       last_error, next_attempt_at, NULL::timestamptz, dead_lettered_at
+       last_error, next_attempt_at, NULL::timestamptz, dead_lettered_at, headers->>'traceparent'
 FROM outbox WHERE aggregate_type = 'order' AND aggregate_id = $1
 UNION ALL
-SELECT id, event_type, aggregate_version, created_at, attempts, 'published', NULL, NULL, published_at, NULL
+SELECT id, event_type, aggregate_version, created_at, attempts, 'published', NULL, NULL, published_at, NULL, headers->>'traceparent'
 FROM outbox_published WHERE aggregate_type = 'order' AND aggregate_id = $1
 UNION ALL
-SELECT id, event_type, aggregate_version, created_at, attempts, 'discarded', last_error, NULL, NULL, dead_lettered_at
+SELECT id, event_type, aggregate_version, created_at, attempts, 'discarded', last_error, NULL, NULL, dead_lettered_at, headers->>'traceparent'
 FROM outbox_discarded WHERE aggregate_type = 'order' AND aggregate_id = $1
 ORDER BY 3`
 
@@ -101,14 +108,20 @@ func (v *liveView) journey(ctx context.Context, id string) (journey, int, error)
 	for rows.Next() {
 		var e journeyEvent
 		var msgID int64
-		var lastErr *string
+		var lastErr, traceparent *string
 		if err := rows.Scan(&msgID, &e.EventType, &e.Version, &e.WrittenAt, &e.Attempts, &e.State,
-			&lastErr, &e.NextAttemptAt, &e.PublishedAt, &e.DeadLetteredAt); err != nil {
+			&lastErr, &e.NextAttemptAt, &e.PublishedAt, &e.DeadLetteredAt, &traceparent); err != nil {
 			rows.Close()
 			return j, http.StatusBadGateway, fmt.Errorf("outbox rows: %w", err)
 		}
 		if lastErr != nil {
 			e.LastError = *lastErr
+		}
+		if traceparent != nil {
+			e.TraceID = traceID(*traceparent)
+		}
+		if e.TraceID != "" && v.d.cfg.JaegerUI != "" {
+			e.TraceURL = strings.TrimRight(v.d.cfg.JaegerUI, "/") + "/trace/" + e.TraceID
 		}
 		e.MessageID = strconv.FormatInt(msgID, 10)
 		e.Deliveries = v.d.deliveries.of(e.MessageID)
@@ -144,6 +157,25 @@ func (v *liveView) journey(ctx context.Context, id string) (journey, int, error)
 		}
 	}
 	return j, http.StatusOK, nil
+}
+
+// traceID is the trace id of a W3C traceparent (version-traceid-parentid-
+// flags, lowercase hex), or "" for one that is not valid.
+func traceID(traceparent string) string {
+	parts := strings.Split(strings.TrimSpace(traceparent), "-")
+	if len(parts) < 4 || len(parts[0]) != 2 || parts[0] == "ff" || len(parts[1]) != 32 || len(parts[2]) != 16 || len(parts[3]) != 2 ||
+		(parts[0] == "00" && len(parts) != 4) {
+		return ""
+	}
+	for _, p := range parts[:4] {
+		if strings.Trim(p, "0123456789abcdef") != "" {
+			return ""
+		}
+	}
+	if strings.Trim(parts[1], "0") == "" || strings.Trim(parts[2], "0") == "" {
+		return "" // all zeros: invalid
+	}
+	return parts[1]
 }
 
 // getJSON GETs url into out (on 200) and returns the status.

@@ -18,7 +18,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	amqp "github.com/rabbitmq/amqp091-go"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
@@ -28,14 +27,16 @@ import (
 // processes' states, one order's journey, and buttons that inject the guided
 // scenario's faults. Its data comes from outside the services, as an
 // operator would read it: the processes' /readyz and /metrics, the orders and
-// shipping HTTP APIs, the broker (a passive queue declare gives a queue's
-// message count without the management plugin), the shipping service's log
+// shipping HTTP APIs, the broker (broker.go), the shipping service's log
 // (one debug line per settled delivery), and read-only queries on the two
 // stores for the counts that must be exact whatever restarts (the orders and
 // their outbox rows in PostgreSQL, as `orders outbox-status` reads them; the
 // applied effects in MongoDB). The faults are the demo's own: they stop,
 // start and arm the processes it supervises and call rabbitmqctl; no service
-// exposes them.
+// exposes them. So that no other web page can press them (a POST from a page
+// the user visits elsewhere, sent by the browser), every request goes through
+// net/http's cross-origin protection: a browser's cross-origin POST is
+// refused with 403 before it reaches a handler.
 
 //go:embed web
 var webFiles embed.FS
@@ -57,13 +58,13 @@ type liveView struct {
 	client *http.Client
 	pool   *pgxpool.Pool
 	mongo  *mongo.Client
+	broker *brokerReader
 	page   *template.Template
 	cancel context.CancelFunc
 	done   chan struct{}
 
 	mu    sync.Mutex
 	snap  snapshot
-	amqp  *amqp.Connection
 	notes []note
 	last  map[string]procStatus
 }
@@ -74,8 +75,13 @@ type note struct {
 	Text string    `json:"text"`
 }
 
+// parsePage parses the page's template.
+func parsePage() (*template.Template, error) {
+	return template.ParseFS(webFiles, "web/live.html")
+}
+
 func startLiveView(ctx context.Context, d *demo) (*liveView, error) {
-	tmpl, err := template.ParseFS(webFiles, "web/live.html")
+	tmpl, err := parsePage()
 	if err != nil {
 		return nil, fmt.Errorf("live view: %w", err)
 	}
@@ -104,7 +110,7 @@ func startLiveView(ctx context.Context, d *demo) (*liveView, error) {
 	tr := &http.Transport{MaxIdleConnsPerHost: 4, IdleConnTimeout: 30 * time.Second}
 	v := &liveView{
 		d: d, ctl: d.ctl, ln: ln, tr: tr, client: &http.Client{Transport: tr, Timeout: 5 * time.Second},
-		pool: pool, mongo: mc, page: tmpl, done: make(chan struct{}), last: map[string]procStatus{},
+		pool: pool, mongo: mc, broker: newBrokerReader(d.cfg.AMQPURL), page: tmpl, done: make(chan struct{}), last: map[string]procStatus{},
 	}
 	v.srv = &http.Server{Handler: v.routes(), ReadHeaderTimeout: 5 * time.Second}
 	cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
@@ -125,12 +131,7 @@ func (v *liveView) close() error {
 	}
 	v.cancel()
 	<-v.done
-	v.mu.Lock()
-	if v.amqp != nil {
-		_ = v.amqp.Close()
-		v.amqp = nil
-	}
-	v.mu.Unlock()
+	v.broker.close()
 	v.pool.Close()
 	_ = v.mongo.Disconnect(ctx)
 	v.tr.CloseIdleConnections()
@@ -150,6 +151,13 @@ func (v *liveView) addNote(format string, args ...any) {
 }
 
 func (v *liveView) routes() http.Handler {
+	cross := http.NewCrossOriginProtection()
+	cross.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		v.d.say("live view: refused a cross-origin %s %s (Origin %q, Sec-Fetch-Site %q)",
+			r.Method, r.URL.Path, r.Header.Get("Origin"), r.Header.Get("Sec-Fetch-Site"))
+		writeError(w, http.StatusForbidden, "cross_origin",
+			"refused: a cross-origin request; only the live view's own page may press its buttons")
+	}))
 	mux := http.NewServeMux()
 	static, _ := fs.Sub(webFiles, "web")
 	mux.HandleFunc("GET /{$}", v.servePage)
@@ -164,7 +172,7 @@ func (v *liveView) routes() http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "not_found", "no such page: "+r.URL.Path)
 	})
-	return mux
+	return cross.Handler(mux)
 }
 
 // writeError answers {"error": {"code", "message"}}, as the services do.
@@ -200,7 +208,10 @@ func (v *liveView) servePage(w http.ResponseWriter, _ *http.Request) {
 	if c.RelayAddr != "" {
 		data.Where = append(data.Where, whereItem{"relay-1 (metrics, readyz)", "http://" + c.RelayAddr}, whereItem{"relay-2 (metrics, readyz)", "http://" + c.Relay2Addr})
 	}
-	data.Where = append(data.Where, whereItem{"PostgreSQL", redacted(c.DatabaseURL)}, whereItem{"RabbitMQ", redacted(c.AMQPURL)}, whereItem{"MongoDB", c.MongoURI})
+	data.Where = append(data.Where, whereItem{"PostgreSQL", redacted(c.DatabaseURL)}, whereItem{"RabbitMQ", redacted(c.AMQPURL)}, whereItem{"MongoDB", redacted(c.MongoURI)})
+	if c.JaegerUI != "" {
+		data.Where = append(data.Where, whereItem{"Jaeger (traces)", c.JaegerUI})
+	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
 	if err := v.page.Execute(w, data); err != nil {
@@ -246,14 +257,18 @@ func (v *liveView) actions() []action {
 
 // snapshot is what /api/state answers.
 type snapshot struct {
-	At        time.Time         `json:"at"`
-	Stages    stages            `json:"stages"`
-	Processes []processView     `json:"processes"`
-	Errors    map[string]string `json:"errors"`
-	Notes     []note            `json:"notes"`
+	// At is when the sources were read; AgeSeconds how long before the
+	// answer that was (the page marks old numbers as stale).
+	At         time.Time         `json:"at"`
+	AgeSeconds float64           `json:"age_seconds"`
+	Stages     stages            `json:"stages"`
+	Processes  []processView     `json:"processes"`
+	Errors     map[string]string `json:"errors"`
+	Notes      []note            `json:"notes"`
 }
 
-// stages are the pipeline's counts; a nil field could not be read.
+// stages are the pipeline's counts; a nil field could not be read (the page
+// says "unknown", never 0).
 type stages struct {
 	OrdersCreated     *int64   `json:"orders_created"`
 	EventsWritten     *int64   `json:"events_written"`
@@ -287,6 +302,11 @@ func (v *liveView) serveState(w http.ResponseWriter, _ *http.Request) {
 	s := v.snap
 	s.Notes = append([]note(nil), v.notes...)
 	v.mu.Unlock()
+	if s.At.IsZero() {
+		writeError(w, http.StatusServiceUnavailable, "first_reading", "the live view is reading the system for the first time")
+		return
+	}
+	s.AgeSeconds = time.Since(s.At).Seconds()
 	writeJSON(w, http.StatusOK, s)
 }
 
@@ -307,9 +327,13 @@ func (v *liveView) collectLoop(ctx context.Context) {
 	}
 }
 
+// collectTimeout bounds one reading of every source: a source that has not
+// answered by then is reported as unreadable, and the others are shown.
+const collectTimeout = 3 * time.Second
+
 // collect reads everything once, the sources in parallel.
 func (v *liveView) collect(ctx context.Context) snapshot {
-	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, collectTimeout)
 	defer cancel()
 	s := snapshot{At: time.Now(), Errors: map[string]string{}}
 	s.Stages.deliveryCounts = v.d.deliveries.counts()
@@ -334,7 +358,9 @@ func (v *liveView) collect(ctx context.Context) snapshot {
 		s.Stages.Applied = &n
 	})
 	wg.Go(func() {
-		if err := v.readBroker(&s.Stages); err != nil {
+		q, err := v.broker.counts(ctx)
+		s.Stages.QueueReady, s.Stages.QueueConsumers, s.Stages.DelayQueue, s.Stages.DeadLetterQueue = q.Ready, q.Consumers, q.Delay, q.DeadLetters
+		if err != nil {
 			fail("broker", err)
 		}
 	})
@@ -444,51 +470,6 @@ func (v *liveView) readPostgres(ctx context.Context, st *stages) error {
 	written := pending + dead + published + discarded
 	st.OrdersCreated, st.Pending, st.OutboxDeadLetters = &orders, &pending, &dead
 	st.OldestPendingAge, st.Published, st.Discarded, st.EventsWritten = &age, &published, &discarded, &written
-	return nil
-}
-
-// readBroker declares the shipping queues passively: the answer carries the
-// number of messages ready in each (not those delivered and not yet acked)
-// and of consumers.
-func (v *liveView) readBroker(st *stages) error {
-	v.mu.Lock()
-	conn := v.amqp
-	v.mu.Unlock()
-	if conn == nil || conn.IsClosed() {
-		c, err := amqp.DialConfig(v.d.cfg.AMQPURL, amqp.Config{
-			Dial:       amqp.DefaultDial(2 * time.Second),
-			Properties: amqp.Table{"connection_name": "demo live view"},
-		})
-		if err != nil {
-			return err
-		}
-		v.mu.Lock()
-		v.amqp, conn = c, c
-		v.mu.Unlock()
-	}
-	for _, q := range []struct {
-		name      string
-		msgs, use **int64
-	}{
-		{mainQueue, &st.QueueReady, &st.QueueConsumers},
-		{delayQueue, &st.DelayQueue, nil},
-		{dlq, &st.DeadLetterQueue, nil},
-	} {
-		ch, err := conn.Channel()
-		if err != nil {
-			return err
-		}
-		info, err := ch.QueueDeclarePassive(q.name, true, false, false, false, nil)
-		if err != nil {
-			continue // not declared yet: the channel is closed by the broker
-		}
-		_ = ch.Close()
-		msgs, consumers := int64(info.Messages), int64(info.Consumers)
-		*q.msgs = &msgs
-		if q.use != nil {
-			*q.use = &consumers
-		}
-	}
 	return nil
 }
 

@@ -71,6 +71,8 @@ func TestConfigRejectsBadValues(t *testing.T) {
 		{nil, map[string]string{"MONGO_URI": "mongodb://a:1,b:2/x"}, "MONGO_URI"},
 		{nil, map[string]string{"DATABASE_URL": "mysql://x"}, "DATABASE_URL"},
 		{nil, map[string]string{"AMQP_URL": "http://x"}, "AMQP_URL"},
+		{nil, map[string]string{"JAEGER_UI": "127.0.0.1:16686"}, "JAEGER_UI"},
+		{nil, map[string]string{"MONGO_URI": "mongodb://u:secret@a:1,b:2/x"}, "mongodb://u:xxxxx@a:1,b:2/x"},
 		{[]string{"extra"}, nil, "unexpected arguments"},
 	}
 	for _, tt := range tests {
@@ -90,7 +92,7 @@ func TestConfigRejectsBadValues(t *testing.T) {
 		t.Fatalf("defaults: %v", err)
 	}
 	if c.DatabaseURL != defaultDatabaseURL || c.AMQPURL != defaultAMQPURL || c.MongoURI != defaultMongoURI ||
-		c.OrdersAddr != "127.0.0.1:8080" || c.ShippingAddr != "127.0.0.1:8081" {
+		c.OrdersAddr != "127.0.0.1:8080" || c.ShippingAddr != "127.0.0.1:8081" || c.JaegerUI != "" {
 		t.Fatalf("defaults: %+v", c)
 	}
 	if !strings.HasSuffix(c.StateDir, "outbox-inbox/demo") {

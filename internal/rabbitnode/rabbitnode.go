@@ -9,10 +9,11 @@
 // with a copy of the machine's Erlang cookie (in a HOME of its own), so the
 // machine's rabbitmqctl reaches it with -n.
 //
-// Prepare lays a node out and says how to run it (the e2e suite runs its
-// cluster's nodes under its own supervisor); Start also runs it, waits until
-// it is up, and Close stops it and removes its directory; ForTest does that
-// for the length of a test.
+// Env is the environment of a node laid out by its caller (the deploy tests
+// do). Prepare lays a node out and says how to run it (the e2e suite runs
+// its cluster's nodes under its own supervisor); Start also runs it, waits
+// until it is up, and Close stops it and removes its directory; ForTest
+// does that for the length of a test.
 package rabbitnode
 
 import (
@@ -129,24 +130,34 @@ func Prepare(dir, name string) (*Node, error) {
 		Name: node,
 		Port: amqpPort,
 		Dir:  dir,
-		Env: []string{
-			"HOME=" + home,
-			"RABBITMQ_NODENAME=" + node,
-			"RABBITMQ_DIST_PORT=" + distPort,
-			"RABBITMQ_CONFIG_FILE=" + filepath.Join(dir, "rabbitmq.conf"),
-			"RABBITMQ_ADVANCED_CONFIG_FILE=" + filepath.Join(dir, "advanced.config"),
-			"RABBITMQ_ENABLED_PLUGINS_FILE=" + filepath.Join(dir, "enabled_plugins"),
-			"RABBITMQ_CONF_ENV_FILE=" + filepath.Join(dir, "rabbitmq-env.conf"),
-			"RABBITMQ_MNESIA_BASE=" + filepath.Join(dir, "data"),
-			"RABBITMQ_LOG_BASE=" + filepath.Join(dir, "log"),
-			"RABBITMQ_PID_FILE=" + filepath.Join(dir, "rabbit.pid"),
-			"ERL_EPMD_ADDRESS=127.0.0.1",
-			"RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS=-kernel inet_dist_use_interface {127,0,0,1}",
-			"ERL_CRASH_DUMP=" + filepath.Join(dir, "erl_crash.dump"),
-			"RUNNING_UNDER_SYSTEMD=true",
-		},
+		Env: append(Env(dir, node, distPort),
+			"RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS=-kernel inet_dist_use_interface {127,0,0,1}"),
 		Cred: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)},
 	}, nil
+}
+
+// Env is the environment that runs node (name@host) from dir: its HOME
+// (dir/home, where the Erlang cookie goes), its configuration files
+// (rabbitmq.conf, advanced.config, enabled_plugins, rabbitmq-env.conf, an
+// empty one so the machine's NODENAME is not read), its data (dir/data),
+// logs (dir/log) and pid file, with distribution on distPort and epmd on
+// loopback.
+func Env(dir, node, distPort string) []string {
+	return []string{
+		"HOME=" + filepath.Join(dir, "home"),
+		"RABBITMQ_NODENAME=" + node,
+		"RABBITMQ_DIST_PORT=" + distPort,
+		"RABBITMQ_CONFIG_FILE=" + filepath.Join(dir, "rabbitmq.conf"),
+		"RABBITMQ_ADVANCED_CONFIG_FILE=" + filepath.Join(dir, "advanced.config"),
+		"RABBITMQ_ENABLED_PLUGINS_FILE=" + filepath.Join(dir, "enabled_plugins"),
+		"RABBITMQ_CONF_ENV_FILE=" + filepath.Join(dir, "rabbitmq-env.conf"),
+		"RABBITMQ_MNESIA_BASE=" + filepath.Join(dir, "data"),
+		"RABBITMQ_LOG_BASE=" + filepath.Join(dir, "log"),
+		"RABBITMQ_PID_FILE=" + filepath.Join(dir, "rabbit.pid"),
+		"ERL_EPMD_ADDRESS=127.0.0.1",
+		"ERL_CRASH_DUMP=" + filepath.Join(dir, "erl_crash.dump"),
+		"RUNNING_UNDER_SYSTEMD=true",
+	}
 }
 
 // URL is the node's AMQP URL for the guest user (allowed from loopback) on
@@ -168,24 +179,26 @@ func (n *Node) Ctl(ctx context.Context, args ...string) (string, error) {
 	return string(out), nil
 }
 
-// AwaitStartup waits until the node's application runs (at most 90s per
-// try; the CLI may not reach a VM that is still booting, so it tries three
-// times).
+// AwaitStartup waits until the node's application runs, at most three
+// minutes. rabbitmqctl await_startup fails at once while the booting VM has
+// not registered with epmd yet (slow on a loaded machine), so it is asked
+// again until then.
 func (n *Node) AwaitStartup(ctx context.Context) error {
-	var last error
-	for range 3 {
-		if _, last = n.Ctl(ctx, "await_startup", "--timeout", "90"); last == nil {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
+	for {
+		_, err := n.Ctl(ctx, "await_startup", "--timeout", "90")
+		if err == nil {
 			return nil
 		}
-		t := time.NewTimer(2 * time.Second)
+		t := time.NewTimer(time.Second)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return fmt.Errorf("rabbitmq node %s did not start: %w", n.Name, last)
+			return fmt.Errorf("rabbitmq node %s did not start: %w", n.Name, err)
 		case <-t.C:
 		}
 	}
-	return fmt.Errorf("rabbitmq node %s did not start: %w", n.Name, last)
 }
 
 // Running is a node started by Start.

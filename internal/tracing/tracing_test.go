@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -12,14 +13,34 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"go.opentelemetry.io/otel/baggage"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
+	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	"google.golang.org/grpc"
 )
 
 func env(kv map[string]string) func(string) string {
 	return func(k string) string { return kv[k] }
+}
+
+// setEnv clears every variable setup reads, then sets vars, for the test.
+// setup reads the process environment, as the SDK's packages do.
+func setEnv(t *testing.T, vars map[string]string) {
+	t.Helper()
+	for _, k := range []string{
+		"OTEL_SDK_DISABLED", "OTEL_TRACES_EXPORTER", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+		"OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_HEADERS",
+		"OTEL_EXPORTER_OTLP_INSECURE", "OTEL_PROPAGATORS", "OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES",
+		"OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG",
+	} {
+		t.Setenv(k, "")
+	}
+	for k, v := range vars {
+		t.Setenv(k, v)
+	}
 }
 
 func TestDecide(t *testing.T) {
@@ -30,17 +51,15 @@ func TestDecide(t *testing.T) {
 		err  string
 	}{
 		{"nothing configured", nil, exportNone, ""},
-		{"endpoint", map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://jaeger:4318"}, exportOTLP, ""},
-		{"traces endpoint", map[string]string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://jaeger:4318/v1/traces"}, exportOTLP, ""},
-		{"otlp without endpoint uses the exporter's default", map[string]string{"OTEL_TRACES_EXPORTER": "otlp"}, exportOTLP, ""},
+		{"endpoint", map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://jaeger:4318"}, exportAuto, ""},
+		{"traces endpoint", map[string]string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://jaeger:4318/v1/traces"}, exportAuto, ""},
+		{"otlp without endpoint uses the exporter's default", map[string]string{"OTEL_TRACES_EXPORTER": "otlp"}, exportAuto, ""},
 		{"exporter none beats an endpoint", map[string]string{"OTEL_TRACES_EXPORTER": "none", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4318"}, exportNone, ""},
 		{"none anywhere in the list", map[string]string{"OTEL_TRACES_EXPORTER": "otlp, none"}, exportNone, ""},
 		{"console", map[string]string{"OTEL_TRACES_EXPORTER": "Console"}, exportConsole, ""},
 		{"sdk disabled beats everything", map[string]string{"OTEL_SDK_DISABLED": "TRUE", "OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4318"}, exportNone, ""},
-		{"sdk disabled false", map[string]string{"OTEL_SDK_DISABLED": "false", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4318"}, exportOTLP, ""},
-		{"http/protobuf", map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4318", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}, exportOTLP, ""},
-		{"grpc refused", map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4317", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, 0, "not supported"},
-		{"traces protocol wins", map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4318", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf"}, exportOTLP, ""},
+		{"sdk disabled false", map[string]string{"OTEL_SDK_DISABLED": "false", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4318"}, exportAuto, ""},
+		{"grpc", map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4317", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, exportAuto, ""},
 		{"protocol irrelevant when off", map[string]string{"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, exportNone, ""},
 		{"unknown exporter", map[string]string{"OTEL_TRACES_EXPORTER": "zipkin"}, 0, "want otlp, console or none"},
 		{"two exporters", map[string]string{"OTEL_TRACES_EXPORTER": "otlp,console"}, 0, "only one exporter"},
@@ -67,7 +86,8 @@ func TestDecide(t *testing.T) {
 // A process with tracing off still passes an incoming trace and its baggage
 // on: a no-op span carries its parent's span context, sampled flag included.
 func TestOffPassesContextThrough(t *testing.T) {
-	tel, err := setup(context.Background(), "orders", nil, env(nil), io.Discard)
+	setEnv(t, nil)
+	tel, err := setup(context.Background(), "orders", nil, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,6 +124,26 @@ func TestOffPassesContextThrough(t *testing.T) {
 	}
 }
 
+// traceOne sets up tracing from the environment (console spans to
+// console), records one sampled span named name, and flushes it.
+func traceOne(t *testing.T, console io.Writer, name string) {
+	t.Helper()
+	tel, err := setup(context.Background(), "orders", nil, console)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, span := tel.TracerProvider.Tracer("t").Start(context.Background(), name)
+	if !span.IsRecording() || !span.SpanContext().IsSampled() {
+		t.Fatal("span not recorded or not sampled with an exporter set")
+	}
+	span.End()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := tel.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // otlpSink counts OTLP/HTTP export requests.
 type otlpSink struct {
 	mu       sync.Mutex
@@ -129,29 +169,13 @@ func TestOTLPExportFromEndpoint(t *testing.T) {
 	sink := &otlpSink{}
 	srv := httptest.NewServer(sink)
 	defer srv.Close()
-	vars := map[string]string{
+	setEnv(t, map[string]string{
 		"OTEL_EXPORTER_OTLP_ENDPOINT": srv.URL,
 		"OTEL_EXPORTER_OTLP_HEADERS":  "x-tenant=acme",
 		"OTEL_SERVICE_NAME":           "orders-eu",
 		"OTEL_TRACES_SAMPLER":         "always_on",
-	}
-	for k, v := range vars {
-		t.Setenv(k, v)
-	}
-	tel, err := setup(context.Background(), "orders", nil, env(vars), io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, span := tel.TracerProvider.Tracer("t").Start(context.Background(), "write")
-	if !span.IsRecording() || !span.SpanContext().IsSampled() {
-		t.Fatal("span not recorded or not sampled with an endpoint set")
-	}
-	span.End()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := tel.Shutdown(ctx); err != nil {
-		t.Fatal(err)
-	}
+	})
+	traceOne(t, io.Discard, "write")
 	sink.mu.Lock()
 	defer sink.mu.Unlock()
 	if sink.requests != 1 || sink.paths[0] != "/v1/traces" || sink.ctypes[0] != "application/x-protobuf" || sink.headers[0] != "acme" {
@@ -160,11 +184,128 @@ func TestOTLPExportFromEndpoint(t *testing.T) {
 	}
 }
 
+// grpcSink is an OTLP/gRPC trace receiver.
+type grpcSink struct {
+	coltracepb.UnimplementedTraceServiceServer
+	mu    sync.Mutex
+	names []string
+}
+
+func (s *grpcSink) Export(_ context.Context, req *coltracepb.ExportTraceServiceRequest) (*coltracepb.ExportTraceServiceResponse, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, rs := range req.GetResourceSpans() {
+		for _, ss := range rs.GetScopeSpans() {
+			for _, sp := range ss.GetSpans() {
+				s.names = append(s.names, sp.GetName())
+			}
+		}
+	}
+	return &coltracepb.ExportTraceServiceResponse{}, nil
+}
+
+// OTEL_EXPORTER_OTLP_PROTOCOL=grpc exports over gRPC (autoexport), which the
+// hand-written setup refused.
+func TestOTLPExportOverGRPC(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	sink := &grpcSink{}
+	coltracepb.RegisterTraceServiceServer(srv, sink)
+	go func() { _ = srv.Serve(ln) }()
+	defer srv.Stop()
+	setEnv(t, map[string]string{
+		"OTEL_EXPORTER_OTLP_ENDPOINT": "http://" + ln.Addr().String(),
+		"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+		"OTEL_EXPORTER_OTLP_INSECURE": "true",
+	})
+	traceOne(t, io.Discard, "over grpc")
+	sink.mu.Lock()
+	defer sink.mu.Unlock()
+	if len(sink.names) != 1 || sink.names[0] != "over grpc" {
+		t.Fatalf("the gRPC receiver got spans %v, want [over grpc]", sink.names)
+	}
+}
+
+// OTEL_PROPAGATORS is honoured (autoprop), with tracing on or off; an
+// unknown propagator is refused at start.
+func TestPropagatorsFromEnv(t *testing.T) {
+	const traceID, spanID = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+	for _, vars := range []map[string]string{
+		{"OTEL_PROPAGATORS": "b3multi, baggage"},
+		{"OTEL_PROPAGATORS": "b3multi,baggage", "OTEL_TRACES_EXPORTER": "console"},
+	} {
+		setEnv(t, vars)
+		tel, err := setup(context.Background(), "orders", nil, io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		in := propagation.HeaderCarrier{}
+		in.Set("X-B3-TraceId", traceID)
+		in.Set("X-B3-SpanId", spanID)
+		in.Set("X-B3-Sampled", "1")
+		in.Set("Baggage", "tenant=acme")
+		ctx := tel.Propagator.Extract(context.Background(), in)
+		if sc := trace.SpanContextFromContext(ctx); sc.TraceID().String() != traceID || !sc.IsSampled() {
+			t.Fatalf("%v: extracted %v from B3 headers", vars, sc)
+		}
+		ctx, span := tel.TracerProvider.Tracer("t").Start(ctx, "child")
+		out := propagation.HeaderCarrier{}
+		tel.Propagator.Inject(ctx, out)
+		span.End()
+		if out.Get("X-B3-TraceId") != traceID || out.Get("Traceparent") != "" || out.Get("Baggage") != "tenant=acme" {
+			t.Fatalf("%v: injected %v, want B3 headers and the baggage, no traceparent", vars, out)
+		}
+		_ = tel.Shutdown(context.Background())
+	}
+	setEnv(t, map[string]string{"OTEL_PROPAGATORS": "tracecontext,smoke-signals"})
+	if _, err := setup(context.Background(), "orders", nil, io.Discard); err == nil || !strings.Contains(err.Error(), "OTEL_PROPAGATORS") {
+		t.Fatalf("an unknown propagator: err %v, want one naming OTEL_PROPAGATORS", err)
+	}
+}
+
+// consoleSpan is the part of stdouttrace's JSON the tests read.
+type consoleSpan struct {
+	Name        string
+	SpanKind    int
+	SpanContext struct{ TraceID, SpanID string }
+	Parent      struct{ TraceID, SpanID string }
+	Resource    []struct {
+		Key   string
+		Value struct{ Value any }
+	}
+}
+
+func (s consoleSpan) resource(key string) string {
+	for _, kv := range s.Resource {
+		if kv.Key == key {
+			v, _ := kv.Value.Value.(string)
+			return v
+		}
+	}
+	return ""
+}
+
+func readConsole(t *testing.T, buf *bytes.Buffer) []consoleSpan {
+	t.Helper()
+	var spans []consoleSpan
+	dec := json.NewDecoder(buf)
+	for dec.More() {
+		var s consoleSpan
+		if err := dec.Decode(&s); err != nil {
+			t.Fatal(err)
+		}
+		spans = append(spans, s)
+	}
+	return spans
+}
+
 func TestSamplerFromEnv(t *testing.T) {
-	t.Setenv("OTEL_TRACES_SAMPLER", "parentbased_always_off")
-	vars := map[string]string{"OTEL_TRACES_EXPORTER": "console"}
+	setEnv(t, map[string]string{"OTEL_TRACES_SAMPLER": "parentbased_always_off", "OTEL_TRACES_EXPORTER": "console"})
 	var buf bytes.Buffer
-	tel, err := setup(context.Background(), "orders", nil, env(vars), &buf)
+	tel, err := setup(context.Background(), "orders", nil, &buf)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -185,16 +326,17 @@ func TestSamplerFromEnv(t *testing.T) {
 	if err := tel.Shutdown(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if n := strings.Count(buf.String(), "\n"); n != 1 {
-		t.Fatalf("console wrote %d spans, want 1 (the child): %s", n, buf.String())
+	if spans := readConsole(t, &buf); len(spans) != 1 || spans[0].Name != "child" {
+		t.Fatalf("console wrote %+v, want the child alone", spans)
 	}
 }
 
+// OTEL_TRACES_EXPORTER=console is the SDK's stdout exporter, on the writer
+// given (stderr: stdout carries the logs), with the service's resource.
 func TestConsoleExporter(t *testing.T) {
-	t.Setenv("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment.name=test")
-	vars := map[string]string{"OTEL_TRACES_EXPORTER": "console"}
+	setEnv(t, map[string]string{"OTEL_TRACES_EXPORTER": "console", "OTEL_RESOURCE_ATTRIBUTES": "deployment.environment.name=test"})
 	var buf bytes.Buffer
-	tel, err := setup(context.Background(), "shipping", nil, env(vars), &buf)
+	tel, err := setup(context.Background(), "shipping", nil, &buf)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -208,28 +350,48 @@ func TestConsoleExporter(t *testing.T) {
 	if err := tel.Shutdown(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	var spans []consoleSpan
-	dec := json.NewDecoder(&buf)
-	for dec.More() {
-		var s consoleSpan
-		if err := dec.Decode(&s); err != nil {
-			t.Fatal(err)
-		}
-		spans = append(spans, s)
-	}
+	spans := readConsole(t, &buf)
 	if len(spans) != 2 || spans[0].Name != "child" || spans[1].Name != "parent" ||
-		spans[0].ParentID != spans[1].SpanID || spans[0].TraceID != spans[1].TraceID ||
-		spans[1].Kind != "server" || spans[0].Service != "shipping" {
+		spans[0].Parent.SpanID != spans[1].SpanContext.SpanID || spans[0].SpanContext.TraceID != spans[1].SpanContext.TraceID ||
+		spans[1].SpanKind != int(trace.SpanKindServer) || spans[0].resource("service.name") != "shipping" ||
+		spans[0].resource("deployment.environment.name") != "test" {
 		t.Fatalf("spans = %+v", spans)
+	}
+}
+
+// Each process has its own service.instance.id, so that two relays of one
+// service are told apart, unless OTEL_RESOURCE_ATTRIBUTES names one.
+func TestServiceInstanceID(t *testing.T) {
+	ids := map[string]bool{}
+	for range 2 {
+		setEnv(t, map[string]string{"OTEL_TRACES_EXPORTER": "console"})
+		var buf bytes.Buffer
+		traceOne(t, &buf, "publish")
+		id := readConsole(t, &buf)[0].resource("service.instance.id")
+		if _, err := uuid.Parse(id); err != nil {
+			t.Fatalf("service.instance.id %q is not a UUID: %v", id, err)
+		}
+		ids[id] = true
+	}
+	if len(ids) != 2 {
+		t.Fatalf("two processes got the same service.instance.id: %v", ids)
+	}
+	setEnv(t, map[string]string{"OTEL_TRACES_EXPORTER": "console", "OTEL_RESOURCE_ATTRIBUTES": "service.instance.id=relay-7"})
+	var buf bytes.Buffer
+	traceOne(t, &buf, "publish")
+	if id := readConsole(t, &buf)[0].resource("service.instance.id"); id != "relay-7" {
+		t.Fatalf("service.instance.id %q, want OTEL_RESOURCE_ATTRIBUTES' relay-7", id)
 	}
 }
 
 func TestSetupRefusesBadConfig(t *testing.T) {
 	for _, vars := range []map[string]string{
 		{"OTEL_TRACES_EXPORTER": "jaeger"},
-		{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4317", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"},
+		{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4317", "OTEL_EXPORTER_OTLP_PROTOCOL": "thrift"},
+		{"OTEL_PROPAGATORS": "smoke-signals"},
 	} {
-		if tel, err := setup(context.Background(), "orders", nil, env(vars), io.Discard); err == nil {
+		setEnv(t, vars)
+		if tel, err := setup(context.Background(), "orders", nil, io.Discard); err == nil {
 			_ = tel.Shutdown(context.Background())
 			t.Fatalf("%v: no error", vars)
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
@@ -71,7 +72,7 @@ func Example() {
 // exampleURI is the tests' MongoDB (TEST_MONGO_URI, or this repository's
 // test server). Examples cannot skip: they need it.
 func exampleURI() string {
-	uri, err := inboxtest.ServerURI()
+	uri, err := inboxtest.SharedURI()
 	if err != nil {
 		panic(fmt.Sprintf("examples need MongoDB: %v", err))
 	}
@@ -80,3 +81,36 @@ func exampleURI() string {
 
 // exampleDatabase is a database name of the example's own.
 func exampleDatabase() string { return "example_" + inboxtest.RandomSuffix() }
+
+// A loss audit reads the ids a consumer recorded as done, in byte order of
+// the ids, to compare them with what the producer committed.
+func ExampleInbox_Recorded() {
+	ctx := context.Background()
+	client, err := mongo.Connect(options.Client().ApplyURI(exampleURI()))
+	if err != nil {
+		panic(err)
+	}
+	defer client.Disconnect(ctx)
+	db := client.Database(exampleDatabase())
+	defer db.Drop(ctx)
+
+	in, err := inbox.New(db, inbox.Config{Consumer: "shipping"})
+	if err != nil {
+		panic(err)
+	}
+	for _, id := range []string{"9", "10", "11"} {
+		if _, err := in.Process(ctx, id, func(context.Context) error { return nil }); err != nil {
+			panic(err)
+		}
+	}
+	for m, err := range in.Recorded(ctx, time.Time{}, 0) {
+		if err != nil {
+			panic(err)
+		}
+		fmt.Println(m.MessageID)
+	}
+	// Output:
+	// 10
+	// 11
+	// 9
+}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outbox-inbox/reference/pkg/outbox"
 	"github.com/outbox-inbox/reference/services/orders/internal/config"
@@ -43,7 +44,7 @@ func migrate(ctx context.Context, getenv func(string) string, stdout io.Writer) 
 
 // serveDatabase opens the database for `orders serve`: it must exist and hold
 // both schemas, unless MIGRATE=true, which creates and migrates it first.
-func serveDatabase(ctx context.Context, cfg config.Config) (*pgxpool.Pool, error) {
+func serveDatabase(ctx context.Context, cfg config.Config, tp trace.TracerProvider) (*pgxpool.Pool, error) {
 	if cfg.Migrate {
 		pcfg, err := postgres.PoolConfig(cfg.DatabaseURL, cfg.DatabasePooler)
 		if err != nil {
@@ -55,7 +56,7 @@ func serveDatabase(ctx context.Context, cfg config.Config) (*pgxpool.Pool, error
 		}
 		pool.Close()
 	}
-	return connect(ctx, cfg, true)
+	return connect(ctx, cfg, true, tp)
 }
 
 // openDatabase opens the database of DATABASE_URL for the operator's commands:
@@ -65,18 +66,22 @@ func openDatabase(ctx context.Context, getenv func(string) string) (*pgxpool.Poo
 	if err != nil {
 		return nil, err
 	}
-	return connect(ctx, cfg, false)
+	return connect(ctx, cfg, false, nil)
 }
 
 // connect opens DATABASE_URL's database without creating or changing
 // anything, and checks its outbox schema, and with ordersTables the orders
 // service's tables too. A missing database, or a schema that is missing or
 // outdated, is an error that names the database and says to run `orders
-// migrate`.
-func connect(ctx context.Context, c config.Config, ordersTables bool) (*pgxpool.Pool, error) {
+// migrate`. With TRACE_DB=true, every statement gets a span from tp (nil:
+// none).
+func connect(ctx context.Context, c config.Config, ordersTables bool, tp trace.TracerProvider) (*pgxpool.Pool, error) {
 	cfg, err := postgres.PoolConfig(c.DatabaseURL, c.DatabasePooler)
 	if err != nil {
 		return nil, err
+	}
+	if tp != nil && c.Tracing.DatabaseSpans {
+		cfg.ConnConfig.Tracer = databaseTracer(tp)
 	}
 	name := cfg.ConnConfig.Database
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)

@@ -81,7 +81,7 @@ func runRelay(ctx context.Context, getenv func(string) string, logOut io.Writer,
 	if err != nil {
 		return err
 	}
-	pool, err := connect(ctx, cfg, false)
+	pool, err := connect(ctx, cfg, false, tel.TracerProvider)
 	if err != nil {
 		return err
 	}

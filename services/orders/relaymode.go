@@ -31,19 +31,18 @@ func newRelayFor(cfg config.Config, pool *pgxpool.Pool, reg prometheus.Registere
 		return newRelay(cfg, pool, reg, crash, logger, tel)
 	}
 	walCfg := outboxwal.Config{
-		Slot:            cfg.WALSlot,
-		Publication:     cfg.WALSlot,
-		BatchSize:       cfg.BatchSize,
-		PublishTimeout:  min(10*time.Second, cfg.Lease/3),
-		MaxAttempts:     cfg.MaxAttempts,
-		RetryBackoffMin: cfg.BackoffMin,
-		RetryBackoffMax: cfg.BackoffMax,
+		Slot:           cfg.WALSlot,
+		Publication:    cfg.WALSlot,
+		BatchSize:      cfg.BatchSize,
+		PublishTimeout: min(10*time.Second, cfg.Lease/3),
+		MaxAttempts:    cfg.MaxAttempts,
 		// Keep published events in outbox_published, as the polling relay
 		// does (purged after OUTBOX_RETENTION): the audit trail, and what
 		// the end-to-end checker compares the orders with.
 		Archive: true,
 		// The polling relay that publishes what the WAL relay hands over
-		// (dead letters retried by an operator, the events held behind them).
+		// (events whose publish failed, dead letters retried by an operator,
+		// the events held behind them).
 		Poll: outbox.RelayConfig{
 			BatchSize:          cfg.BatchSize,
 			PollInterval:       cfg.PollInterval,

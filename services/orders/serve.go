@@ -46,7 +46,7 @@ func serve(ctx context.Context, getenv func(string) string, logOut io.Writer, te
 		return err
 	}
 
-	pool, err := serveDatabase(ctx, cfg)
+	pool, err := serveDatabase(ctx, cfg, tel.TracerProvider)
 	if err != nil {
 		return err
 	}
@@ -60,7 +60,10 @@ func serve(ctx context.Context, getenv func(string) string, logOut io.Writer, te
 	if err != nil {
 		return err
 	}
-	store := postgres.NewStore(pool, postgres.StoreConfig{Writer: writer, TracerProvider: tel.TracerProvider, Propagator: tel.Propagator})
+	store := postgres.NewStore(pool, postgres.StoreConfig{
+		Writer: writer, TracerProvider: tel.TracerProvider, Propagator: tel.Propagator,
+		EventDestination: config.Exchange, BaggageKeys: cfg.Tracing.BaggageKeys, BaggageMaxBytes: cfg.Tracing.BaggageMaxBytes,
+	})
 
 	reg := newRegistry(pool, logger)
 	tasks := []func(context.Context) error{}
@@ -83,8 +86,9 @@ func serve(ctx context.Context, getenv func(string) string, logOut io.Writer, te
 		Crash:      crash,
 		Logger:     logger,
 
-		TracerProvider: tel.TracerProvider,
-		Propagator:     tel.Propagator,
+		TracerProvider:    tel.TracerProvider,
+		Propagator:        tel.Propagator,
+		TrustTraceContext: func(r *http.Request) bool { return cfg.Tracing.TrustedPeers.Contains(r.RemoteAddr) },
 	})
 	if err != nil {
 		return err

@@ -5,6 +5,11 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/exaring/otelpgx"
+	"github.com/jackc/pgx/v5"
+	metricnoop "go.opentelemetry.io/otel/metric/noop"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/outbox-inbox/reference/internal/tracing"
 	"github.com/outbox-inbox/reference/pkg/outbox"
 	"github.com/outbox-inbox/reference/pkg/outbox/outboxamqp"
@@ -32,9 +37,27 @@ func setupTracing(ctx context.Context, tel *tracing.Telemetry, logger *slog.Logg
 	}, nil
 }
 
-// tracedPublisher gives every publish of pub a producer span in the trace
-// stored with the event, and sends that span's context in the AMQP headers.
-// With tracing off it passes batches through.
+// What the publish spans learn from the RabbitMQ publisher: the exchange and
+// routing keys, the node it is connected to (server.address, server.port),
+// and when each message's confirm came (each span ends then).
+var (
+	_ outboxotel.Destinations = (*outboxamqp.Publisher)(nil)
+	_ outboxotel.Server       = (*outboxamqp.Publisher)(nil)
+	_ outboxotel.ConfirmTimer = (*outboxamqp.Publisher)(nil)
+)
+
+// tracedPublisher gives every publish of pub a producer span linked to the
+// creation context stored with the event. With tracing off it passes
+// batches through.
 func tracedPublisher(pub *outboxamqp.Publisher, tel *tracing.Telemetry) outbox.Publisher {
 	return outboxotel.NewPublisher(pub, outboxotel.Config{TracerProvider: tel.TracerProvider, Propagator: tel.Propagator})
+}
+
+// databaseTracer gives every PostgreSQL statement of a pool a CLIENT span
+// (TRACE_DB=true): the claim, the marks, the inserts, under the span
+// current when they run. Its metrics are off: the services' metrics are
+// Prometheus's.
+func databaseTracer(tp trace.TracerProvider) pgx.QueryTracer {
+	return otelpgx.NewTracer(otelpgx.WithTracerProvider(tp), otelpgx.WithMeterProvider(metricnoop.NewMeterProvider()),
+		otelpgx.WithTrimSQLInSpanName())
 }

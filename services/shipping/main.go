@@ -15,9 +15,11 @@
 //	INBOX_FLUSH_INTERVAL  10ms: inbox records are written in bulk at this interval
 //	             where MongoDB has no transactions (0: each before its ack)
 //	CRASH_POINT, CRASH_AFTER  arm a crash point (internal/crashpoint), for the e2e suite
-//	OTEL_*       tracing, by the standard OpenTelemetry variables only (internal/tracing):
-//	             OTEL_EXPORTER_OTLP_ENDPOINT exports spans over OTLP/HTTP, OTEL_SERVICE_NAME
+//	OTEL_*       tracing, by the standard OpenTelemetry variables (internal/tracing):
+//	             OTEL_EXPORTER_OTLP_ENDPOINT exports spans over OTLP (http/protobuf, or
+//	             grpc with OTEL_EXPORTER_OTLP_PROTOCOL), OTEL_PROPAGATORS, OTEL_SERVICE_NAME
 //	             (default "shipping"), OTEL_TRACES_SAMPLER...; unset, nothing is recorded
+//	TRACE_DB     false: true gives every MongoDB command a span
 //
 // Flags override the topology names and tuning; see -h. Without a MongoDB
 // server, `go run ./cmd/mongolocal` serves an embedded FerretDB on MONGO_URI.
@@ -35,6 +37,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -128,6 +131,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		}
 	}()
 	cfg.TracerProvider, cfg.Propagator = tel.TracerProvider, tel.Propagator
+	if v := strings.TrimSpace(getenv("TRACE_DB")); v != "" {
+		if cfg.DatabaseSpans, err = strconv.ParseBool(v); err != nil {
+			return fmt.Errorf("TRACE_DB=%q: want true or false", v)
+		}
+	}
 
 	a, err := app.New(cfg)
 	if err != nil {

@@ -1,15 +1,41 @@
 // The live view's script: it reads /api/state every second, and the followed
 // order's /api/journey, and sends the buttons to /api/actions/{name}.
+//
+// It changes the page in place: a text is written only when it differs from
+// what is shown, and the journey's rows are kept from one reading to the
+// next, so a selection survives (a message id can be copied) and a screen
+// reader is not interrupted every second. A count that could not be read is
+// shown as "unknown", never as 0; when /api/state fails, a banner says so,
+// and numbers read more than STALE_AFTER seconds ago are marked stale.
 "use strict";
 
+const STALE_AFTER = 5; // seconds
+
 let followed = "";
+let journeyOf = "";  // the order whose rows the journey table holds
+let lastRead = null; // the last state read: {at, age, received}
 
 function $(sel, root) { return (root || document).querySelector(sel); }
+function byId(id) { return document.getElementById(id); }
+function known(v) { return v !== null && v !== undefined; }
+function num(v) { return known(v) ? String(v) : "unknown"; }
 
-function num(v) { return v === null || v === undefined ? "?" : String(v); }
+// setText writes an element's text only when it changes.
+function setText(el, s) {
+  if (el.textContent !== s) el.textContent = s;
+  return el;
+}
+
+function setClassName(el, name) {
+  if (el.className !== name) el.className = name;
+}
+
+function setData(el, key, value) {
+  if (el.dataset[key] !== value) el.dataset[key] = value;
+}
 
 function age(s) {
-  if (s === null || s === undefined) return "?";
+  if (!known(s)) return "unknown";
   if (s < 60) return s.toFixed(1) + " s";
   const m = Math.floor(s / 60);
   return m + " min " + Math.floor(s - 60 * m) + " s";
@@ -21,59 +47,69 @@ function clock(iso) {
   return isNaN(d) ? "" : d.toISOString().slice(11, 23);
 }
 
-function setStage(id, count, cls) {
-  const el = document.getElementById(id);
-  $(".count", el).textContent = num(count);
-  el.dataset.count = count === null || count === undefined ? "" : String(count);
-  el.classList.remove("hot", "bad", "good");
-  if (cls) el.classList.add(cls);
+// setStage shows a stage's count and its state: cls colours it (hot, bad or
+// good) and flag says the same in words.
+function setStage(id, count, cls, flag) {
+  const el = byId(id);
+  const c = $(".count", el);
+  setText(c, num(count));
+  c.classList.toggle("unknown", !known(count));
+  setData(el, "count", known(count) ? String(count) : "");
+  for (const k of ["hot", "bad", "good"]) el.classList.toggle(k, k === cls);
+  setText($(".flag", el), flag || "");
 }
-
-function text(el, s) { el.textContent = s; return el; }
 
 function renderState(s) {
   const st = s.stages;
   setStage("stage-created", st.orders_created);
-  const pendingCls = st.pending > 0 ? (st.oldest_pending_age_seconds > 5 ? "bad" : "hot") : null;
-  setStage("stage-pending", st.pending, pendingCls);
-  const oldest = document.getElementById("oldest-age");
-  oldest.textContent = st.pending > 0 ? age(st.oldest_pending_age_seconds) : "none waiting";
-  oldest.dataset.seconds = st.oldest_pending_age_seconds === null ? "" : String(st.oldest_pending_age_seconds);
-  setStage("stage-published", st.published);
-  text(document.getElementById("events-written"), num(st.events_written));
-  setStage("stage-queue", st.queue_ready, st.queue_ready > 0 ? "hot" : null);
-  const q = document.querySelector("#stage-queue .sub");
-  q.textContent = "ready; consumers " + num(st.queue_consumers) + ", delay queue " + num(st.delay_queue);
-  setStage("stage-delivered", st.delivered);
-  const caughtUp = st.applied !== null && st.applied === st.events_written && st.pending === 0;
-  setStage("stage-applied", st.applied, caughtUp ? "good" : null);
-  const dups = st.duplicates_inbox + st.duplicates_version;
-  setStage("stage-duplicates", dups, dups > 0 ? "good" : null);
-  $("#stage-duplicates .sub").textContent = "inbox " + st.duplicates_inbox + ", version " + st.duplicates_version + ", deferred " + st.deferred;
-  const outboxDead = st.outbox_dead_letters, shipDead = st.shipping_dead_letters;
-  const dead = (outboxDead || 0) + (shipDead || 0) + (st.dead_letter_queue || 0);
-  setStage("stage-dead", dead, dead > 0 ? "bad" : null);
-  let deadSub = "outbox " + num(outboxDead) + ", shipping " + num(shipDead) + ", DLQ " + num(st.dead_letter_queue);
-  if (st.parked_aggregates) deadSub += ", parked orders " + st.parked_aggregates;
-  $("#stage-dead .sub").textContent = deadSub;
 
-  for (const p of s.processes) renderProc(p);
+  let pendingCls = null, pendingFlag = "";
+  if (st.pending > 0) {
+    const stuck = st.oldest_pending_age_seconds > 5;
+    pendingCls = stuck ? "bad" : "hot";
+    pendingFlag = stuck ? "⚠ waiting for more than 5 s" : "waiting to be published";
+  }
+  setStage("stage-pending", st.pending, pendingCls, pendingFlag);
+  const oldest = byId("oldest-age");
+  setText(oldest, !known(st.pending) ? "oldest: unknown" : st.pending > 0 ? "oldest " + age(st.oldest_pending_age_seconds) : "none waiting");
+  setData(oldest, "seconds", known(st.pending) && known(st.oldest_pending_age_seconds) ? String(st.oldest_pending_age_seconds) : "");
+
+  setStage("stage-published", st.published);
+  setText(byId("events-written"), num(st.events_written));
+
+  setStage("stage-queue", st.queue_ready, st.queue_ready > 0 ? "hot" : null, st.queue_ready > 0 ? "waiting for shipping" : "");
+  setText($("#stage-queue .sub"), "ready; consumers " + num(st.queue_consumers) + ", delay queue " + num(st.delay_queue));
+
+  setStage("stage-delivered", st.delivered);
+  const caughtUp = known(st.applied) && known(st.events_written) && st.applied === st.events_written && st.pending === 0;
+  setStage("stage-applied", st.applied, caughtUp ? "good" : null, caughtUp ? "✓ caught up: applied = events written" : "");
+
+  const dups = st.duplicates_inbox + st.duplicates_version;
+  setStage("stage-duplicates", dups, dups > 0 ? "good" : null, dups > 0 ? "✓ absorbed, none applied twice" : "");
+  setText($("#stage-duplicates .sub"), "inbox " + st.duplicates_inbox + ", version " + st.duplicates_version + ", deferred " + st.deferred);
+
+  // Shipping records a dead letter in MongoDB and publishes it to the
+  // dead-letter queue: the queue counts it, the record is its copy.
+  const outboxDead = st.outbox_dead_letters, queueDead = st.dead_letter_queue;
+  const dead = known(outboxDead) && known(queueDead) ? outboxDead + queueDead : null;
+  setStage("stage-dead", dead, dead > 0 ? "bad" : null, dead > 0 ? "⚠ an operator must look" : "");
+  let deadSub = "outbox " + num(outboxDead) + ", dead-letter queue " + num(queueDead) + "; shipping keeps " + num(st.shipping_dead_letters) + " for replay";
+  if (st.parked_aggregates) deadSub += ", " + st.parked_aggregates + " orders held";
+  setText($("#stage-dead .sub"), deadSub);
+
+  for (const p of s.processes || []) renderProc(p);
 
   const errs = Object.entries(s.errors || {}).map(([k, v]) => k + ": " + v);
-  const line = document.getElementById("status-line");
-  line.textContent = "updated " + clock(s.at) + " UTC" + (errs.length ? " — cannot read " + errs.join("; ") : "");
-  line.className = errs.length ? "small step bad" : "small muted";
+  const line = byId("status-line");
+  setText(line, "read " + clock(s.at) + " UTC" + (errs.length ? " · cannot read " + errs.join("; ") : ""));
+  setData(line, "at", s.at || "");
+  setClassName(line, errs.length ? "status bad" : "status");
 
-  const notes = document.getElementById("notes");
-  notes.replaceChildren(...(s.notes || []).slice().reverse().map(n => {
-    const li = document.createElement("li");
-    li.textContent = clock(n.at) + "  " + n.text;
-    return li;
-  }));
+  renderNotes(s.notes || []);
 }
 
 function renderProc(p) {
-  const card = document.getElementById("proc-" + p.name);
+  const card = byId("proc-" + p.name);
   if (!card) return;
   const badge = $(".badge", card);
   let state, cls;
@@ -86,86 +122,224 @@ function renderProc(p) {
     case "stopped": state = "down (stopped)"; cls = "down"; break;
     default: state = "down"; cls = "down";
   }
-  badge.textContent = state;
-  badge.className = "badge " + cls;
-  card.dataset.state = p.state;
+  setText(badge, state);
+  setClassName(badge, "badge " + cls);
+  setData(card, "state", p.state);
+  setData(card, "pid", p.pid ? String(p.pid) : "");
   const bits = [];
   if (p.pid) bits.push("pid " + p.pid);
   if (p.restarts) bits.push("started again " + p.restarts + "×");
-  if (p.published !== undefined && p.published !== null) bits.push("published " + p.published + " since start");
+  if (known(p.published)) bits.push("published " + p.published + " since start");
   if (p.armed) bits.push("armed: " + p.armed);
   if (p.ready === false && p.detail) bits.push(p.detail.length > 160 ? p.detail.slice(0, 160) + "…" : p.detail);
   if (p.state !== "running" && p.last_exit) bits.push("last exit: " + p.last_exit);
-  $(".proc-detail", card).textContent = bits.join(" · ") || "–";
+  setText($(".proc-detail", card), bits.join(" · ") || "–");
 }
 
-function cell(tr, content, cls) {
+// renderNotes adds the new notes at the top and drops those the demo no
+// longer keeps; the others stay as they are.
+function renderNotes(notes) {
+  const list = byId("notes");
+  const keys = new Set(notes.map(n => n.at + " " + n.text));
+  for (const li of [...list.children]) if (!keys.has(li.dataset.key)) li.remove();
+  const have = new Set([...list.children].map(li => li.dataset.key));
+  for (const n of notes) {
+    const key = n.at + " " + n.text;
+    if (have.has(key)) continue;
+    const li = document.createElement("li");
+    li.dataset.key = key;
+    li.textContent = clock(n.at) + "  " + n.text;
+    list.prepend(li);
+  }
+}
+
+// showBanner shows msg in the alert banner, or hides it for "". The text
+// changes only with the problem, so it is announced once.
+function showBanner(msg) {
+  const b = byId("banner");
+  if (msg) {
+    setText(b, msg);
+    b.hidden = false;
+  } else if (!b.hidden) {
+    b.hidden = true;
+    b.textContent = "";
+  }
+}
+
+function updateStaleness() {
+  const note = byId("stale-note");
+  if (!lastRead) return;
+  const old = lastRead.age + (performance.now() - lastRead.received) / 1000;
+  const stale = old > STALE_AFTER;
+  document.body.classList.toggle("stale", stale);
+  setData(document.body, "stale", String(stale));
+  note.hidden = !stale;
+  if (stale) setText(note, "Stale: the numbers below were read at " + clock(lastRead.at) + " UTC, " + Math.round(old) + " s ago.");
+}
+
+function cell(tr) {
   const td = document.createElement("td");
-  td.textContent = content;
-  if (cls) td.className = "step " + cls;
   tr.appendChild(td);
   return td;
 }
 
-function renderJourney(j) {
-  const box = document.getElementById("journey");
-  box.classList.remove("muted");
-  const head = document.createElement("p");
-  head.textContent = "Order " + j.order_id + ": " + j.status + ", version " + j.version + ", created " + clock(j.created_at) +
-    " UTC; shipment: " + (j.shipment || "none yet");
-  const table = document.createElement("table");
-  const hr = document.createElement("tr");
-  for (const h of ["event", "outbox row written", "published", "delivered", "applied"]) {
-    const th = document.createElement("th"); th.textContent = h; hr.appendChild(th);
-  }
-  table.appendChild(hr);
-  for (const e of j.events) {
-    const tr = document.createElement("tr");
-    tr.dataset.version = e.version;
-    cell(tr, e.event_type + " v" + e.version + " (message " + e.message_id + ")");
-    cell(tr, clock(e.written_at), "done");
-    const tries = e.attempts + " attempt" + (e.attempts === 1 ? "" : "s");
-    switch (e.state) {
-      case "published": cell(tr, "published " + clock(e.published_at) + " after " + tries, "done"); break;
-      case "in_flight": cell(tr, "in flight: claimed by a relay that has not marked it (" + tries + ")", "wait"); break;
-      case "dead_lettered": cell(tr, "dead-lettered after " + tries + ": " + (e.last_error || ""), "bad"); break;
-      case "discarded": cell(tr, "discarded by an operator", "bad"); break;
-      default: cell(tr, "pending" + (e.attempts ? " (" + tries + ", last error: " + (e.last_error || "") + ")" : ""), "wait");
+function setCell(td, text, cls) {
+  setText(td, text);
+  setClassName(td, "step " + cls);
+}
+
+// newEventRow builds an event's row; what does not change (its type, message
+// id and trace) is written once.
+function newEventRow(e) {
+  const tr = document.createElement("tr");
+  tr.id = "event-" + e.message_id;
+  tr.dataset.version = e.version;
+  const first = cell(tr);
+  first.append(e.event_type + " v" + e.version);
+  const msg = document.createElement("div");
+  msg.className = "small";
+  const id = document.createElement("code");
+  id.className = "message-id";
+  id.textContent = e.message_id;
+  msg.append("message ", id);
+  first.append(msg);
+  const trace = document.createElement("div");
+  trace.className = "small trace";
+  if (e.trace_id) {
+    const code = document.createElement("code");
+    code.className = "trace-id";
+    code.textContent = e.trace_id;
+    if (e.trace_url) {
+      const a = document.createElement("a");
+      a.href = e.trace_url;
+      a.target = "_blank";
+      a.rel = "noopener";
+      a.append(code);
+      trace.append("trace ", a, " (Jaeger)");
+    } else {
+      trace.append("trace ", code);
     }
-    const d = e.deliveries || [];
-    cell(tr, d.length ? "delivered " + d.length + "×: " + d.map(x => x.outcome + " " + clock(x.at)).join(", ") : "not delivered yet",
-      d.length ? "done" : "wait");
-    if (e.applied === 1) cell(tr, "applied once " + clock(e.applied_at), "done");
-    else if (e.applied > 1) cell(tr, "applied " + e.applied + " times!", "bad");
-    else cell(tr, "not applied yet", "wait");
-    table.appendChild(tr);
+  } else {
+    trace.append("no trace id (the event carries no traceparent: tracing is off)");
   }
-  box.replaceChildren(head, table);
+  first.append(trace);
+  for (let i = 0; i < 4; i++) cell(tr);
+  return tr;
+}
+
+function updateEventRow(tr, e) {
+  const [, written, published, delivered, applied] = tr.children;
+  setCell(written, clock(e.written_at), "done");
+  const tries = e.attempts + " attempt" + (e.attempts === 1 ? "" : "s");
+  switch (e.state) {
+    case "published": setCell(published, "published " + clock(e.published_at) + " after " + tries, "done"); break;
+    case "in_flight": setCell(published, "in flight: claimed by a relay that has not marked it (" + tries + ")", "wait"); break;
+    case "dead_lettered": setCell(published, "dead-lettered after " + tries + ": " + (e.last_error || ""), "bad"); break;
+    case "discarded": setCell(published, "discarded by an operator", "bad"); break;
+    default: setCell(published, "pending" + (e.attempts ? " (" + tries + ", last error: " + (e.last_error || "") + ")" : ""), "wait");
+  }
+  const d = e.deliveries || [];
+  setCell(delivered, d.length ? "delivered " + d.length + "×: " + d.map(x => x.outcome + " " + clock(x.at)).join(", ") : "not delivered yet",
+    d.length ? "done" : "wait");
+  if (e.applied === 1) setCell(applied, "applied once " + clock(e.applied_at), "done");
+  else if (e.applied > 1) setCell(applied, "applied " + e.applied + " times!", "bad");
+  else setCell(applied, "not applied yet", "wait");
+}
+
+function renderJourney(j) {
+  const rows = byId("journey-rows");
+  if (journeyOf !== j.order_id) {
+    rows.replaceChildren();
+    journeyOf = j.order_id;
+  }
+  const head = byId("journey-head");
+  head.classList.remove("muted");
+  setText(head, "Order " + j.order_id + ": " + j.status + ", version " + j.version + ", created " + clock(j.created_at) +
+    " UTC; shipment: " + (j.shipment || "none yet"));
+  byId("journey-error").hidden = true;
+  byId("journey-table").hidden = false;
+  const shown = new Set();
+  for (const e of j.events) {
+    let tr = byId("event-" + e.message_id);
+    if (!tr) {
+      tr = newEventRow(e);
+      rows.appendChild(tr);
+    }
+    shown.add(tr.id);
+    updateEventRow(tr, e);
+  }
+  for (const tr of [...rows.children]) if (!shown.has(tr.id)) tr.remove();
+}
+
+function journeyFailed(msg) {
+  if (journeyOf !== followed) {
+    byId("journey-rows").replaceChildren();
+    byId("journey-table").hidden = true;
+    journeyOf = "";
+    setText(byId("journey-head"), "Order " + followed);
+  }
+  const err = byId("journey-error");
+  setText(err, msg);
+  err.hidden = false;
 }
 
 async function refreshJourney() {
   if (!followed) return;
+  const want = followed;
+  let r, body;
   try {
-    const r = await fetch("/api/journey?order=" + encodeURIComponent(followed));
-    const body = await r.json();
-    if (!r.ok) { text(document.getElementById("journey"), "Order " + followed + ": " + body.error.message); return; }
-    renderJourney(body);
-  } catch (e) { /* the next tick retries */ }
+    r = await fetch("/api/journey?order=" + encodeURIComponent(want), { cache: "no-store", signal: AbortSignal.timeout(10000) });
+    body = await r.json();
+  } catch (e) {
+    return; // the demo is not answering: the banner says so; the next tick retries
+  }
+  if (want !== followed) return;
+  if (!r.ok) {
+    journeyFailed("Order " + want + ": " + (body.error ? body.error.message : "HTTP " + r.status));
+    return;
+  }
+  renderJourney(body);
+}
+
+async function readState() {
+  let r;
+  try {
+    r = await fetch("/api/state", { cache: "no-store", signal: AbortSignal.timeout(5000) });
+  } catch (e) {
+    return { problem: "the demo is not answering (stopped?)" };
+  }
+  if (r.status === 503) return { starting: true };
+  if (!r.ok) return { problem: "it answered HTTP " + r.status + (r.statusText ? " " + r.statusText : "") };
+  try {
+    return { state: await r.json() };
+  } catch (e) {
+    return { problem: "its answer is not JSON" };
+  }
 }
 
 async function refresh() {
-  try {
-    const r = await fetch("/api/state");
-    if (r.ok) renderState(await r.json());
-  } catch (e) {
-    text(document.getElementById("status-line"), "the demo is not answering (stopped?)");
+  const { state, problem, starting } = await readState();
+  if (starting) setText(byId("status-line"), "connecting: the demo is reading the system for the first time…");
+  if (state) {
+    lastRead = { at: state.at, age: state.age_seconds || 0, received: performance.now() };
+    renderState(state);
   }
+  showBanner(problem ? "Cannot read the demo's state: " + problem + ". The numbers below are the last ones read." : "");
+  updateStaleness();
   await refreshJourney();
+}
+
+async function loop() {
+  try {
+    await refresh();
+  } finally {
+    setTimeout(loop, 1000);
+  }
 }
 
 function follow(id) {
   followed = id.trim();
-  document.getElementById("follow-id").value = followed;
+  byId("follow-id").value = followed;
   refreshJourney();
 }
 
@@ -175,18 +349,23 @@ async function act(btn) {
   const params = new URLSearchParams();
   if (btn.dataset.process) params.set("process", btn.dataset.process);
   if (followed) params.set("order", followed);
-  const out = document.getElementById("action-result");
+  const out = byId("action-result");
   out.textContent = btn.textContent + "…";
+  out.className = "small";
   btn.disabled = true;
   try {
     const r = await fetch("/api/actions/" + name + "?" + params, { method: "POST" });
-    const body = await r.json();
-    if (!r.ok) { out.textContent = btn.textContent + ": " + body.error.message; out.className = "small step bad"; return; }
+    const body = await r.json().catch(() => ({}));
+    if (!r.ok) {
+      out.textContent = btn.textContent + ": failed: " + (body.error ? body.error.message : "HTTP " + r.status);
+      out.className = "small step bad";
+      return;
+    }
     out.textContent = btn.textContent + ": " + body.message;
-    out.className = "small";
     if (body.order_id) follow(body.order_id);
   } catch (e) {
-    out.textContent = btn.textContent + ": " + e;
+    out.textContent = btn.textContent + ": failed: " + e;
+    out.className = "small step bad";
   } finally {
     btn.disabled = false;
     refresh();
@@ -197,12 +376,11 @@ document.addEventListener("click", ev => {
   const btn = ev.target.closest("button[data-action]");
   if (btn) act(btn);
 });
-document.getElementById("follow-form").addEventListener("submit", ev => {
+byId("follow-form").addEventListener("submit", ev => {
   ev.preventDefault();
-  follow(document.getElementById("follow-id").value);
+  follow(byId("follow-id").value);
 });
 // live view?order=ID follows that order from the start.
 const wanted = new URLSearchParams(location.search).get("order");
 if (wanted) follow(wanted);
-refresh();
-setInterval(refresh, 1000);
+loop();

@@ -12,11 +12,12 @@
 //	Type          the event type
 //	ContentType   application/json
 //	DeliveryMode  2 (persistent)
-//	Timestamp     when the event was written to the outbox
+//	Timestamp     when the event was written to the outbox (whole seconds)
 //	Headers       aggregate_type, aggregate_id, event_type (strings),
-//	              aggregate_version (int64), plus the row's headers
-//	              (e.g. traceparent, tracestate); the four above win over a
-//	              free header of the same name
+//	              aggregate_version (int64), outbox_created_at (the
+//	              Timestamp to the microsecond, RFC 3339 UTC), plus the row's
+//	              headers (e.g. traceparent, tracestate); the five above win
+//	              over a free header of the same name
 //
 // Messages are published with mandatory set, in confirm mode.
 //

@@ -269,6 +269,7 @@ func (p *Publisher) dial(ctx context.Context) (*session, error) {
 		p.next = (p.next + 1) % len(p.urls)
 		s, err := p.dialNode(ctx, i)
 		if err == nil {
+			s.node = p.nodes[i]
 			if len(p.urls) > 1 {
 				p.log.InfoContext(ctx, "outboxamqp: connected", slog.String("node", p.nodes[i]))
 			}
@@ -350,6 +351,19 @@ func ParseURLs(s string) ([]string, error) {
 // returns one error per message: nil only for a message the broker confirmed
 // and did not return. See outbox.Publisher.
 func (p *Publisher) PublishBatch(ctx context.Context, msgs []outbox.Envelope) []error {
+	return p.PublishBatchTimed(ctx, msgs, nil)
+}
+
+// PublishBatchTimed is PublishBatch that also sets confirmed[i] (when
+// confirmed is not nil) to the time message i's confirm, positive or not,
+// was seen, and leaves it zero when none was: a tracing decorator ends each
+// message's span then (outboxotel.ConfirmTimer). Confirms are awaited in
+// publish order, so one that arrives before an earlier message's is seen
+// with it; RabbitMQ confirms mostly in order on a channel.
+func (p *Publisher) PublishBatchTimed(ctx context.Context, msgs []outbox.Envelope, confirmed []time.Time) []error {
+	if len(confirmed) != len(msgs) {
+		confirmed = nil
+	}
 	errs := make([]error, len(msgs))
 	s := p.sess.Load()
 	if s == nil || s.isDead() {
@@ -375,6 +389,9 @@ func (p *Publisher) PublishBatch(ctx context.Context, msgs []outbox.Envelope) []
 		}
 		select {
 		case <-f.dc.Done():
+			if confirmed != nil {
+				confirmed[i] = time.Now()
+			}
 		case <-ctx.Done():
 		}
 	}
@@ -456,6 +473,22 @@ func (p *Publisher) Exchange() string { return p.cfg.Exchange }
 // by default its event type).
 func (p *Publisher) RoutingKey(e outbox.Envelope) string { return p.cfg.RoutingKey(e) }
 
+// Node returns the host and port of the broker node the publisher is
+// connected to, or "" and 0 when it is not, e.g. for a tracing decorator's
+// server.address and server.port (outboxotel.Server).
+func (p *Publisher) Node() (host string, port int) {
+	s := p.sess.Load()
+	if s == nil || s.isDead() {
+		return "", 0
+	}
+	host, ps, err := net.SplitHostPort(s.node)
+	if err != nil {
+		return "", 0
+	}
+	port, _ = strconv.Atoi(ps)
+	return host, port
+}
+
 // Close closes the connection. Later WaitReady calls return ErrClosed. Batches
 // in flight get their confirms reported as failed.
 func (p *Publisher) Close() error {
@@ -473,13 +506,18 @@ func (p *Publisher) Close() error {
 	return nil
 }
 
+// HeaderCreatedAt carries the outbox row's creation time to the microsecond
+// (RFC 3339, UTC): the Timestamp property holds whole seconds only, too
+// coarse for a consumer that measures the time from commit to effect.
+const HeaderCreatedAt = "outbox_created_at"
+
 // Publishing returns the AMQP message the Publisher sends for e: persistent,
 // JSON, MessageId the outbox id, Type the event type, Timestamp the outbox
-// row's creation, and the headers aggregate_type, aggregate_id, event_type and
-// aggregate_version over e's own headers. Use it to publish an envelope by
+// row's creation, and the headers aggregate_type, aggregate_id, event_type,
+// aggregate_version and outbox_created_at over e's own headers. Use it to publish an envelope by
 // other means (a replay tool, a benchmark's baseline) in exactly the same form.
 func Publishing(e outbox.Envelope) amqp.Publishing {
-	h := make(amqp.Table, len(e.Headers)+4)
+	h := make(amqp.Table, len(e.Headers)+5)
 	for k, v := range e.Headers {
 		h[k] = v
 	}
@@ -488,6 +526,9 @@ func Publishing(e outbox.Envelope) amqp.Publishing {
 	h["aggregate_id"] = e.AggregateID
 	h["event_type"] = e.EventType
 	h["aggregate_version"] = e.AggregateVersion
+	if !e.CreatedAt.IsZero() {
+		h[HeaderCreatedAt] = e.CreatedAt.UTC().Format(time.RFC3339Nano)
+	}
 	return amqp.Publishing{
 		Headers:      h,
 		ContentType:  "application/json",

@@ -68,6 +68,7 @@ func TestPublishBatchSendsTheContractedMessage(t *testing.T) {
 			"aggregate_id":      "o-1", // the outbox's own field wins over a same-named free header
 			"event_type":        wantType,
 			"aggregate_version": wantVersion,
+			"outbox_created_at": "2026-11-29T22:00:00Z",
 			"traceparent":       "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
 		}
 		if len(d.Headers) != len(want) {

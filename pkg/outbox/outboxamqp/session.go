@@ -30,6 +30,7 @@ type session struct {
 	conn *amqp.Connection
 	ch   *amqp.Channel
 	log  *slog.Logger
+	node string // host:port of the node connected to
 
 	sendMu  sync.Mutex  // one batch sends at a time
 	writing atomic.Bool // a publish is in the client's hands (maybe stuck on a full socket)

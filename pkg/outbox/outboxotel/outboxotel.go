@@ -1,22 +1,33 @@
-// Package outboxotel traces the outbox with OpenTelemetry: a Publisher
-// decorator that gives every publish a producer span in the trace of the
-// request that wrote the event, and InjectHeaders, which writers use to store
-// that request's trace context with the event.
+// Package outboxotel traces the outbox with OpenTelemetry, as the messaging
+// semantic conventions lay out a message's life: the writer's PRODUCER
+// "create" span, whose context is stored with the event (InjectHeaders),
+// and a Publisher decorator that gives every publish a PRODUCER "publish"
+// span linked to that creation context.
 //
-// It uses the OpenTelemetry API only (trace, propagation, attribute, codes,
-// semconv): the application chooses and configures the SDK and hands over its
-// TracerProvider and propagator. Package outbox itself does not depend on
-// OpenTelemetry: it stores and carries headers, nothing more.
+// It uses the OpenTelemetry API only (trace, propagation, baggage,
+// attribute, codes, semconv): the application chooses and configures the SDK
+// and hands over its TracerProvider and propagator. Package outbox itself
+// does not depend on OpenTelemetry: it stores and carries headers, nothing
+// more.
 //
-// # The trace across the outbox
+// # The write side
 //
-// A writer stores the W3C trace context (traceparent, tracestate) and baggage
-// of its current span in the event's headers, in the business transaction:
+// A writer starts a PRODUCER span named "create <destination>" for each
+// event, in the transaction that writes it, and stores that span's context
+// (W3C traceparent, tracestate) with the event, with the baggage it allows
+// (LimitBaggage):
 //
-//	ctx, span := tracer.Start(ctx, "orders.create")
-//	defer span.End()
-//	headers := outboxotel.InjectHeaders(ctx, propagator, nil)
+//	ctx, create := tracer.Start(ctx, "create orders.events", trace.WithSpanKind(trace.SpanKindProducer),
+//		trace.WithAttributes(semconv.MessagingOperationTypeCreate, ...))
+//	headers := outboxotel.InjectHeaders(outboxotel.LimitBaggage(ctx, []string{"tenant"}, 512), propagator, nil)
 //	_, err := writer.Enqueue(ctx, tx, outbox.Message{..., Headers: headers})
+//	create.End()
+//
+// That creation context travels with the message unchanged: the relay sends
+// the stored headers as they are, and a consumer links its process span to
+// them.
+//
+// # The relay side
 //
 // The relay publishes through the decorator:
 //
@@ -26,26 +37,33 @@
 //	})
 //	relay, _ := outbox.NewRelay(pool, pub, outbox.RelayConfig{...})
 //
-// For each envelope it extracts the stored context, starts a span of kind
-// PRODUCER as its child, named "publish <exchange>" with the messaging
-// semantic conventions' attributes, and hands the inner publisher a copy of
-// the envelope whose traceparent, tracestate and baggage are those of the
-// publish span. A consumer that extracts them continues the same trace, with
-// the publish span as its parent. The stored row is never changed, so every
-// attempt (a retry after a failure, a publish again after a lost confirm)
-// starts from the writer's context: all of them belong to the original trace,
-// each with its own publish span (outbox.attempt tells them apart).
+// For each envelope it reads the stored creation context and starts a span
+// of kind PRODUCER named "publish <exchange>", with the messaging semantic
+// conventions' attributes (and server.address and server.port when the
+// inner publisher names the node it is connected to), linked to the
+// creation context. The span is that context's child when the event is
+// younger than Config.ParentMaxAge (30 seconds by default), so the usual
+// order, written and published within milliseconds, is one trace; an event
+// that waited longer (a broker outage, a relay down for an hour) is
+// published in a trace of its own, linked to its creation, rather than
+// stretching one trace over the whole wait, which tail samplers split or
+// drop. Each attempt has its own span (outbox.attempt tells them apart), and
+// a failed one records the error with error.type.
 //
-// An unsampled context stays unsampled: the span is not recorded, but its
-// context, with the sampled flag cleared, the trace id and the baggage, is
-// still injected. With a no-op TracerProvider (tracing off) the decorator
-// passes the batch through untouched, allocating nothing: the stored headers
-// are already what a no-op span would inject.
+// When the inner publisher reports each message's confirm time
+// (ConfirmTimer; outboxamqp.Publisher does), each span ends at its own
+// message's confirm, not at the end of the batch.
+//
+// An unsampled creation context stays unsampled: no publish span is
+// started for it at all. With a no-op TracerProvider (tracing off) the
+// decorator passes the batch through untouched, allocating nothing.
 package outboxotel
 
 import (
 	"context"
+	"errors"
 	"strconv"
+	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/baggage"
@@ -70,11 +88,23 @@ const (
 	AttrAttempt          = attribute.Key("outbox.attempt")
 )
 
-// The header names the propagator writes: W3C Trace Context and Baggage.
+// The header names the default propagator writes: W3C Trace Context and
+// Baggage.
 const (
 	HeaderTraceparent = "traceparent"
 	HeaderTracestate  = "tracestate"
 	HeaderBaggage     = "baggage"
+)
+
+// DefaultParentMaxAge is Config.ParentMaxAge's default.
+const DefaultParentMaxAge = 30 * time.Second
+
+// The error.type values of failed publish spans.
+const (
+	ErrorTypeUnroutable = "unroutable" // outbox.ErrUnroutable
+	ErrorTypeNotSent    = "not_sent"   // outbox.ErrNotSent
+	ErrorTypeTimeout    = "timeout"    // a context deadline
+	ErrorTypeOther      = "_OTHER"     // the semantic conventions' fallback
 )
 
 // Destinations is what a publisher that knows its routing can tell the
@@ -86,13 +116,29 @@ type Destinations interface {
 	RoutingKey(outbox.Envelope) string
 }
 
+// Server is what a publisher that knows where it is connected can tell the
+// decorator, for server.address and server.port; outboxamqp.Publisher
+// implements it. An empty host means not connected.
+type Server interface {
+	Node() (host string, port int)
+}
+
+// ConfirmTimer is a publisher that reports when each message's confirm
+// arrived (outboxamqp.Publisher): PublishBatchTimed is PublishBatch that also
+// sets confirmed[i] to the time message i's confirm, positive or not, was
+// seen, and leaves it zero when none was. The decorator ends each publish
+// span then.
+type ConfirmTimer interface {
+	PublishBatchTimed(ctx context.Context, msgs []outbox.Envelope, confirmed []time.Time) []error
+}
+
 // Config configures a Publisher. The zero value of every field means its
 // default.
 type Config struct {
 	// TracerProvider starts the publish spans. Default: a no-op provider.
 	TracerProvider trace.TracerProvider
-	// Propagator reads the stored context and writes the publish span's.
-	// Default: W3C Trace Context and Baggage.
+	// Propagator reads the stored creation context. Default: W3C Trace
+	// Context and Baggage.
 	Propagator propagation.TextMapPropagator
 	// System is messaging.system. Default "rabbitmq".
 	System string
@@ -104,19 +150,30 @@ type Config struct {
 	// messaging.rabbitmq.destination.routing_key. Default: the inner
 	// publisher's RoutingKey when it implements Destinations, else none.
 	RoutingKey func(outbox.Envelope) string
+	// ParentMaxAge is how old an event may be for its publish span to be a
+	// child of its creation context (linked to it either way); an older one
+	// is published in a trace of its own. Default: DefaultParentMaxAge
+	// (30s); negative: never a child, always a trace of its own.
+	ParentMaxAge time.Duration
+	// Now is the clock the age is measured with. Default: time.Now.
+	Now func() time.Time
 }
 
-// Publisher decorates an outbox.Publisher with a producer span per envelope
-// and the span's context in the headers that go out. It keeps the inner
-// publisher's contract: one error per envelope, in order, unchanged.
+// Publisher decorates an outbox.Publisher with a producer span per envelope.
+// It keeps the inner publisher's contract: the envelopes go out unchanged,
+// with one error per envelope, in order, unchanged.
 type Publisher struct {
-	inner       outbox.Publisher
-	tracer      trace.Tracer
-	prop        propagation.TextMapPropagator
-	system      attribute.KeyValue
-	destination func(outbox.Envelope) string
-	routingKey  func(outbox.Envelope) string
-	off         bool
+	inner        outbox.Publisher
+	timer        ConfirmTimer
+	server       Server
+	tracer       trace.Tracer
+	prop         propagation.TextMapPropagator
+	system       attribute.KeyValue
+	destination  func(outbox.Envelope) string
+	routingKey   func(outbox.Envelope) string
+	parentMaxAge time.Duration
+	now          func() time.Time
+	off          bool
 }
 
 var _ outbox.Publisher = (*Publisher)(nil)
@@ -133,13 +190,21 @@ func NewPublisher(inner outbox.Publisher, cfg Config) *Publisher {
 		prop = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
 	}
 	p := &Publisher{
-		inner:       inner,
-		tracer:      tp.Tracer(ScopeName),
-		prop:        prop,
-		system:      semconv.MessagingSystemRabbitMQ,
-		destination: cfg.Destination,
-		routingKey:  cfg.RoutingKey,
-		off:         off,
+		inner:        inner,
+		tracer:       tp.Tracer(ScopeName),
+		prop:         prop,
+		system:       semconv.MessagingSystemRabbitMQ,
+		destination:  cfg.Destination,
+		routingKey:   cfg.RoutingKey,
+		parentMaxAge: cfg.ParentMaxAge,
+		now:          cfg.Now,
+		off:          off,
+	}
+	if p.parentMaxAge == 0 {
+		p.parentMaxAge = DefaultParentMaxAge
+	}
+	if p.now == nil {
+		p.now = time.Now
 	}
 	if cfg.System != "" {
 		p.system = semconv.MessagingSystemKey.String(cfg.System)
@@ -152,51 +217,94 @@ func NewPublisher(inner outbox.Publisher, cfg Config) *Publisher {
 			p.routingKey = d.RoutingKey
 		}
 	}
+	p.timer, _ = inner.(ConfirmTimer)
+	p.server, _ = inner.(Server)
 	return p
 }
 
 // WaitReady is the inner publisher's.
 func (p *Publisher) WaitReady(ctx context.Context) error { return p.inner.WaitReady(ctx) }
 
-// PublishBatch starts a producer span per envelope, a child of the context
-// stored in its headers, publishes copies of the envelopes carrying the spans'
-// contexts, and ends each span with its envelope's outcome.
+// PublishBatch starts a producer span per envelope, linked to (and maybe a
+// child of) the creation context stored in its headers, publishes the
+// envelopes unchanged, and ends each span with its envelope's outcome, at
+// its confirm when the inner publisher reports it.
 func (p *Publisher) PublishBatch(ctx context.Context, msgs []outbox.Envelope) []error {
 	if p.off || len(msgs) == 0 {
 		return p.inner.PublishBatch(ctx, msgs)
 	}
-	out := make([]outbox.Envelope, len(msgs))
 	spans := make([]trace.Span, len(msgs))
-	for i, m := range msgs {
-		_, span, headers := p.start(ctx, m)
-		spans[i] = span
-		out[i] = m
-		out[i].Headers = headers
+	recording := false
+	now := p.now()
+	var server []attribute.KeyValue
+	if p.server != nil {
+		if host, port := p.server.Node(); host != "" {
+			server = []attribute.KeyValue{semconv.ServerAddress(host), semconv.ServerPort(port)}
+		}
 	}
-	errs := p.inner.PublishBatch(ctx, out)
+	for i, m := range msgs {
+		spans[i] = p.start(ctx, m, now, server)
+		recording = recording || spans[i] != nil
+	}
+	var errs []error
+	var confirmed []time.Time
+	if p.timer != nil && recording {
+		confirmed = make([]time.Time, len(msgs))
+		errs = p.timer.PublishBatchTimed(ctx, msgs, confirmed)
+	} else {
+		errs = p.inner.PublishBatch(ctx, msgs)
+	}
+	end := time.Now()
 	for i, span := range spans {
+		if span == nil {
+			continue
+		}
 		if i < len(errs) && errs[i] != nil {
 			span.RecordError(errs[i])
 			span.SetStatus(codes.Error, errs[i].Error())
+			span.SetAttributes(semconv.ErrorTypeKey.String(ErrorType(errs[i])))
 		}
-		span.End()
+		at := end
+		if confirmed != nil && !confirmed[i].IsZero() {
+			at = confirmed[i]
+		}
+		span.End(trace.WithTimestamp(at))
 	}
 	return errs
 }
 
-// start starts m's publish span and returns it with the headers to send: a
-// copy of m's headers with the span's trace context and baggage.
-func (p *Publisher) start(ctx context.Context, m outbox.Envelope) (context.Context, trace.Span, map[string]string) {
+// ErrorType is a publish error's error.type: a low-cardinality class, not
+// the message.
+func ErrorType(err error) string {
+	switch {
+	case errors.Is(err, outbox.ErrUnroutable):
+		return ErrorTypeUnroutable
+	case errors.Is(err, outbox.ErrNotSent):
+		return ErrorTypeNotSent
+	case errors.Is(err, context.DeadlineExceeded):
+		return ErrorTypeTimeout
+	default:
+		return ErrorTypeOther
+	}
+}
+
+// start starts m's publish span, or returns nil when nothing is to be
+// recorded (an unsampled creation context, or a root the sampler dropped).
+func (p *Publisher) start(ctx context.Context, m outbox.Envelope, now time.Time, server []attribute.KeyValue) trace.Span {
 	// The event's context is what was stored with it, and nothing else: a
 	// span or baggage on the relay's own context must not leak into it.
-	parent := p.prop.Extract(eventBase(ctx), propagation.MapCarrier(m.Headers))
+	base := eventBase(ctx)
+	creation := trace.SpanContextFromContext(p.prop.Extract(base, propagation.MapCarrier(m.Headers)))
+	if creation.IsValid() && !creation.IsSampled() {
+		return nil
+	}
 	dest, name := "", "publish"
 	if p.destination != nil {
 		if dest = p.destination(m); dest != "" {
 			name = "publish " + dest
 		}
 	}
-	attrs := make([]attribute.KeyValue, 0, 13)
+	attrs := make([]attribute.KeyValue, 0, 15)
 	attrs = append(attrs,
 		p.system,
 		semconv.MessagingOperationTypeSend,
@@ -208,6 +316,7 @@ func (p *Publisher) start(ctx context.Context, m outbox.Envelope) (context.Conte
 	if p.routingKey != nil {
 		attrs = append(attrs, semconv.MessagingRabbitMQDestinationRoutingKey(p.routingKey(m)))
 	}
+	attrs = append(attrs, server...)
 	attrs = append(attrs,
 		AttrAggregateType.String(m.AggregateType),
 		AttrAggregateID.String(m.AggregateID),
@@ -215,21 +324,21 @@ func (p *Publisher) start(ctx context.Context, m outbox.Envelope) (context.Conte
 		AttrEventType.String(m.EventType),
 		AttrAttempt.Int(m.Attempt),
 	)
-	ctx, span := p.tracer.Start(parent, name,
-		trace.WithSpanKind(trace.SpanKindProducer),
-		trace.WithAttributes(attrs...),
-	)
-	headers := make(map[string]string, len(m.Headers)+3)
-	for k, v := range m.Headers {
-		headers[k] = v
+	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(attrs...)}
+	parent := base
+	if creation.IsValid() {
+		opts = append(opts, trace.WithLinks(trace.Link{SpanContext: creation}))
+		if p.parentMaxAge > 0 && now.Sub(m.CreatedAt) <= p.parentMaxAge {
+			parent = trace.ContextWithRemoteSpanContext(base, creation)
+		} else {
+			opts = append(opts, trace.WithNewRoot())
+		}
 	}
-	// Replace, never merge: what the publish span's context lacks (an empty
-	// tracestate, no baggage) must not survive from the stored headers.
-	delete(headers, HeaderTraceparent)
-	delete(headers, HeaderTracestate)
-	delete(headers, HeaderBaggage)
-	p.prop.Inject(ctx, propagation.MapCarrier(headers))
-	return ctx, span, headers
+	_, span := p.tracer.Start(parent, name, opts...)
+	if !span.IsRecording() {
+		return nil
+	}
+	return span
 }
 
 // eventBase is ctx without its span and baggage: the base on which an
@@ -238,12 +347,41 @@ func eventBase(ctx context.Context) context.Context {
 	return baggage.ContextWithoutBaggage(trace.ContextWithSpanContext(ctx, trace.SpanContext{}))
 }
 
+// LimitBaggage returns ctx with its baggage reduced to what may be stored
+// with an event: the members named in keys, in that order, as long as the
+// encoded baggage stays within maxBytes (a member that would pass it is
+// left out). A client's baggage is free text sent on every request; stored
+// in every outbox row and carried to every consumer, it must be bounded.
+// keys empty: no baggage; maxBytes 0 or less: no size limit.
+func LimitBaggage(ctx context.Context, keys []string, maxBytes int) context.Context {
+	in := baggage.FromContext(ctx)
+	if in.Len() == 0 {
+		return ctx
+	}
+	out := baggage.Baggage{}
+	for _, k := range keys {
+		m := in.Member(k)
+		if m.Key() == "" {
+			continue
+		}
+		next, err := out.SetMember(m)
+		if err != nil || maxBytes > 0 && len(next.String()) > maxBytes {
+			continue
+		}
+		out = next
+	}
+	if out.Len() == 0 {
+		return baggage.ContextWithoutBaggage(ctx)
+	}
+	return baggage.ContextWithBaggage(ctx, out)
+}
+
 // InjectHeaders writes the trace context and baggage of ctx into headers
 // with propagator (W3C Trace Context and Baggage when nil) and returns
 // headers, allocated when nil and something is written. A writer calls it in
-// the span that writes the event, so the event carries that span's context.
-// When ctx carries no valid span context and no baggage, nothing is written:
-// no trace is invented.
+// the event's create span, after LimitBaggage, so the event carries that
+// span's context and the baggage it allows. When ctx carries no valid span
+// context and no baggage, nothing is written: no trace is invented.
 func InjectHeaders(ctx context.Context, propagator propagation.TextMapPropagator, headers map[string]string) map[string]string {
 	if propagator == nil {
 		propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
@@ -261,8 +399,9 @@ func InjectHeaders(ctx context.Context, propagator propagation.TextMapPropagator
 }
 
 // Extract returns ctx with the trace context and baggage stored in headers,
-// read with propagator (W3C Trace Context and Baggage when nil): what a
-// consumer or a tool that replays an event continues from.
+// read with propagator (W3C Trace Context and Baggage when nil): the
+// creation context a consumer links to, or a tool that replays an event
+// continues from.
 func Extract(ctx context.Context, propagator propagation.TextMapPropagator, headers map[string]string) context.Context {
 	if propagator == nil {
 		propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})

@@ -3,11 +3,12 @@ package outboxotel_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"slices"
-	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/baggage"
@@ -65,6 +66,7 @@ func envelope(id int64, headers map[string]string) outbox.Envelope {
 	return outbox.Envelope{
 		ID: id, AggregateType: "order", AggregateID: "o-1", AggregateVersion: 3,
 		EventType: "order.created", Payload: []byte(`{"a":1}`), Headers: headers, Attempt: 1,
+		CreatedAt: now.Add(-time.Second),
 	}
 }
 
@@ -76,11 +78,23 @@ func attrs(s tracetest.SpanStub) map[attribute.Key]attribute.Value {
 	return m
 }
 
-func TestPublishSpanIsAChildOfTheStoredContext(t *testing.T) {
+// now is the tests' clock; envelopes are written a second before it.
+var now = time.Date(2026, 11, 29, 22, 0, 1, 0, time.UTC)
+
+func clock() time.Time { return now }
+
+func newPublisher(inner outbox.Publisher, tp trace.TracerProvider) *outboxotel.Publisher {
+	return outboxotel.NewPublisher(inner, outboxotel.Config{TracerProvider: tp, Now: clock})
+}
+
+// A young event's publish span is a PRODUCER child of the creation context
+// stored with it, and links to it; what goes to the broker is the stored
+// headers, unchanged: the creation context, which the consumer links to.
+func TestPublishSpanIsAChildOfAYoungCreationContextAndLinksToIt(t *testing.T) {
 	t.Parallel()
 	tp, exp := newProvider(sdktrace.ParentBased(sdktrace.AlwaysSample()))
 	inner := &amqpLike{}
-	pub := outboxotel.NewPublisher(inner, outboxotel.Config{TracerProvider: tp})
+	pub := newPublisher(inner, tp)
 	stored := map[string]string{
 		"traceparent": sampled, "tracestate": "vendor=x", "baggage": "tenant=acme", "other": "kept",
 	}
@@ -92,6 +106,9 @@ func TestPublishSpanIsAChildOfTheStoredContext(t *testing.T) {
 	if !maps.Equal(stored, original) {
 		t.Fatalf("the stored headers were changed: %v", stored)
 	}
+	if sent := inner.got[0][0].Headers; !maps.Equal(sent, original) {
+		t.Fatalf("sent headers %v, want the stored ones unchanged (the creation context)", sent)
+	}
 	spans := exp.GetSpans()
 	if len(spans) != 1 {
 		t.Fatalf("%d spans, want 1", len(spans))
@@ -102,6 +119,9 @@ func TestPublishSpanIsAChildOfTheStoredContext(t *testing.T) {
 	}
 	if s.Parent.TraceID().String() != traceID || s.Parent.SpanID().String() != parentID || !s.Parent.IsRemote() {
 		t.Fatalf("parent %v, want the stored context", s.Parent)
+	}
+	if len(s.Links) != 1 || s.Links[0].SpanContext.SpanID().String() != parentID || s.Links[0].SpanContext.TraceID().String() != traceID {
+		t.Fatalf("links %v, want one to the creation context", s.Links)
 	}
 	if s.SpanContext.TraceID().String() != traceID || s.SpanContext.TraceState().String() != "vendor=x" {
 		t.Fatalf("span context %v", s.SpanContext)
@@ -125,44 +145,77 @@ func TestPublishSpanIsAChildOfTheStoredContext(t *testing.T) {
 			t.Errorf("%s = %v (%T), want %v", k, got, got, want)
 		}
 	}
-	if s.Status.Code != codes.Unset {
-		t.Errorf("status %v", s.Status)
-	}
-	sent := inner.got[0][0].Headers
-	wantTP := "00-" + traceID + "-" + s.SpanContext.SpanID().String() + "-01"
-	if sent["traceparent"] != wantTP || sent["tracestate"] != "vendor=x" || sent["baggage"] != "tenant=acme" || sent["other"] != "kept" {
-		t.Fatalf("sent headers %v, want traceparent %s and the rest kept", sent, wantTP)
+	if _, ok := a["error.type"]; ok || s.Status.Code != codes.Unset {
+		t.Errorf("a confirmed publish: status %v, error.type %v", s.Status, a["error.type"])
 	}
 }
 
-// An unsampled context records nothing, but what goes out still names the
-// trace, unsampled, with its baggage.
+// An event that waited longer than ParentMaxAge (a broker outage) is
+// published in a trace of its own, linked to its creation, instead of
+// stretching the creation's trace over the wait; ParentMaxAge negative
+// always does so.
+func TestOldEventIsPublishedInATraceOfItsOwnLinkedToItsCreation(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		maxAge time.Duration
+		age    time.Duration
+	}{{0, time.Hour}, {10 * time.Minute, 11 * time.Minute}, {-1, 0}} {
+		tp, exp := newProvider(sdktrace.ParentBased(sdktrace.AlwaysSample()))
+		pub := outboxotel.NewPublisher(&amqpLike{}, outboxotel.Config{TracerProvider: tp, Now: clock, ParentMaxAge: c.maxAge})
+		m := envelope(7, map[string]string{"traceparent": sampled})
+		m.CreatedAt = now.Add(-c.age)
+		pub.PublishBatch(context.Background(), []outbox.Envelope{m})
+		spans := exp.GetSpans()
+		if len(spans) != 1 {
+			t.Fatalf("max age %v, age %v: %d spans", c.maxAge, c.age, len(spans))
+		}
+		s := spans[0]
+		if s.Parent.IsValid() || s.SpanContext.TraceID().String() == traceID {
+			t.Errorf("max age %v, age %v: span in trace %s under %v, want a root of a new trace", c.maxAge, c.age, s.SpanContext.TraceID(), s.Parent)
+		}
+		if len(s.Links) != 1 || s.Links[0].SpanContext.SpanID().String() != parentID {
+			t.Errorf("max age %v, age %v: links %v, want one to the creation context", c.maxAge, c.age, s.Links)
+		}
+	}
+}
+
+// An unsampled creation context records nothing: no publish span at all,
+// whatever the event's age, and the message goes out as stored.
 func TestUnsampledStaysUnsampled(t *testing.T) {
 	t.Parallel()
 	tp, exp := newProvider(sdktrace.ParentBased(sdktrace.AlwaysSample()))
 	inner := &recorder{}
-	pub := outboxotel.NewPublisher(inner, outboxotel.Config{TracerProvider: tp, Destination: func(outbox.Envelope) string { return "x" }})
-	pub.PublishBatch(context.Background(), []outbox.Envelope{envelope(1, map[string]string{"traceparent": unsampled, "baggage": "tenant=acme"})})
+	pub := outboxotel.NewPublisher(inner, outboxotel.Config{TracerProvider: tp, Now: clock, Destination: func(outbox.Envelope) string { return "x" }})
+	stored := map[string]string{"traceparent": unsampled, "baggage": "tenant=acme"}
+	old := envelope(2, stored)
+	old.CreatedAt = now.Add(-time.Hour)
+	pub.PublishBatch(context.Background(), []outbox.Envelope{envelope(1, stored), old})
 	if n := len(exp.GetSpans()); n != 0 {
 		t.Fatalf("%d spans recorded for an unsampled context", n)
 	}
-	sent := inner.got[0][0].Headers
-	if !strings.HasPrefix(sent["traceparent"], "00-"+traceID+"-") || !strings.HasSuffix(sent["traceparent"], "-00") || sent["baggage"] != "tenant=acme" {
-		t.Fatalf("sent %v, want the same trace, unsampled, and the baggage", sent)
+	if sent := inner.got[0][0].Headers; !maps.Equal(sent, stored) {
+		t.Fatalf("sent %v, want the stored headers", sent)
 	}
 }
 
-// Each envelope's span ends with its own outcome; a retry of the same row is
-// another span in the same trace, under the same stored parent.
+// Each envelope's span ends with its own outcome, a failure with its
+// error.type; a retry of the same row is another span, under the same
+// creation context.
 func TestOutcomesAndRetries(t *testing.T) {
 	t.Parallel()
 	tp, exp := newProvider(sdktrace.AlwaysSample())
 	boom := errors.New("nacked")
-	inner := &recorder{fail: map[int64]error{2: boom}}
-	pub := outboxotel.NewPublisher(inner, outboxotel.Config{TracerProvider: tp})
+	inner := &recorder{fail: map[int64]error{
+		2: boom,
+		3: fmt.Errorf("returned: %w", outbox.ErrUnroutable),
+		4: fmt.Errorf("not connected: %w", outbox.ErrNotSent),
+		5: fmt.Errorf("no confirm: %w", context.DeadlineExceeded),
+	}}
+	pub := newPublisher(inner, tp)
 	h := map[string]string{"traceparent": sampled}
-	errs := pub.PublishBatch(context.Background(), []outbox.Envelope{envelope(1, h), envelope(2, h)})
-	if errs[0] != nil || !errors.Is(errs[1], boom) {
+	batch := []outbox.Envelope{envelope(1, h), envelope(2, h), envelope(3, h), envelope(4, h), envelope(5, h)}
+	errs := pub.PublishBatch(context.Background(), batch)
+	if errs[0] != nil || !errors.Is(errs[1], boom) || !errors.Is(errs[2], outbox.ErrUnroutable) {
 		t.Fatalf("errs %v: the inner publisher's must come back unchanged", errs)
 	}
 	retry := envelope(2, h)
@@ -170,59 +223,100 @@ func TestOutcomesAndRetries(t *testing.T) {
 	inner.fail = nil
 	pub.PublishBatch(context.Background(), []outbox.Envelope{retry})
 	spans := exp.GetSpans()
-	if len(spans) != 3 {
-		t.Fatalf("%d spans, want 3", len(spans))
+	if len(spans) != 6 {
+		t.Fatalf("%d spans, want 6", len(spans))
 	}
 	byID := map[string][]tracetest.SpanStub{}
 	for _, s := range spans {
 		if s.SpanContext.TraceID().String() != traceID || s.Parent.SpanID().String() != parentID {
-			t.Fatalf("span %s not under the stored context: %v", s.Name, s.Parent)
+			t.Fatalf("span %s not under the creation context: %v", s.Name, s.Parent)
 		}
-		byID[attrs(s)["messaging.message.id"].AsString()] = append(byID[attrs(s)["messaging.message.id"].AsString()], s)
+		id := attrs(s)["messaging.message.id"].AsString()
+		byID[id] = append(byID[id], s)
 	}
 	if s := byID["1"][0]; s.Status.Code != codes.Unset {
 		t.Errorf("message 1: status %v", s.Status)
 	}
-	first, second := byID["2"][0], byID["2"][1]
-	if first.Status.Code != codes.Error || first.Status.Description != "nacked" || len(first.Events) != 1 || first.Events[0].Name != "exception" {
-		t.Errorf("failed attempt: status %v events %v", first.Status, first.Events)
+	for id, want := range map[string]string{"2": "_OTHER", "3": "unroutable", "4": "not_sent", "5": "timeout"} {
+		s := byID[id][0]
+		if s.Status.Code != codes.Error || len(s.Events) != 1 || s.Events[0].Name != "exception" || attrs(s)["error.type"].AsString() != want {
+			t.Errorf("message %s: status %v events %v error.type %q, want Error, an exception and %q", id, s.Status, s.Events, attrs(s)["error.type"].AsString(), want)
+		}
 	}
-	if second.Status.Code != codes.Unset || attrs(second)["outbox.attempt"].AsInt64() != 2 {
+	if first := byID["2"][0]; first.Status.Description != "nacked" || first.Name != "publish" {
+		t.Errorf("failed attempt: status %v, name %q", first.Status, first.Name)
+	}
+	if second := byID["2"][1]; second.Status.Code != codes.Unset || attrs(second)["outbox.attempt"].AsInt64() != 2 {
 		t.Errorf("retry: status %v attempt %v", second.Status, attrs(second)["outbox.attempt"])
-	}
-	if first.Name != "publish" {
-		t.Errorf("name without a destination: %q", first.Name)
 	}
 }
 
-// Without a stored context the publish starts a trace of its own.
+// timedNode confirms each message at a time of its own and names its node,
+// as outboxamqp.Publisher does.
+type timedNode struct {
+	recorder
+	at []time.Time
+}
+
+func (p *timedNode) PublishBatchTimed(ctx context.Context, msgs []outbox.Envelope, confirmed []time.Time) []error {
+	copy(confirmed, p.at)
+	return p.PublishBatch(ctx, msgs)
+}
+
+func (*timedNode) Node() (string, int) { return "rabbit-2.example", 5671 }
+
+// Each publish span ends at its own message's confirm, not at the end of
+// the batch; a message without a confirm ends with the batch. The node
+// connected to is server.address and server.port.
+func TestEachSpanEndsAtItsOwnConfirm(t *testing.T) {
+	t.Parallel()
+	tp, exp := newProvider(sdktrace.AlwaysSample())
+	base := time.Now().Add(-time.Minute)
+	inner := &timedNode{at: []time.Time{base.Add(10 * time.Millisecond), base.Add(30 * time.Millisecond), {}}}
+	pub := newPublisher(inner, tp)
+	h := map[string]string{"traceparent": sampled}
+	before := time.Now()
+	pub.PublishBatch(context.Background(), []outbox.Envelope{envelope(1, h), envelope(2, h), envelope(3, h)})
+	ends := map[string]time.Time{}
+	for _, s := range exp.GetSpans() {
+		ends[attrs(s)["messaging.message.id"].AsString()] = s.EndTime
+		if a := attrs(s); a["server.address"].AsString() != "rabbit-2.example" || a["server.port"].AsInt64() != 5671 {
+			t.Errorf("span %s: server.address %v, server.port %v", s.Name, a["server.address"], a["server.port"])
+		}
+	}
+	if !ends["1"].Equal(inner.at[0]) || !ends["2"].Equal(inner.at[1]) {
+		t.Errorf("spans end at %v and %v, want their confirms %v and %v", ends["1"], ends["2"], inner.at[0], inner.at[1])
+	}
+	if ends["3"].Before(before) {
+		t.Errorf("the unconfirmed message's span ends at %v, before the batch (%v)", ends["3"], before)
+	}
+}
+
+// Without a stored context the publish starts a trace of its own, with no
+// link, and the message goes out without one.
 func TestNoStoredContextStartsATrace(t *testing.T) {
 	t.Parallel()
 	tp, exp := newProvider(sdktrace.AlwaysSample())
 	inner := &recorder{}
-	pub := outboxotel.NewPublisher(inner, outboxotel.Config{TracerProvider: tp})
+	pub := newPublisher(inner, tp)
 	pub.PublishBatch(context.Background(), []outbox.Envelope{envelope(1, map[string]string{})})
 	spans := exp.GetSpans()
-	if len(spans) != 1 || spans[0].Parent.IsValid() {
-		t.Fatalf("spans %v, want one root span", spans)
+	if len(spans) != 1 || spans[0].Parent.IsValid() || len(spans[0].Links) != 0 {
+		t.Fatalf("spans %v, want one root span without links", spans)
 	}
-	want := "00-" + spans[0].SpanContext.TraceID().String() + "-" + spans[0].SpanContext.SpanID().String() + "-01"
-	if got := inner.got[0][0].Headers["traceparent"]; got != want {
-		t.Fatalf("traceparent %q, want %q", got, want)
-	}
-	if _, ok := inner.got[0][0].Headers["baggage"]; ok {
-		t.Fatal("a baggage header without baggage")
+	if h := inner.got[0][0].Headers; len(h) != 0 {
+		t.Fatalf("headers %v, want none", h)
 	}
 }
 
 // The context the relay runs with is not the event's: a span or baggage on
 // it (a caller that started the relay inside a span, with baggage) must not
-// become the parent or the baggage of an event stored without a context.
+// become the parent of an event's publish, nor reach the broker.
 func TestRelayContextIsNotTheEventsContext(t *testing.T) {
 	t.Parallel()
 	tp, exp := newProvider(sdktrace.AlwaysSample())
 	inner := &recorder{}
-	pub := outboxotel.NewPublisher(inner, outboxotel.Config{TracerProvider: tp})
+	pub := newPublisher(inner, tp)
 	ctx, runSpan := tp.Tracer("test").Start(context.Background(), "relay run")
 	member, err := baggage.NewMember("operator", "alice")
 	if err != nil {
@@ -300,5 +394,44 @@ func TestInjectHeaders(t *testing.T) {
 	}
 	if keys := slices.Sorted(maps.Keys(h)); len(keys) != 2 {
 		t.Fatalf("keys %v", keys)
+	}
+}
+
+// Only the allowed keys of the baggage are stored, within the size limit.
+func TestLimitBaggage(t *testing.T) {
+	t.Parallel()
+	prop := propagation.Baggage{}
+	ctx := prop.Extract(context.Background(), propagation.MapCarrier{"baggage": "tenant=acme,session=s1,secret=hunter2,region=eu-west-1"})
+	for _, c := range []struct {
+		keys []string
+		max  int
+		want string
+	}{
+		{[]string{"tenant", "region"}, 0, "tenant=acme,region=eu-west-1"},
+		{[]string{"tenant", "region"}, len("tenant=acme"), "tenant=acme"},
+		{[]string{"region", "tenant"}, len("tenant=acme"), "tenant=acme"}, // region does not fit, tenant does
+		{[]string{"absent"}, 0, ""},
+		{nil, 0, ""},
+	} {
+		got := baggage.FromContext(outboxotel.LimitBaggage(ctx, c.keys, c.max))
+		want, err := baggage.Parse(c.want)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Len() != want.Len() {
+			t.Errorf("keys %v, max %d: %q, want %q", c.keys, c.max, got.String(), c.want)
+			continue
+		}
+		for _, m := range want.Members() {
+			if got.Member(m.Key()).Value() != m.Value() {
+				t.Errorf("keys %v, max %d: %q, want %q", c.keys, c.max, got.String(), c.want)
+			}
+		}
+		if c.max > 0 && len(got.String()) > c.max {
+			t.Errorf("keys %v: %d bytes, over %d", c.keys, len(got.String()), c.max)
+		}
+	}
+	if h := outboxotel.InjectHeaders(outboxotel.LimitBaggage(ctx, nil, 0), nil, nil); h != nil {
+		t.Errorf("no key allowed, no span: headers %v, want none", h)
 	}
 }

@@ -75,10 +75,7 @@ func TestSweepUnblocksTheNextEvent(t *testing.T) {
 		return count(t, pool, "SELECT count(*) FROM outbox WHERE id = $1", first[0].ID) == 0, nil
 	})
 	stop()
-	// The walsender of the stopped relay may still hold the slot a moment.
-	waitFor(t, "the slot free", 30*time.Second, func() (bool, error) {
-		return count(t, pool, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1 AND active`, cfg.Slot) == 0, nil
-	})
+	waitSlotFree(t, pool, cfg.Slot)
 	if err := outboxwal.Drop(ctx, pool, cfg.Slot, cfg.Publication); err != nil {
 		t.Fatal(err)
 	}

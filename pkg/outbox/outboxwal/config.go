@@ -30,16 +30,16 @@ type Config struct {
 	MaxInMemory int
 	// PublishTimeout bounds one batch's publish. Default 10s.
 	PublishTimeout time.Duration
-	// MaxAttempts is how many failed attempts make the relay dead-letter an
-	// event in PostgreSQL. Every attempt but an event's first is recorded in
-	// its row before it is made, so a restart does not reset the count and an
-	// attempt cut short by the relay stopping counts (see the package doc).
-	// Default 20.
+	// MaxAttempts is how many attempts without an outcome (the relay stopped
+	// while publishing the event, every time) make the relay dead-letter an
+	// event in PostgreSQL: the attempts of events a stopped relay may have
+	// had in flight are recorded in their rows before they are made, so a
+	// restart does not reset the count (see the package doc). It is also
+	// Poll.MaxAttempts unless that is set: an event whose publish fails is
+	// handed over to polling at once, and the polling relay retries it with
+	// Poll's backoff and dead-letters it after Poll.MaxAttempts attempts in
+	// all. Default 20.
 	MaxAttempts int
-	// RetryBackoffMin and RetryBackoffMax bound the exponential backoff of a
-	// failing event, with jitter. Defaults 1s and 5m.
-	RetryBackoffMin time.Duration
-	RetryBackoffMax time.Duration
 	// StatusInterval is how often the relay reports its position to the slot
 	// (the standby status update, whose flush position lets PostgreSQL recycle
 	// WAL). Default 1s, at most 10s (wal_sender_timeout is 60s by default).
@@ -61,10 +61,12 @@ type Config struct {
 	// relay streams from it) tries again. Default 1s.
 	TakeoverInterval time.Duration
 	// Poll configures the polling relay that publishes the rows this relay
-	// hands over: events that were dead-lettered (once an operator retries
-	// them), the later events of their aggregates, and rows that were in the
-	// outbox when the slot was created. Its HandedOverOnly is always set. Its
-	// Logger and Metrics default to this Config's.
+	// hands over: events whose publish failed (it retries them), events that
+	// were dead-lettered (once an operator retries them), the later events of
+	// their aggregates, and rows the slot's stream does not cover (in the
+	// outbox when the slot was created or adopted). Its HandedOverOnly is
+	// always set. Its Logger and Metrics default to this Config's, its
+	// MaxAttempts to MaxAttempts.
 	Poll outbox.RelayConfig
 	// Logger receives the relay's logs. Default slog.Default().
 	Logger *slog.Logger
@@ -99,8 +101,6 @@ const (
 	defaultMaxInMemory     = 20_000
 	defaultPublishTimeout  = 10 * time.Second
 	defaultMaxAttempts     = 20
-	defaultBackoffMin      = time.Second
-	defaultBackoffMax      = 5 * time.Minute
 	defaultStatusInterval  = time.Second
 	maxStatusInterval      = 10 * time.Second
 	defaultSweepInterval   = 100 * time.Millisecond
@@ -122,7 +122,6 @@ func (c Config) withDefaults() (Config, error) {
 	}{
 		{"BatchSize", int64(c.BatchSize)}, {"Workers", int64(c.Workers)}, {"MaxInMemory", int64(c.MaxInMemory)},
 		{"PublishTimeout", int64(c.PublishTimeout)}, {"MaxAttempts", int64(c.MaxAttempts)},
-		{"RetryBackoffMin", int64(c.RetryBackoffMin)}, {"RetryBackoffMax", int64(c.RetryBackoffMax)},
 		{"StatusInterval", int64(c.StatusInterval)}, {"SweepInterval", int64(c.SweepInterval)},
 		{"TakeoverInterval", int64(c.TakeoverInterval)},
 	} {
@@ -137,8 +136,6 @@ func (c Config) withDefaults() (Config, error) {
 	c.MaxInMemory = cmp.Or(c.MaxInMemory, defaultMaxInMemory)
 	c.PublishTimeout = cmp.Or(c.PublishTimeout, defaultPublishTimeout)
 	c.MaxAttempts = cmp.Or(c.MaxAttempts, defaultMaxAttempts)
-	c.RetryBackoffMin = cmp.Or(c.RetryBackoffMin, defaultBackoffMin)
-	c.RetryBackoffMax = cmp.Or(c.RetryBackoffMax, max(defaultBackoffMax, c.RetryBackoffMin))
 	c.StatusInterval = cmp.Or(c.StatusInterval, defaultStatusInterval)
 	c.SweepInterval = cmp.Or(c.SweepInterval, defaultSweepInterval)
 	c.TakeoverInterval = cmp.Or(c.TakeoverInterval, defaultTakeoverEvery)
@@ -169,8 +166,6 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("outboxwal config: Workers %d: at most %d", c.Workers, maxWorkers)
 	case c.MaxInMemory < c.BatchSize:
 		return c, fmt.Errorf("outboxwal config: MaxInMemory %d: at least BatchSize (%d)", c.MaxInMemory, c.BatchSize)
-	case c.RetryBackoffMin > c.RetryBackoffMax:
-		return c, fmt.Errorf("outboxwal config: RetryBackoffMin %v exceeds RetryBackoffMax %v", c.RetryBackoffMin, c.RetryBackoffMax)
 	case c.VacuumEvery < -1:
 		return c, fmt.Errorf("outboxwal config: VacuumEvery %d: want -1 (never), 0 (auto) or a number of rows", c.VacuumEvery)
 	case c.StatusInterval > maxStatusInterval:

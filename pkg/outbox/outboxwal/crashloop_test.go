@@ -80,10 +80,9 @@ func runCrashingRelay() int {
 	defer pub.Close()
 	relay, err := outboxwal.New(pool, pub, outboxwal.Config{
 		Slot: c.Slot, Publication: c.Slot, MaxAttempts: c.MaxAttempts, BatchSize: 100,
-		RetryBackoffMin: 10 * time.Millisecond, RetryBackoffMax: 50 * time.Millisecond,
 		StatusInterval: 100 * time.Millisecond, SweepInterval: 20 * time.Millisecond,
 		TakeoverInterval: 100 * time.Millisecond,
-		Poll:             outbox.RelayConfig{PollInterval: 50 * time.Millisecond},
+		Poll:             outbox.RelayConfig{PollInterval: 50 * time.Millisecond, RetryBackoffMin: 10 * time.Millisecond, RetryBackoffMax: 50 * time.Millisecond},
 		Logger:           log,
 	})
 	if err != nil {

@@ -51,11 +51,16 @@
 //     previous event of its aggregate was confirmed; batches hold at most one
 //     event per aggregate, many batches are in flight (Workers x BatchSize
 //     messages, confirms pipelined by the publisher).
-//   - Failures. An unroutable or refused message, or one without a verdict
-//     within PublishTimeout, is retried with exponential backoff (the slot is
-//     not acknowledged past it meanwhile). After MaxAttempts it is
-//     dead-lettered in PostgreSQL, exactly as the polling relay does it:
-//     dead_lettered_at, attempts, last_error, visible to outbox.Admin.
+//   - Failures leave the stream. An event the broker refuses or returns,
+//     or that gets no verdict within PublishTimeout, is handed over to
+//     polling at once, with every later event of its aggregate: the polling
+//     relay this relay runs (Config.Poll) retries it with its backoff,
+//     dead-letters it after Poll.MaxAttempts attempts in all (exactly as
+//     the polling relay does: dead_lettered_at, attempts, last_error,
+//     visible to outbox.Admin), and publishes the aggregate's later events
+//     after it, in order. The stream and the slot move on meanwhile: a
+//     failing aggregate never keeps other aggregates' events or the
+//     server's WAL waiting.
 //   - A relay that stops (a crash, a kill, a lost connection) counts. Before
 //     each batch, the relay records in outbox_wal_slots the commit position
 //     it has dispatched up to. The relay that resumes treats the events at or
@@ -71,30 +76,45 @@
 //     event's first attempt is not recorded (that is the fast path, and what
 //     keeps PostgreSQL out of it): an event the broker confirmed whose row a
 //     stopped relay had not swept yet is counted one attempt too many.
-//   - Dead letters hold back their aggregate only. Every later event of that
-//     aggregate, already decoded or decoded later, is parked: left in the
-//     outbox table, its last_error set to say why, blocked behind the dead
-//     letter as Enqueue wrote it. These rows are "handed over": a polling
-//     relay that only claims rows with a last_error (outbox.RelayConfig
-//     HandedOverOnly), run by this relay, publishes them with the polling
-//     relay's protocol once an operator retries the dead letter
-//     (Admin.Retry) or discards it (Admin.Discard), in order. When no
-//     handed-over row of the aggregate is left, the relay publishes its next
-//     events from the stream again. Other aggregates flow throughout.
+//   - Hand-overs hold back their aggregate only. Every later event of an
+//     aggregate handed over, already decoded or decoded later, is parked:
+//     left in the outbox table, its last_error set to say why, blocked
+//     behind the earlier row as Enqueue wrote it. A polling relay that only
+//     claims rows with a last_error (outbox.RelayConfig HandedOverOnly), run
+//     by this relay, publishes them with the polling relay's protocol, in
+//     order, once the earlier row is published, or, for a dead letter, once
+//     an operator retries (Admin.Retry) or discards (Admin.Discard) it. When
+//     no handed-over row of the aggregate is left, the relay publishes its
+//     next events from the stream again. Other aggregates flow throughout.
 //   - Admin.Status is right: the rows of published events leave the outbox
 //     within SweepInterval, and the table holds the backlog, the dead letters
 //     and the parked rows only.
-//   - The stream can deliver a transaction a moment before its rows are
-//     visible to other sessions (its commit record is flushed before the
-//     committing backend leaves the proc array). The relay never sweeps,
-//     hands over or looks up a row while its transaction's xid is still
-//     locked (pg_locks), so a row is never taken for gone, and the slot never
-//     acknowledged past it, because a statement could not see it yet.
+//   - Nothing goes out before its transaction is visible. The stream
+//     delivers a transaction once its commit record is flushed: under
+//     synchronous replication the commit then still waits for the standby,
+//     invisible to other sessions and unacknowledged to its client, and a
+//     failover at that moment undoes it. The relay publishes, sweeps, hands
+//     over or looks up an event only once a snapshot shows its transaction
+//     committed (one pg_current_snapshot() per batch), so no consumer hears
+//     of a change the database may still lose, and no row is taken for gone
+//     because a statement could not see it yet. The relay's own writes
+//     (dispatched position, sweeps) wait for the standby too unless its pool
+//     sets synchronous_commit = local, which is safe: what they record is
+//     redone after a failover (see Failover).
 //
 // When the slot is created, the rows already in the outbox are not in its
 // stream: Run hands them over to polling in the same step (in the snapshot
 // the slot exports), so switching from the polling relay loses nothing, and
 // those rows go out before the later events of their aggregates.
+//
+// The relay reads its own publication only: one that also publishes other
+// tables (or all of them) is refused at start with a clear error, changes of
+// a table added to it later are skipped, and a row the relay cannot decode
+// (a header that is not a string, inserted without Enqueue) is
+// dead-lettered by id, its aggregate held back. A session that fails
+// without having made progress is retried with a growing backoff (up to
+// 5s): every session is a new WAL sender reading again from the slot's
+// restart point.
 //
 // # Table size
 //
@@ -155,14 +175,23 @@
 // outbox_wal_slots.holder names the process that holds the slot (host and
 // pid) and taken_at since when.
 //
-// Before
-// PostgreSQL 17, logical slots are not copied to physical standbys: after a
-// failover of PostgreSQL itself the new primary has no slot, and the relay
-// creates one, handing over to polling whatever is in the outbox then; events
-// that were committed on the old primary, reached the standby, and were in
-// flight are published again (duplicates), and none are lost as long as the
-// outbox rows themselves survived the failover. With PostgreSQL 17's failover
-// slots (failover = true, synchronized_standby_slots) the slot survives.
+// A session acknowledges only positions it read from its own stream, and
+// binds everything it does to the server it streams from (its system
+// identifier and timeline, recorded in outbox_wal_slots.server): a pool
+// connection that still reaches another server (a switchover in progress) is
+// closed, and every fenced statement checks the server it runs on. A session
+// that finds the slot last used from another server (a promoted standby, a
+// restore, a switch to another server behind the same address), or a slot no
+// relay has used yet (one an operator made; never dropped), cannot tell
+// whether the rows in the outbox are all in the slot's stream: it hands them
+// over to polling before it streams, as at slot creation. Events published
+// but not swept before the switch then go out again (duplicates); none is
+// lost. Before PostgreSQL 17, logical slots are not copied to physical
+// standbys: after a failover the new primary has no slot, and the relay
+// creates one, handing over whatever is in the outbox then. A slot whose
+// position is ahead of the server's WAL (acknowledged on another server)
+// would skip every transaction below it: the relay makes it again if a relay
+// made it, and refuses an operator's.
 //
 // # What PostgreSQL needs
 //

@@ -2,6 +2,7 @@ package outboxwal_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync"
 	"testing"
@@ -13,38 +14,55 @@ import (
 	"github.com/outbox-inbox/reference/pkg/outbox/outboxwal"
 )
 
-// holdingPublisher refuses every message; the attempt number holdAt (if
-// any) is held in PublishBatch until release is closed, then refused too.
+// holdingPublisher holds its first batch until release is closed, then
+// refuses it; it records the id of every message it is given.
 type holdingPublisher struct {
-	refusingPublisher
-	holdAt  int
-	held    chan struct{} // closed once the held attempt arrived
+	held    chan struct{} // closed once the first batch arrived
 	release chan struct{}
 	once    sync.Once
+
+	mu   sync.Mutex
+	sent []int64
 }
 
-func newHoldingPublisher(holdAt int) *holdingPublisher {
-	return &holdingPublisher{holdAt: holdAt, held: make(chan struct{}), release: make(chan struct{})}
+func newHoldingPublisher() *holdingPublisher {
+	return &holdingPublisher{held: make(chan struct{}), release: make(chan struct{})}
 }
 
-func (p *holdingPublisher) PublishBatch(ctx context.Context, msgs []outbox.Envelope) []error {
+func (p *holdingPublisher) WaitReady(context.Context) error { return nil }
+
+func (p *holdingPublisher) PublishBatch(_ context.Context, msgs []outbox.Envelope) []error {
+	p.mu.Lock()
 	for _, m := range msgs {
-		if p.holdAt > 0 && m.Attempt == p.holdAt {
-			p.once.Do(func() { close(p.held) })
-			<-p.release
-		}
+		p.sent = append(p.sent, m.ID)
 	}
-	return p.refusingPublisher.PublishBatch(ctx, msgs)
+	p.mu.Unlock()
+	first := false
+	p.once.Do(func() { first = true; close(p.held) })
+	if first {
+		<-p.release
+	}
+	errs := make([]error, len(msgs))
+	for i := range errs {
+		errs[i] = errors.New("refused by the test")
+	}
+	return errs
+}
+
+func (p *holdingPublisher) given() []int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]int64(nil), p.sent...)
 }
 
 // cutOffConfig is a relay that, once its replication connection is cut, does
 // not notice for a long while: its stream is paused (MaxInMemory reached by
-// one event being retried) and it reports its position only every 10s. So
-// is a relay whose host lost the network but whose process runs on.
-func cutOffConfig(cfg outboxwal.Config, maxAttempts int) outboxwal.Config {
-	cfg.Workers, cfg.BatchSize, cfg.MaxInMemory = 1, 1, 1
+// one event in flight and one waiting for the only worker) and it reports
+// its position only every 10s. So is a relay whose host lost the network but
+// whose process runs on.
+func cutOffConfig(cfg outboxwal.Config) outboxwal.Config {
+	cfg.Workers, cfg.BatchSize, cfg.MaxInMemory = 1, 1, 2
 	cfg.StatusInterval = 10 * time.Second
-	cfg.MaxAttempts = maxAttempts
 	return cfg
 }
 
@@ -59,76 +77,63 @@ func cutReplication(t *testing.T, pool *pgxpool.Pool, slot string) {
 
 // publishThroughHolder lets gate, the publisher of the relay that holds the
 // slot, send the event id, and waits for it to be published and swept.
-func publishThroughHolder(t *testing.T, pool *pgxpool.Pool, gate *gatePublisher, id int64) {
+func publishThroughHolder(t *testing.T, pool *pgxpool.Pool, gate *gatePublisher, ids ...int64) {
 	t.Helper()
 	gate.mu.Lock()
-	gate.allowed[id] = true
+	for _, id := range ids {
+		gate.allowed[id] = true
+	}
 	gate.mu.Unlock()
-	waitFor(t, "the event published by the relay holding the slot", 10*time.Second, func() (bool, error) {
-		return gate.has(id), nil
-	})
+	for _, id := range ids {
+		waitFor(t, "the event published by the relay holding the slot", 10*time.Second, func() (bool, error) {
+			return gate.has(id), nil
+		})
+	}
 	waitFor(t, "the outbox empty", 10*time.Second, outboxEmpty(pool))
 }
 
 // A relay whose replication connection was cut while its process runs on
-// must not go on publishing beside the relay that took the slot over: every
-// batch starts with a statement that proves the session still holds the
-// slot, so it starts none once the other took it, and stops.
-func TestCutOffRelayStartsNoBatchAfterTakeover(t *testing.T) {
+// must not go on beside the relay that took the slot over. Here one event
+// is in flight when the connection is cut, and another waits for the
+// worker; after the takeover the first attempt fails. The cut-off relay
+// must start no batch (the second event is never handed to its publisher:
+// every batch starts with a statement that proves the session still holds
+// the slot) and write nothing (it would hand the first event over to
+// polling while the relay holding the slot publishes it: every write starts
+// with the same check, under a lock the takeover waits for). It stops.
+func TestCutOffRelayStartsNothingAndWritesNothingAfterTakeover(t *testing.T) {
+	ctx := context.Background()
 	pool := walPool(t)
 	cfg := walConfig(t, pool)
-	refusing := &refusingPublisher{}
-	first, _ := startWAL(t, pool, refusing, cutOffConfig(cfg, 1000))
+	holding := newHoldingPublisher()
+	first, _ := startWAL(t, pool, holding, cutOffConfig(cfg))
 	waitActive(t, first)
 	a := enqueue(t, pool, msg("a", "order.created"))
-	waitFor(t, "the first relay retrying the event", 10*time.Second, func() (bool, error) {
-		return len(refusing.snapshot()) >= 2, nil
+	b := enqueue(t, pool, msg("b", "order.created"))
+	select {
+	case <-holding.held:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first relay did not publish")
+	}
+	waitFor(t, "the first relay holding both events", 10*time.Second, func() (bool, error) {
+		return first.Stats().InMemory == 2, nil
 	})
 
 	cutReplication(t, pool, cfg.Slot)
 	gate := &gatePublisher{allowed: map[int64]bool{}}
 	second, _ := startWAL(t, pool, gate, cfg)
 	waitActive(t, second)
-	atTakeover := len(refusing.snapshot())
-	waitFor(t, "the cut-off relay stopping", 5*time.Second, func() (bool, error) { return !first.Stats().Active, nil })
-	time.Sleep(500 * time.Millisecond) // it retried every 10 to 50ms before
-	if n := len(refusing.snapshot()) - atTakeover; n > 1 {
-		t.Fatalf("the cut-off relay made %d attempts after the other relay took the slot, want at most the one in flight", n)
-	}
-
-	publishThroughHolder(t, pool, gate, a[0].ID)
-}
-
-// Nor may it write to the outbox after the takeover: here its attempt in
-// flight when the connection was cut fails, its last, and it would
-// dead-letter the event that the relay holding the slot is publishing. The
-// write starts with the same check, under a lock the takeover waits for.
-func TestCutOffRelayWritesNothingAfterTakeover(t *testing.T) {
-	ctx := context.Background()
-	pool := walPool(t)
-	cfg := walConfig(t, pool)
-	holding := newHoldingPublisher(2)
-	first, _ := startWAL(t, pool, holding, cutOffConfig(cfg, 2))
-	waitActive(t, first)
-	a := enqueue(t, pool, msg("a", "order.created"))
-	select {
-	case <-holding.held:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the first relay did not make its second attempt")
-	}
-
-	cutReplication(t, pool, cfg.Slot)
-	gate := &gatePublisher{allowed: map[int64]bool{}}
-	second, _ := startWAL(t, pool, gate, cfg)
-	waitActive(t, second)
-	close(holding.release) // the last attempt fails now
-	waitFor(t, "the cut-off relay stopping", 5*time.Second, func() (bool, error) { return !first.Stats().Active, nil })
+	close(holding.release) // the attempt in flight fails now
+	waitFor(t, "the cut-off relay stopping", 10*time.Second, func() (bool, error) { return !first.Stats().Active, nil })
 	time.Sleep(5 * cfg.SweepInterval)
+	if got := holding.given(); len(got) != 1 {
+		t.Fatalf("the cut-off relay's publisher was given %v, want only the event in flight at the takeover", got)
+	}
 	if n := count(t, pool, `SELECT count(*) FROM outbox WHERE last_error IS NOT NULL OR dead_lettered_at IS NOT NULL`); n != 0 {
 		t.Fatalf("the cut-off relay dead-lettered or handed over %d rows after the other relay took the slot", n)
 	}
 
-	publishThroughHolder(t, pool, gate, a[0].ID)
+	publishThroughHolder(t, pool, gate, a[0].ID, b[0].ID)
 	dls, err := outbox.NewAdmin(pool).DeadLetters(ctx, 0, 10)
 	if err != nil {
 		t.Fatal(err)
@@ -159,9 +164,7 @@ func TestSessionsTakeTheSlotInTurnAndDropForgetsIt(t *testing.T) {
 		}
 		stop()
 	}
-	waitFor(t, "the slot free", 10*time.Second, func() (bool, error) {
-		return count(t, pool, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1 AND active`, cfg.Slot) == 0, nil
-	})
+	waitSlotFree(t, pool, cfg.Slot)
 	if err := outboxwal.Drop(ctx, pool, cfg.Slot, cfg.Publication); err != nil {
 		t.Fatal(err)
 	}

@@ -98,7 +98,7 @@ func (r *Relay) Wake() {}
 // slot retain every event written from then on before any relay runs (rows
 // already in the outbox when the slot is made are handed over to polling).
 func (r *Relay) Prepare(ctx context.Context) error {
-	if err := ensurePublication(ctx, r.pool, r.cfg.Publication); err != nil {
+	if _, err := ensurePublication(ctx, r.pool, r.cfg.Publication); err != nil {
 		return fmt.Errorf("outboxwal prepare: %w", err)
 	}
 	conn, err := pgconn.ConnectConfig(ctx, r.replicationConfig())
@@ -106,7 +106,11 @@ func (r *Relay) Prepare(ctx context.Context) error {
 		return fmt.Errorf("outboxwal prepare: replication connection: %w", err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck // nothing to do about it
-	if err := r.ensureSlot(ctx, conn); err != nil {
+	id, err := pglogrepl.IdentifySystem(ctx, conn)
+	if err != nil {
+		return fmt.Errorf("outboxwal prepare: identify the server: %w", err)
+	}
+	if _, err := r.ensureSlot(ctx, conn, serverName(id)); err != nil {
 		return fmt.Errorf("outboxwal prepare: %w", err)
 	}
 	return nil
@@ -142,7 +146,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	var failures int
 	waiting := false
 	for ctx.Err() == nil {
-		streamed, err := r.session(ctx)
+		progressed, err := r.session(ctx)
 		if ctx.Err() != nil {
 			break
 		}
@@ -153,11 +157,11 @@ func (r *Relay) Run(ctx context.Context) error {
 					slog.String("slot", r.cfg.Slot), slog.String("detail", pgErr.Message))
 			}
 			waiting = true
-			retry.Sleep(ctx, r.cfg.TakeoverInterval)
+			r.awaitSlot(ctx)
 			continue
 		}
 		waiting = false
-		if streamed {
+		if progressed {
 			failures = 0
 		}
 		failures++
@@ -168,6 +172,23 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	r.log.InfoContext(context.WithoutCancel(ctx), "outbox WAL relay stopped")
 	return nil
+}
+
+// awaitSlot returns once the slot is free (or missing, or its state cannot
+// be read), looking every TakeoverInterval through the pool: a waiting relay
+// opens no replication connection (a WAL sender process on the server) until
+// it has a chance to take the slot.
+func (r *Relay) awaitSlot(ctx context.Context) {
+	for {
+		retry.Sleep(ctx, r.cfg.TakeoverInterval)
+		if ctx.Err() != nil {
+			return
+		}
+		s, err := Slot(ctx, r.pool, r.cfg.Slot)
+		if err != nil || !s.Active {
+			return
+		}
+	}
 }
 
 // replicationConfig is pool's connection configuration for a replication
@@ -181,11 +202,15 @@ func (r *Relay) replicationConfig() *pgconn.Config {
 }
 
 // session connects, takes the slot and streams until ctx ends or something
-// breaks. streamed says it got as far as streaming.
-func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
+// breaks. progressed says it resolved an event or acknowledged a new
+// position: a session that keeps failing without progress is retried with a
+// growing backoff, not at once (each new session is a new WAL sender reading
+// again from the slot's restart point).
+func (r *Relay) session(ctx context.Context) (progressed bool, err error) {
 	cctx, cancel := context.WithTimeout(ctx, dbTimeout)
 	defer cancel()
-	if err := ensurePublication(cctx, r.pool, r.cfg.Publication); err != nil {
+	schema, err := ensurePublication(cctx, r.pool, r.cfg.Publication)
+	if err != nil {
 		return false, err
 	}
 	conn, err := pgconn.ConnectConfig(cctx, r.replicationConfig())
@@ -197,7 +222,13 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 		defer cancel()
 		_ = conn.Close(closeCtx)
 	}()
-	if err := r.ensureSlot(cctx, conn); err != nil {
+	id, err := pglogrepl.IdentifySystem(cctx, conn)
+	if err != nil {
+		return false, fmt.Errorf("identify the server: %w", err)
+	}
+	server := serverName(id)
+	created, err := r.ensureSlot(cctx, conn, server)
+	if err != nil {
 		return false, err
 	}
 	err = pglogrepl.StartReplication(cctx, conn, r.cfg.Slot, 0, pglogrepl.StartReplicationOptions{
@@ -210,9 +241,25 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 	// streaming. Its process may still run (a cut replication connection):
 	// the new epoch fences it off, and waits for its last write to commit,
 	// so everything it wrote is visible to the reads below.
-	epoch, dispatched, err := takeSlot(cctx, r.pool, r.cfg.Slot)
+	t, err := takeSlot(cctx, r.pool, r.cfg.Slot, server)
 	if err != nil {
 		return false, err
+	}
+	f := fence{slot: r.cfg.Slot, epoch: t.epoch, server: server}
+	if !created && t.previous != server {
+		// The slot's stream covers what committed after its position on
+		// this server. Whether the rows in the outbox are all in it, only a
+		// session that streamed from this very server could tell: after a
+		// promotion, a restore or a switch to another server, or on a slot
+		// an operator made, rows can sit in the outbox below the slot's
+		// position. Polling publishes them, as for a new slot.
+		n, err := adopt(cctx, r.pool, f)
+		if err != nil {
+			return false, err
+		}
+		r.log.WarnContext(ctx, "outbox WAL relay: the slot's last session did not stream from this server; the rows in the outbox are handed over to polling",
+			slog.String("slot", r.cfg.Slot), slog.String("server", server), slog.String("previous_server", t.previous),
+			slog.Int64("rows_handed_over", n))
 	}
 	// Transactions that committed before now may have been seen by it.
 	var boundary pglogrepl.LSN
@@ -225,7 +272,7 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 	}
 	cancel()
 
-	s := newState(r.cfg, epoch, dispatched)
+	s := newState(r.cfg, f, t.dispatched)
 	s.setHeld(held, 0, false)
 	r.mu.Lock()
 	r.current = s
@@ -238,11 +285,11 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 		r.mu.Unlock()
 	}()
 	r.log.InfoContext(ctx, "outbox WAL relay: streaming", slog.String("slot", r.cfg.Slot),
-		slog.Int("aggregates_held", len(held)), slog.Int64("epoch", epoch))
+		slog.Int("aggregates_held", len(held)), slog.Int64("epoch", f.epoch), slog.String("server", server))
 
 	poller, err := outbox.NewRelay(r.pool, r.pub, r.cfg.Poll)
 	if err != nil {
-		return true, fmt.Errorf("polling relay for handed-over rows: %w", err)
+		return false, fmt.Errorf("polling relay for handed-over rows: %w", err)
 	}
 
 	sctx, stop := context.WithCancel(ctx)
@@ -251,7 +298,7 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 	onFenced := func() {
 		if fenced.CompareAndSwap(false, true) {
 			r.log.WarnContext(ctx, "outbox WAL relay: another relay took the slot; this session stops at once and writes nothing more",
-				slog.String("slot", r.cfg.Slot), slog.Int64("epoch", epoch))
+				slog.String("slot", r.cfg.Slot), slog.Int64("epoch", f.epoch))
 		}
 		stop()
 	}
@@ -271,7 +318,7 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 	helpers.Go(func() { _ = poller.Run(sctx) })
 	helpers.Go(func() { r.refresh(sctx, s) })
 
-	err = r.stream(sctx, conn, s, uint64(boundary))
+	err = r.stream(sctx, conn, s, uint64(boundary), schema)
 
 	// Wind down: no new batches; those in flight finish; what they confirmed
 	// is swept; then the last acknowledgement.
@@ -282,7 +329,7 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 	<-writerDone
 	helpers.Wait()
 	if fenced.Load() {
-		return true, errFenced
+		return s.progressed(), errFenced
 	}
 	if err == nil || ctx.Err() != nil {
 		if ferr := r.sendStatus(context.WithoutCancel(ctx), conn, s); ferr != nil && err == nil {
@@ -290,32 +337,47 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 		}
 	}
 	if ctx.Err() != nil {
-		return true, nil
+		return s.progressed(), nil
 	}
-	return true, err
+	return s.progressed(), err
 }
 
 // ensureSlot creates the slot when missing, and hands over to polling the
-// rows already in the outbox then: the slot's stream starts after them.
+// rows already in the outbox then: the slot's stream starts after them. It
+// says whether it created the slot.
 //
 // Creating the slot and handing over are two steps, and a relay may die
 // between them; a relay that streamed from such a slot would publish later
 // events of those rows' aggregates before them, and never publish the rows.
 // So relays create slots one at a time, under an advisory lock held by a
-// session of their own, and the publication's comment records that the slot
-// is ready (slotReadyComment) once the hand-over committed. A slot without
-// the mark, found while holding the lock, was left half-made: it is dropped
-// and made again.
-func (r *Relay) ensureSlot(ctx context.Context, conn *pgconn.PgConn) error {
+// session of their own, and the publication's comment says that a relay is
+// creating the slot (slotComment "creating") before it does, and that the
+// slot is ready once the hand-over committed. A slot found with "creating",
+// while holding the lock, was left half-made by a relay: it is dropped and
+// made again. A slot without either mark was made by an operator: it is
+// used as it is, never dropped (the session hands over what it may not
+// cover, see session).
+//
+// A slot whose position is ahead of the server's WAL would skip every
+// transaction committed below that position: the relay remakes it when a
+// relay made it, and refuses an operator's.
+//
+// It returns errOtherServer, and closes the pool connection it used, when
+// that connection reaches another server than server (the replication
+// connection's): the pool then connects anew.
+func (r *Relay) ensureSlot(ctx context.Context, conn *pgconn.PgConn, server string) (created bool, err error) {
 	c, err := r.pool.Acquire(ctx)
 	if err != nil {
-		return fmt.Errorf("slot %s: %w", r.cfg.Slot, err)
+		return false, fmt.Errorf("slot %s: %w", r.cfg.Slot, err)
 	}
 	defer c.Release()
+	if err := onServer(ctx, c, server); err != nil {
+		return false, fmt.Errorf("slot %s: %w", r.cfg.Slot, err)
+	}
 	key := slotLockKey(r.cfg.Slot)
 	if _, err := c.Exec(ctx, "SELECT pg_advisory_lock($1)", key); err != nil {
 		c.Conn().PgConn().Close(context.WithoutCancel(ctx)) //nolint:errcheck // the lock dies with the session
-		return fmt.Errorf("slot %s: wait for the lock: %w", r.cfg.Slot, err)
+		return false, fmt.Errorf("slot %s: wait for the lock: %w", r.cfg.Slot, err)
 	}
 	defer func() {
 		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), dbTimeout)
@@ -326,43 +388,51 @@ func (r *Relay) ensureSlot(ctx context.Context, conn *pgconn.PgConn) error {
 	}()
 
 	var (
-		plugin, comment string
-		sameDB, exists  bool
+		plugin, comment       string
+		sameDB, exists, ahead bool
 	)
 	err = c.QueryRow(ctx, `
 SELECT s.slot_name IS NOT NULL, coalesce(s.plugin, ''), coalesce(s.database = current_database(), false),
-       coalesce(obj_description(p.oid, 'pg_publication'), '')
+       coalesce(obj_description(p.oid, 'pg_publication'), ''),
+       coalesce(s.confirmed_flush_lsn > pg_current_wal_lsn(), false)
 FROM (SELECT 1) one
 LEFT JOIN pg_replication_slots s ON s.slot_name = $1
-LEFT JOIN pg_publication p ON p.pubname = $2`, r.cfg.Slot, r.cfg.Publication).Scan(&exists, &plugin, &sameDB, &comment)
+LEFT JOIN pg_publication p ON p.pubname = $2`, r.cfg.Slot, r.cfg.Publication).Scan(&exists, &plugin, &sameDB, &comment, &ahead)
 	if err != nil {
-		return fmt.Errorf("look for slot %s: %w", r.cfg.Slot, err)
+		return false, fmt.Errorf("look for slot %s: %w", r.cfg.Slot, err)
 	}
-	ready := comment == slotReadyComment(r.cfg.Slot)
+	ours := comment == slotComment(r.cfg.Slot, "ready") || comment == slotComment(r.cfg.Slot, "creating")
 	switch {
 	case exists && (plugin != "pgoutput" || !sameDB):
-		return fmt.Errorf("slot %s exists but is not a pgoutput logical slot of this database", r.cfg.Slot)
-	case exists && ready:
-		return nil
-	case exists:
+		return false, fmt.Errorf("slot %s exists but is not a pgoutput logical slot of this database", r.cfg.Slot)
+	case exists && ahead && !ours:
+		return false, fmt.Errorf("slot %s is ahead of the server's WAL: it would skip the transactions committed below its position; drop it (a relay then makes a new one)", r.cfg.Slot)
+	case exists && ahead:
+		r.log.ErrorContext(ctx, "outbox WAL relay: the slot is ahead of the server's WAL (it was acknowledged on another server); making it again",
+			slog.String("slot", r.cfg.Slot))
+	case exists && comment == slotComment(r.cfg.Slot, "creating"):
 		r.log.WarnContext(ctx, "outbox WAL relay: the slot was left half-made (its creator stopped before handing over the rows older than it); making it again",
 			slog.String("slot", r.cfg.Slot))
+	case exists:
+		return false, nil
+	}
+	if exists {
 		if _, err := c.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, r.cfg.Slot); err != nil {
-			return fmt.Errorf("drop the half-made slot %s: %w", r.cfg.Slot, err)
+			return false, fmt.Errorf("drop slot %s to make it again: %w", r.cfg.Slot, err)
 		}
+	}
+	if err := r.commentPublication(ctx, c, "creating"); err != nil {
+		return false, err
 	}
 	res, err := pglogrepl.CreateReplicationSlot(ctx, conn, r.cfg.Slot, "pgoutput", pglogrepl.CreateReplicationSlotOptions{
 		Mode: pglogrepl.LogicalReplication, SnapshotAction: "EXPORT_SNAPSHOT",
 	})
 	if err != nil {
-		return fmt.Errorf("create slot %s: %w", r.cfg.Slot, err)
+		return false, fmt.Errorf("create slot %s: %w", r.cfg.Slot, err)
 	}
 	n, err := handOverPreexisting(ctx, r.pool, res.SnapshotName)
 	if err == nil {
-		_, err = c.Exec(ctx, "COMMENT ON PUBLICATION "+pgx.Identifier{r.cfg.Publication}.Sanitize()+" IS '"+slotReadyComment(r.cfg.Slot)+"'")
-		if err != nil {
-			err = fmt.Errorf("mark slot %s ready: %w", r.cfg.Slot, err)
-		}
+		err = r.commentPublication(ctx, c, "ready")
 	}
 	if err != nil {
 		// Without the hand-over, rows older than the slot would never be
@@ -370,16 +440,27 @@ LEFT JOIN pg_publication p ON p.pubname = $2`, r.cfg.Slot, r.cfg.Publication).Sc
 		if _, derr := c.Exec(context.WithoutCancel(ctx), `SELECT pg_drop_replication_slot($1)`, r.cfg.Slot); derr != nil {
 			err = errors.Join(err, fmt.Errorf("drop the new slot: %w", derr))
 		}
-		return err
+		return false, err
 	}
 	r.log.InfoContext(ctx, "outbox WAL relay: created the replication slot", slog.String("slot", r.cfg.Slot),
 		slog.String("consistent_point", res.ConsistentPoint), slog.Int64("rows_handed_over", n))
+	return true, nil
+}
+
+// commentPublication records the state of the slot's creation as the
+// publication's comment.
+func (r *Relay) commentPublication(ctx context.Context, c *pgxpool.Conn, state string) error {
+	_, err := c.Exec(ctx, "COMMENT ON PUBLICATION "+pgx.Identifier{r.cfg.Publication}.Sanitize()+" IS '"+slotComment(r.cfg.Slot, state)+"'")
+	if err != nil {
+		return fmt.Errorf("mark slot %s %s: %w", r.cfg.Slot, state, err)
+	}
 	return nil
 }
 
-// slotReadyComment is the publication's comment once slot is ready.
-func slotReadyComment(slot string) string {
-	return "outboxwal: slot " + slot + " ready"
+// slotComment is the publication's comment while a relay makes slot
+// (state "creating") and once it is ready (state "ready").
+func slotComment(slot, state string) string {
+	return "outboxwal: slot " + slot + " " + state
 }
 
 // slotLockKey is the advisory lock that serialises the creation of slot.
@@ -391,8 +472,14 @@ func slotLockKey(slot string) int64 {
 
 // stream reads the replication stream until ctx ends or it fails, and
 // acknowledges progress every StatusInterval.
-func (r *Relay) stream(ctx context.Context, conn *pgconn.PgConn, s *state, boundary uint64) error {
+//
+// Changes of other tables than schema's outbox (a table added to the
+// publication behind the relay's back) are skipped. A row it cannot decode
+// (a column renamed, a header of the wrong type inserted by hand) is
+// dead-lettered by id when its turn comes, not retried for ever.
+func (r *Relay) stream(ctx context.Context, conn *pgconn.PgConn, s *state, boundary uint64, schema string) error {
 	relations := map[uint32]*relation{}
+	foreign := map[uint32]bool{}
 	types := pgtype.NewMap()
 	var cur *txn
 	var curCheck bool
@@ -455,18 +542,32 @@ func (r *Relay) stream(ctx context.Context, conn *pgconn.PgConn, s *state, bound
 				}
 				switch m := lm.(type) {
 				case *pglogrepl.RelationMessage:
+					if m.Namespace != schema || m.RelationName != "outbox" {
+						foreign[m.RelationID] = true
+						delete(relations, m.RelationID)
+						continue
+					}
+					delete(foreign, m.RelationID)
 					relations[m.RelationID] = newRelation(m)
 				case *pglogrepl.BeginMessage:
 					cur = s.begin(m.CommitTime, m.Xid, uint64(m.FinalLSN))
 					curCheck = uint64(m.FinalLSN) < boundary
 				case *pglogrepl.InsertMessage:
+					if foreign[m.RelationID] {
+						continue
+					}
 					rel := relations[m.RelationID]
 					if rel == nil || cur == nil {
 						return fmt.Errorf("insert into unknown relation %d", m.RelationID)
 					}
 					env, err := rel.decode(types, m.Tuple)
-					if err != nil {
+					if err != nil && env.ID == 0 {
 						return fmt.Errorf("decode outbox row: %w", err)
+					}
+					if err != nil {
+						r.log.ErrorContext(ctx, "outbox WAL relay: cannot decode an outbox row; it is dead-lettered", append(envAttrs(env), slog.Any("error", err))...)
+						s.addUndecodable(cur, env, "the WAL relay cannot decode the row: "+err.Error())
+						continue
 					}
 					s.add(cur, env, curCheck)
 				case *pglogrepl.CommitMessage:
@@ -483,17 +584,21 @@ func (r *Relay) stream(ctx context.Context, conn *pgconn.PgConn, s *state, bound
 }
 
 // sendStatus acknowledges the position below which every event is resolved.
+// It only ever sends a position the session read from its own stream: one
+// from an earlier session may belong to another server (a switchover), whose
+// slot would then skip every transaction below it.
+//
+// Before the session has anything to acknowledge, it still answers, with no
+// position (which moves nothing): a WAL sender that hears nothing for
+// wal_sender_timeout ends the connection.
 func (r *Relay) sendStatus(ctx context.Context, conn *pgconn.PgConn, s *state) error {
 	pos := s.ack()
-	if pos == 0 {
-		pos = r.acked.Load()
-	}
-	if pos == 0 {
-		return nil
-	}
 	err := pglogrepl.SendStandbyStatusUpdate(ctx, conn, pglogrepl.StandbyStatusUpdate{WALWritePosition: pglogrepl.LSN(pos)})
 	if err != nil {
 		return fmt.Errorf("send standby status: %w", err)
+	}
+	if pos == 0 {
+		return nil
 	}
 	r.acked.Store(pos)
 	if h := r.cfg.Hooks.Acknowledged; h != nil {
@@ -529,10 +634,48 @@ func (r *Relay) work(ctx context.Context, s *state, onFenced func()) {
 // precede its attempt failed (the database is unreachable, say).
 const notRecordedDelay = 200 * time.Millisecond
 
+// notVisibleDelay is how long an event waits before its transaction's
+// visibility is checked again.
+const notVisibleDelay = 20 * time.Millisecond
+
 // publish sends one batch and records its outcome. It returns errFenced, and
 // sends nothing, when another session holds the slot.
 func (r *Relay) publish(ctx context.Context, s *state, batch []*event) error {
 	start := time.Now()
+	batch = slices.DeleteFunc(batch, func(ev *event) bool {
+		if ev.undecodable != "" {
+			s.handAll(ev, true, ev.undecodable, 0)
+			r.cfg.Metrics.DeadLettered(1)
+		}
+		return ev.undecodable != ""
+	})
+	if len(batch) == 0 {
+		return nil
+	}
+	// Nothing goes out before other sessions can see its transaction: one
+	// still waiting for a synchronous standby may yet be lost by a failover.
+	vctx, cancel := context.WithTimeout(ctx, dbTimeout)
+	hidden, err := notVisible(vctx, r.pool, s.fence, batch)
+	cancel()
+	if errors.Is(err, errFenced) {
+		return err
+	}
+	if err != nil {
+		r.log.WarnContext(ctx, "outbox WAL relay: could not tell whether the batch's transactions are visible; the batch waits", slog.Any("error", err))
+		for _, ev := range batch {
+			s.retryLater(ev, notRecordedDelay)
+		}
+		return nil
+	}
+	if len(hidden) > 0 {
+		for _, ev := range hidden {
+			s.retryLater(ev, notVisibleDelay)
+		}
+		batch = slices.DeleteFunc(batch, func(ev *event) bool { return slices.Contains(hidden, ev) })
+		if len(batch) == 0 {
+			return nil
+		}
+	}
 	// First the fence and the dispatched position: nothing is sent unless
 	// this session still holds the slot, and a later session will know that
 	// these events may have been in flight.
@@ -541,7 +684,7 @@ func (r *Relay) publish(ctx context.Context, s *state, batch []*event) error {
 		top = max(top, ev.tx.final)
 	}
 	mctx, cancel := context.WithTimeout(ctx, dbTimeout)
-	err := markDispatched(mctx, r.pool, r.cfg.Slot, s.epoch, top)
+	err = markDispatched(mctx, r.pool, s.fence, top)
 	cancel()
 	if errors.Is(err, errFenced) {
 		return err
@@ -555,8 +698,11 @@ func (r *Relay) publish(ctx context.Context, s *state, batch []*event) error {
 	}
 	if slices.ContainsFunc(batch, func(ev *event) bool { return ev.check }) {
 		cctx, cancel := context.WithTimeout(ctx, dbTimeout)
-		c, err := r.checkRows(cctx, batch)
+		c, err := r.checkRows(cctx, s.fence, batch)
 		cancel()
+		if errors.Is(err, errFenced) {
+			return err
+		}
 		if err != nil {
 			// Publish them anyway: at worst a duplicate of an event published
 			// before the restart.
@@ -568,7 +714,7 @@ func (r *Relay) publish(ctx context.Context, s *state, batch []*event) error {
 				case !ev.check:
 					keep = append(keep, ev)
 				case c.handed[ev.env.ID]:
-					s.handAll(ev, false, "")
+					s.handAll(ev, false, "", 0)
 				case !c.present[ev.env.ID]:
 					gone = append(gone, ev)
 				case ev.suspect && c.inFlight[ev.env.ID]:
@@ -638,7 +784,7 @@ func (r *Relay) recordAttempts(ctx context.Context, s *state, batch []*event) ([
 		return batch, nil
 	}
 	rctx, cancel := context.WithTimeout(ctx, dbTimeout)
-	recs, err := recordAttempts(rctx, r.pool, r.cfg.Slot, s.epoch, ids)
+	recs, err := recordAttempts(rctx, r.pool, s.fence, ids)
 	cancel()
 	if errors.Is(err, errFenced) {
 		return nil, err
@@ -680,7 +826,7 @@ func (r *Relay) recordAttempts(ctx context.Context, s *state, batch []*event) ([
 		env.Attempt = ev.failures
 		r.log.ErrorContext(ctx, "outbox event dead-lettered: relays kept stopping while publishing it; its aggregate is handed over to polling",
 			append(envAttrs(env), slog.String("error", reason))...)
-		s.handAll(ev, true, reason)
+		s.handAll(ev, true, reason, 0)
 	}
 	r.cfg.Metrics.DeadLettered(dead)
 	return out, nil
@@ -732,19 +878,28 @@ func (r *Relay) send(ctx context.Context, s *state, batch []*event, start time.T
 		if ev.failures >= r.cfg.MaxAttempts {
 			dead++
 			r.log.ErrorContext(ctx, "outbox event dead-lettered after its last attempt; its aggregate is handed over to polling", attrs...)
-			s.handAll(ev, true, err.Error())
+			s.handAll(ev, true, err.Error(), 0)
 			continue
 		}
-		delay := retry.Jitter(retry.Backoff(ev.failures, r.cfg.RetryBackoffMin, r.cfg.RetryBackoffMax))
-		r.log.WarnContext(ctx, "outbox event publish failed, will retry", append(attrs, slog.Duration("retry_in", delay))...)
-		s.retryLater(ev, delay)
+		// The event leaves the stream with the rest of its aggregate: the
+		// polling relay retries it, with its backoff and attempts, and
+		// publishes the aggregate's later events after it, while the stream
+		// and the slot move on. Retried here, it would hold its aggregate's
+		// later events in memory until they filled MaxInMemory, and then
+		// stop the stream for every aggregate, pinning the server's WAL.
+		added := 1
+		if wasRecorded {
+			added = 0 // the attempt is in the row already
+		}
+		r.log.WarnContext(ctx, "outbox event publish failed; its aggregate is handed over to polling, which retries it", attrs...)
+		s.handAll(ev, false, errorText(err.Error()), added)
 	}
 	if len(unrecord) > 0 {
 		// A recorded attempt that was confirmed is no failure: should this
 		// relay stop before the row is swept, the next one must not count
 		// it against the event.
 		uctx, cancel := context.WithTimeout(ctx, dbTimeout)
-		if err := unrecordAttempts(uctx, r.pool, r.cfg.Slot, s.epoch, unrecord); err != nil && !errors.Is(err, errFenced) {
+		if err := unrecordAttempts(uctx, r.pool, s.fence, unrecord); err != nil && !errors.Is(err, errFenced) {
 			r.log.WarnContext(ctx, "outbox WAL relay: could not record confirms of recorded attempts", slog.Any("error", err))
 		}
 		cancel()
@@ -779,7 +934,7 @@ func (r *Relay) writer(wctx, sctx context.Context, s *state, poller *outbox.Rela
 		for !fenced && s.pendingWrites() > 0 {
 			sweep, hand := s.takeWrites(sweepChunk)
 			dctx, cancel := context.WithTimeout(ctx, dbTimeout)
-			swept, skipped, handed, postponed, err := write(dctx, r.pool, r.cfg.Slot, s.epoch, r.cfg.Archive, sweep, hand)
+			swept, skipped, handed, postponed, err := write(dctx, r.pool, s.fence, r.cfg.Archive, sweep, hand)
 			cancel()
 			if errors.Is(err, errFenced) {
 				fenced = true
@@ -926,7 +1081,7 @@ func (rel *relation) decode(types *pgtype.Map, t *pglogrepl.TupleData) (outbox.E
 		return nil
 	})
 	if err != nil {
-		return outbox.Envelope{}, err
+		return e, err // what was decoded before the error, for a dead letter
 	}
 	if e.Headers == nil {
 		e.Headers = map[string]string{}

@@ -3,7 +3,10 @@ package outboxwal_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -12,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/pkg/outbox/internal/outboxtest"
 	"github.com/outbox-inbox/reference/pkg/outbox/outboxwal"
 )
 
@@ -361,7 +365,6 @@ func TestConfigRejectsBadValues(t *testing.T) {
 		"slot name":   {Slot: "Bad-Name"},
 		"negative":    {Workers: -1},
 		"memory":      {BatchSize: 500, MaxInMemory: 10},
-		"backoff":     {RetryBackoffMin: time.Minute, RetryBackoffMax: time.Second},
 		"status":      {StatusInterval: time.Minute},
 		"publication": {Publication: "x;drop"},
 	} {
@@ -378,16 +381,23 @@ func TestConfigRejectsBadValues(t *testing.T) {
 }
 
 // A slot whose creator stopped before handing over the rows older than it
-// (no ready mark on the publication) is dropped and made again, so those
-// rows are still published, before the later events of their aggregates.
+// (the publication still says a relay is creating it) is dropped and made
+// again, so those rows are still published, before the later events of
+// their aggregates.
 func TestHalfMadeSlotIsMadeAgain(t *testing.T) {
 	ctx := context.Background()
 	pool := walPool(t)
 	b := newBroker(t, "#")
 	cfg := walConfig(t, pool)
 	old := enqueue(t, pool, msg("a", "order.created"), msg("b", "order.created"))
-	if _, err := pool.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, cfg.Slot); err != nil {
-		t.Fatal(err)
+	for _, q := range []string{
+		`CREATE PUBLICATION ` + cfg.Publication + ` FOR TABLE outbox WITH (publish = 'insert')`,
+		`COMMENT ON PUBLICATION ` + cfg.Publication + ` IS 'outboxwal: slot ` + cfg.Slot + ` creating'`,
+		`SELECT pg_create_logical_replication_slot('` + cfg.Slot + `', 'pgoutput')`,
+	} {
+		if _, err := pool.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
 	}
 	relay, _ := startWAL(t, pool, newPublisherForTest(t, b), cfg)
 	waitActive(t, relay)
@@ -476,4 +486,37 @@ func TestRelayVacuumsTheOutboxAfterSweeps(t *testing.T) {
 			`SELECT coalesce(vacuum_count, 0) FROM pg_stat_user_tables WHERE relid = 'outbox'::regclass`).Scan(&n)
 		return n > 0, err
 	})
+}
+
+// A relay waiting for the slot looks at the slot through its pool; it opens
+// a replication connection (a WAL sender process on the server) only when
+// the slot is free. It used to open one every TakeoverInterval.
+func TestWaitingRelayOpensNoReplicationConnectionWhileTheSlotIsBusy(t *testing.T) {
+	ctx := context.Background()
+	pool := walPool(t)
+	cfg := walConfig(t, pool)
+	active, _ := startWAL(t, pool, &gatePublisher{}, cfg)
+	waitActive(t, active)
+
+	pc := pool.Config().Copy()
+	proxy := outboxtest.NewTCPProxy(t, fmt.Sprintf("%s:%d", pc.ConnConfig.Host, pc.ConnConfig.Port))
+	host, port, _ := strings.Cut(proxy.Addr(), ":")
+	pc.ConnConfig.Host = host
+	p, _ := strconv.Atoi(port)
+	pc.ConnConfig.Port = uint16(p)
+	waitingPool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(waitingPool.Close)
+	logs := &logRecorder{}
+	wcfg := cfg
+	wcfg.Logger = slog.New(logs)
+	startWAL(t, waitingPool, &gatePublisher{}, wcfg)
+	waitFor(t, "the second relay waiting", 10*time.Second, func() (bool, error) { return logs.has("waiting to take over"), nil })
+	from := proxy.Accepted()
+	time.Sleep(20 * cfg.TakeoverInterval)
+	if n := proxy.Accepted() - from; n > 1 {
+		t.Fatalf("the waiting relay opened %d connections in %v", n, 20*cfg.TakeoverInterval)
+	}
 }

@@ -44,6 +44,7 @@ func TestMain(m *testing.M) {
 		os.Exit(runCrashingRelay())
 	}
 	dropStaleSlots()
+	outboxtest.SweepStalePGServers()
 	goleak.VerifyTestMain(m)
 }
 
@@ -132,8 +133,6 @@ func walConfig(t testing.TB, pool *pgxpool.Pool) outboxwal.Config {
 		Publication:      name,
 		BatchSize:        100,
 		PublishTimeout:   5 * time.Second,
-		RetryBackoffMin:  10 * time.Millisecond,
-		RetryBackoffMax:  50 * time.Millisecond,
 		StatusInterval:   100 * time.Millisecond,
 		SweepInterval:    20 * time.Millisecond,
 		TakeoverInterval: 100 * time.Millisecond,
@@ -363,4 +362,13 @@ func count(t testing.TB, pool *pgxpool.Pool, query string, args ...any) int {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// waitSlotFree waits until no WAL sender streams from slot: a stopped
+// relay's WAL sender exits a moment after the relay closed its connection.
+func waitSlotFree(t testing.TB, pool *pgxpool.Pool, slot string) {
+	t.Helper()
+	waitFor(t, "the slot free", 30*time.Second, func() (bool, error) {
+		return count(t, pool, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1 AND active`, slot) == 0, nil
+	})
 }

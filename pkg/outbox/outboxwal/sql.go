@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"strconv"
 	"strings"
 	"unicode/utf8"
 
@@ -44,20 +43,67 @@ WHERE c.oid = to_regclass('outbox')`).Scan(&schema)
 	return *schema, nil
 }
 
-// ensurePublication creates the indexes the hand-over uses, the
-// outbox_wal_slots table (Schema) and the publication of the outbox table's
-// inserts, if missing.
-func ensurePublication(ctx context.Context, db outbox.DB, publication string) error {
+// ensurePublication creates the outbox_wal_slots table (Schema) and the
+// publication of the outbox table's inserts, if missing, and returns the
+// outbox table's schema. A publication of that name that publishes anything
+// else than the outbox is refused: the relay would decode and skip every
+// change of those tables, and the slot would retain WAL for them.
+func ensurePublication(ctx context.Context, db outbox.DB, publication string) (string, error) {
 	if err := outbox.CheckSchema(ctx, db); err != nil {
-		return err
+		return "", err
 	}
 	schema, err := outboxSchema(ctx, db)
 	if err != nil {
-		return err
+		return "", err
 	}
 	if err := ensureSlotsTable(ctx, db); err != nil {
-		return err
+		return "", err
 	}
+	if err := ensureHandedOverIndexes(ctx, db, schema); err != nil {
+		return "", err
+	}
+	table := pgx.Identifier{schema, "outbox"}.Sanitize()
+	for range 3 {
+		var (
+			pubExists, allTables, hasTable bool
+			others                         []string
+		)
+		err := db.QueryRow(ctx, `
+SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1),
+       coalesce((SELECT puballtables FROM pg_publication WHERE pubname = $1), false),
+       EXISTS (SELECT 1 FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = 'outbox'),
+       coalesce((SELECT array_agg(format('%I.%I', schemaname, tablename)) FROM pg_publication_tables
+                 WHERE pubname = $1 AND NOT (schemaname = $2 AND tablename = 'outbox')), '{}')`,
+			publication, schema).Scan(&pubExists, &allTables, &hasTable, &others)
+		if err != nil {
+			return "", fmt.Errorf("look for publication %s: %w", publication, err)
+		}
+		switch {
+		case allTables:
+			return "", fmt.Errorf("publication %s publishes all tables: the WAL relay needs a publication of %s alone (drop it, or choose another Publication)", publication, table)
+		case len(others) > 0:
+			return "", fmt.Errorf("publication %s also publishes %s: the WAL relay needs a publication of %s alone (drop those tables from it, or choose another Publication)",
+				publication, strings.Join(others, ", "), table)
+		case hasTable:
+			return schema, nil
+		case pubExists:
+			return "", fmt.Errorf("publication %s exists but does not publish %s: drop it or choose another Publication", publication, table)
+		}
+		_, err = db.Exec(ctx, "CREATE PUBLICATION "+pgx.Identifier{publication}.Sanitize()+" FOR TABLE "+table+" WITH (publish = 'insert')")
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "42710" { // created meanwhile by another relay
+			continue
+		}
+		if err != nil {
+			return "", fmt.Errorf("create publication %s: %w", publication, err)
+		}
+		return schema, nil
+	}
+	return "", fmt.Errorf("create publication %s: it keeps appearing and vanishing", publication)
+}
+
+// ensureHandedOverIndexes creates the indexes the hand-over uses, if missing.
+func ensureHandedOverIndexes(ctx context.Context, db outbox.DB, schema string) error {
 	for name, ddl := range handedOverIndexes {
 		var exists bool
 		if err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_indexes WHERE schemaname = $1 AND indexname = $2)`,
@@ -70,33 +116,7 @@ func ensurePublication(ctx context.Context, db outbox.DB, publication string) er
 			}
 		}
 	}
-	table := pgx.Identifier{schema, "outbox"}.Sanitize()
-	for range 3 {
-		var pubExists, hasTable bool
-		err := db.QueryRow(ctx, `
-SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1),
-       EXISTS (SELECT 1 FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = 'outbox')`,
-			publication, schema).Scan(&pubExists, &hasTable)
-		if err != nil {
-			return fmt.Errorf("look for publication %s: %w", publication, err)
-		}
-		switch {
-		case hasTable:
-			return nil
-		case pubExists:
-			return fmt.Errorf("publication %s exists but does not publish %s: drop it or choose another Publication", publication, table)
-		}
-		_, err = db.Exec(ctx, "CREATE PUBLICATION "+pgx.Identifier{publication}.Sanitize()+" FOR TABLE "+table+" WITH (publish = 'insert')")
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "42710" { // created meanwhile by another relay
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("create publication %s: %w", publication, err)
-		}
-		return nil
-	}
-	return fmt.Errorf("create publication %s: it keeps appearing and vanishing", publication)
+	return nil
 }
 
 // Drop removes the slot and the publication a relay created, and the slot's
@@ -142,7 +162,7 @@ func Slot(ctx context.Context, db outbox.DB, slot string) (SlotStatus, error) {
 	var s SlotStatus
 	err := db.QueryRow(ctx, `
 SELECT true, active,
-       coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), coalesce(confirmed_flush_lsn, restart_lsn)), 0)::bigint
+       greatest(coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), coalesce(confirmed_flush_lsn, restart_lsn)), 0), 0)::bigint
 FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&s.Exists, &s.Active, &s.LagBytes)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return SlotStatus{}, nil
@@ -167,6 +187,24 @@ UPDATE outbox o SET last_error = 'in the outbox before the WAL relay''s slot was
                                     WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
                                       AND p.aggregate_version < o.aggregate_version)
 WHERE o.last_error IS NULL`
+
+// adopt hands over to polling every row in the outbox, for a session that
+// cannot tell which of them its slot's stream covers (see session): rows
+// the stream delivers as well are found handed over when they are looked
+// up (their transactions committed before the session's boundary) and go
+// to polling too.
+func adopt(ctx context.Context, pool *pgxpool.Pool, f fence) (int64, error) {
+	var n int64
+	err := fencedTx(ctx, pool, f, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, handOverPreexistingSQL)
+		n = tag.RowsAffected()
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("hand over the rows the slot may not cover: %w", err)
+	}
+	return n, nil
+}
 
 func handOverPreexisting(ctx context.Context, pool *pgxpool.Pool, snapshot string) (int64, error) {
 	var n int64
@@ -210,80 +248,28 @@ func loadHeld(ctx context.Context, db outbox.DB) (map[aggKey]bool, error) {
 // outcome (recordAttemptsSQL).
 const checkSQL = `SELECT id, last_error IS NOT NULL, in_flight FROM outbox WHERE id = ANY($1::bigint[])`
 
-// lockedXidsSQL finds, among xids, the transactions still holding their
-// xid's lock: still committing, not visible to new snapshots yet. A
-// transaction leaves the proc array (becomes visible) before it releases the
-// lock, so a statement that starts after this one found no lock of an xid
-// sees that transaction's rows.
-const lockedXidsSQL = `
-SELECT DISTINCT transactionid::text FROM pg_locks
-WHERE locktype = 'transactionid' AND transactionid::text = ANY($1::text[])`
-
-// lockedXids returns the transactions among evs' that are not visible yet.
-func lockedXids(ctx context.Context, db outbox.DB, evs []*event) (map[uint32]bool, error) {
-	seen := map[uint32]bool{}
-	var xids []string
-	for _, ev := range evs {
-		if x := ev.tx.xid; !seen[x] {
-			seen[x] = true
-			xids = append(xids, strconv.FormatUint(uint64(x), 10))
-		}
-	}
-	out := map[uint32]bool{}
-	if len(xids) == 0 {
-		return out, nil
-	}
-	rows, err := db.Query(ctx, lockedXidsSQL, xids)
-	if err != nil {
-		return nil, fmt.Errorf("look for committing transactions: %w", err)
-	}
-	locked, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, fmt.Errorf("look for committing transactions: %w", err)
-	}
-	for _, x := range locked {
-		n, err := strconv.ParseUint(x, 10, 32)
-		if err != nil {
-			return nil, fmt.Errorf("look for committing transactions: xid %q: %w", x, err)
-		}
-		out[uint32(n)] = true
-	}
-	return out, nil
-}
-
 // rowCheck is what checkRows found of the rows it looked up.
 type rowCheck struct {
 	present, handed, inFlight map[int64]bool
 }
 
 // checkRows looks up the rows of the batch's events decoded from before this
-// session. Rows of a transaction still committing were never visible, so
-// nobody swept or discarded them: they count as present.
-func (r *Relay) checkRows(ctx context.Context, batch []*event) (rowCheck, error) {
-	var evs []*event
+// session, on the server the session streams from. Their transactions are
+// visible (publish checked), so a row not found is gone.
+func (r *Relay) checkRows(ctx context.Context, f fence, batch []*event) (rowCheck, error) {
+	var ids []int64
 	for _, ev := range batch {
 		if ev.check {
-			evs = append(evs, ev)
+			ids = append(ids, ev.env.ID)
 		}
 	}
-	locked, err := lockedXids(ctx, r.pool, evs)
-	if err != nil {
-		return rowCheck{}, err
-	}
-	var ids []int64
-	for _, ev := range evs {
-		ids = append(ids, ev.env.ID)
-	}
-	c, err := checkRowsSQL(ctx, r.pool, ids)
-	if err != nil {
-		return rowCheck{}, err
-	}
-	for _, ev := range evs {
-		if locked[ev.tx.xid] {
-			c.present[ev.env.ID] = true
-		}
-	}
-	return c, nil
+	var c rowCheck
+	err := fencedTx(ctx, r.pool, f, func(tx pgx.Tx) error {
+		var err error
+		c, err = checkRowsSQL(ctx, tx, ids)
+		return err
+	})
+	return c, err
 }
 
 func checkRowsSQL(ctx context.Context, db outbox.DB, ids []int64) (rowCheck, error) {
@@ -384,9 +370,12 @@ WHERE o.id = f.id AND o.last_error IS NULL`
 // event of their aggregate, blocked as Enqueue left them, and the polling
 // relay unblocks and publishes them in order once that event is published or
 // discarded.
+//
+// A row handed over because its publish failed counts that attempt, so the
+// polling relay's MaxAttempts covers both relays' attempts.
 const parkSQL = `
-UPDATE outbox o SET last_error = f.err
-FROM unnest($1::bigint[], $2::text[]) AS f(id, err)
+UPDATE outbox o SET last_error = f.err, attempts = o.attempts + f.added, in_flight = false
+FROM unnest($1::bigint[], $2::text[], $3::int[]) AS f(id, err, added)
 WHERE o.id = f.id AND o.last_error IS NULL`
 
 // write sweeps and hands over in one transaction at READ COMMITTED (each
@@ -395,19 +384,23 @@ WHERE o.id = f.id AND o.last_error IS NULL`
 // postponed because an earlier row of their aggregate is among those.
 //
 // The stream can deliver a transaction before its rows are visible (see
-// txn.xid): the events of transactions still committing are postponed, not
-// swept or handed over by a statement that would not see their rows.
+// notVisible): the events of transactions still committing are postponed,
+// not swept or handed over by a statement that would not see their rows.
 //
 // The transaction starts with the fence (fenceSQL): it writes nothing, and
 // returns errFenced, once another session holds the slot.
-func write(ctx context.Context, pool *pgxpool.Pool, slot string, epoch int64, archive bool, sweep []*event, hand []handover) (swept, skipped []*event, handed, postponed []handover, err error) {
+func write(ctx context.Context, pool *pgxpool.Pool, f fence, archive bool, sweep []*event, hand []handover) (swept, skipped []*event, handed, postponed []handover, err error) {
 	all := append([]*event(nil), sweep...)
 	for _, h := range hand {
 		all = append(all, h.ev)
 	}
-	locked, err := lockedXids(ctx, pool, all)
+	hidden, err := notVisible(ctx, pool, f, all)
 	if err != nil {
 		return nil, nil, nil, nil, err
+	}
+	locked := map[uint32]bool{}
+	for _, ev := range hidden {
+		locked[ev.tx.xid] = true
 	}
 	var notYet []*event
 	var notYetHand []handover
@@ -507,6 +500,7 @@ func write(ctx context.Context, pool *pgxpool.Pool, slot string, epoch int64, ar
 			deadIDs, parkIDs   []int64
 			deadAtt            []int32
 			deadErrs, parkErrs []string
+			parkAdded          []int32
 		)
 		for _, h := range hand {
 			if blockedAggs[h.ev.key] {
@@ -520,7 +514,8 @@ func write(ctx context.Context, pool *pgxpool.Pool, slot string, epoch int64, ar
 				deadErrs = append(deadErrs, errorText(h.err))
 			} else {
 				parkIDs = append(parkIDs, h.ev.env.ID)
-				parkErrs = append(parkErrs, h.err)
+				parkErrs = append(parkErrs, errorText(h.err))
+				parkAdded = append(parkAdded, int32(h.added))
 			}
 		}
 		if len(deadIDs) > 0 {
@@ -529,7 +524,7 @@ func write(ctx context.Context, pool *pgxpool.Pool, slot string, epoch int64, ar
 			}
 		}
 		if len(parkIDs) > 0 {
-			if _, err := db.Exec(ctx, parkSQL, parkIDs, parkErrs); err != nil {
+			if _, err := db.Exec(ctx, parkSQL, parkIDs, parkErrs, parkAdded); err != nil {
 				return fmt.Errorf("hand over events: %w", err)
 			}
 		}
@@ -538,7 +533,7 @@ func write(ctx context.Context, pool *pgxpool.Pool, slot string, epoch int64, ar
 	// One transaction at READ COMMITTED: each statement sees what the
 	// previous ones did, and the unblock takes its snapshot after the sweep
 	// locked its rows.
-	err = fencedTx(ctx, pool, slot, epoch, func(tx pgx.Tx) error { return run(tx) })
+	err = fencedTx(ctx, pool, f, func(tx pgx.Tx) error { return run(tx) })
 	if err != nil {
 		return nil, nil, nil, nil, err
 	}

@@ -1,8 +1,10 @@
 package outboxwal
 
 import (
+	"cmp"
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/outbox-inbox/reference/pkg/outbox"
@@ -21,11 +23,11 @@ type txn struct {
 	sealed     bool
 	open       int // events not resolved yet
 	commitTime time.Time
-	// xid is the transaction's id. The stream can deliver a transaction
-	// before it is visible to other sessions: its commit record is flushed
-	// before the committing backend leaves the proc array. Until its xid's
-	// lock is gone, a statement may not see its rows (see lockedXids).
-	xid uint32
+	// xid is the transaction's id, and visible says a snapshot showed it
+	// committed: the stream can deliver a transaction before other sessions
+	// see it (see notVisible).
+	xid     uint32
+	visible atomic.Bool
 }
 
 // event is one outbox row decoded from the stream. It is resolved once
@@ -51,6 +53,9 @@ type event struct {
 	// alone says the event goes out alone until an attempt of it has an
 	// outcome: an earlier session had it in flight when it stopped.
 	alone bool
+	// undecodable says why the row could not be decoded: it is
+	// dead-lettered, not published, when its turn comes.
+	undecodable string
 }
 
 // aggState is the queue of one aggregate's unconfirmed events, in order.
@@ -73,18 +78,19 @@ type holdState struct {
 // handover is a row to hand over to polling: a dead letter, or a row parked
 // behind an earlier handed-over row of its aggregate.
 type handover struct {
-	ev   *event
-	dead bool
-	err  string
+	ev    *event
+	dead  bool
+	err   string
+	added int // attempts to count in the row: a failed attempt not recorded yet
 }
 
 // state is what one session of the relay knows. Everything below mu is
 // guarded by it.
 type state struct {
 	cfg Config
-	// epoch is the session's hold on the slot (outbox_wal_slots): every
+	// fence is the session's hold on the slot (outbox_wal_slots): every
 	// batch and every write is conditional on it.
-	epoch int64
+	fence fence
 	// suspectBelow is the dispatched position the sessions before this one
 	// recorded: events committed at or below it may have been in flight.
 	suspectBelow uint64
@@ -108,13 +114,18 @@ type state struct {
 	toHand  []handover
 	handGen uint64
 
+	// firstAck is the first position the session acknowledged, and
+	// progress says it resolved an event or acknowledged past firstAck.
+	firstAck uint64
+	progress bool
+
 	timers map[*time.Timer]struct{}
 }
 
-func newState(cfg Config, epoch int64, suspectBelow uint64) *state {
+func newState(cfg Config, f fence, suspectBelow uint64) *state {
 	return &state{
 		cfg:          cfg,
-		epoch:        epoch,
+		fence:        f,
 		suspectBelow: suspectBelow,
 		work:         make(chan struct{}, 1),
 		aggs:         map[aggKey]*aggState{},
@@ -181,15 +192,29 @@ func (s *state) position(lsn uint64) {
 // add queues an event decoded from t: for publishing, or for hand-over if its
 // aggregate is held.
 func (s *state) add(t *txn, env outbox.Envelope, check bool) {
+	s.addEvent(&event{env: env, key: aggKey{env.AggregateType, env.AggregateID}, tx: t, check: check,
+		suspect: t.final <= s.suspectBelow})
+}
+
+// addUndecodable queues a row decoded only in part (env has its id, and its
+// aggregate when that could be read), to be dead-lettered in its turn.
+func (s *state) addUndecodable(t *txn, env outbox.Envelope, reason string) {
+	s.addEvent(&event{env: env, key: aggKey{env.AggregateType, env.AggregateID}, tx: t, undecodable: reason})
+}
+
+func (s *state) addEvent(ev *event) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	ev := &event{env: env, key: aggKey{env.AggregateType, env.AggregateID}, tx: t, check: check,
-		suspect: t.final <= s.suspectBelow}
+	t := ev.tx
 	s.inMem++
 	t.open++
 	if h, ok := s.held[ev.key]; ok {
 		h.pending++
-		s.toHand = append(s.toHand, handover{ev: ev, err: parkedReason})
+		ho := handover{ev: ev, err: parkedReason}
+		if ev.undecodable != "" {
+			ho.dead, ho.err = true, ev.undecodable
+		}
+		s.toHand = append(s.toHand, ho)
 		return
 	}
 	a := s.aggs[ev.key]
@@ -262,6 +287,7 @@ func (s *state) resolve(ev *event) {
 		return
 	}
 	ev.resolved = true
+	s.progress = true
 	ev.tx.open--
 	s.inMem--
 }
@@ -288,19 +314,17 @@ func (s *state) gone(evs []*event) {
 	}
 }
 
-// handAll hands ev's aggregate over to polling: ev (dead-lettered if dead)
-// and every later event of the aggregate.
-func (s *state) handAll(ev *event, dead bool, reason string) {
+// handAll hands ev's aggregate over to polling: ev (dead-lettered if dead,
+// with reason as its error, and added more attempts counted) and every later
+// event of the aggregate.
+func (s *state) handAll(ev *event, dead bool, reason string, added int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.hold(ev.key)
 	h := s.held[ev.key]
 	a := s.aggs[ev.key]
 	delete(s.aggs, ev.key)
-	first := handover{ev: ev, dead: dead, err: reason}
-	if !dead {
-		first.err = handedReason
-	}
+	first := handover{ev: ev, dead: dead, err: cmp.Or(reason, handedReason), added: added}
 	s.toHand = append(s.toHand, first)
 	h.pending++
 	if a == nil {
@@ -424,9 +448,22 @@ func (s *state) ack() uint64 {
 		}
 		s.acked = max(s.acked, t.end)
 	}
+	if s.firstAck == 0 {
+		s.firstAck = s.acked
+	} else if s.acked > s.firstAck {
+		s.progress = true
+	}
 	clear(s.txns[:i])
 	s.txns = s.txns[i:]
 	return s.acked
+}
+
+// progressed says the session resolved an event or acknowledged a new
+// position.
+func (s *state) progressed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.progress
 }
 
 // oldest is the commit time of the oldest transaction with an unresolved

@@ -89,16 +89,16 @@ func (s suite) Run() int {
 // TEST_MONGO_URI, or the repository's test server.
 func URI(t testing.TB) string {
 	t.Helper()
-	uri, err := ServerURI()
+	uri, err := SharedURI()
 	if err != nil {
 		unavailable(t, "%v", err)
 	}
 	return uri
 }
 
-// ServerURI is URI for code without a testing.TB (examples): an error says
+// SharedURI is URI for code without a testing.TB (examples): an error says
 // why there is no server.
-func ServerURI() (string, error) {
+func SharedURI() (string, error) {
 	if uri := os.Getenv("TEST_MONGO_URI"); uri != "" {
 		return uri, nil
 	}

@@ -10,9 +10,10 @@ import (
 	"testing"
 )
 
-// Proxy is a TCP forwarder between a publisher and the broker that a test can
-// stop (every connection cut, nothing listening), start again on the same
-// address, and make swallow the broker's replies. Every goroutine it starts is
+// Proxy is a TCP forwarder between a client and a server (a publisher and
+// the broker, a relay and PostgreSQL) that a test can stop (every connection
+// cut, nothing listening), start again on the same address, point at
+// another server, and make swallow the server's replies. Every goroutine it starts is
 // tracked, and Stop returns only once they have all ended, so a test leaves
 // nothing running behind it.
 //
@@ -25,6 +26,7 @@ type Proxy struct {
 	amqpURL  string
 	upstream string
 	drop     atomic.Bool // swallow what the broker sends
+	accepted atomic.Int64
 
 	mu    sync.Mutex
 	addr  string       // the listening address, fixed by the first Start
@@ -45,12 +47,49 @@ func NewProxy(t testing.TB, amqpURL string) *Proxy {
 	if u.Port() == "" {
 		host = net.JoinHostPort(u.Hostname(), "5672")
 	}
-	p := &Proxy{amqpURL: amqpURL, upstream: host, addr: "127.0.0.1:0", conns: map[net.Conn]struct{}{}}
+	p := NewTCPProxy(t, host)
+	p.amqpURL = amqpURL
+	return p
+}
+
+// NewTCPProxy starts a Proxy in front of upstream (host:port), stopped when
+// the test ends.
+func NewTCPProxy(t testing.TB, upstream string) *Proxy {
+	t.Helper()
+	p := &Proxy{upstream: upstream, addr: "127.0.0.1:0", conns: map[net.Conn]struct{}{}}
 	if err := p.Start(); err != nil {
 		t.Fatalf("start proxy: %v", err)
 	}
 	t.Cleanup(p.Stop)
 	return p
+}
+
+// Addr is the proxy's listening address.
+func (p *Proxy) Addr() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.addr
+}
+
+// SetUpstream points the proxy at another server, as a switchover does to a
+// service's address: new connections reach upstream, open ones stay where
+// they are (CutAll cuts them).
+func (p *Proxy) SetUpstream(upstream string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.upstream = upstream
+}
+
+// Accepted counts the connections the proxy accepted since it was made.
+func (p *Proxy) Accepted() int64 { return p.accepted.Load() }
+
+// CutAll closes every open connection; the proxy keeps listening.
+func (p *Proxy) CutAll() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for c := range p.conns {
+		_ = c.Close()
+	}
 }
 
 // Start listens (again) on the proxy's address.
@@ -84,9 +123,6 @@ func (p *Proxy) Stop() {
 	p.wg.Wait()
 }
 
-// dropReplies makes the proxy swallow (on) or pass (off) everything the broker
-// sends, on current and future connections: confirms and returns never
-// arrive, while what the publisher sends still reaches the broker.
 // DropReplies makes the proxy swallow (or, with false, pass again) what the
 // broker sends.
 func (p *Proxy) DropReplies(on bool) { p.drop.Store(on) }
@@ -97,7 +133,11 @@ func (p *Proxy) accept(ln net.Listener) {
 		if err != nil {
 			return // closed by Stop
 		}
-		broker, err := net.Dial("tcp", p.upstream)
+		p.accepted.Add(1)
+		p.mu.Lock()
+		upstream := p.upstream
+		p.mu.Unlock()
+		broker, err := net.Dial("tcp", upstream)
 		if err != nil {
 			_ = client.Close()
 			continue

@@ -96,6 +96,9 @@ type Config struct {
 	BackoffMin, BackoffMax time.Duration
 	// LogLevel is LOG_LEVEL (debug, info, warn, error). Default: info.
 	LogLevel slog.Level
+	// Tracing is TRACE_TRUSTED_PEERS, TRACE_BAGGAGE_KEYS,
+	// TRACE_BAGGAGE_MAX_BYTES and TRACE_DB (see Tracing).
+	Tracing Tracing
 }
 
 // Exchange is the topic exchange the relay publishes to (docs/events.md).
@@ -178,6 +181,9 @@ func FromEnv(getenv func(string) string) (Config, error) {
 	}
 	if err := c.LogLevel.UnmarshalText([]byte(cmp.Or(getenv("LOG_LEVEL"), "info"))); err != nil {
 		return c, fmt.Errorf("LOG_LEVEL: %w", err)
+	}
+	if c.Tracing, err = tracingFromEnv(getenv); err != nil {
+		return c, err
 	}
 	return c, nil
 }

@@ -34,16 +34,25 @@ type bundle struct {
 
 func setup(t *testing.T) bundle { return setupTraced(t, nil) }
 
-// setupTraced is setup with the API and the store tracing to tp (nil: off).
+// setupTraced is setup with the API and the store tracing to tp (nil: off),
+// storing the baggage members tenant and session.
 func setupTraced(t *testing.T, tp trace.TracerProvider) bundle {
+	return setupTrusting(t, tp, nil)
+}
+
+// setupTrusting is setupTraced with the API trusting the callers trust
+// says (nil: all).
+func setupTrusting(t *testing.T, tp trace.TracerProvider, trust func(*http.Request) bool) bundle {
 	t.Helper()
 	pool := pgtest.NewPool(t)
 	var wakes atomic.Int64
 	api, err := httpapi.New(httpapi.Config{
-		Orders:         postgres.NewStore(pool, postgres.StoreConfig{TracerProvider: tp}),
-		Wake:           func() { wakes.Add(1) },
-		Logger:         slog.New(slog.DiscardHandler),
-		TracerProvider: tp,
+		Orders: postgres.NewStore(pool, postgres.StoreConfig{TracerProvider: tp, EventDestination: "orders.events",
+			BaggageKeys: []string{"tenant", "session"}}),
+		Wake:              func() { wakes.Add(1) },
+		Logger:            slog.New(slog.DiscardHandler),
+		TracerProvider:    tp,
+		TrustTraceContext: trust,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -68,6 +68,9 @@ type Config struct {
 	// Propagator reads the client's trace context and baggage. Default: W3C
 	// Trace Context and Baggage.
 	Propagator propagation.TextMapPropagator
+	// TrustTraceContext says whether a request's caller is trusted with its
+	// trace context and baggage (see traced). Default: every caller is.
+	TrustTraceContext func(*http.Request) bool
 }
 
 // Server is the orders HTTP API.
@@ -128,7 +131,11 @@ func New(cfg Config) (*Server, error) {
 	if prop == nil {
 		prop = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
 	}
-	s.handler = traced(r, tp, prop)
+	trust := cfg.TrustTraceContext
+	if trust == nil {
+		trust = func(*http.Request) bool { return true }
+	}
+	s.handler = traced(r, tp, prop, trust)
 	return s, nil
 }
 

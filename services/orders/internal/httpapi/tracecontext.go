@@ -7,6 +7,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+	"go.opentelemetry.io/otel/baggage"
 	metricnoop "go.opentelemetry.io/otel/metric/noop"
 	"go.opentelemetry.io/otel/propagation"
 	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
@@ -21,26 +22,48 @@ import (
 //
 // With tracing on, every request but the probes (/healthz, /readyz,
 // /metrics) gets a server span from otelhttp, named after its route
-// ("POST /orders"), a child of the client's context. With tracing off (a
-// no-op TracerProvider) there is no otelhttp and no span: the client's context
-// and baggage are only extracted, so the events still carry them on.
+// ("POST /orders"). With tracing off (a no-op TracerProvider) there is no
+// otelhttp and no span: the client's context and baggage are only
+// extracted, so the events still carry them on.
+//
+// The API is public: whether a caller's context is believed is trusted's
+// decision (Config.TrustTraceContext). A trusted caller's context is the
+// server span's parent, and its baggage is kept. An untrusted caller's
+// request starts a trace of its own, linked to the context it sent
+// (otelhttp's public endpoint), and its baggage is dropped, so that nobody
+// outside can make its requests part of someone else's trace, sample them
+// in or out, or write baggage into the outbox rows; with tracing off,
+// nothing of an untrusted caller's headers is kept.
 
 // traced wraps h in the server span (tracing on) or in the extraction of the
-// client's context (tracing off).
-func traced(h http.Handler, tp trace.TracerProvider, prop propagation.TextMapPropagator) http.Handler {
+// client's context (tracing off), for the callers trusted says to believe.
+func traced(h http.Handler, tp trace.TracerProvider, prop propagation.TextMapPropagator, trusted func(*http.Request) bool) http.Handler {
 	prop = requestPropagator{prop}
 	if _, off := tp.(noop.TracerProvider); off {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			ctx := r.Context()
+			if !trusted(r) {
+				h.ServeHTTP(w, r)
+				return
+			}
 			if ext := prop.Extract(ctx, propagation.HeaderCarrier(r.Header)); ext != ctx {
 				r = r.WithContext(ext)
 			}
 			h.ServeHTTP(w, r)
 		})
 	}
-	return otelhttp.NewHandler(h, "orders",
+	untrustedBaggageDropped := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !trusted(r) {
+			if ctx := r.Context(); baggage.FromContext(ctx).Len() > 0 {
+				r = r.WithContext(baggage.ContextWithoutBaggage(ctx))
+			}
+		}
+		h.ServeHTTP(w, r)
+	})
+	return otelhttp.NewHandler(untrustedBaggageDropped, "orders",
 		otelhttp.WithTracerProvider(tp),
 		otelhttp.WithPropagators(prop),
+		otelhttp.WithPublicEndpointFn(func(r *http.Request) bool { return !trusted(r) }),
 		// The service's metrics are Prometheus's; otelhttp's would go nowhere.
 		otelhttp.WithMeterProvider(metricnoop.NewMeterProvider()),
 		otelhttp.WithFilter(func(r *http.Request) bool {

@@ -11,9 +11,10 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// One POST /orders gives a server span and, under it, the write span; the
-// event stores the write span's context (not the client's header) and the
-// client's baggage. Probes get no span.
+// One POST /orders gives a server span, under it the write span, and under
+// that the event's PRODUCER create span; the event stores the create span's
+// context (not the client's header) and the client's baggage. Probes get
+// no span.
 func TestCreateTracesServerAndWriteSpans(t *testing.T) {
 	t.Parallel()
 	exp := tracetest.NewInMemoryExporter()
@@ -26,16 +27,19 @@ func TestCreateTracesServerAndWriteSpans(t *testing.T) {
 	}
 	b.do(t, "GET", "/healthz", "", "")
 	spans := exp.GetSpans()
-	if len(spans) != 2 {
-		t.Fatalf("%d spans (%v), want the write span and the server span", len(spans), spans)
+	if len(spans) != 3 {
+		t.Fatalf("%d spans (%v), want the create, write and server spans", len(spans), spans)
 	}
-	write, server := spans[0], spans[1]
+	create, write, server := spans[0], spans[1], spans[2]
 	if server.Name != "POST /orders" || server.SpanKind != trace.SpanKindServer ||
 		server.Parent.SpanID().String() != "00f067aa0ba902b7" || server.SpanContext.TraceID().String() != "4bf92f3577b34da6a3ce929d0e0e4736" {
 		t.Fatalf("server span %q kind %v parent %v", server.Name, server.SpanKind, server.Parent)
 	}
-	if write.Name != "orders.create" || write.Parent.SpanID() != server.SpanContext.SpanID() {
-		t.Fatalf("write span %q parent %v, want a child of the server span", write.Name, write.Parent)
+	if write.Name != "orders.create" || write.Parent.SpanID() != server.SpanContext.SpanID() || write.SpanKind != trace.SpanKindInternal {
+		t.Fatalf("write span %q kind %v parent %v, want an internal child of the server span", write.Name, write.SpanKind, write.Parent)
+	}
+	if create.Name != "create orders.events" || create.Parent.SpanID() != write.SpanContext.SpanID() || create.SpanKind != trace.SpanKindProducer {
+		t.Fatalf("create span %q kind %v parent %v, want a producer child of the write span", create.Name, create.SpanKind, create.Parent)
 	}
 	route := ""
 	for _, kv := range server.Attributes {
@@ -47,7 +51,7 @@ func TestCreateTracesServerAndWriteSpans(t *testing.T) {
 		t.Errorf("http.route %q", route)
 	}
 	h := storedHeaders(t, b, c.body["id"].(string))[0]
-	want := "00-" + write.SpanContext.TraceID().String() + "-" + write.SpanContext.SpanID().String() + "-01"
+	want := "00-" + create.SpanContext.TraceID().String() + "-" + create.SpanContext.SpanID().String() + "-01"
 	// Baggage is a set: its members come in no particular order.
 	if h["traceparent"] != want || h["tracestate"] != "vendor=x" || !sameMembers(h["baggage"], "tenant=acme,session=s1") {
 		t.Fatalf("stored %v, want traceparent %s, the tracestate and the baggage", h, want)
@@ -95,4 +99,40 @@ func sameMembers(a, b string) bool {
 	slices.Sort(x)
 	slices.Sort(y)
 	return slices.Equal(x, y)
+}
+
+// An untrusted caller does not set the trace: with tracing on, its request
+// is the root of a trace of its own, linked to the context it sent, and its
+// baggage is not stored; with tracing off, nothing of its headers is.
+func TestUntrustedCallersContextIsNotBelieved(t *testing.T) {
+	t.Parallel()
+	const client = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	untrusted := func(*http.Request) bool { return false }
+
+	exp := tracetest.NewInMemoryExporter()
+	b := setupTrusting(t, sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp)), untrusted)
+	c := b.do(t, "POST", "/orders", "application/json", validBody, "Traceparent", client, "Baggage", "tenant=acme")
+	if c.status != http.StatusCreated {
+		t.Fatalf("create: %d %s", c.status, c.raw)
+	}
+	var server tracetest.SpanStub
+	for _, s := range exp.GetSpans() {
+		if s.SpanKind == trace.SpanKindServer {
+			server = s
+		}
+	}
+	if server.Parent.IsValid() || server.SpanContext.TraceID().String() == client[3:35] ||
+		len(server.Links) != 1 || server.Links[0].SpanContext.SpanID().String() != "00f067aa0ba902b7" {
+		t.Fatalf("server span in trace %s, parent %v, links %v: want a new root linked to the caller's span", server.SpanContext.TraceID(), server.Parent, server.Links)
+	}
+	h := storedHeaders(t, b, c.body["id"].(string))[0]
+	if _, ok := h["baggage"]; ok || !strings.Contains(h["traceparent"], server.SpanContext.TraceID().String()) {
+		t.Fatalf("stored %v: want the new trace and no baggage", h)
+	}
+
+	off := setupTrusting(t, nil, untrusted)
+	c = off.do(t, "POST", "/orders", "application/json", validBody, "Traceparent", client, "Baggage", "tenant=acme")
+	if h := storedHeaders(t, off, c.body["id"].(string))[0]; len(h) != 0 {
+		t.Fatalf("tracing off: stored %v from an untrusted caller, want nothing", h)
+	}
 }

@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -41,14 +42,29 @@ type StoreConfig struct {
 	// its outbox rows were written and before the commit; an error from it rolls
 	// the transaction back. Tests use it to inject a failure at that point.
 	BeforeCommit func(ctx context.Context, tx pgx.Tx) error
-	// TracerProvider starts the write spans (orders.create, orders.cancel).
-	// Default: a no-op provider: no spans, but a trace context in ctx (the
-	// client's) is still stored with the event.
+	// TracerProvider starts the write spans (orders.create, orders.cancel,
+	// INTERNAL) and, for each event, its PRODUCER create span, whose context
+	// is stored with the event. Default: a no-op provider: no spans, but a
+	// trace context in ctx (the client's) is still stored with the event.
 	TracerProvider trace.TracerProvider
 	// Propagator writes the trace context and baggage into the event's
 	// headers. Default: W3C Trace Context and Baggage.
 	Propagator propagation.TextMapPropagator
+	// EventDestination is where the events go (the exchange), for the create
+	// span's name and messaging.destination.name. Default: "" (the span is
+	// named "create").
+	EventDestination string
+	// BaggageKeys are the baggage members stored with an event (and so sent
+	// to its consumers); the others are dropped. Default: none (no baggage
+	// is stored).
+	BaggageKeys []string
+	// BaggageMaxBytes bounds the stored baggage's encoded size: members past
+	// it are dropped. Default: DefaultBaggageMaxBytes.
+	BaggageMaxBytes int
 }
+
+// DefaultBaggageMaxBytes is StoreConfig.BaggageMaxBytes' default.
+const DefaultBaggageMaxBytes = 512
 
 // Store reads and writes orders with the queries sqlc generates from
 // queries.sql (package ordersdb). Every state change writes its event to the
@@ -61,6 +77,9 @@ type Store struct {
 	beforeCommit func(ctx context.Context, tx pgx.Tx) error
 	tracer       trace.Tracer
 	prop         propagation.TextMapPropagator
+	destination  string
+	baggageKeys  []string
+	baggageMax   int
 }
 
 // TracerName is the instrumentation scope of the store's spans.
@@ -81,19 +100,49 @@ func NewStore(pool *pgxpool.Pool, cfg StoreConfig) *Store {
 		prop = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
 	}
 	return &Store{pool: pool, queries: ordersdb.New(pool), writer: w, beforeCommit: cfg.BeforeCommit,
-		tracer: tp.Tracer(TracerName), prop: prop}
+		tracer: tp.Tracer(TracerName), prop: prop, destination: cfg.EventDestination,
+		baggageKeys: cfg.BaggageKeys, baggageMax: cmp.Or(cfg.BaggageMaxBytes, DefaultBaggageMaxBytes)}
 }
 
-// startWrite starts the span of a write transaction and returns the event's
-// headers: headers with the span's trace context and baggage (W3C
-// traceparent, tracestate, baggage). Without a span context (tracing off and
-// no client context) none is added: no trace is invented.
-func (s *Store) startWrite(ctx context.Context, name string, headers map[string]string) (context.Context, trace.Span, map[string]string) {
-	ctx, span := s.tracer.Start(ctx, name, trace.WithAttributes(semconv.DBSystemNamePostgreSQL))
+// startWrite starts the (INTERNAL) span of a write transaction.
+func (s *Store) startWrite(ctx context.Context, name string) (context.Context, trace.Span) {
+	return s.tracer.Start(ctx, name)
+}
+
+// startCreate starts the PRODUCER span of an event's creation, a child of
+// the write span in ctx, and returns the event's headers: headers with the
+// create span's trace context and the allowed baggage (W3C traceparent,
+// tracestate, baggage), the context its publish and its consumers link to.
+// Without a span context (tracing off and no client context) none is added:
+// no trace is invented.
+func (s *Store) startCreate(ctx context.Context, eventType string, o order.Order, headers map[string]string) (trace.Span, map[string]string) {
+	name := "create"
+	if s.destination != "" {
+		name += " " + s.destination
+	}
+	ctx, span := s.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(
+		semconv.MessagingSystemRabbitMQ,
+		semconv.MessagingOperationTypeCreate,
+		semconv.MessagingOperationName("create"),
+		semconv.MessagingDestinationName(s.destination),
+		outboxotel.AttrAggregateType.String(order.AggregateType),
+		outboxotel.AttrAggregateID.String(o.ID),
+		outboxotel.AttrAggregateVersion.Int64(int64(o.Version)),
+		outboxotel.AttrEventType.String(eventType),
+	))
 	if headers != nil {
 		headers = maps.Clone(headers)
 	}
-	return ctx, span, outboxotel.InjectHeaders(ctx, s.prop, headers)
+	return span, outboxotel.InjectHeaders(outboxotel.LimitBaggage(ctx, s.baggageKeys, s.baggageMax), s.prop, headers)
+}
+
+// endSpan ends a span, recording err.
+func endSpan(span trace.Span, err error) {
+	if err != nil && span.IsRecording() {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	span.End()
 }
 
 // endWrite ends a write span with the transaction's outcome.
@@ -148,7 +197,7 @@ func parseID(id string) (uuid.UUID, error) {
 // order that request created and replayed=true, writing nothing. With a key
 // used for a different request it returns order.ErrIdempotencyKeyReused.
 func (s *Store) Create(ctx context.Context, n order.NewOrder, idem Idempotency, headers map[string]string) (o order.Order, replayed bool, err error) {
-	ctx, span, headers := s.startWrite(ctx, "orders.create", headers)
+	ctx, span := s.startWrite(ctx, "orders.create")
 	defer func() {
 		if span.IsRecording() {
 			span.SetAttributes(attrReplayed.Bool(replayed))
@@ -218,15 +267,21 @@ func (s *Store) insert(ctx context.Context, tx pgx.Tx, id uuid.UUID, n order.New
 	}); err != nil {
 		return fmt.Errorf("queue order insert: %w", err)
 	}
+	create, headers := s.startCreate(ctx, order.EventCreated, *o, headers)
 	if _, err := s.writer.Queue(b, outbox.Message{
 		AggregateType: order.AggregateType, AggregateID: o.ID, EventType: order.EventCreated,
 		Payload: payload, Headers: headers,
 	}); err != nil {
-		return fmt.Errorf("enqueue order.created: %w", err)
+		err = fmt.Errorf("enqueue order.created: %w", err)
+		endSpan(create, err)
+		return err
 	}
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return fmt.Errorf("insert order and its order.created event: %w", err)
+		err = fmt.Errorf("insert order and its order.created event: %w", err)
+		endSpan(create, err)
+		return err
 	}
+	endSpan(create, nil)
 	return s.runBeforeCommit(ctx, tx)
 }
 
@@ -251,7 +306,7 @@ func (s *Store) Get(ctx context.Context, id string) (order.Order, error) {
 // event (changed=false). The order row is locked first, so concurrent cancels
 // of one order produce one event.
 func (s *Store) Cancel(ctx context.Context, id string, headers map[string]string) (o order.Order, changed bool, err error) {
-	ctx, span, headers := s.startWrite(ctx, "orders.cancel", headers)
+	ctx, span := s.startWrite(ctx, "orders.cancel")
 	defer func() {
 		if span.IsRecording() {
 			span.SetAttributes(attrChanged.Bool(changed))
@@ -288,11 +343,17 @@ func (s *Store) Cancel(ctx context.Context, id string, headers map[string]string
 			return fmt.Errorf("encode order.cancelled: %w", err)
 		}
 		// The event joins the generated queries' transaction: same tx.
-		if _, err := s.writer.Enqueue(ctx, tx, outbox.Message{
+		create, headers := s.startCreate(ctx, order.EventCancelled, o, headers)
+		_, err = s.writer.Enqueue(ctx, tx, outbox.Message{
 			AggregateType: order.AggregateType, AggregateID: o.ID, EventType: order.EventCancelled,
 			Payload: payload, Headers: headers,
-		}); err != nil {
-			return fmt.Errorf("enqueue order.cancelled: %w", err)
+		})
+		if err != nil {
+			err = fmt.Errorf("enqueue order.cancelled: %w", err)
+		}
+		endSpan(create, err)
+		if err != nil {
+			return err
 		}
 		changed = true
 		return s.runBeforeCommit(ctx, tx)

@@ -97,11 +97,16 @@ type Config struct {
 	// Logger. Default: discard.
 	Logger *slog.Logger
 	// TracerProvider traces each delivery: a CONSUMER span "process
-	// <queue>" whose parent comes from the message's traceparent, with the
-	// inbox check, the effect, the record, the ack and any republished copy
-	// as its children. Default: a no-op provider (nothing recorded; the
-	// trace context and baggage still pass through to the copies).
+	// <exchange>" linked to the context the message carries (and its child
+	// while the event is young; see rabbitmq.ConsumerConfig.ParentMaxAge),
+	// with the inbox check, the effect, the record, the ack and any
+	// republished copy as its children. Default: a no-op provider (nothing
+	// recorded; the trace context and baggage still pass through to the
+	// copies).
 	TracerProvider trace.TracerProvider
+	// DatabaseSpans gives every MongoDB command run under a recording span a
+	// CLIENT span (TRACE_DB=true). Default: false.
+	DatabaseSpans bool
 	// Propagator reads and writes the trace headers. Default: W3C Trace
 	// Context and Baggage.
 	Propagator propagation.TextMapPropagator
@@ -166,9 +171,13 @@ func New(cfg Config) (*App, error) {
 		m.DeadLettered.WithLabelValues(string(r))
 	}
 
-	client, err := mongo.Connect(options.Client().ApplyURI(cfg.MongoURI).
+	clientOpts := options.Client().ApplyURI(cfg.MongoURI).
 		SetServerSelectionTimeout(cmp.Or(cfg.MongoServerSelectionTimeout, 5*time.Second)).
-		SetAppName("shipping"))
+		SetAppName("shipping")
+	if cfg.DatabaseSpans && traced != nil {
+		clientOpts.SetMonitor(mongodb.CommandMonitor(cfg.TracerProvider))
+	}
+	client, err := mongo.Connect(clientOpts)
 	if err != nil {
 		return nil, fmt.Errorf("shipping: MongoDB client: %w", err)
 	}

@@ -84,12 +84,12 @@ func startTraced(t *testing.T, e *env, sampler sdktrace.Sampler, cfg app.Config)
 	return &traced{app: e.start(cfg), rec: rec, seen: l}
 }
 
-// processSpans returns the ended process spans of message msgID, in start
-// order.
+// processSpans returns the ended process spans (CONSUMER) of message msgID,
+// in start order.
 func (tr *traced) processSpans(msgID string) []sdktrace.ReadOnlySpan {
 	var out []sdktrace.ReadOnlySpan
 	for _, s := range tr.rec.Ended() {
-		if s.Name() == "process "+tr.app.Topology().Queue && attrOf(s, "messaging.message.id").AsString() == msgID {
+		if s.SpanKind() == trace.SpanKindConsumer && attrOf(s, "messaging.message.id").AsString() == msgID {
 			out = append(out, s)
 		}
 	}
@@ -157,8 +157,14 @@ func TestTraceContinuesFromTheHeadersThroughTheInboxAndADuplicateStaysInIt(t *te
 	if got := first.Parent().SpanID().String(); got != parentSpanID || !first.Parent().IsRemote() {
 		t.Fatalf("process span's parent %s (remote %v), want the traceparent's span %s", got, first.Parent().IsRemote(), parentSpanID)
 	}
-	if first.SpanKind() != trace.SpanKindConsumer {
-		t.Fatalf("process span kind %v, want consumer", first.SpanKind())
+	if first.SpanKind() != trace.SpanKindConsumer || first.Name() != "process orders.events" {
+		t.Fatalf("process span %q kind %v, want consumer, named after its destination orders.events", first.Name(), first.SpanKind())
+	}
+	if l := first.Links(); len(l) != 1 || l[0].SpanContext.SpanID().String() != parentSpanID {
+		t.Fatalf("process span links %v, want one to the context the message carries", l)
+	}
+	if attrOf(first, "server.address").AsString() == "" || attrOf(first, "server.port").AsInt64() == 0 {
+		t.Errorf("process span without server.address and server.port")
 	}
 	wantAttrs(t, first, map[string]any{
 		"messaging.system":                           "rabbitmq",
@@ -363,10 +369,10 @@ func TestDeferredAndDeadLetteredCopiesStayInTheOriginalTrace(t *testing.T) {
 		t.Fatalf("dead-lettered copy's parent span %s: not the dead letter's publish span", p[2])
 	}
 	process := byID[pub.Parent().SpanID()]
-	if process == nil || process.Name() != "process "+top.Queue || process.Status().Code != codes.Error {
+	if process == nil || process.Name() != "process orders.events" || process.Status().Code != codes.Error {
 		t.Fatalf("the dead letter's publish span is not under an errored process span")
 	}
-	wantAttrs(t, process, map[string]any{"shipping.verdict": "dead_letter", "shipping.verdict.reason": "malformed_payload"})
+	wantAttrs(t, process, map[string]any{"shipping.verdict": "dead_letter", "shipping.verdict.reason": "malformed_payload", "error.type": "malformed_payload"})
 	if b, _ := dead[0].Headers["baggage"].(string); b != "tenant=acme" {
 		t.Fatalf("dead-lettered copy's baggage %q, want tenant=acme", b)
 	}
@@ -379,4 +385,64 @@ func mustSpanID(t *testing.T, s string) trace.SpanID {
 		t.Fatalf("span id %q: %v", s, err)
 	}
 	return id
+}
+
+// An event that waited longer than ParentMaxAge (its outbox_created_at) is
+// processed in a trace of its own, linked to the context it carries, so a
+// broker outage does not stretch the order's trace over the wait; a young
+// one is that context's child, linked to it too.
+func TestOldEventIsProcessedInATraceOfItsOwn(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	tr := startTraced(t, e, sdktrace.ParentBased(sdktrace.AlwaysSample()), app.Config{})
+
+	old := created("tr-old", "order-tr-old")
+	old.Headers = amqp.Table{"traceparent": traceparent("01"), "outbox_created_at": time.Now().Add(-time.Hour).UTC().Format(time.RFC3339Nano)}
+	e.pub.publish(old)
+	young := created("tr-young", "order-tr-young")
+	young.Headers = amqp.Table{"traceparent": traceparent("01"), "outbox_created_at": time.Now().UTC().Format(time.RFC3339Nano)}
+	e.pub.publish(young)
+
+	o := tr.waitProcessSpans(t, "tr-old", 1)[0]
+	if o.Parent().IsValid() || o.SpanContext().TraceID().String() == traceID {
+		t.Errorf("old event: process span in trace %s under %v, want the root of a new trace", o.SpanContext().TraceID(), o.Parent())
+	}
+	if l := o.Links(); len(l) != 1 || l[0].SpanContext.TraceID().String() != traceID || l[0].SpanContext.SpanID().String() != parentSpanID {
+		t.Errorf("old event: links %v, want one to the context it carries", l)
+	}
+	if names, _ := tr.children(o); !strings.Contains(strings.Join(names, ","), "apply shipment") {
+		t.Errorf("old event: the effect is not in the process span's trace: children %v", names)
+	}
+	y := tr.waitProcessSpans(t, "tr-young", 1)[0]
+	if y.Parent().SpanID().String() != parentSpanID || y.SpanContext().TraceID().String() != traceID || len(y.Links()) != 1 {
+		t.Errorf("young event: process span under %v in trace %s with links %v, want a child of the carried context, linked to it", y.Parent(), y.SpanContext().TraceID(), y.Links())
+	}
+}
+
+// With DatabaseSpans (TRACE_DB=true) the MongoDB commands of a delivery are
+// CLIENT spans under its process span's children; without, there are none.
+func TestDatabaseSpansAreOptional(t *testing.T) {
+	t.Parallel()
+	for _, on := range []bool{true, false} {
+		e := newEnv(t)
+		tr := startTraced(t, e, sdktrace.ParentBased(sdktrace.AlwaysSample()), app.Config{DatabaseSpans: on})
+		id := fmt.Sprintf("tr-db-%v", on)
+		ev := created(id, "order-"+id)
+		ev.Headers = amqp.Table{"traceparent": traceparent("01")}
+		e.pub.publish(ev)
+		process := tr.waitProcessSpans(t, id, 1)[0]
+		var commands []string
+		for _, s := range tr.rec.Ended() {
+			if s.SpanKind() == trace.SpanKindClient && s.SpanContext().TraceID() == process.SpanContext().TraceID() &&
+				attrOf(s, "db.system.name").AsString() == "mongodb" {
+				commands = append(commands, s.Name())
+			}
+		}
+		if on && len(commands) == 0 {
+			t.Errorf("DatabaseSpans: no MongoDB command span in the delivery's trace")
+		}
+		if !on && len(commands) != 0 {
+			t.Errorf("no DatabaseSpans: MongoDB command spans %v", commands)
+		}
+	}
 }

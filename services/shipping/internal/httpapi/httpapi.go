@@ -62,7 +62,9 @@ func New(cfg Config) (http.Handler, error) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
 	r.Get("/readyz", a.ready)
-	r.Handle("/metrics", promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{}))
+	// OpenMetrics when asked for (Prometheus asks): the only format that
+	// carries the commit-to-applied histogram's exemplars.
+	r.Handle("/metrics", promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{EnableOpenMetrics: true}))
 	if cfg.DeadLetters != nil && cfg.AdminToken != "" {
 		a.mountAdmin(r)
 	}

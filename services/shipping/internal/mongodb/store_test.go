@@ -8,11 +8,12 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/outbox-inbox/reference/internal/mongolocal/mongotest"
+	"github.com/outbox-inbox/reference/internal/mongolocal/replsettest"
 	"github.com/outbox-inbox/reference/services/shipping/internal/mongodb"
 	"github.com/outbox-inbox/reference/services/shipping/internal/shipment"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(mongotest.Suite(m)) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(replsettest.Suite(m)) }
 
 func ev(msgID, typ string, version int64) shipment.Event {
 	e := shipment.Event{MessageID: msgID, Type: typ, OrderID: "o-1", Version: version}

@@ -67,6 +67,10 @@ const (
 	// HeaderFirstDeferredAt is when the message was first deferred, for any
 	// reason, in Unix milliseconds (MaxDeferralAge).
 	HeaderFirstDeferredAt = "x-shipping-first-deferred-at"
+	// HeaderCreatedAt is the outbox row's creation time (RFC 3339, to the
+	// microsecond) that the relay sends with each event (docs/events.md):
+	// the start of the commit-to-applied time.
+	HeaderCreatedAt = "outbox_created_at"
 )
 
 // Inbox deduplicates by message id (pkg/inbox).
@@ -336,6 +340,11 @@ func (p *Processor) Handle(ctx context.Context, d rabbitmq.Delivery) (v rabbitmq
 		log.WarnContext(ctx, "unknown event type, recorded as a no-op at its version so that later versions apply")
 	default:
 		p.cfg.Metrics.Processed.Inc()
+		if s, ok := d.Headers[HeaderCreatedAt].(string); ok {
+			if created, err := time.Parse(time.RFC3339Nano, s); err == nil {
+				p.cfg.Metrics.ObserveCommitToApplied(ctx, created, time.Now())
+			}
+		}
 		log.DebugContext(ctx, "applied")
 	}
 	if p.cfg.Releases != nil {

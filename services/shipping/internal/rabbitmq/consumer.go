@@ -15,6 +15,7 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
@@ -151,12 +152,18 @@ type Config struct {
 	Metrics *metrics.Metrics
 	// Logger receives the consumer's logs. Default: discard.
 	Logger *slog.Logger
-	// TracerProvider starts a span per delivery ("process <queue>", kind
-	// CONSUMER), whose parent is the context in the delivery's headers, with
-	// child spans for the republished copies (PRODUCER) and the ack.
-	// Default: a no-op provider (no spans; the delivery's trace context and
-	// baggage still reach the handler and the copies).
+	// TracerProvider starts a span per delivery ("process <exchange>", kind
+	// CONSUMER) linked to the context in the delivery's headers (its
+	// creation's), and its child while the event is younger than
+	// ParentMaxAge, with child spans for the republished copies (PRODUCER)
+	// and the ack. Default: a no-op provider (no spans; the delivery's trace
+	// context and baggage still reach the handler and the copies).
 	TracerProvider trace.TracerProvider
+	// ParentMaxAge is how old an event (its outbox_created_at header) may be
+	// for its process span to be a child of the context it carries; an
+	// older one is processed in a trace of its own, linked to that context.
+	// Default: DefaultParentMaxAge (30s); negative: never a child.
+	ParentMaxAge time.Duration
 	// Propagator reads and writes trace context and baggage in the headers.
 	// Default: W3C Trace Context and Baggage.
 	Propagator propagation.TextMapPropagator
@@ -224,7 +231,7 @@ func New(cfg Config, h Handler) (*Consumer, error) {
 	}
 	return &Consumer{
 		cfg: cfg, nodes: nodes, h: h, log: log, tagBase: cfg.ConnectionName + "-" + hex.EncodeToString(randBytes(4)),
-		tr:   newTracing(cfg.TracerProvider, cfg.Propagator, cfg.Topology.Queue),
+		tr:   newTracing(cfg.TracerProvider, cfg.Propagator, cfg.Topology.Queue, cfg.ParentMaxAge),
 		busy: make([]atomic.Int64, cfg.Concurrency),
 	}, nil
 }
@@ -315,18 +322,18 @@ func (c *Consumer) Run(ctx context.Context) error {
 var errTopologyLost = errors.New("topology lost")
 
 // dial connects to one of the nodes (amqpaddr.Nodes.Dial), the next after
-// the one it last connected to.
-func dial(nodes *amqpaddr.Nodes, name string) (*amqp.Connection, error) {
+// the one it last connected to, and returns the connection with the node's
+// host:port.
+func dial(nodes *amqpaddr.Nodes, name string) (*amqp.Connection, string, error) {
 	props := amqp.NewConnectionProperties()
 	props.SetClientConnectionName(name)
-	conn, _, err := nodes.Dial(amqp.Config{Properties: props, Heartbeat: 10 * time.Second})
-	return conn, err
+	return nodes.Dial(amqp.Config{Properties: props, Heartbeat: 10 * time.Second})
 }
 
 // session runs one connection's lifetime. connected reports whether it got
 // as far as consuming.
 func (c *Consumer) session(ctx context.Context, pub *republisher) (connected bool, err error) {
-	conn, err := dial(c.nodes, c.cfg.ConnectionName)
+	conn, node, err := dial(c.nodes, c.cfg.ConnectionName)
 	if err != nil {
 		return false, fmt.Errorf("dial: %w", err)
 	}
@@ -365,7 +372,7 @@ func (c *Consumer) session(ctx context.Context, pub *republisher) (connected boo
 	// the connection: once it is lost, no delivery of it can be acked.
 	hctx, hcancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer hcancel()
-	s := &sessionState{ch: ch, pub: pub, lost: make(chan struct{}), draining: make(chan struct{}), ended: make(chan struct{})}
+	s := &sessionState{ch: ch, pub: pub, server: serverAttrs(node), lost: make(chan struct{}), draining: make(chan struct{}), ended: make(chan struct{})}
 
 	var wg sync.WaitGroup
 	for i := range c.cfg.Concurrency {
@@ -440,8 +447,9 @@ func (c *Consumer) session(ctx context.Context, pub *republisher) (connected boo
 type sessionState struct {
 	ch       *amqp.Channel
 	pub      *republisher
-	lost     chan struct{} // closed when the connection is gone or closing
-	draining chan struct{} // closed when the session ends: take no new delivery, stop retrying
+	server   []attribute.KeyValue // server.address and server.port of the node, for the spans
+	lost     chan struct{}        // closed when the connection is gone or closing
+	draining chan struct{}        // closed when the session ends: take no new delivery, stop retrying
 
 	endOnce sync.Once
 	ended   chan struct{} // closed by end
@@ -482,7 +490,7 @@ func (c *Consumer) handle(ctx context.Context, s *sessionState, d amqp.Delivery)
 	// baggage, and its process span.
 	dctx := c.tr.extract(ctx, &d)
 	for attempt := 0; ; attempt++ {
-		hctx, span := c.tr.startProcess(dctx, &d, attempt)
+		hctx, span := c.tr.startProcess(dctx, &d, attempt, s.server)
 		v := c.h.Handle(hctx, del)
 		if s.isLost() {
 			endProcess(span, v, errors.New("connection lost before the delivery was settled; the broker delivers it again"))

@@ -216,7 +216,7 @@ func (r *republisher) current() (*publisher, error) {
 		r.log.Warn("publishing connection lost, reconnecting", "connection", r.name)
 	}
 	r.closeLocked()
-	conn, err := dial(r.nodes, r.name)
+	conn, _, err := dial(r.nodes, r.name)
 	if err != nil {
 		return nil, fmt.Errorf("dial publishing connection: %w", err)
 	}

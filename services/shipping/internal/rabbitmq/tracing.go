@@ -1,7 +1,11 @@
 package rabbitmq
 
 import (
+	"cmp"
 	"context"
+	"net"
+	"strconv"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/attribute"
@@ -69,31 +73,75 @@ func (c HeaderCarrier) Keys() []string {
 	return keys
 }
 
+// DefaultParentMaxAge is ConsumerConfig.ParentMaxAge's default.
+const DefaultParentMaxAge = 30 * time.Second
+
+// HeaderCreatedAt is the outbox row's creation time the relay sends
+// (RFC 3339, to the microsecond; docs/events.md): the event's age.
+const HeaderCreatedAt = "outbox_created_at"
+
 // tracing holds the consumer's tracer; on is false for a no-op provider,
 // which skips every span (the delivery's context is still extracted, so a
 // handler sees its trace id and baggage, and the copies carry them on).
 type tracing struct {
-	tracer      trace.Tracer
-	prop        propagation.TextMapPropagator
-	on          bool
-	processName string
-	ackName     string
-	queue       attribute.KeyValue
+	tracer       trace.Tracer
+	prop         propagation.TextMapPropagator
+	on           bool
+	ackName      string
+	queue        attribute.KeyValue
+	parentMaxAge time.Duration
+	now          func() time.Time
 }
 
-func newTracing(tp trace.TracerProvider, prop propagation.TextMapPropagator, queue string) tracing {
+func newTracing(tp trace.TracerProvider, prop propagation.TextMapPropagator, queue string, parentMaxAge time.Duration) tracing {
 	if tp == nil {
 		tp = noop.NewTracerProvider()
 	}
 	if prop == nil {
 		prop = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
 	}
+	if parentMaxAge == 0 {
+		parentMaxAge = DefaultParentMaxAge
+	}
 	_, off := tp.(noop.TracerProvider)
 	return tracing{
 		tracer: tp.Tracer(ScopeName), prop: prop, on: !off,
-		processName: "process " + queue, ackName: "ack " + queue,
-		queue: semconv.MessagingDestinationSubscriptionName(queue),
+		ackName:      "ack " + queue,
+		queue:        semconv.MessagingDestinationSubscriptionName(queue),
+		parentMaxAge: parentMaxAge,
+		now:          time.Now,
 	}
+}
+
+// serverAttrs returns server.address and server.port of a node's
+// host:port.
+func serverAttrs(node string) []attribute.KeyValue {
+	host, port, err := net.SplitHostPort(node)
+	if err != nil {
+		return nil
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil {
+		return nil
+	}
+	return []attribute.KeyValue{semconv.ServerAddress(host), semconv.ServerPort(p)}
+}
+
+// young reports whether d's event is younger than the parent age limit; an
+// event without a readable creation time counts as young.
+func (t *tracing) young(d *amqp.Delivery) bool {
+	if t.parentMaxAge < 0 {
+		return false
+	}
+	s, ok := d.Headers[HeaderCreatedAt].(string)
+	if !ok {
+		return true
+	}
+	created, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		return true
+	}
+	return t.now().Sub(created) <= t.parentMaxAge
 }
 
 // extract returns ctx with d's trace context and baggage.
@@ -104,14 +152,25 @@ func (t *tracing) extract(ctx context.Context, d *amqp.Delivery) context.Context
 	return t.prop.Extract(ctx, HeaderCarrier(d.Headers))
 }
 
-// startProcess starts d's process span (CONSUMER) under the context
-// extracted from its headers (a new root without them). retry counts the
-// earlier handlings of d in this session. The span is nil with tracing off.
-func (t *tracing) startProcess(ctx context.Context, d *amqp.Delivery, retry int) (context.Context, trace.Span) {
+// startProcess starts d's process span (CONSUMER), named "process" and the
+// exchange it came through, as its messaging.destination.name says. ctx
+// holds the context extracted from d's headers: the creation context of an
+// event from the relay, or the context of the span that republished a copy.
+// The span links to it, and is its child while the event is young (see
+// ParentMaxAge) or when that context is unsampled (nothing is recorded
+// then); an old event's span is the root of a trace of its own, so that an
+// outage does not stretch one trace over hours. Without a context it is a
+// new root. retry counts the earlier handlings of d in this session. The
+// span is nil with tracing off.
+func (t *tracing) startProcess(ctx context.Context, d *amqp.Delivery, retry int, server []attribute.KeyValue) (context.Context, trace.Span) {
 	if !t.on {
 		return ctx, nil
 	}
-	attrs := make([]attribute.KeyValue, 0, 12)
+	name := "process"
+	if d.Exchange != "" {
+		name += " " + d.Exchange
+	}
+	attrs := make([]attribute.KeyValue, 0, 14)
 	attrs = append(attrs,
 		semconv.MessagingSystemRabbitMQ,
 		semconv.MessagingOperationTypeProcess,
@@ -132,7 +191,15 @@ func (t *tracing) startProcess(ctx context.Context, d *amqp.Delivery, retry int)
 	if retry > 0 {
 		attrs = append(attrs, AttrRetry.Int(retry))
 	}
-	return t.tracer.Start(ctx, t.processName, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...))
+	attrs = append(attrs, server...)
+	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...)}
+	if carried := trace.SpanContextFromContext(ctx); carried.IsValid() {
+		opts = append(opts, trace.WithLinks(trace.Link{SpanContext: carried}))
+		if carried.IsSampled() && !t.young(d) {
+			opts = append(opts, trace.WithNewRoot())
+		}
+	}
+	return t.tracer.Start(ctx, name, opts...)
 }
 
 // endProcess ends a process span with the verdict and its outcome: a dead
@@ -146,16 +213,21 @@ func endProcess(span trace.Span, v Verdict, err error) {
 	if v.Reason != "" {
 		span.SetAttributes(AttrReason.String(v.Reason))
 	}
+	// error.type, low-cardinality: the verdict's reason, or what failed.
 	switch {
 	case err != nil:
 		span.RecordError(err)
 		span.SetStatus(codes.Error, err.Error())
+		span.SetAttributes(semconv.ErrorTypeOther)
 	case v.Action == DeadLetter:
 		span.SetStatus(codes.Error, "dead-lettered: "+v.Reason+": "+v.Detail)
+		span.SetAttributes(semconv.ErrorTypeKey.String(cmp.Or(v.Reason, "dead_letter")))
 	case v.Action == Retry:
 		span.SetStatus(codes.Error, "kept for a retry: a dependency is unavailable")
+		span.SetAttributes(semconv.ErrorTypeKey.String("dependency_unavailable"))
 	case v.Action == Defer && (v.Reason == "retry" || v.Reason == "transient" || v.Reason == "database"):
 		span.SetStatus(codes.Error, "deferred: "+v.Reason)
+		span.SetAttributes(semconv.ErrorTypeKey.String(v.Reason))
 	}
 	span.End()
 }

@@ -13,7 +13,7 @@ import (
 // span is started and nothing is allocated; only the trace headers are read,
 // when there are any.
 func TestNoopTracingAllocatesNothingPerDelivery(t *testing.T) {
-	tr := newTracing(noop.NewTracerProvider(), nil, "q")
+	tr := newTracing(noop.NewTracerProvider(), nil, "q", 0)
 	if tr.on {
 		t.Fatal("tracing on with a no-op provider")
 	}
@@ -21,7 +21,7 @@ func TestNoopTracingAllocatesNothingPerDelivery(t *testing.T) {
 	ctx := context.Background()
 	allocs := testing.AllocsPerRun(200, func() {
 		dctx := tr.extract(ctx, d)
-		hctx, span := tr.startProcess(dctx, d, 0)
+		hctx, span := tr.startProcess(dctx, d, 0, nil)
 		endSpan(tr.startAck(hctx, d), nil)
 		endProcess(span, Verdict{Action: Ack}, nil)
 	})
@@ -32,9 +32,9 @@ func TestNoopTracingAllocatesNothingPerDelivery(t *testing.T) {
 
 // With tracing off the delivery's trace context still reaches the handler.
 func TestNoopTracingStillExtractsTheDeliverysContext(t *testing.T) {
-	tr := newTracing(noop.NewTracerProvider(), nil, "q")
+	tr := newTracing(noop.NewTracerProvider(), nil, "q", 0)
 	d := &amqp.Delivery{Headers: amqp.Table{HeaderTraceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"}}
-	hctx, span := tr.startProcess(tr.extract(context.Background(), d), d, 0)
+	hctx, span := tr.startProcess(tr.extract(context.Background(), d), d, 0, nil)
 	if span != nil {
 		t.Fatal("a span with tracing off")
 	}

@@ -1,0 +1,250 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/outbox-inbox/reference/internal/audit"
+	"github.com/outbox-inbox/reference/pkg/inbox"
+	"github.com/outbox-inbox/reference/pkg/outbox"
+)
+
+// runAudit measures the loss audit (internal/audit, as cmd/audit runs it)
+// over auditEvents events: published rows in an outbox (historySQL, spread
+// over 7.7 days) and as many done records in shipping's inbox, written
+// through pkg/inbox as the service writes them, on a FerretDB in a process
+// of its own, so that the heap measured during the audit is the audit's.
+// The baseline is the inbox side read alone with the same query: on
+// FerretDB, which pushes neither the range nor the sort down to SQLite, it
+// bounds the audit.
+func (b *bench) runAudit(ctx context.Context) ([]Figure, error) {
+	n := b.cfg.auditEvents
+	_, pool, err := b.env.openDatabase(ctx, "audit", migrateOutbox)
+	if err != nil {
+		return nil, err
+	}
+	defer pool.Close()
+	start := time.Now()
+	if _, err := pool.Exec(ctx, historySQL, n); err != nil {
+		return nil, fmt.Errorf("write published events: %w", err)
+	}
+	if _, err := pool.Exec(ctx, "ANALYZE outbox_published"); err != nil {
+		return nil, err
+	}
+	b.log.Info("audit: events written", "events", n, "seconds", int(time.Since(start).Seconds()))
+
+	uri, err := b.startFerretProcess(ctx)
+	if err != nil {
+		return nil, err
+	}
+	client, err := mongo.Connect(options.Client().ApplyURI(uri).SetMaxPoolSize(32))
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = client.Disconnect(context.WithoutCancel(ctx)) }()
+	db := client.Database("bench_audit")
+
+	// Shipping's inbox: consumer "shipping", records buffered every 10ms.
+	in, err := inbox.New(db, inbox.Config{Consumer: "shipping", FlushInterval: 10 * time.Millisecond})
+	if err != nil {
+		return nil, err
+	}
+	start = time.Now()
+	if err := recordAll(ctx, in, n, 16); err != nil {
+		return nil, fmt.Errorf("record the events in the inbox: %w", err)
+	}
+	seedRate := rate(n, time.Since(start))
+	b.log.Info("audit: inbox records written", "records", n, "seconds", int(time.Since(start).Seconds()), "per_s", int(seedRate))
+
+	// One page for the whole inbox: FerretDB reads and sorts the whole
+	// collection for each page, so pages of 10,000 would read it n/10,000
+	// times.
+	inboxPage := n + 1
+	start = time.Now()
+	read := 0
+	for _, err := range in.Recorded(ctx, time.Time{}, inboxPage) {
+		if err != nil {
+			return nil, fmt.Errorf("read the inbox: %w", err)
+		}
+		read++
+	}
+	inboxRead := rate(read, time.Since(start))
+	events, err := outbox.NewEventLog(pool, 0)
+	if err != nil {
+		return nil, err
+	}
+	start = time.Now()
+	read = 0
+	for _, err := range events.Events(ctx, outbox.EventWindow{}) {
+		if err != nil {
+			return nil, fmt.Errorf("read the outbox: %w", err)
+		}
+		read++
+	}
+	outboxRead := rate(read, time.Since(start))
+	b.log.Info("audit: each side read alone", "inbox_per_s", int(inboxRead), "outbox_per_s", int(outboxRead))
+
+	stopSampling := sampleHeap()
+	now := time.Now()
+	r, err := audit.Run(ctx, audit.Config{
+		Producer: events, Consumer: in,
+		Since: now.Add(-8 * 24 * time.Hour), Until: now, Now: now, InboxPageSize: inboxPage,
+	})
+	base, peakHeap := stopSampling()
+	if err != nil {
+		return nil, fmt.Errorf("audit: %w", err)
+	}
+	if r.Checked != int64(n) || r.Applied.Count != int64(n) || !r.Whole() {
+		return nil, fmt.Errorf("audit of %d events: checked %d, applied %d, missing %d, phantom %d", n, r.Checked, r.Applied.Count, r.Missing.Count, r.Phantom.Count)
+	}
+	auditRate := float64(n) / r.Seconds
+	b.log.Info("audit", "events", n, "seconds", r.Seconds, "per_s", int(auditRate), "heap_peak_mib", peakHeap>>20)
+	details := map[string]any{
+		"events": n, "audit_seconds": r.Seconds, "inbox_seed_per_s": int(seedRate),
+		"inbox_read_alone_per_s": int(inboxRead), "outbox_read_alone_per_s": int(outboxRead),
+		"heap_in_use_before_mib": base >> 20, "heap_in_use_peak_mib": peakHeap >> 20,
+		"event_log_page": outbox.DefaultEventLogPage, "inbox_page": inboxPage,
+	}
+	return []Figure{newFigure("audit", "events/s", auditRate, inboxRead, Goal{ValueAtLeast, 100_000},
+		fmt.Sprintf("events audited per second by internal/audit (cmd/audit): %d published events in PostgreSQL against as many done records in shipping's inbox on FerretDB (a process of its own), merged by id; the audit's heap peaked at %d MiB",
+			n, peakHeap>>20),
+		"the same inbox records read alone (Inbox.Recorded, the audit's query: one page, which FerretDB reads and sorts whole)", details)}, nil
+}
+
+// recordAll records the messages "1".."n" as done in in, as the shipping
+// service does for each event it applies, from clients goroutines.
+func recordAll(ctx context.Context, in *inbox.Inbox, n, clients int) error {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make([]error, clients)
+	for c := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				id := next.Add(1)
+				if id > int64(n) || ctx.Err() != nil {
+					return
+				}
+				if _, err := in.Process(ctx, strconv.FormatInt(id, 10), func(context.Context) error { return nil }); err != nil {
+					errs[c] = err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	return errors.Join(append(errs, in.Close(closeCtx), ctx.Err())...)
+}
+
+// sampleHeap samples the heap in use every 20ms until the function it
+// returns is called, which returns the heap in use when sampling started
+// and the peak.
+func sampleHeap() func() (base, peak uint64) {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	base := ms.HeapInuse
+	var peak atomic.Uint64
+	peak.Store(base)
+	done, exited := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(exited)
+		t := time.NewTicker(20 * time.Millisecond)
+		defer t.Stop()
+		var ms runtime.MemStats
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				runtime.ReadMemStats(&ms)
+				if ms.HeapInuse > peak.Load() {
+					peak.Store(ms.HeapInuse)
+				}
+			}
+		}
+	}()
+	return func() (uint64, uint64) {
+		close(done)
+		<-exited
+		return base, peak.Load()
+	}
+}
+
+// startFerretProcess builds cmd/mongolocal and runs it, on a free port and
+// a data directory of its own, until the run ends, and returns its URI.
+func (b *bench) startFerretProcess(ctx context.Context) (string, error) {
+	dir, err := os.MkdirTemp("", "bench-audit-ferretdb-")
+	if err != nil {
+		return "", err
+	}
+	b.env.onClose("FerretDB process data "+dir, func(context.Context) error { return os.RemoveAll(dir) })
+	bin := filepath.Join(dir, "mongolocal")
+	build := exec.CommandContext(ctx, goCommand(), "build", "-o", bin, "./cmd/mongolocal")
+	build.Dir = b.env.root
+	if out, err := build.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build ./cmd/mongolocal: %w: %s", err, out)
+	}
+	addr, err := freeAddr()
+	if err != nil {
+		return "", err
+	}
+	logFile, err := os.Create(filepath.Join(dir, "mongolocal.log"))
+	if err != nil {
+		return "", err
+	}
+	cmd := exec.Command(bin, "-addr", addr, "-data-dir", filepath.Join(dir, "data"))
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	if err := cmd.Start(); err != nil {
+		_ = logFile.Close()
+		return "", fmt.Errorf("start mongolocal: %w", err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	b.env.onClose("FerretDB process "+addr, func(context.Context) error {
+		defer logFile.Close()
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+			return nil
+		case <-time.After(30 * time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+			return errors.New("mongolocal did not stop within 30s of SIGTERM; killed")
+		}
+	})
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
+			_ = c.Close()
+			return "mongodb://" + addr + "/", nil
+		}
+		select {
+		case err := <-exited:
+			return "", fmt.Errorf("mongolocal exited before listening (%v); see %s", err, logFile.Name())
+		case <-ctx.Done():
+			return "", ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return "", fmt.Errorf("mongolocal not listening after 60s; see %s", logFile.Name())
+		}
+	}
+}

@@ -1,0 +1,481 @@
+// Package audit compares what a producer committed with what a consumer
+// applied, from their stores: the events of an outbox (pkg/outbox's
+// EventLog) against the done records of an inbox (pkg/inbox's Recorded),
+// and tells, for a window of creation times, which events were applied,
+// which are missing, which inbox records have no committed event
+// (phantoms), and which events are pending, dead-lettered or discarded.
+//
+// Both sides are read as streams, in pages, in the same order, and merged:
+// memory holds a page of each side, a batch of look-ups and a few example
+// ids, however many events the window holds. The inbox keeps message ids as
+// strings and yields them in byte order ("10" before "9"); the outbox's ids
+// are the decimal message ids, whose byte order agrees with their numeric
+// order among ids of the same number of digits, so the producer side is read
+// as one stream per number of digits, merged by byte order.
+//
+// What each bucket means, for an event created in [Since, Until):
+//
+//   - applied: the inbox recorded it as done (whatever the outbox says of
+//     it: a confirm lost, or a mark not written yet, leaves it pending there).
+//   - unrecorded: no inbox record, but the consumer holds its effect
+//     (Accountant): a record buffered in memory when the consumer died after
+//     its ack, or expired.
+//   - held: no inbox record, and the consumer keeps the message for an
+//     operator (Accountant): dead-lettered, parked behind a dead letter, or
+//     discarded on the consumer's side.
+//   - dead_lettered, discarded: not in the inbox, and the outbox says the
+//     event is dead-lettered, or was discarded by an operator: it never left,
+//     knowingly.
+//   - pending: none of the above, and the event is still in flight: its last
+//     step (its commit, or its publish) is less than Grace ago.
+//   - missing: none of the above, older than that: committed and published,
+//     or committed long ago, and not applied.
+//   - phantom: an inbox record, processed at or after Since - ClockSkew,
+//     whose message id is no event the outbox holds at all: never
+//     committed (or published and purged since: keep Since inside the
+//     outbox's retention, with a margin).
+//
+// An event is judged by the snapshot each page was read in: one that
+// commits, or whose record is written, after the scan went past its id is
+// judged by the next audit.
+package audit
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"iter"
+	"math"
+	"strconv"
+	"time"
+
+	"github.com/outbox-inbox/reference/pkg/inbox"
+	"github.com/outbox-inbox/reference/pkg/outbox"
+)
+
+// Producer is what the audit reads of the producer: pkg/outbox's EventLog.
+type Producer interface {
+	Events(ctx context.Context, w outbox.EventWindow) iter.Seq2[outbox.LoggedEvent, error]
+	Lookup(ctx context.Context, ids []int64) ([]outbox.LoggedEvent, error)
+}
+
+// Consumer is what the audit reads of the consumer: pkg/inbox's Inbox.
+type Consumer interface {
+	Recorded(ctx context.Context, since time.Time, pageSize int) iter.Seq2[inbox.RecordedMessage, error]
+}
+
+// Kept is what a consumer did with an event its inbox has no record of.
+type Kept string
+
+const (
+	// KeptEffect: the consumer holds the event's effect (unrecorded).
+	KeptEffect Kept = "effect"
+	// KeptHeld: the consumer keeps the message for an operator, or its
+	// operator discarded it (held).
+	KeptHeld Kept = "held"
+)
+
+// Accountant tells what the consumer did with events its inbox has no
+// record of. Account returns an entry for each event it accounts for.
+type Accountant interface {
+	Account(ctx context.Context, events []outbox.LoggedEvent) (map[int64]Kept, error)
+}
+
+var (
+	_ Producer = (*outbox.EventLog)(nil)
+	_ Consumer = (*inbox.Inbox)(nil)
+)
+
+// Defaults.
+const (
+	// DefaultGrace covers what delays an event by design: a relay's lease
+	// after it died (30s), retries with backoff, the consumer's deferrals
+	// while it waits for an earlier version (about five minutes).
+	DefaultGrace = 15 * time.Minute
+	// DefaultClockSkew is how far the consumer's clock (processed_at) may
+	// be behind the producer database's (created_at).
+	DefaultClockSkew = time.Minute
+	DefaultExamples  = 10
+	// DefaultLookupBatch is how many ids one look-up carries.
+	DefaultLookupBatch = 1000
+)
+
+// Config configures an audit.
+type Config struct {
+	Producer Producer // required
+	Consumer Consumer // required
+	// Accountant, when set, is asked about the events the inbox has no
+	// record of. Default nil: such events are pending or missing.
+	Accountant Accountant
+	// Since and Until bound the creation times audited: Since <= created_at
+	// < Until. Required.
+	Since, Until time.Time
+	// Grace: an event not applied whose last step is more recent than
+	// Now - Grace is pending, not missing. Default DefaultGrace.
+	Grace time.Duration
+	// Now is the audit's time. Default time.Now().
+	Now time.Time
+	// ClockSkew widens the inbox side's window: records processed from
+	// Since - ClockSkew on are read. Default DefaultClockSkew.
+	ClockSkew time.Duration
+	// Examples is how many ids each bucket keeps. Default DefaultExamples;
+	// -1 keeps none.
+	Examples int
+	// InboxPageSize is the Consumer's page size. Default 0: its own.
+	InboxPageSize int
+	// LookupBatch is how many ids a look-up (Producer.Lookup,
+	// Accountant.Account) carries, at most outbox.MaxEventLookup. Default
+	// DefaultLookupBatch.
+	LookupBatch int
+}
+
+// Bucket counts the events of one outcome, with the first ids the audit
+// found (events in byte order of their ids; phantoms in the order their
+// look-ups confirmed them).
+type Bucket struct {
+	Count    int64    `json:"count"`
+	Examples []string `json:"examples"`
+}
+
+// Report is the result of an audit. Checked is the sum of the event
+// buckets (all but Phantom).
+type Report struct {
+	Since        time.Time `json:"since"`
+	Until        time.Time `json:"until"`
+	Grace        string    `json:"grace"`
+	AuditedAt    time.Time `json:"audited_at"`
+	Seconds      float64   `json:"duration_seconds"`
+	Checked      int64     `json:"checked"`
+	Applied      Bucket    `json:"applied"`
+	Unrecorded   Bucket    `json:"unrecorded"`
+	Missing      Bucket    `json:"missing"`
+	Phantom      Bucket    `json:"phantom"`
+	Pending      Bucket    `json:"pending"`
+	DeadLettered Bucket    `json:"dead_lettered"`
+	Discarded    Bucket    `json:"discarded"`
+	Held         Bucket    `json:"held"`
+	// InboxRecords is how many inbox records the audit read.
+	InboxRecords int64 `json:"inbox_records"`
+}
+
+// Whole reports whether nothing is missing and nothing is a phantom.
+func (r *Report) Whole() bool { return r.Missing.Count == 0 && r.Phantom.Count == 0 }
+
+// Buckets returns the buckets by name, as the report's JSON names them.
+func (r *Report) Buckets() map[string]*Bucket {
+	return map[string]*Bucket{
+		"applied": &r.Applied, "unrecorded": &r.Unrecorded, "missing": &r.Missing, "phantom": &r.Phantom,
+		"pending": &r.Pending, "dead_lettered": &r.DeadLettered, "discarded": &r.Discarded, "held": &r.Held,
+	}
+}
+
+func (c Config) withDefaults() (Config, error) {
+	if c.Producer == nil || c.Consumer == nil {
+		return c, errors.New("audit: Producer and Consumer are required")
+	}
+	if c.Since.IsZero() || c.Until.IsZero() || !c.Since.Before(c.Until) {
+		return c, fmt.Errorf("audit: window [%v, %v): want Since before Until", c.Since, c.Until)
+	}
+	if c.Grace < 0 || c.ClockSkew < 0 || c.Examples < -1 || c.InboxPageSize < 0 || c.LookupBatch < 0 || c.LookupBatch > outbox.MaxEventLookup {
+		return c, fmt.Errorf("audit: Grace %v, ClockSkew %v, Examples %d, InboxPageSize %d, LookupBatch %d: want Grace, ClockSkew and InboxPageSize >= 0, Examples >= -1, LookupBatch in 0..%d",
+			c.Grace, c.ClockSkew, c.Examples, c.InboxPageSize, c.LookupBatch, outbox.MaxEventLookup)
+	}
+	c.Grace = cmp.Or(c.Grace, DefaultGrace)
+	c.ClockSkew = cmp.Or(c.ClockSkew, DefaultClockSkew)
+	c.LookupBatch = cmp.Or(c.LookupBatch, DefaultLookupBatch)
+	if c.Now.IsZero() {
+		c.Now = time.Now()
+	}
+	switch c.Examples {
+	case 0:
+		c.Examples = DefaultExamples
+	case -1:
+		c.Examples = 0
+	}
+	return c, nil
+}
+
+// auditor is one run.
+type auditor struct {
+	cfg       Config
+	r         *Report
+	unmatched []string             // inbox ids to look up in the outbox
+	unapplied []outbox.LoggedEvent // events to ask the accountant about
+	keys      map[int64]string     // the byte-order keys of unapplied
+	stale     time.Time            // Now - Grace
+}
+
+// Run audits cfg's window.
+func Run(ctx context.Context, cfg Config) (*Report, error) {
+	start := time.Now()
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	r := &Report{Since: cfg.Since, Until: cfg.Until, Grace: cfg.Grace.String(), AuditedAt: cfg.Now}
+	for _, b := range r.Buckets() {
+		b.Examples = []string{}
+	}
+	a := &auditor{cfg: cfg, r: r, keys: map[int64]string{}, stale: cfg.Now.Add(-cfg.Grace)}
+	if err := a.merge(ctx); err != nil {
+		return nil, err
+	}
+	r.Seconds = time.Since(start).Seconds()
+	return r, nil
+}
+
+func (a *auditor) merge(ctx context.Context) error {
+	events, stop := a.producer(ctx)
+	defer stop()
+	next, stopInbox := iter.Pull2(a.cfg.Consumer.Recorded(ctx, a.cfg.Since.Add(-a.cfg.ClockSkew), a.cfg.InboxPageSize))
+	defer stopInbox()
+
+	e, ekey, eok, err := events()
+	if err != nil {
+		return err
+	}
+	rec, err, rok := next()
+	if err != nil {
+		return err
+	}
+	for eok || rok {
+		switch {
+		case !rok || eok && ekey < rec.MessageID:
+			err = a.notRecorded(ctx, e, ekey)
+			if err == nil {
+				e, ekey, eok, err = events()
+			}
+		case !eok || rec.MessageID < ekey:
+			a.r.InboxRecords++
+			err = a.notCommitted(ctx, rec.MessageID)
+			if err == nil {
+				rec, err, rok = next()
+			}
+		default:
+			a.r.InboxRecords++
+			if a.judged(e) {
+				a.add(&a.r.Applied, ekey)
+			}
+			if e, ekey, eok, err = events(); err == nil {
+				rec, err, rok = next()
+			}
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if err := a.lookUp(ctx); err != nil {
+		return err
+	}
+	return a.account(ctx)
+}
+
+// digitRanges are the ranges of ids with 1, 2, ... 19 decimal digits.
+func digitRanges() [][2]int64 {
+	var out [][2]int64
+	lo := int64(1)
+	for d := 1; d <= 19; d++ {
+		hi := int64(math.MaxInt64)
+		if d < 19 {
+			hi = lo*10 - 1
+		}
+		out = append(out, [2]int64{lo, hi})
+		if d < 19 {
+			lo *= 10
+		}
+	}
+	return out
+}
+
+// producerStream is the outbox's events of one number of digits.
+type producerStream struct {
+	next func() (outbox.LoggedEvent, error, bool)
+	head outbox.LoggedEvent
+	key  string
+}
+
+// producer returns the outbox's events created at or after Since (later
+// than Until too: their inbox records then need no look-up), in byte order
+// of their decimal ids, with their keys; ok is false at the end.
+func (a *auditor) producer(ctx context.Context) (next func() (e outbox.LoggedEvent, key string, ok bool, err error), stop func()) {
+	var (
+		streams []*producerStream
+		stops   []func()
+		started bool
+	)
+	stop = func() {
+		for _, s := range stops {
+			s()
+		}
+	}
+	advance := func(s *producerStream) (bool, error) {
+		e, err, ok := s.next()
+		if err != nil || !ok {
+			return false, err
+		}
+		s.head, s.key = e, strconv.FormatInt(e.ID, 10)
+		return true, nil
+	}
+	next = func() (outbox.LoggedEvent, string, bool, error) {
+		if !started {
+			started = true
+			for _, rg := range digitRanges() {
+				n, s := iter.Pull2(a.cfg.Producer.Events(ctx, outbox.EventWindow{Since: a.cfg.Since, MinID: rg[0], MaxID: rg[1]}))
+				stops = append(stops, s)
+				ps := &producerStream{next: n}
+				ok, err := advance(ps)
+				if err != nil {
+					return outbox.LoggedEvent{}, "", false, err
+				}
+				if ok {
+					streams = append(streams, ps)
+				} else {
+					s()
+				}
+			}
+		}
+		if len(streams) == 0 {
+			return outbox.LoggedEvent{}, "", false, nil
+		}
+		first := 0
+		for i, s := range streams[1:] {
+			if s.key < streams[first].key {
+				first = i + 1
+			}
+		}
+		s := streams[first]
+		e, key := s.head, s.key
+		ok, err := advance(s)
+		if err != nil {
+			return outbox.LoggedEvent{}, "", false, err
+		}
+		if !ok {
+			streams = append(streams[:first], streams[first+1:]...)
+		}
+		return e, key, true, nil
+	}
+	return next, stop
+}
+
+// judged reports whether e is in the audited window; the producer side
+// reads past Until.
+func (a *auditor) judged(e outbox.LoggedEvent) bool {
+	if !e.CreatedAt.Before(a.cfg.Until) {
+		return false
+	}
+	a.r.Checked++
+	return true
+}
+
+func (a *auditor) add(b *Bucket, id string) {
+	b.Count++
+	if len(b.Examples) < a.cfg.Examples {
+		b.Examples = append(b.Examples, id)
+	}
+}
+
+// notRecorded judges an event the inbox has no record of.
+func (a *auditor) notRecorded(ctx context.Context, e outbox.LoggedEvent, key string) error {
+	if !a.judged(e) {
+		return nil
+	}
+	switch e.State {
+	case outbox.EventDeadLettered:
+		a.add(&a.r.DeadLettered, key)
+	case outbox.EventDiscarded:
+		a.add(&a.r.Discarded, key)
+	default:
+		if a.cfg.Accountant == nil {
+			a.unaccounted(e, key)
+			return nil
+		}
+		a.unapplied = append(a.unapplied, e)
+		a.keys[e.ID] = key
+		if len(a.unapplied) >= a.cfg.LookupBatch {
+			return a.account(ctx)
+		}
+	}
+	return nil
+}
+
+// unaccounted puts an event neither the inbox nor the consumer accounts for
+// in pending or missing.
+func (a *auditor) unaccounted(e outbox.LoggedEvent, key string) {
+	last := e.CreatedAt
+	if e.State == outbox.EventPublished {
+		last = e.Since
+	}
+	if last.After(a.stale) {
+		a.add(&a.r.Pending, key)
+	} else {
+		a.add(&a.r.Missing, key)
+	}
+}
+
+// account asks the accountant about the events gathered so far.
+func (a *auditor) account(ctx context.Context) error {
+	if len(a.unapplied) == 0 {
+		return nil
+	}
+	kept, err := a.cfg.Accountant.Account(ctx, a.unapplied)
+	if err != nil {
+		return fmt.Errorf("audit: ask the consumer about %d events: %w", len(a.unapplied), err)
+	}
+	for _, e := range a.unapplied {
+		key := a.keys[e.ID]
+		switch kept[e.ID] {
+		case KeptEffect:
+			a.add(&a.r.Unrecorded, key)
+		case KeptHeld:
+			a.add(&a.r.Held, key)
+		default:
+			a.unaccounted(e, key)
+		}
+	}
+	a.unapplied = a.unapplied[:0]
+	clear(a.keys)
+	return nil
+}
+
+// notCommitted handles an inbox record that matches no event of the
+// producer side: an event created before Since, or a phantom.
+func (a *auditor) notCommitted(ctx context.Context, msgID string) error {
+	id, err := strconv.ParseInt(msgID, 10, 64)
+	if err != nil || id <= 0 || strconv.FormatInt(id, 10) != msgID {
+		a.add(&a.r.Phantom, msgID) // no outbox id is written so
+		return nil
+	}
+	a.unmatched = append(a.unmatched, msgID)
+	if len(a.unmatched) >= a.cfg.LookupBatch {
+		return a.lookUp(ctx)
+	}
+	return nil
+}
+
+// lookUp looks the unmatched inbox ids up in the outbox: those it holds
+// were created before Since; the others are phantoms.
+func (a *auditor) lookUp(ctx context.Context) error {
+	if len(a.unmatched) == 0 {
+		return nil
+	}
+	ids := make([]int64, len(a.unmatched))
+	for i, s := range a.unmatched {
+		ids[i], _ = strconv.ParseInt(s, 10, 64)
+	}
+	found, err := a.cfg.Producer.Lookup(ctx, ids)
+	if err != nil {
+		return fmt.Errorf("audit: look up %d inbox ids in the outbox: %w", len(ids), err)
+	}
+	known := make(map[int64]bool, len(found))
+	for _, e := range found {
+		known[e.ID] = true
+	}
+	for i, id := range ids {
+		if !known[id] {
+			a.add(&a.r.Phantom, a.unmatched[i])
+		}
+	}
+	a.unmatched = a.unmatched[:0]
+	return nil
+}

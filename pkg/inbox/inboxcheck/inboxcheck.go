@@ -1,0 +1,565 @@
+// Package inboxcheck tests a handler written for package inbox the way an
+// at-least-once broker will treat it, against a real MongoDB (or FerretDB),
+// and fails the test when the handler's effect is applied twice, lost, or
+// applied out of order, or when the handler breaks a rule of the inbox's
+// mode.
+//
+// Give it the handler, and a way to read its effect:
+//
+//	func TestShipmentHandler(t *testing.T) {
+//		db := ... // a *mongo.Database of the test's own
+//		inboxcheck.Run(t, db, inboxcheck.Subject{
+//			Handler: func(m inboxcheck.Message) inbox.Handler {
+//				return func(ctx context.Context) error {
+//					return shipments.Apply(ctx, eventFor(m)) // version m.Version of order m.AggregateID
+//				}
+//			},
+//			Applied: func(ctx context.Context, orderID string) ([]string, error) {
+//				return shipments.MessageIDs(ctx, orderID) // in the order they were applied
+//			},
+//		})
+//	}
+//
+// Run delivers messages of fresh aggregates (versions 1, 2, ... of each)
+// through inboxes configured as Subject.Inbox says, in each of these
+// scenarios, then reads every aggregate's effect and wants each message
+// applied exactly once, in version order:
+//
+//   - redelivered: each message delivered twice in a row, the second time
+//     to another consumer instance (whose done cache is empty).
+//   - crash_window: the first delivery of each message runs the handler and
+//     fails after it, before the inbox records the message: what a consumer
+//     killed between its effect and its record leaves (in ModeTransaction the
+//     effect is rolled back with the transaction; in ModeStandalone it stays,
+//     and the redelivery must find it applied).
+//   - concurrent: each message delivered to two consumer instances at the
+//     same time; in ModeStandalone without a Lease both handlers run at once
+//     (the check makes them meet inside the handler).
+//   - out_of_order: each aggregate's versions delivered last first; a
+//     delivery whose handler fails is delivered again after the others, as a
+//     broker redelivers a rejected message.
+//   - foreign_context: one delivery of each message whose handler gets a
+//     context cancelled before it runs: a handler that still applies its
+//     effect does its database work with another context. In ModeTransaction
+//     such writes commit outside the transaction, even when it aborts.
+//   - expired_record: every message delivered again, once applied, to a
+//     consumer without its record: what a redelivery after retention expired
+//     the record meets. The handler must find its effect and do nothing (in
+//     ModeTransaction it must read before it writes: a duplicate key aborts
+//     the transaction).
+//
+// A delivery whose Process call fails is delivered again, up to
+// MaxDeliveries times; a message still not acknowledged then is reported
+// (a handler that fails for good, or keeps aborting its transaction by
+// swallowing a write error).
+//
+// What is checked where: every scenario runs in the mode the inbox resolves
+// (ModeAuto asks the server). On a standalone server or FerretDB that is
+// ModeStandalone: idempotence under redelivery, crash and concurrency,
+// version order, and the context rule (foreign_context). What only a
+// replica set shows is checked only there, in ModeTransaction: that the
+// handler's writes roll back with an aborted transaction (crash_window),
+// that it reads before it writes (expired_record), that it does not swallow
+// write errors (they abort the transaction, and the message is never
+// acknowledged). Run your handler's check on a replica set too if it will
+// run on one.
+//
+// The package needs only package inbox and the MongoDB driver: the caller
+// gives it the database, on any server. It writes inbox records under
+// consumer names of its own (inboxcheck-<random>) in Subject.Inbox's
+// collection, and leaves them there.
+package inboxcheck
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/mongo"
+
+	"github.com/outbox-inbox/reference/pkg/inbox"
+)
+
+// Message is one message the check delivers.
+type Message struct {
+	// ID is the message id, unique in the run.
+	ID string
+	// AggregateID names the aggregate, fresh for each scenario.
+	AggregateID string
+	// Version is the message's version within its aggregate: 1, 2, ...
+	Version int64
+}
+
+// Subject is the handler under test.
+type Subject struct {
+	// Handler returns the handler applying m, for one delivery. Required.
+	Handler func(m Message) inbox.Handler
+	// Applied returns the ids of the messages whose effect the aggregate
+	// shows, in the order they were applied, an id as many times as its
+	// effect was applied. Required.
+	Applied func(ctx context.Context, aggregateID string) ([]string, error)
+	// Inbox configures the inboxes the messages go through (Mode, Lease,
+	// FlushInterval, Collection...); Consumer is replaced by names of the
+	// check's own. Default: the zero Config (ModeAuto).
+	Inbox inbox.Config
+	// Versions is how many messages each aggregate gets. Default 2.
+	Versions int
+	// Aggregates is how many aggregates each scenario uses. Default 3.
+	Aggregates int
+	// MaxDeliveries bounds the deliveries of one message. Default 20.
+	MaxDeliveries int
+}
+
+// Problems a Finding reports.
+const (
+	AppliedTwice      = "applied twice"
+	Lost              = "lost"
+	OutOfOrder        = "out of order"
+	NeverAcknowledged = "never acknowledged"
+	ForeignContext    = "applied with another context"
+	Unexpected        = "unexpected effect"
+)
+
+// Finding is one way the handler failed a scenario.
+type Finding struct {
+	Scenario    string
+	AggregateID string
+	Problem     string
+	Detail      string
+}
+
+func (f Finding) String() string {
+	return fmt.Sprintf("%s: aggregate %s: %s: %s", f.Scenario, f.AggregateID, f.Problem, f.Detail)
+}
+
+// Report is what a check found.
+type Report struct {
+	// Mode is the mode the inboxes ran in.
+	Mode inbox.Mode
+	// Deliveries counts the Process calls made.
+	Deliveries int
+	Findings   []Finding
+}
+
+func (r *Report) String() string {
+	if len(r.Findings) == 0 {
+		return fmt.Sprintf("inboxcheck: %s mode, %d deliveries: every message applied once, in order", r.Mode, r.Deliveries)
+	}
+	lines := []string{fmt.Sprintf("inboxcheck: %s mode, %d deliveries: %d findings", r.Mode, r.Deliveries, len(r.Findings))}
+	for _, f := range r.Findings {
+		lines = append(lines, "  "+f.String())
+	}
+	return strings.Join(lines, "\n")
+}
+
+// Run checks s on db and fails t with each finding (t.Errorf), or with the
+// check's own error (t.Fatalf). It returns the report.
+func Run(t testing.TB, db *mongo.Database, s Subject) *Report {
+	t.Helper()
+	r, err := Check(t.Context(), db, s)
+	if err != nil {
+		t.Fatalf("inboxcheck: %v", err)
+		return r
+	}
+	for _, f := range r.Findings {
+		t.Errorf("inboxcheck: %s", f)
+	}
+	return r
+}
+
+// Check runs every scenario on db and returns what it found. Its error is
+// the check's own failure (a bad Subject, the database unreachable, the
+// context ended), not the handler's.
+func Check(ctx context.Context, db *mongo.Database, s Subject) (*Report, error) {
+	if db == nil || s.Handler == nil || s.Applied == nil {
+		return nil, errors.New("inboxcheck: a database, Subject.Handler and Subject.Applied are required")
+	}
+	if s.Versions < 0 || s.Aggregates < 0 || s.MaxDeliveries < 0 {
+		return nil, fmt.Errorf("inboxcheck: Versions %d, Aggregates %d, MaxDeliveries %d: want positive numbers (or 0 for the defaults)",
+			s.Versions, s.Aggregates, s.MaxDeliveries)
+	}
+	s.Versions = cmp.Or(s.Versions, 2)
+	s.Aggregates = cmp.Or(s.Aggregates, 3)
+	s.MaxDeliveries = cmp.Or(s.MaxDeliveries, 20)
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	c := &checker{db: db, s: s, run: "inboxcheck-" + hex.EncodeToString(b), report: &Report{}}
+	probe, err := c.inbox("probe")
+	if err != nil {
+		return nil, err
+	}
+	if c.report.Mode, err = probe.Mode(ctx); err != nil {
+		return nil, fmt.Errorf("inboxcheck: the inbox's mode: %w", err)
+	}
+	for _, sc := range []struct {
+		name string
+		run  func(context.Context, string, [][]Message) error
+	}{
+		{"redelivered", c.redelivered},
+		{"crash_window", c.crashWindow},
+		{"concurrent", c.concurrent},
+		{"out_of_order", c.outOfOrder},
+		{"foreign_context", c.foreignContext},
+		{"expired_record", c.expiredRecord},
+	} {
+		aggs := c.messages(sc.name)
+		if err := sc.run(ctx, sc.name, aggs); err != nil {
+			return c.report, fmt.Errorf("inboxcheck: %s: %w", sc.name, err)
+		}
+		if err := c.verify(ctx, sc.name, aggs); err != nil {
+			return c.report, fmt.Errorf("inboxcheck: %s: %w", sc.name, err)
+		}
+	}
+	return c.report, nil
+}
+
+// checker is one run of Check.
+type checker struct {
+	db     *mongo.Database
+	s      Subject
+	run    string
+	report *Report
+	mu     sync.Mutex // guards report
+}
+
+// errCrash and errProbe end deliveries on purpose.
+var (
+	errCrash = errors.New("inboxcheck: the consumer died after the effect, before the record")
+	errProbe = errors.New("inboxcheck: probe delivery with a cancelled context")
+)
+
+func (c *checker) find(scenario, aggregateID, problem, format string, args ...any) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.report.Findings = append(c.report.Findings, Finding{Scenario: scenario, AggregateID: aggregateID, Problem: problem, Detail: fmt.Sprintf(format, args...)})
+}
+
+// inbox returns an inbox of the subject's configuration for the consumer
+// named after the run and name.
+func (c *checker) inbox(name string) (*inbox.Inbox, error) {
+	cfg := c.s.Inbox
+	cfg.Consumer = c.run + "-" + name
+	in, err := inbox.New(c.db, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("inboxcheck: Subject.Inbox: %w", err)
+	}
+	return in, nil
+}
+
+// closing closes inboxes (those with FlushInterval write what they buffer).
+func closing(ctx context.Context, ins ...*inbox.Inbox) error {
+	var errs []error
+	for _, in := range ins {
+		errs = append(errs, in.Close(ctx))
+	}
+	return errors.Join(errs...)
+}
+
+// messages returns the scenario's messages, by aggregate, in version order.
+func (c *checker) messages(scenario string) [][]Message {
+	out := make([][]Message, c.s.Aggregates)
+	for a := range out {
+		agg := fmt.Sprintf("%s-%s-%d", c.run, scenario, a+1)
+		for v := int64(1); v <= int64(c.s.Versions); v++ {
+			out[a] = append(out[a], Message{ID: fmt.Sprintf("%s-v%d", agg, v), AggregateID: agg, Version: v})
+		}
+	}
+	return out
+}
+
+// wrapper changes the handler of one delivery; delivery counts from 1.
+type wrapper func(m Message, delivery int, h inbox.Handler) inbox.Handler
+
+// settle delivers queue through in until every message is acknowledged: a
+// delivery that fails is delivered again after the others, as a broker
+// requeues it, up to MaxDeliveries times. delivered, if set, is called
+// after each delivery.
+func (c *checker) settle(ctx context.Context, scenario string, in *inbox.Inbox, queue []Message, wrap wrapper, delivered func()) error {
+	deliveries := map[string]int{}
+	for len(queue) > 0 {
+		m := queue[0]
+		queue = queue[1:]
+		deliveries[m.ID]++
+		err := c.deliver(ctx, in, m, deliveries[m.ID], wrap)
+		if delivered != nil {
+			delivered()
+		}
+		switch {
+		case err == nil:
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case errors.Is(err, inbox.ErrInProgress):
+			// Another consumer holds the message's claim: wait as a delay
+			// queue would, without counting a delivery.
+			deliveries[m.ID]--
+			queue = append(queue, m)
+			if err := pause(ctx); err != nil {
+				return err
+			}
+		case deliveries[m.ID] >= c.s.MaxDeliveries:
+			c.find(scenario, m.AggregateID, NeverAcknowledged, "message %s (version %d): %d deliveries failed, the last with: %v",
+				m.ID, m.Version, deliveries[m.ID], err)
+		default:
+			queue = append(queue, m)
+		}
+	}
+	return nil
+}
+
+// deliver makes one delivery of m through in.
+func (c *checker) deliver(ctx context.Context, in *inbox.Inbox, m Message, delivery int, wrap wrapper) error {
+	h := c.s.Handler(m)
+	if h == nil {
+		return fmt.Errorf("Subject.Handler returned nil for message %s", m.ID)
+	}
+	if wrap != nil {
+		h = wrap(m, delivery, h)
+	}
+	c.mu.Lock()
+	c.report.Deliveries++
+	c.mu.Unlock()
+	_, err := in.Process(ctx, m.ID, h)
+	return err
+}
+
+func pause(ctx context.Context) error {
+	t := time.NewTimer(5 * time.Millisecond)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+func flatten(aggs [][]Message) []Message {
+	var out []Message
+	for _, a := range aggs {
+		out = append(out, a...)
+	}
+	return out
+}
+
+func (c *checker) redelivered(ctx context.Context, scenario string, aggs [][]Message) error {
+	first, err := c.inbox(scenario)
+	if err != nil {
+		return err
+	}
+	second, err := c.inbox(scenario) // the same consumer, another instance
+	if err != nil {
+		return err
+	}
+	for _, m := range flatten(aggs) {
+		if err := c.settle(ctx, scenario, first, []Message{m}, nil, nil); err != nil {
+			return err
+		}
+		if err := c.settle(ctx, scenario, second, []Message{m}, nil, nil); err != nil {
+			return err
+		}
+	}
+	return closing(ctx, first, second)
+}
+
+func (c *checker) crashWindow(ctx context.Context, scenario string, aggs [][]Message) error {
+	in, err := c.inbox(scenario)
+	if err != nil {
+		return err
+	}
+	crash := func(m Message, delivery int, h inbox.Handler) inbox.Handler {
+		if delivery > 1 {
+			return h
+		}
+		return func(ctx context.Context) error {
+			if err := h(ctx); err != nil {
+				return err
+			}
+			return errCrash
+		}
+	}
+	for _, m := range flatten(aggs) {
+		if err := c.settle(ctx, scenario, in, []Message{m}, crash, nil); err != nil {
+			return err
+		}
+	}
+	return closing(ctx, in)
+}
+
+func (c *checker) concurrent(ctx context.Context, scenario string, aggs [][]Message) error {
+	a, err := c.inbox(scenario)
+	if err != nil {
+		return err
+	}
+	b, err := c.inbox(scenario)
+	if err != nil {
+		return err
+	}
+	// In ModeTransaction the second transaction waits on the first's record
+	// (a write conflict, retried) and never enters the handler meanwhile:
+	// making them meet there would only wait.
+	meet := c.report.Mode != inbox.ModeTransaction
+	for _, m := range flatten(aggs) {
+		var (
+			mu       sync.Mutex
+			arrived  int
+			both     = make(chan struct{}) // both handlers are running
+			returned = make(chan struct{}) // a delivery ended (a claim refused, a record found...)
+			once     sync.Once
+		)
+		gate := func(m Message, delivery int, h inbox.Handler) inbox.Handler {
+			if !meet {
+				return h
+			}
+			return func(ctx context.Context) error {
+				mu.Lock()
+				if arrived++; arrived == 2 {
+					close(both)
+				}
+				mu.Unlock()
+				select {
+				case <-both:
+				case <-returned:
+				case <-ctx.Done():
+				}
+				return h(ctx)
+			}
+		}
+		var wg sync.WaitGroup
+		errs := make([]error, 2)
+		for i, in := range []*inbox.Inbox{a, b} {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				errs[i] = c.settle(ctx, scenario, in, []Message{m}, gate, func() { once.Do(func() { close(returned) }) })
+			}()
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			return err
+		}
+	}
+	return closing(ctx, a, b)
+}
+
+func (c *checker) outOfOrder(ctx context.Context, scenario string, aggs [][]Message) error {
+	in, err := c.inbox(scenario)
+	if err != nil {
+		return err
+	}
+	var queue []Message
+	for _, a := range aggs {
+		reversed := slices.Clone(a)
+		slices.Reverse(reversed)
+		queue = append(queue, reversed...)
+	}
+	if err := c.settle(ctx, scenario, in, queue, nil, nil); err != nil {
+		return err
+	}
+	return closing(ctx, in)
+}
+
+func (c *checker) foreignContext(ctx context.Context, scenario string, aggs [][]Message) error {
+	in, err := c.inbox(scenario)
+	if err != nil {
+		return err
+	}
+	probe := func(m Message, delivery int, h inbox.Handler) inbox.Handler {
+		return func(ctx context.Context) error {
+			cctx, cancel := context.WithCancel(ctx)
+			cancel()
+			_ = h(cctx)
+			return errProbe
+		}
+	}
+	for _, m := range flatten(aggs) {
+		_ = c.deliver(ctx, in, m, 1, probe) // fails: errProbe
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		applied, err := c.s.Applied(ctx, m.AggregateID)
+		if err != nil {
+			return fmt.Errorf("Subject.Applied(%s): %w", m.AggregateID, err)
+		}
+		if slices.Contains(applied, m.ID) {
+			c.find(scenario, m.AggregateID, ForeignContext,
+				"message %s (version %d): its effect was applied by a delivery whose handler got a cancelled context: the handler does its database work with another context (in ModeTransaction such writes commit outside the transaction, even when it aborts)",
+				m.ID, m.Version)
+		}
+		if err := c.settle(ctx, scenario, in, []Message{m}, nil, nil); err != nil {
+			return err
+		}
+	}
+	return closing(ctx, in)
+}
+
+func (c *checker) expiredRecord(ctx context.Context, scenario string, aggs [][]Message) error {
+	first, err := c.inbox(scenario)
+	if err != nil {
+		return err
+	}
+	if err := c.settle(ctx, scenario, first, flatten(aggs), nil, nil); err != nil {
+		return err
+	}
+	if err := closing(ctx, first); err != nil {
+		return err
+	}
+	// Another consumer name: no record of any of the messages.
+	again, err := c.inbox(scenario + "-expired")
+	if err != nil {
+		return err
+	}
+	if err := c.settle(ctx, scenario, again, flatten(aggs), nil, nil); err != nil {
+		return err
+	}
+	return closing(ctx, again)
+}
+
+// verify wants each aggregate's effect to show its messages once each, in
+// version order.
+func (c *checker) verify(ctx context.Context, scenario string, aggs [][]Message) error {
+	for _, a := range aggs {
+		agg := a[0].AggregateID
+		got, err := c.s.Applied(ctx, agg)
+		if err != nil {
+			return fmt.Errorf("Subject.Applied(%s): %w", agg, err)
+		}
+		want := make([]string, len(a))
+		version := map[string]int64{}
+		for i, m := range a {
+			want[i], version[m.ID] = m.ID, m.Version
+		}
+		counts := map[string]int{}
+		for _, id := range got {
+			counts[id]++
+		}
+		clean := true
+		for _, m := range a {
+			switch n := counts[m.ID]; {
+			case n == 0:
+				clean = false
+				c.find(scenario, agg, Lost, "message %s (version %d) was acknowledged and its effect is not there; effects: %v", m.ID, m.Version, got)
+			case n > 1:
+				clean = false
+				c.find(scenario, agg, AppliedTwice, "message %s (version %d) applied %d times; effects: %v", m.ID, m.Version, n, got)
+			}
+		}
+		for id := range counts {
+			if _, ok := version[id]; !ok {
+				clean = false
+				c.find(scenario, agg, Unexpected, "the aggregate shows message %s, which was not delivered to it; effects: %v", id, got)
+			}
+		}
+		if clean && !slices.Equal(got, want) {
+			c.find(scenario, agg, OutOfOrder, "effects applied in the order %v, want %v", got, want)
+		}
+	}
+	return nil
+}

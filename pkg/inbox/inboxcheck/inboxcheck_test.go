@@ -1,0 +1,345 @@
+package inboxcheck_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+	"go.uber.org/goleak"
+
+	"github.com/outbox-inbox/reference/pkg/inbox"
+	"github.com/outbox-inbox/reference/pkg/inbox/inboxcheck"
+	"github.com/outbox-inbox/reference/pkg/inbox/internal/inboxtest"
+)
+
+// The kit runs on the embedded FerretDB (ModeStandalone) here, and on a
+// replica set (ModeTransaction) where one is available.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(inboxtest.Suite(m)) }
+
+// effects is an effect store for the handlers below: one document per
+// applied message, numbered in the order of application.
+type effects struct {
+	coll *mongo.Collection
+	seq  atomic.Int64
+}
+
+func newEffects(db *mongo.Database) *effects { return &effects{coll: db.Collection("effects")} }
+
+func key(m inboxcheck.Message) string { return fmt.Sprintf("%s/%d", m.AggregateID, m.Version) }
+
+var errGap = errors.New("the previous version is not applied yet")
+
+// keyed is the handler to copy: it reads before it writes (applied already:
+// nothing to do; previous version missing: fail, to be redelivered), and
+// its insert is keyed on the aggregate's version, so a concurrent copy
+// takes a duplicate key (read back outside a transaction; inside one,
+// returned: the transaction is aborted).
+func (e *effects) keyed(m inboxcheck.Message) inbox.Handler {
+	return func(ctx context.Context) error {
+		err := e.coll.FindOne(ctx, bson.D{{Key: "_id", Value: key(m)}}).Err()
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, mongo.ErrNoDocuments) {
+			return err
+		}
+		if m.Version > 1 {
+			prev := inboxcheck.Message{AggregateID: m.AggregateID, Version: m.Version - 1}
+			err := e.coll.FindOne(ctx, bson.D{{Key: "_id", Value: key(prev)}}).Err()
+			if errors.Is(err, mongo.ErrNoDocuments) {
+				return errGap
+			}
+			if err != nil {
+				return err
+			}
+		}
+		_, err = e.coll.InsertOne(ctx, e.doc(m, key(m)))
+		if mongo.IsDuplicateKeyError(err) && mongo.SessionFromContext(ctx) == nil {
+			return nil
+		}
+		return err
+	}
+}
+
+func (e *effects) doc(m inboxcheck.Message, id any) bson.D {
+	return bson.D{{Key: "_id", Value: id}, {Key: "aggregate_id", Value: m.AggregateID}, {Key: "message_id", Value: m.ID}, {Key: "seq", Value: e.seq.Add(1)}}
+}
+
+// plain adds a document per run: not idempotent.
+func (e *effects) plain(m inboxcheck.Message) inbox.Handler {
+	return func(ctx context.Context) error {
+		_, err := e.coll.InsertOne(ctx, e.doc(m, bson.NewObjectID()))
+		return err
+	}
+}
+
+// orderBlind is keyed but does not wait for the previous version.
+func (e *effects) orderBlind(m inboxcheck.Message) inbox.Handler {
+	return func(ctx context.Context) error {
+		_, err := e.coll.InsertOne(ctx, e.doc(m, key(m)))
+		if mongo.IsDuplicateKeyError(err) {
+			return nil
+		}
+		return err
+	}
+}
+
+// gapSwallower returns nil, without applying, when the previous version is
+// missing: the message is recorded, its effect never comes.
+func (e *effects) gapSwallower(m inboxcheck.Message) inbox.Handler {
+	h := e.keyed(m)
+	return func(ctx context.Context) error {
+		if err := h(ctx); !errors.Is(err, errGap) {
+			return err
+		}
+		return nil
+	}
+}
+
+// foreign is keyed, but writes with a context of its own (captured when the
+// handler was made), not the one it is given.
+func (e *effects) foreign(m inboxcheck.Message) inbox.Handler {
+	own := context.WithoutCancel(context.Background())
+	h := e.keyed(m)
+	return func(ctx context.Context) error { return h(own) }
+}
+
+// insertFirst inserts, and takes a duplicate key for "already applied":
+// right without transactions, wrong inside one.
+func (e *effects) insertFirst(m inboxcheck.Message) inbox.Handler {
+	return func(ctx context.Context) error {
+		if m.Version > 1 {
+			prev := inboxcheck.Message{AggregateID: m.AggregateID, Version: m.Version - 1}
+			if err := e.coll.FindOne(ctx, bson.D{{Key: "_id", Value: key(prev)}}).Err(); err != nil {
+				return err
+			}
+		}
+		_, err := e.coll.InsertOne(ctx, e.doc(m, key(m)))
+		if mongo.IsDuplicateKeyError(err) {
+			return nil
+		}
+		return err
+	}
+}
+
+func (e *effects) applied(ctx context.Context, aggregateID string) ([]string, error) {
+	cur, err := e.coll.Find(ctx, bson.D{{Key: "aggregate_id", Value: aggregateID}}, options.Find().SetSort(bson.D{{Key: "seq", Value: 1}}))
+	if err != nil {
+		return nil, err
+	}
+	var docs []struct {
+		MessageID string `bson:"message_id"`
+	}
+	if err := cur.All(ctx, &docs); err != nil {
+		return nil, err
+	}
+	ids := make([]string, len(docs))
+	for i, d := range docs {
+		ids[i] = d.MessageID
+	}
+	return ids, nil
+}
+
+// subject is the check of handler, on two aggregates per scenario (one more
+// than a finding needs; the default is three).
+func (e *effects) subject(handler func(inboxcheck.Message) inbox.Handler) inboxcheck.Subject {
+	return inboxcheck.Subject{Handler: handler, Applied: e.applied, Aggregates: 2}
+}
+
+// fakeT is the testing.TB the kit fails, to observe how.
+type fakeT struct {
+	testing.TB // nil: the kit calls only the methods below
+	ctx        context.Context
+	mu         sync.Mutex
+	errors     []string
+	fatal      string
+}
+
+func (f *fakeT) Helper()                  {}
+func (f *fakeT) Context() context.Context { return f.ctx }
+func (f *fakeT) Errorf(format string, args ...any) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.errors = append(f.errors, fmt.Sprintf(format, args...))
+}
+
+func (f *fakeT) Fatalf(format string, args ...any) {
+	f.mu.Lock()
+	f.fatal = fmt.Sprintf(format, args...)
+	f.mu.Unlock()
+	runtime.Goexit()
+}
+
+// runFake runs the kit on s with a fake testing.TB and returns it.
+func runFake(t *testing.T, db *mongo.Database, s inboxcheck.Subject) *fakeT {
+	t.Helper()
+	f := &fakeT{ctx: t.Context()}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		inboxcheck.Run(f, db, s)
+	}()
+	<-done
+	if f.fatal != "" {
+		t.Fatalf("the kit failed by itself: %s", f.fatal)
+	}
+	return f
+}
+
+// wantFailures fails t unless the kit reported, for each scenario named in
+// want, a finding with that problem.
+func wantFailures(t *testing.T, f *fakeT, want map[string]string) {
+	t.Helper()
+	all := strings.Join(f.errors, "\n")
+	for scenario, problem := range want {
+		found := false
+		for _, e := range f.errors {
+			if strings.HasPrefix(e, "inboxcheck: "+scenario+": ") && strings.Contains(e, ": "+problem+": ") {
+				found = true
+			}
+		}
+		if !found {
+			t.Errorf("no %q finding in scenario %s; the kit reported:\n%s", problem, scenario, all)
+		}
+	}
+}
+
+// A handler that follows the rules passes, in each configuration of the
+// standalone protocol.
+func TestAHandlerThatFollowsTheRulesPasses(t *testing.T) {
+	t.Parallel()
+	for name, cfg := range map[string]inbox.Config{
+		"plain": {},
+		"lease": {Lease: time.Minute},
+		"buffered records, no done cache, a collection of its own": {
+			FlushInterval: 10 * time.Millisecond, DoneCacheSize: -1, Collection: "records"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			db := inboxtest.Database(t)
+			e := newEffects(db)
+			s := e.subject(e.keyed)
+			s.Inbox = cfg
+			r := inboxcheck.Run(t, db, s)
+			if r.Mode != inbox.ModeStandalone || r.Deliveries < 6*2*2 {
+				t.Fatalf("report: %s", r)
+			}
+		})
+	}
+}
+
+// A deliberately non-idempotent handler fails: the inbox keeps redeliveries
+// of a recorded message away from it, but not the crash window, a
+// concurrent duplicate, or a redelivery after retention; and it applies
+// versions in the order they come.
+func TestANonIdempotentHandlerFails(t *testing.T) {
+	t.Parallel()
+	db := inboxtest.Database(t)
+	e := newEffects(db)
+	f := runFake(t, db, e.subject(e.plain))
+	wantFailures(t, f, map[string]string{
+		"crash_window":   inboxcheck.AppliedTwice,
+		"concurrent":     inboxcheck.AppliedTwice,
+		"expired_record": inboxcheck.AppliedTwice,
+		"out_of_order":   inboxcheck.OutOfOrder,
+	})
+	for _, e := range f.errors {
+		if strings.HasPrefix(e, "inboxcheck: redelivered: ") || strings.HasPrefix(e, "inboxcheck: foreign_context: ") {
+			t.Errorf("a finding the inbox or the handler's use of its context rules out: %s", e)
+		}
+	}
+}
+
+func TestAnOrderBlindHandlerFails(t *testing.T) {
+	t.Parallel()
+	db := inboxtest.Database(t)
+	e := newEffects(db)
+	f := runFake(t, db, e.subject(e.orderBlind))
+	wantFailures(t, f, map[string]string{"out_of_order": inboxcheck.OutOfOrder})
+	if len(f.errors) != 2 {
+		t.Errorf("want one finding per aggregate of out_of_order, got:\n%s", strings.Join(f.errors, "\n"))
+	}
+}
+
+func TestAHandlerThatSwallowsAGapLosesTheEffect(t *testing.T) {
+	t.Parallel()
+	db := inboxtest.Database(t)
+	e := newEffects(db)
+	f := runFake(t, db, e.subject(e.gapSwallower))
+	wantFailures(t, f, map[string]string{"out_of_order": inboxcheck.Lost})
+}
+
+// A handler that writes with a context other than the one it is given is
+// caught even without transactions.
+func TestAHandlerWritingWithAnotherContextIsCaught(t *testing.T) {
+	t.Parallel()
+	db := inboxtest.Database(t)
+	e := newEffects(db)
+	f := runFake(t, db, e.subject(e.foreign))
+	wantFailures(t, f, map[string]string{"foreign_context": inboxcheck.ForeignContext})
+	for _, e := range f.errors {
+		if !strings.HasPrefix(e, "inboxcheck: foreign_context: ") {
+			t.Errorf("a finding outside foreign_context: %s", e)
+		}
+	}
+}
+
+func TestAHandlerThatAlwaysFailsIsNeverAcknowledged(t *testing.T) {
+	t.Parallel()
+	db := inboxtest.Database(t)
+	e := newEffects(db)
+	s := e.subject(func(inboxcheck.Message) inbox.Handler {
+		return func(context.Context) error { return errors.New("schema registry down") }
+	})
+	s.MaxDeliveries, s.Aggregates, s.Versions = 3, 1, 1
+	f := runFake(t, db, s)
+	wantFailures(t, f, map[string]string{"redelivered": inboxcheck.NeverAcknowledged, "expired_record": inboxcheck.Lost})
+	if !strings.Contains(strings.Join(f.errors, "\n"), "3 deliveries failed, the last with: inbox: handler failed: schema registry down") {
+		t.Errorf("the finding does not say why:\n%s", strings.Join(f.errors, "\n"))
+	}
+}
+
+func TestABadSubjectIsTheKitsOwnError(t *testing.T) {
+	t.Parallel()
+	db := inboxtest.Database(t)
+	e := newEffects(db)
+	for name, s := range map[string]inboxcheck.Subject{
+		"no handler":     {Applied: e.applied},
+		"no applied":     {Handler: e.keyed},
+		"negative":       {Handler: e.keyed, Applied: e.applied, Versions: -1},
+		"invalid config": {Handler: e.keyed, Applied: e.applied, Inbox: inbox.Config{Lease: -time.Second}},
+	} {
+		if r, err := inboxcheck.Check(t.Context(), db, s); err == nil {
+			t.Errorf("%s: no error, report %v", name, r)
+		}
+	}
+	if _, err := inboxcheck.Check(t.Context(), nil, e.subject(e.keyed)); err == nil {
+		t.Error("nil database: no error")
+	}
+}
+
+// In transaction mode the rules are stricter, and the kit checks them: a
+// handler that takes a duplicate key for "already applied" breaks the
+// transaction when the effect is there without a record.
+func TestTransactionModeRules(t *testing.T) {
+	t.Parallel()
+	db := inboxtest.ReplicaSet(t)
+	e := newEffects(db)
+	r := inboxcheck.Run(t, db, e.subject(e.keyed))
+	if r.Mode != inbox.ModeTransaction {
+		t.Fatalf("mode %s, want %s", r.Mode, inbox.ModeTransaction)
+	}
+	s := e.subject(e.insertFirst)
+	s.MaxDeliveries = 3
+	wantFailures(t, runFake(t, db, s), map[string]string{"expired_record": inboxcheck.NeverAcknowledged})
+	wantFailures(t, runFake(t, db, e.subject(e.foreign)), map[string]string{"foreign_context": inboxcheck.ForeignContext})
+}

@@ -1,0 +1,184 @@
+package outbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outbox-inbox/reference/pkg/outbox"
+)
+
+// eventLogFixture is an outbox holding an event in each state: ids 1..5
+// published, 6 dead-lettered, 7 discarded, 8 pending.
+func eventLogFixture(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	pool := newTestPool(t)
+	for i := 1; i <= 7; i++ {
+		enqueue(t, pool, msg(fmt.Sprintf("o-%d", i), "order.created"))
+	}
+	pub := &memPublisher{}
+	pub.setFail(func(e outbox.Envelope) error {
+		if e.AggregateID == "o-6" || e.AggregateID == "o-7" {
+			return errors.New("refused")
+		}
+		return nil
+	})
+	startRelay(t, pool, pub, outbox.RelayConfig{
+		MaxAttempts: 1, PollInterval: 10 * time.Millisecond, Logger: testLogger(t),
+	})
+	admin := outbox.NewAdmin(pool)
+	waitFor(t, "five published, two dead letters", 30*time.Second, func() (bool, error) {
+		s, err := admin.Status(context.Background())
+		return s.Pending == 0 && s.DeadLettered == 2, err
+	})
+	if err := admin.Discard(context.Background(), 7, "test"); err != nil {
+		t.Fatal(err)
+	}
+	// Blocked behind dead letter 6, so no relay publishes it.
+	enqueue(t, pool, msg("o-6", "order.cancelled"))
+	return pool
+}
+
+func collect(t *testing.T, seq func(yield func(outbox.LoggedEvent, error) bool)) []outbox.LoggedEvent {
+	t.Helper()
+	var out []outbox.LoggedEvent
+	for e, err := range seq {
+		if err != nil {
+			t.Fatalf("Events: %v", err)
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+func statesOf(events []outbox.LoggedEvent) string {
+	var b strings.Builder
+	for _, e := range events {
+		fmt.Fprintf(&b, "%d:%s ", e.ID, e.State)
+	}
+	return strings.TrimSpace(b.String())
+}
+
+// Every event is read once, in id order, with its state, across pages that
+// split the tables anywhere; a window selects by id and creation time.
+func TestEventLogReadsEveryStateInPages(t *testing.T) {
+	t.Parallel()
+	pool := eventLogFixture(t)
+	ctx := context.Background()
+	const all = "1:published 2:published 3:published 4:published 5:published 6:dead_lettered 7:discarded 8:pending"
+	for _, size := range []int{1, 2, 3, 7, 0} {
+		log, err := outbox.NewEventLog(pool, size)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := statesOf(collect(t, log.Events(ctx, outbox.EventWindow{}))); got != all {
+			t.Fatalf("page size %d: events %q, want %q", size, got, all)
+		}
+	}
+
+	log, err := outbox.NewEventLog(pool, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := statesOf(collect(t, log.Events(ctx, outbox.EventWindow{MinID: 4, MaxID: 6}))), "4:published 5:published 6:dead_lettered"; got != want {
+		t.Fatalf("ids 4..6: %q, want %q", got, want)
+	}
+
+	// Creation times: move event 3 an hour back and event 5 an hour ahead.
+	var now time.Time
+	if err := pool.QueryRow(ctx, "SELECT now()").Scan(&now); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE outbox_published SET created_at = created_at - interval '1 hour' WHERE id = 3`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE outbox_published SET created_at = created_at + interval '1 hour' WHERE id = 5`); err != nil {
+		t.Fatal(err)
+	}
+	w := outbox.EventWindow{Since: now.Add(-30 * time.Minute), Until: now.Add(30 * time.Minute)}
+	if got, want := statesOf(collect(t, log.Events(ctx, w))), "1:published 2:published 4:published 6:dead_lettered 7:discarded 8:pending"; got != want {
+		t.Fatalf("window %v: %q, want %q", w, got, want)
+	}
+
+	// Each state's time: published_at, dead_lettered_at, discarded_at;
+	// none for a pending event.
+	for _, e := range collect(t, log.Events(ctx, outbox.EventWindow{})) {
+		if e.CreatedAt.IsZero() || e.Since.IsZero() != (e.State == outbox.EventPending) {
+			t.Errorf("event %d (%s): since %v, created_at %v: want both set", e.ID, e.State, e.Since, e.CreatedAt)
+		}
+		agg, version := fmt.Sprintf("o-%d", e.ID), int64(1)
+		if e.ID == 8 {
+			agg, version = "o-6", 2
+		}
+		if e.AggregateType != "order" || e.AggregateID != agg || e.AggregateVersion != version {
+			t.Errorf("event %d: aggregate %s/%s v%d, want order/%s v%d", e.ID, e.AggregateType, e.AggregateID, e.AggregateVersion, agg, version)
+		}
+	}
+
+	// Stopping early ends the scan without an error.
+	n := 0
+	for _, err := range log.Events(ctx, outbox.EventWindow{}) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n++; n == 3 {
+			break
+		}
+	}
+}
+
+func TestEventLogLookup(t *testing.T) {
+	t.Parallel()
+	pool := eventLogFixture(t)
+	ctx := context.Background()
+	log, err := outbox.NewEventLog(pool, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found, err := log.Lookup(ctx, []int64{8, 1, 42, 7, 6})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := statesOf(found), "1:published 6:dead_lettered 7:discarded 8:pending"; got != want {
+		t.Fatalf("Lookup: %q, want %q (42 does not exist)", got, want)
+	}
+	if e := found[3]; e.AggregateType != "order" || e.AggregateID != "o-6" || e.AggregateVersion != 2 {
+		t.Fatalf("event 8: %+v, want order o-6 version 2", e)
+	}
+	if found, err := log.Lookup(ctx, nil); err != nil || len(found) != 0 {
+		t.Fatalf("Lookup(nil) = %v, %v", found, err)
+	}
+	if _, err := log.Lookup(ctx, make([]int64, outbox.MaxEventLookup+1)); err == nil {
+		t.Fatal("Lookup of too many ids: want an error")
+	}
+}
+
+func TestEventLogErrors(t *testing.T) {
+	t.Parallel()
+	for _, size := range []int{-1, outbox.MaxEventLogPage + 1} {
+		if _, err := outbox.NewEventLog(newSchemaPool(t), size); err == nil {
+			t.Errorf("NewEventLog(page size %d): want an error", size)
+		}
+	}
+	// Without the tables, the scan yields the error, named, and stops.
+	log, err := outbox.NewEventLog(newSchemaPool(t), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var errs []error
+	for _, err := range log.Events(context.Background(), outbox.EventWindow{}) {
+		errs = append(errs, err)
+	}
+	if len(errs) != 1 || errs[0] == nil || !strings.Contains(errs[0].Error(), "outbox event log") {
+		t.Fatalf("errors %v: want one, naming the operation", errs)
+	}
+	if !slices.ContainsFunc(errs, func(err error) bool { return strings.Contains(err.Error(), "does not exist") }) {
+		t.Fatalf("errors %v: want the database's", errs)
+	}
+}

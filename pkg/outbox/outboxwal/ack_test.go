@@ -1,0 +1,96 @@
+package outboxwal_test
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outbox-inbox/reference/pkg/outbox"
+)
+
+// blockingPublisher holds every batch until release is closed (or the
+// publish times out), then answers that nothing was sent: the batch stays
+// unconfirmed for as long as the test wants.
+type blockingPublisher struct {
+	release chan struct{}
+	once    sync.Once
+	taken   atomic.Int64 // messages handed to PublishBatch
+}
+
+func newBlockingPublisher() *blockingPublisher {
+	return &blockingPublisher{release: make(chan struct{})}
+}
+
+func (p *blockingPublisher) WaitReady(context.Context) error { return nil }
+
+func (p *blockingPublisher) PublishBatch(ctx context.Context, msgs []outbox.Envelope) []error {
+	p.taken.Add(int64(len(msgs)))
+	select {
+	case <-p.release:
+	case <-ctx.Done():
+	}
+	errs := make([]error, len(msgs))
+	for i := range errs {
+		errs[i] = outbox.ErrNotSent
+	}
+	return errs
+}
+
+func (p *blockingPublisher) unblock() { p.once.Do(func() { close(p.release) }) }
+
+func currentLSN(t testing.TB, pool *pgxpool.Pool) string {
+	t.Helper()
+	var lsn string
+	if err := pool.QueryRow(context.Background(), "SELECT pg_current_wal_lsn()::text").Scan(&lsn); err != nil {
+		t.Fatal(err)
+	}
+	return lsn
+}
+
+// The slot is never acknowledged past an event the broker has not confirmed:
+// a restart resumes from the acknowledged position, so acknowledging a
+// decoded transaction before its events are confirmed would lose them. Here
+// event a is in flight (its publish never returns) and b waits behind it;
+// the relay reports its position for a while; the slot's confirmed position
+// must still be before a's transaction, and a relay started afterwards
+// publishes both.
+func TestSlotIsNotAcknowledgedPastAnUnconfirmedEvent(t *testing.T) {
+	ctx := context.Background()
+	pool := walPool(t)
+	b := newBroker(t, "#")
+	cfg := walConfig(t, pool)
+	var acks atomic.Int64
+	cfg.Hooks.Acknowledged = func(uint64) { acks.Add(1) }
+	blocking := newBlockingPublisher()
+	relay, stop := startWAL(t, pool, blocking, cfg)
+	waitActive(t, relay)
+
+	a := enqueue(t, pool, msg("a", "order.created"))
+	afterA := currentLSN(t, pool)
+	later := enqueue(t, pool, msg("a", "order.cancelled"))
+	waitFor(t, "the first event in flight and the second decoded", 10*time.Second, func() (bool, error) {
+		return blocking.taken.Load() == 1 && relay.Stats().InMemory == 2, nil
+	})
+	from := acks.Load()
+	waitFor(t, "the relay reporting its position", 10*time.Second, func() (bool, error) { return acks.Load() >= from+5, nil })
+
+	var ahead bool
+	if err := pool.QueryRow(ctx, `SELECT confirmed_flush_lsn >= $2::pg_lsn FROM pg_replication_slots WHERE slot_name = $1`,
+		cfg.Slot, afterA).Scan(&ahead); err != nil {
+		t.Fatal(err)
+	}
+	if ahead {
+		t.Fatalf("the slot was acknowledged past event %d (at or after %s) while the broker had not confirmed it", a[0].ID, afterA)
+	}
+
+	blocking.unblock()
+	stop()
+	next, _ := startWAL(t, pool, newPublisherForTest(t, b), cfg)
+	waitActive(t, next)
+	got := b.waitIDs("both events after the restart", append(a, later...))
+	checkAggregateOrder(t, got)
+}

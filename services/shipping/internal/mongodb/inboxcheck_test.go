@@ -1,0 +1,89 @@
+package mongodb_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/mongo"
+
+	"github.com/outbox-inbox/reference/internal/mongolocal/mongotest"
+	"github.com/outbox-inbox/reference/internal/mongolocal/replsettest"
+	"github.com/outbox-inbox/reference/pkg/inbox"
+	"github.com/outbox-inbox/reference/pkg/inbox/inboxcheck"
+	"github.com/outbox-inbox/reference/services/shipping/internal/mongodb"
+	"github.com/outbox-inbox/reference/services/shipping/internal/shipment"
+)
+
+// shippingSubject is shipping's handler as the processor runs it through
+// the inbox (Store.Apply with the context the inbox gives), on order events:
+// version 1 order.created, later versions order.cancelled. Its effect is the
+// shipment's list of applied events, each with when it was applied.
+func shippingSubject(t *testing.T, db *mongo.Database, cfg inbox.Config) inboxcheck.Subject {
+	t.Helper()
+	s, err := mongodb.New(db, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return inboxcheck.Subject{
+		Inbox: cfg,
+		Handler: func(m inboxcheck.Message) inbox.Handler {
+			ev := shipment.Event{MessageID: m.ID, OrderID: m.AggregateID, Version: m.Version,
+				Type: shipment.TypeCancelled, Cancelled: &shipment.Cancelled{OrderID: m.AggregateID}}
+			if m.Version == 1 {
+				ev.Type, ev.Cancelled = shipment.TypeCreated, nil
+				ev.Created = &shipment.Created{OrderID: m.AggregateID, CustomerID: "c-1", Currency: "EUR", Total: 100}
+			}
+			return func(ctx context.Context) error {
+				_, err := s.Apply(ctx, ev)
+				return err
+			}
+		},
+		Applied: func(ctx context.Context, orderID string) ([]string, error) {
+			sh, err := s.Get(ctx, orderID)
+			if errors.Is(err, shipment.ErrNotFound) {
+				return nil, nil
+			}
+			// In the order they were applied (the shipment lists them by
+			// version); applied_at has milliseconds, ties keep version order.
+			events := slices.Clone(sh.Events)
+			slices.SortStableFunc(events, func(a, b shipment.Applied) int { return a.AppliedAt.Compare(b.AppliedAt) })
+			var ids []string
+			for _, e := range events {
+				ids = append(ids, e.MessageID)
+			}
+			return ids, err
+		},
+	}
+}
+
+// Shipping's handler passes the inbox handler kit: redelivered, after a
+// crash between its effect and the record, concurrently, out of order,
+// with a cancelled context, and after its record expired, with the inbox
+// configured as the service configures it (records buffered every 10ms).
+func TestShippingHandlerPassesTheInboxCheck(t *testing.T) {
+	t.Parallel()
+	for name, cfg := range map[string]inbox.Config{
+		"as the service runs it":         {FlushInterval: 10 * time.Millisecond},
+		"records written before the ack": {},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			db := mongotest.Database(t)
+			if r := inboxcheck.Run(t, db, shippingSubject(t, db, cfg)); r.Mode != inbox.ModeStandalone {
+				t.Fatalf("mode %s, want standalone on FerretDB", r.Mode)
+			}
+		})
+	}
+}
+
+// And in transaction mode, where a replica set is available.
+func TestShippingHandlerPassesTheInboxCheckInTransactionMode(t *testing.T) {
+	t.Parallel()
+	db := replsettest.Database(t)
+	if r := inboxcheck.Run(t, db, shippingSubject(t, db, inbox.Config{})); r.Mode != inbox.ModeTransaction {
+		t.Fatalf("mode %s, want transaction", r.Mode)
+	}
+}
