@@ -6,13 +6,10 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
-	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/outbox-inbox/reference/e2e/chaos"
@@ -20,13 +17,12 @@ import (
 )
 
 // rabbitCluster is a RabbitMQ cluster of the run's own: three nodes on this
-// machine beside its own broker, which it never touches. Each node has its
-// own node name (<run>-<i>@localhost), AMQP and distribution ports, data and
-// log directories under the run's directory and configuration file, no
-// plugins, and runs as the rabbitmq user with the machine's Erlang cookie (a
-// copy, in a HOME of its own), so the machine's rabbitmqctl reaches it with
-// -n. Nodes 2 and 3 join node 1 (stop_app, join_cluster, start_app). Every
-// node is stopped in close, and killed with the test binary (Pdeathsig).
+// machine beside its own broker, which it never touches, each laid out by
+// internal/rabbitnode (node name <run>-<i>@localhost, ports, directories
+// and configuration of its own, the rabbitmq user) and run under the
+// harness's supervisor. Nodes 2 and 3 join node 1 (stop_app, join_cluster,
+// start_app). Every node is stopped in close, and killed with the test
+// binary (Pdeathsig).
 type rabbitCluster struct {
 	dir   string // the nodes' directories, removed by close
 	nodes []*rabbitNode
@@ -39,48 +35,18 @@ type rabbitNode struct {
 	i    int    // from 1
 	name string // Erlang node name
 	port string // AMQP, on 127.0.0.1
+	node *rabbitnode.Node
 	p    *proc
 }
 
-// rabbitServer is the broker's start script (rabbitnode.Server).
-const rabbitServer = rabbitnode.Server
-
 // rabbitClusterAvailable says why this machine cannot run a cluster of the
 // run's own, or nil.
-func rabbitClusterAvailable() error {
-	if _, err := os.Stat(rabbitServer); err != nil {
-		return fmt.Errorf("no %s: %w", rabbitServer, err)
-	}
-	if _, err := exec.LookPath("rabbitmqctl"); err != nil {
-		return fmt.Errorf("no rabbitmqctl: %w", err)
-	}
-	if _, err := user.Lookup("rabbitmq"); err != nil {
-		return fmt.Errorf("no rabbitmq user: %w", err)
-	}
-	if os.Geteuid() != 0 {
-		return errors.New("not root: the nodes run as the rabbitmq user")
-	}
-	if _, err := os.Stat("/var/lib/rabbitmq/.erlang.cookie"); err != nil {
-		return fmt.Errorf("no Erlang cookie: %w", err)
-	}
-	return nil
-}
+func rabbitClusterAvailable() error { return rabbitnode.Available() }
 
 // startRabbitCluster starts n nodes named <prefix>-<i>@localhost and
 // clusters them. Their logs go to logDir; their data to a temporary
 // directory that the rabbitmq user can reach, removed by close.
 func startRabbitCluster(ctx context.Context, prefix, logDir string, n int, onExit func(exitEvent), logf func(string, ...any)) (*rabbitCluster, error) {
-	u, err := user.Lookup("rabbitmq")
-	if err != nil {
-		return nil, fmt.Errorf("rabbitmq cluster: %w", err)
-	}
-	uid, _ := strconv.Atoi(u.Uid)
-	gid, _ := strconv.Atoi(u.Gid)
-	cred := &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
-	cookie, err := os.ReadFile("/var/lib/rabbitmq/.erlang.cookie")
-	if err != nil {
-		return nil, fmt.Errorf("rabbitmq cluster: read the Erlang cookie: %w", err)
-	}
 	dir, err := os.MkdirTemp("", prefix+"-rabbit-")
 	if err != nil {
 		return nil, fmt.Errorf("rabbitmq cluster: %w", err)
@@ -93,7 +59,7 @@ func startRabbitCluster(ctx context.Context, prefix, logDir string, n int, onExi
 	}
 	rc := &rabbitCluster{dir: dir, stopped: make(map[int]bool)}
 	for i := 1; i <= n; i++ {
-		node, err := newRabbitNode(i, prefix, dir, logDir, cookie, cred, uid, gid, onExit)
+		node, err := newRabbitNode(i, prefix, dir, logDir, onExit)
 		if err != nil {
 			_ = rc.close(ctx)
 			return nil, err
@@ -123,58 +89,19 @@ func startRabbitCluster(ctx context.Context, prefix, logDir string, n int, onExi
 	return rc, nil
 }
 
-func newRabbitNode(i int, prefix, dir, logDir string, cookie []byte, cred *syscall.Credential, uid, gid int, onExit func(exitEvent)) (*rabbitNode, error) {
-	ndir := filepath.Join(dir, "rabbit-"+strconv.Itoa(i))
-	home := filepath.Join(ndir, "home")
-	for _, d := range []string{home, filepath.Join(ndir, "data"), filepath.Join(ndir, "log")} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			return nil, fmt.Errorf("rabbitmq node %d: %w", i, err)
-		}
-	}
-	amqpPort, err := freePort()
+func newRabbitNode(i int, prefix, dir, logDir string, onExit func(exitEvent)) (*rabbitNode, error) {
+	node, err := rabbitnode.Prepare(filepath.Join(dir, "rabbit-"+strconv.Itoa(i)), prefix+"-"+strconv.Itoa(i))
 	if err != nil {
 		return nil, err
 	}
-	distPort, err := freePort()
-	if err != nil {
-		return nil, err
-	}
-	files := map[string]string{
-		"rabbitmq.conf":     "listeners.tcp.local = 127.0.0.1:" + amqpPort + "\nlog.console = true\nlog.console.level = warning\nlog.file = false\n",
-		"enabled_plugins":   "[].\n",
-		"rabbitmq-env.conf": "", // not the machine's (its NODENAME)
-	}
-	for name, content := range files {
-		if err := os.WriteFile(filepath.Join(ndir, name), []byte(content), 0o644); err != nil {
-			return nil, fmt.Errorf("rabbitmq node %d: %w", i, err)
-		}
-	}
-	if err := os.WriteFile(filepath.Join(home, ".erlang.cookie"), cookie, 0o400); err != nil {
-		return nil, fmt.Errorf("rabbitmq node %d: cookie: %w", i, err)
-	}
-	if err := filepath.Walk(ndir, func(path string, _ os.FileInfo, err error) error {
-		if err != nil {
-			return err
-		}
-		return os.Lchown(path, uid, gid)
-	}); err != nil {
-		return nil, fmt.Errorf("rabbitmq node %d: chown: %w", i, err)
-	}
-	name := prefix + "-" + strconv.Itoa(i) + "@localhost"
-	p, err := newProc(procSpec{
-		name: chaos.NodeName(i),
-		bin:  rabbitServer,
-		env: append(rabbitnode.Env(ndir, name, distPort),
-			"RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS=-kernel inet_dist_use_interface {127,0,0,1}"),
-		cred: cred,
-	}, logDir, onExit)
+	p, err := newProc(procSpec{name: chaos.NodeName(i), bin: rabbitnode.Server, env: node.Env, cred: node.Cred}, logDir, onExit)
 	if err != nil {
 		return nil, err
 	}
 	// A node that died on its own comes back after a pause, like under an
 	// init system.
 	p.restart = time.Second
-	return &rabbitNode{i: i, name: name, port: amqpPort, p: p}, nil
+	return &rabbitNode{i: i, name: node.Name, port: node.Port, node: node, p: p}, nil
 }
 
 func (rc *rabbitCluster) names() []string {
@@ -224,14 +151,7 @@ func (rc *rabbitCluster) ctl(ctx context.Context, args ...string) (string, error
 }
 
 func (n *rabbitNode) ctl(ctx context.Context, args ...string) (string, error) {
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "rabbitmqctl", append([]string{"-q", "-n", n.name}, args...)...)
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		return "", fmt.Errorf("rabbitmqctl -n %s %s: %w: %s", n.name, strings.Join(args, " "), err, strings.TrimSpace(string(out)))
-	}
-	return string(out), nil
+	return n.node.Ctl(ctx, args...)
 }
 
 // awaitStartup waits until the node's app runs, starting its process if it is

@@ -3,78 +3,151 @@ package copycheck
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
 	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/outbox-inbox/reference/internal/mongolocal"
+	"github.com/outbox-inbox/reference/internal/mongolocal/replsettest"
 )
 
 // thisModule is the module path the packages have in this repository.
 const thisModule = "github.com/outbox-inbox/reference"
 
-// TestPackagesCopyIntoAModuleOfTheirOwn copies each package directory (with
-// its subpackages and tests) into a scratch module whose go.mod requires
-// the versions this repository's go.mod does, rewrites the package's own
-// import path, and runs go build, go vet and the package's examples there,
-// with -mod=mod against the local module cache (and GOPROXY as the
-// environment sets it). A copy that still imports anything of this
-// repository (say, its internal test helpers) fails: nothing provides it.
+// copyModule is the module path of the scratch module a package is copied
+// into.
+const copyModule = "example.com/copy"
+
+// forbidden are modules no copy may inherit: the servers, containers and
+// embedded databases the repository's own tests use.
+var forbidden = []string{
+	"github.com/FerretDB/",
+	"github.com/testcontainers/",
+	"github.com/docker/",
+	"modernc.org/",
+	"github.com/outbox-inbox/",
+}
+
+// TestPackagesCopyIntoAModuleOfTheirOwn copies each package directory, with
+// its subpackages and tests, into a scratch module of its own (a go.mod with
+// nothing but this repository's requirements as the versions to start
+// from), rewrites the package's own import path, runs go mod tidy, go vet
+// and the package's tests and examples there, and lists the modules the copy
+// adds to its go.mod. A copy that still imports anything of this repository
+// fails to build; one whose go.mod inherits a forbidden module, or requires
+// a module its doc.go does not name (each with what it is for), fails.
 func TestPackagesCopyIntoAModuleOfTheirOwn(t *testing.T) {
 	if testing.Short() {
-		t.Skip("copycheck: compiles two modules; not in -short")
+		t.Skip("copycheck: builds and tests two modules; not in -short")
 	}
-	gomod := goEnv(t, "GOMOD")
-	root := filepath.Dir(gomod)
-	mod, err := os.ReadFile(gomod)
-	if err != nil {
-		t.Fatal(err)
-	}
+	root := filepath.Dir(goEnv(t, "GOMOD"))
+	repoMod := readModFile(t, root)
 	sum, err := os.ReadFile(filepath.Join(root, "go.sum"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, pkg := range []string{"pkg/outbox", "pkg/inbox"} {
+	mongoURI, replsetURI := servers(t)
+	// One after the other: the outbox's tests load PostgreSQL and RabbitMQ,
+	// which the repository's own tests share.
+	for _, pkg := range []string{"pkg/inbox", "pkg/outbox"} {
 		t.Run(pkg, func(t *testing.T) {
-			t.Parallel()
-			dir := t.TempDir()
-			const copyModule = "example.com/copy"
+			dir := scratchDir(t, root, pkg)
 			copyTree(t, filepath.Join(root, pkg), dir, thisModule+"/"+pkg, copyModule)
-			if err := os.WriteFile(filepath.Join(dir, "go.mod"), scratchGoMod(mod, copyModule), 0o644); err != nil {
+			if err := os.WriteFile(filepath.Join(dir, "go.mod"), scratchGoMod(t, repoMod), 0o644); err != nil {
 				t.Fatal(err)
 			}
 			if err := os.WriteFile(filepath.Join(dir, "go.sum"), sum, 0o644); err != nil {
 				t.Fatal(err)
 			}
-			for _, args := range [][]string{
-				{"build", "./..."},
-				{"vet", "./..."},
-				{"test", "-count=1", "-run", "Example", "./..."},
-			} {
-				run(t, dir, args...)
+			env := []string{"TEST_MONGO_URI=" + mongoURI}
+			if replsetURI != "" {
+				env = append(env, "TEST_MONGO_REPLSET_URI="+replsetURI)
 			}
-			// The packages may use the OpenTelemetry API (outbox/outboxotel
-			// does) but never its SDK, which is the application's choice.
-			// What a user's build pulls in are the deps of the importable
-			// packages (their internal packages included); the internal
-			// test helpers are left out (inbox's embeds FerretDB, which
-			// brings the SDK into the tests only).
+			run(t, dir, nil, "mod", "tidy")
+			run(t, dir, nil, "vet", "./...")
+			out := output(t, dir, env, "test", "-count=1", "-v", "./...")
+			examples := strings.Count(out, "--- PASS: Example")
+			if examples == 0 {
+				t.Errorf("no example ran in the copy")
+			}
+			t.Logf("the copy's tests and %d examples passed", examples)
+
+			mod := readModFile(t, dir)
+			var direct, indirect []string
+			for _, r := range mod.Require {
+				for _, f := range forbidden {
+					if strings.HasPrefix(r.Path, f) {
+						t.Errorf("the copy's go.mod requires %s@%s: a copier would inherit it", r.Path, r.Version)
+					}
+				}
+				if r.Indirect {
+					indirect = append(indirect, r.Path+"@"+r.Version)
+				} else {
+					direct = append(direct, r.Path+"@"+r.Version)
+				}
+			}
+			t.Logf("a copy of %s adds to go.mod %d modules it imports: %s", pkg, len(direct), strings.Join(direct, ", "))
+			t.Logf("and %d indirect ones: %s", len(indirect), strings.Join(indirect, ", "))
+			doc, err := os.ReadFile(filepath.Join(root, pkg, "doc.go"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, r := range mod.Require {
+				named := regexp.MustCompile(regexp.QuoteMeta(r.Path) + `[^A-Za-z0-9_./-]`)
+				if !r.Indirect && !named.Match(doc) {
+					t.Errorf("%s/doc.go does not say what %s is for, and a copy requires it", pkg, r.Path)
+				}
+			}
+
+			// The packages may use the OpenTelemetry API (outbox/outboxotel,
+			// inbox/inboxotel do) but never its SDK, which is the
+			// application's choice: what a user's build pulls in are the
+			// deps of the importable packages (their internal packages
+			// included), the test helpers left out.
 			listArgs := []string{"list", "-deps"}
-			for _, p := range strings.Fields(output(t, dir, "list", "./...")) {
+			for p := range strings.FieldsSeq(output(t, dir, nil, "list", "./...")) {
 				if !strings.Contains(p+"/", "/internal/") {
 					listArgs = append(listArgs, p)
 				}
 			}
-			for _, dep := range strings.Fields(output(t, dir, listArgs...)) {
+			for dep := range strings.FieldsSeq(output(t, dir, nil, listArgs...)) {
 				if strings.HasPrefix(dep, "go.opentelemetry.io/otel/sdk") || strings.HasPrefix(dep, "go.opentelemetry.io/otel/exporters") {
 					t.Errorf("%s imports %s (the OpenTelemetry SDK is for applications, not for these packages)", pkg, dep)
 				}
 			}
 		})
 	}
+}
+
+// scratchDir returns an empty directory for the copy of pkg. It is the same
+// from one run to the next (under the user's cache directory, apart for
+// each checkout), so that the build and vet caches still hold what an
+// unchanged copy needs.
+func scratchDir(t *testing.T, root, pkg string) string {
+	t.Helper()
+	base, err := os.UserCacheDir()
+	if err != nil {
+		return t.TempDir()
+	}
+	sum := sha256.Sum256([]byte(root))
+	dir := filepath.Join(base, "outbox-inbox-copycheck", hex.EncodeToString(sum[:6]), filepath.Base(pkg))
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir
 }
 
 // copyTree copies src into dst, rewriting the import path from to to in Go
@@ -107,12 +180,76 @@ func copyTree(t *testing.T, src, dst, from, to string) {
 	}
 }
 
-var moduleLine = regexp.MustCompile(`(?m)^module .*$`)
+// modFile is go.mod as go mod edit -json reads it.
+type modFile struct {
+	Go      string
+	Require []struct {
+		Path     string
+		Version  string
+		Indirect bool
+	}
+}
 
-// scratchGoMod is this repository's go.mod under another module path: the
-// same go version and the same required versions.
-func scratchGoMod(mod []byte, module string) []byte {
-	return moduleLine.ReplaceAll(mod, []byte("module "+module))
+// readModFile reads dir's go.mod.
+func readModFile(t *testing.T, dir string) modFile {
+	t.Helper()
+	var f modFile
+	if err := json.Unmarshal([]byte(output(t, dir, nil, "mod", "edit", "-json")), &f); err != nil {
+		t.Fatalf("go mod edit -json in %s: %v", dir, err)
+	}
+	return f
+}
+
+// scratchGoMod is a go.mod for the copy: its own module path, this
+// repository's go version, and this repository's requirements as the
+// versions to start from (the versions its tests ran with; go mod tidy
+// keeps those the copy needs and drops the rest), so that the check does
+// not depend on what the module proxy serves as latest today.
+func scratchGoMod(t *testing.T, repo modFile) []byte {
+	t.Helper()
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "module %s\n\ngo %s\n\nrequire (\n", copyModule, repo.Go)
+	for _, r := range repo.Require {
+		fmt.Fprintf(&b, "\t%s %s // indirect\n", r.Path, r.Version)
+	}
+	b.WriteString(")\n")
+	return b.Bytes()
+}
+
+// servers starts the MongoDB servers the copied inbox's tests need (they
+// cannot start this repository's): an embedded FerretDB, and a replica set
+// in a container where a Docker engine answers ("" otherwise: the copy's
+// transaction-mode tests skip). Both stop when the test ends.
+func servers(t *testing.T) (standalone, replset string) {
+	t.Helper()
+	srv, err := mongolocal.Start(t.Context(), mongolocal.Config{})
+	if err != nil {
+		t.Fatalf("start an embedded FerretDB: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := srv.Close(); err != nil {
+			t.Errorf("stop the embedded FerretDB: %v", err)
+		}
+	})
+	uri, absent, stop, err := replsettest.Start(context.WithoutCancel(t.Context()))
+	if stop != nil {
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(t.Context()), time.Minute)
+			defer cancel()
+			if err := stop(ctx); err != nil {
+				t.Errorf("replica set: %v", err)
+			}
+		})
+	}
+	switch {
+	case absent != "":
+		t.Logf("the copies' transaction-mode tests skip: no replica set (%s)", absent)
+	case err != nil && os.Getenv("CI") == "true":
+		t.Fatalf("start a MongoDB replica set: %v (required under CI=true)", err)
+	case err != nil:
+		t.Logf("the copies' transaction-mode tests skip: no replica set (%v)", err)
+	}
+	return srv.URI(), uri
 }
 
 func goEnv(t *testing.T, key string) string {
@@ -128,26 +265,53 @@ func goEnv(t *testing.T, key string) string {
 	return v
 }
 
-func run(t *testing.T, dir string, args ...string) {
+func run(t *testing.T, dir string, env []string, args ...string) {
 	t.Helper()
-	output(t, dir, args...)
+	output(t, dir, env, args...)
 }
 
-// output runs go with args in dir, the copy, and returns its standard output.
-func output(t *testing.T, dir string, args ...string) string {
+// output runs go with args in dir, the copy, and returns its standard
+// output. -trimpath keeps the build cache's entries for the copy valid from
+// one temporary directory to the next.
+func output(t *testing.T, dir string, env []string, args ...string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "go", args...)
 	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod -buildvcs=false", "GOWORK=off")
+	cmd.Env = append(slices.DeleteFunc(os.Environ(), func(kv string) bool {
+		return strings.HasPrefix(kv, "TEST_MONGO_")
+	}), append([]string{"GOFLAGS=-mod=mod -trimpath -buildvcs=false", "GOWORK=off"}, env...)...)
 	start := time.Now()
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		t.Fatalf("go %s in the copy: %v\n%s%s", strings.Join(args, " "), err, out, stderr.Bytes())
+		t.Fatalf("go %s in the copy: %v\n%s%s", strings.Join(args, " "), err, failure(out), stderr.Bytes())
 	}
 	t.Logf("go %s: ok in %v", strings.Join(args, " "), time.Since(start).Round(time.Millisecond))
 	return string(out)
 }
+
+// failure is what a failed go test -v printed about the failure: the
+// failing tests, their errors and panics, without the logs of the tests
+// around them (or the end of the output when nothing matched).
+func failure(out []byte) []byte {
+	var keep [][]byte
+	for line := range bytes.SplitSeq(out, []byte("\n")) {
+		trimmed := bytes.TrimSpace(line)
+		switch {
+		case bytes.HasPrefix(trimmed, []byte("--- FAIL")), bytes.HasPrefix(trimmed, []byte("FAIL")),
+			bytes.HasPrefix(trimmed, []byte("panic:")), bytes.Contains(trimmed, []byte("[build failed]")),
+			testError.Match(trimmed) && !bytes.Contains(trimmed, []byte("level=")):
+			keep = append(keep, line)
+		}
+	}
+	if len(keep) == 0 {
+		lines := bytes.Split(out, []byte("\n"))
+		keep = lines[max(0, len(lines)-60):]
+	}
+	return bytes.Join(keep, []byte("\n"))
+}
+
+var testError = regexp.MustCompile(`^\w+_test\.go:\d+: `)

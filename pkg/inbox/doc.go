@@ -24,7 +24,7 @@
 //
 //	in, err := inbox.New(db, inbox.Config{Consumer: "shipping"})
 //	err = in.EnsureIndexes(ctx)                  // at start
-//	go in.RunPurger(ctx, time.Hour)              // where the server has no TTL index
+//	go in.RunPurger(ctx, inbox.DefaultPurgeInterval) // no TTL index: hourly
 //	defer in.Close(shutdownCtx)                  // after the consumer stopped acking
 //
 //	res, err := in.Process(ctx, delivery.MessageId, func(ctx context.Context) error {
@@ -45,7 +45,11 @@
 // record is the inbox's promise that the effect is durable; the ack is the
 // consumer's promise to the broker; the second must follow the first. Only
 // an ErrHandler is the handler's failure: count those towards a
-// dead-letter limit, and retry the rest without counting them.
+// dead-letter limit, and retry the rest without counting them as handler
+// failures. Bound those retries all the same (by count and by age), then
+// dead-letter with the reason: a database error that never clears (a
+// missing privilege, say) or a transaction that keeps failing transiently
+// would otherwise retry one message for ever.
 //
 // # Two modes, chosen from the server
 //
@@ -83,11 +87,18 @@
 //     with backoff within the budget; if still unknown then, the
 //     *TransientError has CommitUnknown set, and a redelivery finds either
 //     the committed record (Duplicate) or nothing (processed again).
-//   - A handler error ends Process at once with ErrHandler (unless it
-//     carries TransientTransactionError: then it is retried). A transaction
-//     the server had aborted although the handler returned nil (its commit
-//     fails with NoSuchTransaction) is retried; three times in a row, it is
-//     reported as ErrHandler: the handler swallowed a write error.
+//   - A handler error ends Process at once with ErrHandler, unless it
+//     carries TransientTransactionError: then it is retried.
+//   - A transaction the server aborted under the handler is retried, and
+//     three such attempts in a row are reported as ErrHandler. The server
+//     aborted it if the commit of a handler that returned nil fails with
+//     NoSuchTransaction, or if the handler itself returns NoSuchTransaction
+//     (labelled TransientTransactionError): that is what a handler meets
+//     after it swallowed a write error (its next operation, or the commit,
+//     finds the transaction gone), and what a handler slower than the
+//     server's transactionLifetimeLimitSeconds meets. A failover aborts a
+//     transaction once; a write conflict of the handler's own writes is
+//     retried without counting, and ends such a run.
 //
 // Process does not use Session.WithTransaction, which retries for a fixed
 // two minutes and around a handler that swallowed an error.
@@ -158,8 +169,14 @@
 //
 // # Durability
 //
-// In ModeTransaction the commit uses majority write concern: a record and
-// its effect are on a majority of the replica set before Process returns.
+// In ModeTransaction the commit uses write concern majority with j: true: a
+// record and its effect are in the on-disk journal of a majority of the
+// replica set before Process returns. (With majority alone, whether the
+// members acknowledge before or after their journal write is the server's
+// writeConcernMajorityJournalDefault, true unless an operator changed it;
+// the explicit j: true does not depend on it.) Transactions run on the
+// primary whatever read preference the client has (a readPreference in the
+// connection string): the server refuses a transaction on a secondary.
 //
 // In ModeStandalone the inbox's record writes use a journaled write concern
 // (j: true). On a single mongod the journal is one ordered log, so a record
@@ -186,9 +203,13 @@
 // anything else, and a hit is a Duplicate with no database operation: the
 // redeliveries a consumer sees most (its own, moments after the original,
 // because an ack was lost or a relay republished) cost nothing. Done is
-// final, so a hit is always right, even after retention purged the record
-// (a late duplicate that the cache still knows is skipped instead of being
-// processed again). The cache is bounded and evicts the oldest id first; a
+// final, so a hit is right, even after retention purged the record (a late
+// duplicate that the cache still knows is skipped instead of being processed
+// again). In ModeTransaction that holds because only majority-committed
+// records enter the cache (a commit with write concern majority, or a read
+// with read concern majority: the duplicate check and IsDone); a record only
+// the primary had could still be rolled back by a failover, and is never
+// cached. The cache is bounded and evicts the oldest id first; a
 // miss, an evicted id, or a message another consumer instance recorded, is
 // looked up in the database as before. Disable it (-1) only to observe the
 // database's behaviour, e.g. in tests of retention.
@@ -272,7 +293,8 @@
 // made meanwhile wait up to tens of milliseconds. Deleting in batches by
 // _id, the filter FerretDB does push down, measured slower (each such
 // delete is a write transaction of its own there). Run the purger every
-// hour or so, not every second; BenchmarkPurge measures both. A duplicate that arrives after its record
+// hour or so (DefaultPurgeInterval), not every second; BenchmarkPurge
+// measures both. A duplicate that arrives after its record
 // expired is processed again, so Retention must exceed the longest delay
 // between a message's first delivery and its last possible redelivery:
 //   - the outbox relay's redelivery after a crash between publish and mark
@@ -314,7 +336,7 @@
 //     by default): a redelivery meanwhile meets write conflicts and retries
 //     them within TransactionRetryBudget (90s), so it is applied as soon as
 //     the orphan is gone; if the budget runs out first, ErrTransient: retry
-//     later, never a dead letter for it.
+//     later, within the bound of such retries (see Use).
 //
 // # FerretDB
 //
@@ -336,18 +358,39 @@
 //
 // # Tests
 //
-// The package's tests need nothing from the repository around it (its
-// servers come from its own internal/inboxtest): the standalone protocol
-// runs on a FerretDB embedded in the test binary, or on TEST_MONGO_URI. The
-// transaction state machine (transient retries, the budget, unknown commits,
-// aborts, duplicate confirmation, a handler that swallowed a write error) is
-// tested without a server, through an unexported seam (txStore) that
-// returns the driver's errors with their real labels and codes. The tests
-// against a real replica set (an orphaned transaction holding the record, an
-// effect without a record, a version conflict, concurrent duplicates,
-// rollback) run on TEST_MONGO_REPLSET_URI, or on a testcontainers replica
-// set where Docker answers; without either they are skipped, also under
-// CI=true, and the test binary prints how many did not run and why.
+// The package's tests need nothing from the repository around them: their
+// servers come from internal/inboxtest, which imports only the MongoDB
+// driver. The standalone protocol runs on TEST_MONGO_URI (a standalone
+// mongod, or FerretDB); in this repository, when it is unset, on an embedded
+// FerretDB that the tests start as a command of the repository's own
+// (internal/mongolocal/testserver). The transaction state machine
+// (transient retries, the budget, unknown commits, aborts, duplicate
+// confirmation, a handler that swallowed a write error, the majority read of
+// IsDone) is tested without a server, through an unexported seam (txStore)
+// that returns the driver's errors with their real labels and codes. The
+// tests against a real replica set (an orphaned transaction holding the
+// record, an effect without a record, a version conflict, concurrent
+// duplicates, rollback, a readPreference in the connection string) run on
+// TEST_MONGO_REPLSET_URI, or, in this repository, on a replica set in a
+// container where Docker answers; without either they are skipped, also
+// under CI=true, and the test binary prints how many did not run and why.
+//
+// # Copying
+//
+// Copy this directory, with its subdirectories, into your module, change
+// the import paths, and run go mod tidy. Your go.mod then requires:
+//
+//   - go.mongodb.org/mongo-driver/v2 (the package itself);
+//   - go.opentelemetry.io/otel and go.opentelemetry.io/otel/trace
+//     (inboxotel only: the OpenTelemetry API; delete inboxotel if you do not
+//     trace);
+//   - go.opentelemetry.io/otel/sdk (inboxotel's tests only: they record
+//     spans in memory and choose samplers);
+//   - go.uber.org/goleak (the tests only: no goroutine outlives them);
+//
+// and their own dependencies, marked indirect; no server, container library
+// or embedded database. Run the tests with TEST_MONGO_URI, and
+// TEST_MONGO_REPLSET_URI for transaction mode, set to servers of yours.
 //
 // # Schema
 //

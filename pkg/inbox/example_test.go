@@ -4,39 +4,30 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
-	"net"
-	"os"
 	"time"
 
-	"github.com/FerretDB/FerretDB/ferretdb"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/outbox-inbox/reference/pkg/inbox"
+	"github.com/outbox-inbox/reference/pkg/inbox/internal/inboxtest"
 )
 
 // A consumer receives the same message three times; its effect is applied
-// once. The example runs on an embedded FerretDB (no transactions), so the
-// inbox uses its standalone protocol; the same handler is right in
-// transaction mode: it reads before it writes, returns every error, and its
-// effect is keyed (order-1/1: the order's first event), so a second run is a
-// no-op or a duplicate key.
+// once. The handler is right in both modes: it reads before it writes,
+// returns every error, and its effect is keyed (order-1/1: the order's first
+// event), so a second run is a no-op or a duplicate key.
 func Example() {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	uri, stop, err := startFerretDB(ctx) // or any MongoDB: uri := "mongodb://..."
-	if err != nil {
-		panic(err)
-	}
-	defer stop()
+	ctx := context.Background()
+	uri := exampleURI() // your server: "mongodb://127.0.0.1:27017"
 	client, err := mongo.Connect(options.Client().ApplyURI(uri))
 	if err != nil {
 		panic(err)
 	}
 	defer client.Disconnect(ctx)
-	db := client.Database("example")
+	db := client.Database(exampleDatabase()) // your database: "shipping"
+	defer db.Drop(ctx)
 
 	in, err := inbox.New(db, inbox.Config{Consumer: "shipping"})
 	if err != nil {
@@ -69,69 +60,41 @@ func Example() {
 		}
 		fmt.Println(res) // ack the delivery here
 	}
-	mode, _ := in.Mode(ctx)
 	n, _ := shipments.CountDocuments(ctx, bson.D{})
-	fmt.Println("mode:", mode, "effects:", n)
+	fmt.Println("effects:", n)
 	// Output:
 	// processed
 	// duplicate
 	// duplicate
-	// mode: standalone effects: 1
+	// effects: 1
 }
 
-// startFerretDB runs a FerretDB with its SQLite files in a temporary
-// directory inside this process, until ctx ends; stop waits for it and
-// removes the files.
-func startFerretDB(ctx context.Context) (uri string, stop func(), err error) {
-	dir, err := os.MkdirTemp("", "inbox-example-")
+// exampleURI is the tests' MongoDB (TEST_MONGO_URI, or this repository's
+// test server). Examples cannot skip: they need it.
+func exampleURI() string {
+	uri, err := inboxtest.SharedURI()
 	if err != nil {
-		return "", nil, err
+		panic(fmt.Sprintf("examples need MongoDB: %v", err))
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0") // a free port
-	if err != nil {
-		return "", nil, err
-	}
-	addr := l.Addr().String()
-	_ = l.Close()
-	f, err := ferretdb.New(&ferretdb.Config{
-		Listener:  ferretdb.ListenerConfig{TCP: addr},
-		Logger:    slog.New(slog.DiscardHandler),
-		Handler:   "sqlite",
-		SQLiteURL: "file:" + dir + "/",
-	})
-	if err != nil {
-		return "", nil, err
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = f.Run(ctx)
-	}()
-	return f.MongoDBURI(), func() {
-		cancel()
-		<-done
-		_ = os.RemoveAll(dir)
-	}, nil
+	return uri
 }
+
+// exampleDatabase is a database name of the example's own.
+func exampleDatabase() string { return "example_" + inboxtest.RandomSuffix() }
 
 // A loss audit reads the ids a consumer recorded as done, in byte order of
 // the ids, to compare them with what the producer committed.
 func ExampleInbox_Recorded() {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	uri, stop, err := startFerretDB(ctx)
-	if err != nil {
-		panic(err)
-	}
-	defer stop()
-	client, err := mongo.Connect(options.Client().ApplyURI(uri))
+	ctx := context.Background()
+	client, err := mongo.Connect(options.Client().ApplyURI(exampleURI()))
 	if err != nil {
 		panic(err)
 	}
 	defer client.Disconnect(ctx)
+	db := client.Database(exampleDatabase())
+	defer db.Drop(ctx)
 
-	in, err := inbox.New(client.Database("example"), inbox.Config{Consumer: "shipping"})
+	in, err := inbox.New(db, inbox.Config{Consumer: "shipping"})
 	if err != nil {
 		panic(err)
 	}

@@ -351,9 +351,11 @@ func detectMode(ctx context.Context, client *mongo.Client) (Mode, error) {
 //     live claim; nothing ran. Retry later.
 //   - ErrHandler wrapping the handler's error: no record was kept (in
 //     ModeTransaction the handler's writes were rolled back too). In
-//     ModeTransaction also when the server aborted the transaction under a
-//     handler that returned nil, several times in a row: the handler
-//     swallowed a write error (see the package documentation).
+//     ModeTransaction also when the server aborted the transaction under
+//     the handler several times in a row (NoSuchTransaction at the commit of
+//     a handler that returned nil, or from the handler itself): it swallowed
+//     a write error, or outlived the transaction (see the package
+//     documentation).
 //   - ErrTransient (a *TransientError), ModeTransaction only: transient
 //     errors outlasted Config.TransactionRetryBudget (an orphaned
 //     transaction holds the record, a failover, a commit outcome still
@@ -436,7 +438,10 @@ func (in *Inbox) doneFields(now time.Time) bson.D {
 }
 
 // IsDone reports whether this consumer has recorded msgID as done. A record
-// in the done cache or still buffered (FlushInterval) counts as done.
+// in the done cache or still buffered (FlushInterval) counts as done. In
+// ModeTransaction the record is read with read concern majority: a record
+// only the primary has may still be rolled back by a failover, and is not
+// done yet (nor cached).
 func (in *Inbox) IsDone(ctx context.Context, msgID string) (bool, error) {
 	if err := validMessageID(msgID); err != nil {
 		return false, err
@@ -444,7 +449,18 @@ func (in *Inbox) IsDone(ctx context.Context, msgID string) (bool, error) {
 	if in.cache.contains(msgID) || in.buf.has(msgID) {
 		return true, nil
 	}
-	rec, err := in.read(ctx, msgID)
+	mode, err := in.Mode(ctx)
+	if err != nil {
+		return false, err
+	}
+	var rec *record
+	if mode == ModeTransaction {
+		if rec, err = in.tx.readMajority(ctx, in.key(msgID)); err != nil {
+			err = fmt.Errorf("inbox: read record %s with a majority read: %w", msgID, err)
+		}
+	} else {
+		rec, err = in.read(ctx, msgID)
+	}
 	if err != nil {
 		return false, err
 	}

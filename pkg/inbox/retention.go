@@ -111,6 +111,13 @@ func (in *Inbox) Purge(ctx context.Context, now time.Time) (int64, error) {
 	return res.DeletedCount, nil
 }
 
+// DefaultPurgeInterval is the interval to give RunPurger unless the
+// collection is small: hourly, because on FerretDB each purge reads every
+// record of the collection (see Purge), however few expired. Records expire
+// up to one interval late, which only keeps them a little longer than
+// Retention.
+const DefaultPurgeInterval = time.Hour
+
 // RunPurger calls Purge every interval until ctx ends, unless EnsureIndexes
 // found a TTL index (then it only waits for ctx). Failures are logged and
 // retried at the next tick. It returns nil when ctx ends.

@@ -17,13 +17,15 @@ import (
 	"github.com/outbox-inbox/reference/pkg/inbox/internal/inboxtest"
 )
 
-// Tests run on an embedded FerretDB (ModeStandalone), or on TEST_MONGO_URI,
-// each in a database of its own; transaction-mode tests run on a replica set
-// (TEST_MONGO_REPLSET_URI, or a container when Docker is there) and are
-// skipped without one; the state machine of transaction mode is tested
-// without a server in txstate_test.go. Everything comes from
-// internal/inboxtest, inside this package's tree, so the package copies into
-// another module with its tests.
+// Tests run on TEST_MONGO_URI (ModeStandalone: a standalone mongod or
+// FerretDB; in this repository an embedded FerretDB by default), each in a
+// database of its own; transaction-mode tests run on a replica set
+// (TEST_MONGO_REPLSET_URI; in this repository a container when Docker is
+// there) and are skipped without one; the state machine of transaction mode
+// is tested without a server in txstate_test.go. Everything comes from
+// internal/inboxtest, inside this package's tree and importing only the
+// driver, so the package copies into another module with its tests and no
+// server in its go.mod.
 func TestMain(m *testing.M) { goleak.VerifyTestMain(inboxtest.Suite(m)) }
 
 // bundle is what a test needs: an inbox and a collection of effects.

@@ -27,10 +27,12 @@ const codeNoSuchTransaction = 251
 const defaultTxBudget = 90 * time.Second
 
 // abortedUnderHandlerLimit is how many attempts in a row may find their
-// transaction aborted by the server although the handler returned nil before
-// Process calls it a handler failure: a handler that swallows a write error
-// (which aborts the transaction on the server) does that every time, a
-// failover once.
+// transaction aborted by the server under the handler (NoSuchTransaction at
+// the commit of a handler that returned nil, or from the handler's own
+// operations) before Process calls it a handler failure: a handler that
+// swallows a write error (which aborts the transaction on the server), or
+// outlives the server's transactionLifetimeLimitSeconds, does that every
+// time, a failover once.
 const abortedUnderHandlerLimit = 3
 
 // ErrTransient is matched (errors.Is) by the *TransientError Process
@@ -81,8 +83,9 @@ type txOutcome struct {
 	err error
 	// retry: transient, try a new transaction.
 	retry bool
-	// abortedUnderHandler: the server had aborted the transaction when it
-	// was committed, although the handler returned nil.
+	// abortedUnderHandler: the server had aborted the transaction under the
+	// handler: its commit failed with NoSuchTransaction although the handler
+	// returned nil, or the handler returned NoSuchTransaction itself.
 	abortedUnderHandler bool
 	// commitUnknown: the budget ran out while the commit's outcome was
 	// unknown.
@@ -142,12 +145,12 @@ func (in *Inbox) processTx(ctx context.Context, msgID string, handler Handler) (
 		lastErr = out.err
 		if out.abortedUnderHandler {
 			abortedInARow++
-			in.log.WarnContext(ctx, "inbox: transaction aborted by the server although the handler returned nil; retrying",
+			in.log.WarnContext(ctx, "inbox: transaction aborted by the server under the handler (NoSuchTransaction); retrying",
 				"message_id", msgID, "attempt", attempt, "error", out.err)
 			if abortedInARow >= abortedUnderHandlerLimit {
-				return 0, handlerError(fmt.Errorf("the server aborted the transaction under the handler %d times in a row although the handler returned nil: "+
+				return 0, handlerError(fmt.Errorf("the server aborted the transaction under the handler %d times in a row (NoSuchTransaction at its commit or from its own operations): "+
 					"a write error inside a transaction aborts it, so a handler that swallowed one (say, a duplicate key taken for \"already applied\") "+
-					"must return it instead, and read before it writes: %w", abortedInARow, out.err))
+					"must return it instead, and read before it writes; a handler slower than the server's transactionLifetimeLimitSeconds meets the same: %w", abortedInARow, out.err))
 			}
 		} else {
 			abortedInARow = 0
@@ -186,7 +189,10 @@ func (in *Inbox) tryTx(ctx context.Context, sess txSession, msgID string, handle
 	if err := handler(sctx); err != nil {
 		abort()
 		if hasLabel(err, labelTransient) {
-			return txOutcome{retry: true, err: err}
+			// NoSuchTransaction: the server had aborted the transaction under
+			// the handler (most often after a write error the handler
+			// swallowed), as when the commit finds it aborted.
+			return txOutcome{retry: true, err: err, abortedUnderHandler: hasCode(err, codeNoSuchTransaction)}
 		}
 		return txOutcome{err: handlerError(err)}
 	}

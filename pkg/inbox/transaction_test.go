@@ -21,11 +21,12 @@ import (
 	"github.com/outbox-inbox/reference/pkg/inbox/internal/inboxtest"
 )
 
-// These tests need a replica set (TEST_MONGO_REPLSET_URI, or Docker for a
-// testcontainers one); without one they skip, saying so, and TestMain prints
-// how many did not run. Their effect is deliberately NOT idempotent: the
-// transaction alone must keep it to one. The same state machine is tested
-// with injected driver errors, without a server, in txstate_test.go.
+// These tests need a replica set (TEST_MONGO_REPLSET_URI, or, in this
+// repository, Docker for a container); without one they skip, saying so,
+// and TestMain prints how many did not run. Their effect is deliberately NOT
+// idempotent: the transaction alone must keep it to one. The same state
+// machine is tested with injected driver errors, without a server, in
+// txstate_test.go.
 
 func replicaSet(t *testing.T, cfg inbox.Config) *bundle {
 	t.Helper()
@@ -312,4 +313,45 @@ func TestTransactionModeVersionConflict(t *testing.T) {
 	if v := b.version(t, "order-1"); v != 3 {
 		t.Fatalf("version %d, want 3", v)
 	}
+}
+
+// A read preference in the URI does not move transactions off the primary.
+// On a single-node replica set readPreference=secondary has nowhere to go:
+// any operation of a transaction that followed it would fail server
+// selection.
+func TestTransactionModeRunsOnThePrimaryWhateverTheURIReadPreference(t *testing.T) {
+	t.Parallel()
+	b := replicaSet(t, inbox.Config{})
+	uri := inboxtest.ReplicaSetURI(t)
+	sep := "?"
+	if strings.Contains(uri, "?") {
+		sep = "&"
+	}
+	secondary := inboxtest.Client(t, uri+sep+"readPreference=secondary&serverSelectionTimeoutMS=3000")
+	db := secondary.Database(b.db.Name())
+	in, err := inbox.New(db, inbox.Config{Consumer: "test", DoneCacheSize: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	effects := db.Collection("effects")
+	for i := range 2 {
+		res, err := in.Process(t.Context(), "m-1", func(ctx context.Context) error {
+			if err := effects.FindOne(ctx, bson.D{{Key: "_id", Value: "m-1"}}).Err(); !errors.Is(err, mongo.ErrNoDocuments) {
+				return fmt.Errorf("read before write: %w", err)
+			}
+			_, err := effects.InsertOne(ctx, bson.D{{Key: "_id", Value: "m-1"}, {Key: "message_id", Value: "m-1"}})
+			return err
+		})
+		want := inbox.Duplicate
+		if i == 0 {
+			want = inbox.Processed
+		}
+		if err != nil || res != want {
+			t.Fatalf("delivery %d: %v, %v; want %v", i+1, res, err, want)
+		}
+	}
+	if done, err := in.IsDone(t.Context(), "m-1"); err != nil || !done {
+		t.Fatalf("IsDone: %v, %v; want true", done, err)
+	}
+	b.exactlyOnce(t, "m-1")
 }

@@ -10,6 +10,7 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
+	"go.mongodb.org/mongo-driver/v2/mongo/readpref"
 )
 
 // These tests drive ModeTransaction's state machine (processTx) through
@@ -19,7 +20,8 @@ import (
 // set where one is available.
 
 // txInbox returns an Inbox in ModeTransaction on fake, with no done cache
-// (every Process reaches the state machine) and near-zero pauses.
+// unless cfg asks for one (every Process reaches the state machine) and
+// near-zero pauses.
 func txInbox(t *testing.T, fake *fakeTx, cfg Config) *Inbox {
 	t.Helper()
 	// The client never dials: every operation of ModeTransaction goes to fake.
@@ -30,7 +32,9 @@ func txInbox(t *testing.T, fake *fakeTx, cfg Config) *Inbox {
 	t.Cleanup(func() { _ = client.Disconnect(context.Background()) })
 	cfg.Consumer = "test"
 	cfg.Mode = ModeTransaction
-	cfg.DoneCacheSize = -1
+	if cfg.DoneCacheSize == 0 {
+		cfg.DoneCacheSize = -1
+	}
 	in, err := New(client.Database("db"), cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -365,5 +369,87 @@ func TestTxHooksSeeEachAttemptsCheckAndTheCommit(t *testing.T) {
 	}
 	if got, want := strings.Join(steps, ", "), "check error, check, handler, record, check duplicate"; got != want {
 		t.Fatalf("steps %q, want %q", got, want)
+	}
+}
+
+func TestTxNoSuchTransactionReturnedByTheHandlerCountsAsAbortedUnderIt(t *testing.T) {
+	t.Parallel()
+	// A handler that swallows a duplicate key (which aborts the transaction
+	// on the server) and then returns its next operation's error:
+	// NoSuchTransaction, labelled TransientTransactionError, every time.
+	fake := newFakeTx()
+	in := txInbox(t, fake, Config{TransactionRetryBudget: 200 * time.Millisecond})
+	var runs atomic.Int64
+	_, err := in.Process(t.Context(), "m-1", counting(&runs, errNoSuchTransaction))
+	if !errors.Is(err, ErrHandler) || errors.Is(err, ErrTransient) || !strings.Contains(err.Error(), "swallowed") {
+		t.Fatalf("Process: %v; want ErrHandler saying the handler swallowed a write error", err)
+	}
+	if n := runs.Load(); n != int64(abortedUnderHandlerLimit) {
+		t.Fatalf("handler ran %d times, want %d", n, abortedUnderHandlerLimit)
+	}
+	// A write conflict of the handler's own writes is still retried, and it
+	// breaks the run of aborts.
+	fake = newFakeTx()
+	in = txInbox(t, fake, Config{})
+	runs.Store(0)
+	res, err := in.Process(t.Context(), "m-2", func(ctx context.Context) error {
+		switch runs.Add(1) {
+		case 1, 2, 4, 5:
+			return errNoSuchTransaction
+		case 3:
+			return errWriteConflict
+		}
+		return nil
+	})
+	if err != nil || res != Processed || runs.Load() != 6 {
+		t.Fatalf("Process: %v, %v after %d runs; want Processed after 6 (no three aborts in a row)", res, err, runs.Load())
+	}
+}
+
+func TestTxTransactionsRunOnThePrimaryWithAJournaledMajorityCommit(t *testing.T) {
+	t.Parallel()
+	// The options each transaction starts with override the client's (the
+	// URI's readPreference=secondaryPreferred, w=1): the driver's session
+	// takes a transaction's read preference and write concern from them,
+	// falling back to the client's only where they leave one unset.
+	var o options.TransactionOptions
+	for _, set := range txOptions.List() {
+		if err := set(&o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if o.ReadPreference == nil || o.ReadPreference.Mode() != readpref.PrimaryMode {
+		t.Errorf("transaction read preference %v, want primary whatever the URI says", o.ReadPreference)
+	}
+	if wc := o.WriteConcern; wc == nil || wc.W != "majority" || wc.Journal == nil || !*wc.Journal {
+		t.Errorf("transaction write concern %+v, want majority with j: true", wc)
+	}
+	if rc := o.ReadConcern; rc == nil || rc.Level != "snapshot" {
+		t.Errorf("transaction read concern %+v, want snapshot", rc)
+	}
+}
+
+func TestTxIsDoneReadsWithMajority(t *testing.T) {
+	t.Parallel()
+	fake := newFakeTx()
+	in := txInbox(t, fake, Config{DoneCacheSize: 100})
+	// The client is never dialled: a read that does not go through the
+	// majority read fails once this deadline passes.
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	// On the primary only: a failover can still roll it back.
+	fake.local["test/m-1"] = &record{State: stateDone}
+	if done, err := in.IsDone(ctx, "m-1"); err != nil || done {
+		t.Fatalf("IsDone of a record a majority does not have: %v, %v; want false", done, err)
+	}
+	delete(fake.local, "test/m-1") // rolled back
+	fake.majority["test/m-2"] = &record{State: stateDone}
+	for range 2 {
+		if done, err := in.IsDone(ctx, "m-2"); err != nil || !done {
+			t.Fatalf("IsDone of a majority-committed record: %v, %v; want true", done, err)
+		}
+	}
+	if n := fake.count(opMajority); n != 2 {
+		t.Fatalf("%d majority reads, want 2: m-1 (not cached), m-2 (then cached)", n)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 	"go.mongodb.org/mongo-driver/v2/mongo/readconcern"
+	"go.mongodb.org/mongo-driver/v2/mongo/readpref"
 	"go.mongodb.org/mongo-driver/v2/mongo/writeconcern"
 )
 
@@ -50,16 +51,23 @@ func newMongoTxStore(coll *mongo.Collection) *mongoTxStore {
 		client: coll.Database().Client(),
 		coll:   coll,
 		majority: coll.Database().Collection(coll.Name(),
-			options.Collection().SetReadConcern(readconcern.Majority())),
+			options.Collection().SetReadConcern(readconcern.Majority()).SetReadPreference(readpref.Primary())),
 	}
 }
 
 // txOptions: a snapshot of majority-committed data, committed with majority
 // write concern (without it, "snapshot" does not promise majority-committed
-// reads).
+// reads) and j: true, so that the commit is acknowledged only once it is in
+// the journal of a majority, whatever the server's
+// writeConcernMajorityJournalDefault says. The read preference is primary
+// whatever the client's is (a readPreference in MONGO_URI): the server
+// rejects a transaction whose operations go to a secondary.
 var txOptions = options.Transaction().
 	SetReadConcern(readconcern.Snapshot()).
-	SetWriteConcern(writeconcern.Majority())
+	SetWriteConcern(&writeconcern.WriteConcern{W: "majority", Journal: &journaled}).
+	SetReadPreference(readpref.Primary())
+
+var journaled = true
 
 func (s *mongoTxStore) startSession() (txSession, error) {
 	sess, err := s.client.StartSession()

@@ -414,4 +414,24 @@
 //     Wake and PollInterval. Without ListenConfig, the relay's probe finds at
 //     start that its notifications do not arrive, logs a warning, reports
 //     Metrics.ListenFallback(true) and polls.
+//
+// # Copying
+//
+// Copy this directory, with its subdirectories, into your module, change
+// the import paths, and run go mod tidy. Your go.mod then requires:
+//
+//   - github.com/jackc/pgx/v5 (the package itself);
+//   - github.com/rabbitmq/amqp091-go (outboxamqp only: the RabbitMQ
+//     publisher);
+//   - github.com/jackc/pglogrepl (outboxwal only: logical replication);
+//   - go.opentelemetry.io/otel and go.opentelemetry.io/otel/trace
+//     (outboxotel only: the OpenTelemetry API);
+//   - go.opentelemetry.io/otel/sdk (outboxotel's tests only: they record
+//     spans in memory);
+//   - go.uber.org/goleak (the tests only: no goroutine outlives them);
+//
+// and their own dependencies, marked indirect. Delete the subpackages you do
+// not use, and their modules go with them. The tests need PostgreSQL
+// (TEST_DATABASE_URL, default the local server; outboxwal's need
+// wal_level=logical) and RabbitMQ (TEST_AMQP_URL, default the local broker).
 package outbox

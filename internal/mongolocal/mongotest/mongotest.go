@@ -23,6 +23,7 @@ import (
 	"testing"
 	"time"
 
+	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/event"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
@@ -153,8 +154,43 @@ func unavailable(t testing.TB, format string, args ...any) {
 // Commands records the commands a client sent, for tests that check how a
 // write was made (its write concern, say). Safe for concurrent use.
 type Commands struct {
-	mu   sync.Mutex
-	cmds []*event.CommandStartedEvent
+	mu      sync.Mutex
+	cmds    []*event.CommandStartedEvent
+	replies map[int64]bson.Raw // by request id
+}
+
+// RepliesSince returns the replies to the commands recorded after the
+// first n, named one of names, in the order the commands were sent.
+func (c *Commands) RepliesSince(n int, names ...string) []bson.Raw {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []bson.Raw
+	for _, e := range c.cmds[n:] {
+		if r, ok := c.replies[e.RequestID]; ok && slices.Contains(names, e.CommandName) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// Len is how many commands were recorded so far.
+func (c *Commands) Len() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.cmds)
+}
+
+// Since returns the commands recorded after the first n, named one of names.
+func (c *Commands) Since(n int, names ...string) []*event.CommandStartedEvent {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []*event.CommandStartedEvent
+	for _, e := range c.cmds[n:] {
+		if slices.Contains(names, e.CommandName) {
+			out = append(out, e)
+		}
+	}
+	return out
 }
 
 // Named returns the recorded commands named one of names, in order.
@@ -175,13 +211,20 @@ func (c *Commands) Named(names ...string) []*event.CommandStartedEvent {
 func Watched(t testing.TB) (*mongo.Database, *Commands) {
 	t.Helper()
 	uri, name := ForTest(t)
-	cmds := &Commands{}
+	cmds := &Commands{replies: map[int64]bson.Raw{}}
 	client, err := mongo.Connect(options.Client().ApplyURI(uri).SetServerSelectionTimeout(10 * time.Second).
-		SetMonitor(&event.CommandMonitor{Started: func(_ context.Context, e *event.CommandStartedEvent) {
-			cmds.mu.Lock()
-			cmds.cmds = append(cmds.cmds, e)
-			cmds.mu.Unlock()
-		}}))
+		SetMonitor(&event.CommandMonitor{
+			Started: func(_ context.Context, e *event.CommandStartedEvent) {
+				cmds.mu.Lock()
+				cmds.cmds = append(cmds.cmds, e)
+				cmds.mu.Unlock()
+			},
+			Succeeded: func(_ context.Context, e *event.CommandSucceededEvent) {
+				cmds.mu.Lock()
+				cmds.replies[e.RequestID] = e.Reply
+				cmds.mu.Unlock()
+			},
+		}))
 	if err != nil {
 		t.Fatalf("mongotest: connect %s: %v", uri, err)
 	}

@@ -35,11 +35,11 @@ const Image = "mongo:7.0"
 // shared is the test binary's container, started on first use and
 // terminated by Suite's Run.
 var shared struct {
-	mu        sync.Mutex
-	container *mongodb.MongoDBContainer
-	uri       string
-	skip      string // non-empty: no Docker engine, the reason
-	err       error
+	mu   sync.Mutex
+	stop func(context.Context) error // terminates the container; nil: none started
+	uri  string
+	skip string // non-empty: no Docker engine, the reason
+	err  error
 
 	skipped    []string // tests skipped for want of a replica set
 	skipReason string
@@ -66,14 +66,14 @@ func (s suite) Run() int {
 		fmt.Printf("replsettest: %d transaction-mode tests did not run: %s: %s\n",
 			n, shared.skipReason, strings.Join(shared.skipped, ", "))
 	}
-	if shared.container != nil {
+	if shared.stop != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		if err := testcontainers.TerminateContainer(shared.container, testcontainers.StopContext(ctx)); err != nil {
-			fmt.Fprintf(os.Stderr, "replsettest: terminate container: %v\n", err)
+		if err := shared.stop(ctx); err != nil {
+			fmt.Fprintf(os.Stderr, "replsettest: %v\n", err)
 			code = max(code, 1)
 		}
-		shared.container = nil
+		shared.stop = nil
 	}
 	return code
 }
@@ -88,7 +88,7 @@ func URI(t testing.TB) string {
 	shared.mu.Lock()
 	defer shared.mu.Unlock()
 	if shared.uri == "" && shared.skip == "" && shared.err == nil {
-		shared.uri, shared.skip, shared.err = startContainer(context.WithoutCancel(t.Context()))
+		shared.uri, shared.skip, shared.stop, shared.err = Start(context.WithoutCancel(t.Context()))
 	}
 	switch {
 	case shared.skip != "":
@@ -105,34 +105,41 @@ func URI(t testing.TB) string {
 	return shared.uri
 }
 
-// startContainer returns the container's URI, or skip set when no Docker
-// engine answers.
-func startContainer(ctx context.Context) (uri, skip string, err error) {
+// Start starts a single-node replica set in a container and returns its
+// connection string and a function that terminates the container (call it
+// even when err is set: a container may have started). absent says why no
+// Docker engine can be used; then nothing was started.
+func Start(ctx context.Context) (uri, absent string, stop func(context.Context) error, err error) {
 	if reason := dockerAbsent(ctx); reason != "" {
-		return "", reason, nil
+		return "", reason, nil, nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer cancel()
 	c, err := mongodb.Run(ctx, Image, mongodb.WithReplicaSet("rs0"))
 	if c != nil {
-		shared.container = c
+		stop = func(ctx context.Context) error {
+			if err := testcontainers.TerminateContainer(c, testcontainers.StopContext(ctx)); err != nil {
+				return fmt.Errorf("terminate container: %w", err)
+			}
+			return nil
+		}
 	}
 	if err != nil {
-		return "", "", fmt.Errorf("run %s: %w", Image, err)
+		return "", "", stop, fmt.Errorf("run %s: %w", Image, err)
 	}
 	cs, err := c.ConnectionString(ctx)
 	if err != nil {
-		return "", "", fmt.Errorf("connection string: %w", err)
+		return "", "", stop, fmt.Errorf("connection string: %w", err)
 	}
 	// The member advertises the container's host name; talk to it directly.
 	u, err := url.Parse(cs)
 	if err != nil {
-		return "", "", fmt.Errorf("parse %q: %w", cs, err)
+		return "", "", stop, fmt.Errorf("parse %q: %w", cs, err)
 	}
 	q := u.Query()
 	q.Set("directConnection", "true")
 	u.RawQuery = q.Encode()
-	return u.String(), "", nil
+	return u.String(), "", stop, nil
 }
 
 // dockerAbsent returns why no Docker engine can be used, or "".

@@ -1,57 +1,53 @@
-// Package inboxtest gives the inbox's tests their MongoDB servers, using
-// nothing outside the inbox's own directory tree, so the package can be
-// copied into another module together with its tests.
+// Package inboxtest gives the inbox's tests their MongoDB servers. It
+// imports the MongoDB driver and nothing else outside the standard library,
+// so that a copy of pkg/inbox, tests included, adds no server, container
+// library or embedded database to the copier's go.mod.
 //
-// Database returns a fresh database on TEST_MONGO_URI when it is set, else on
-// a FerretDB (MongoDB wire protocol over SQLite) embedded in the test binary,
-// started on first use. ReplicaSet returns one on a MongoDB replica set, for
-// the transaction-mode tests: TEST_MONGO_REPLSET_URI, or a single-node
-// replica set started in a container through testcontainers when a Docker
-// engine answers. Without either, those tests are skipped with the reason,
-// also under CI=true (a machine without Docker cannot have a replica set; any
-// other failure to get one fails under CI=true), and Suite prints how many
-// were skipped and why after the run.
+// Database returns a fresh database on TEST_MONGO_URI (a standalone mongod,
+// or FerretDB). ReplicaSet returns one on TEST_MONGO_REPLSET_URI (a replica
+// set), for the transaction-mode tests. When one is unset and the tests run
+// inside the reference repository (the module around them has
+// internal/mongolocal/testserver), that command serves the server instead:
+// an embedded FerretDB, or a single-node replica set in a container when a
+// Docker engine answers, for as long as the test binary runs. Without a
+// server, tests skip with the reason, or fail under CI=true; for want of a
+// replica set they skip also under CI=true (a machine without Docker cannot
+// have one), and Suite prints how many did not run and why.
 //
 //	func TestMain(m *testing.M) { goleak.VerifyTestMain(inboxtest.Suite(m)) }
 package inboxtest
 
 import (
+	"bufio"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
-	"log/slog"
-	"net"
-	"net/url"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/FerretDB/FerretDB/ferretdb"
-	"github.com/testcontainers/testcontainers-go"
-	"github.com/testcontainers/testcontainers-go/modules/mongodb"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 )
 
-// ReplicaSetImage is the MongoDB image of the testcontainers replica set.
-const ReplicaSetImage = "mongo:7.0"
+// testServer is the command of the reference repository that serves a
+// server to these tests, relative to its module root.
+const testServer = "internal/mongolocal/testserver"
 
-// servers are the test binary's shared servers, started on first use and
-// stopped by Suite's Run: test support, one per process by design.
+// servers are the test binary's servers, started on first use and stopped
+// by Suite's Run: test support, one per process by design.
 var servers struct {
-	mu sync.Mutex
-
-	ferret     *ferretServer
-	ferretErr  error
-	replset    *mongodb.MongoDBContainer
-	replsetURI string
-	replsetErr error
-	noReplset  string // non-empty: no replica set can be had here, and why
+	mu         sync.Mutex
+	standalone *server
+	replset    *server
 
 	skipped    []string // tests skipped for want of a replica set
 	skipReason string
@@ -79,58 +75,51 @@ func (s suite) Run() int {
 		fmt.Fprintf(s.out, "inboxtest: %d transaction-mode tests did not run: %s: %s\n",
 			n, servers.skipReason, strings.Join(servers.skipped, ", "))
 	}
-	if servers.ferret != nil {
-		if err := servers.ferret.close(); err != nil {
-			fmt.Fprintf(os.Stderr, "inboxtest: stop embedded FerretDB: %v\n", err)
+	for _, srv := range []*server{servers.standalone, servers.replset} {
+		if err := srv.close(); err != nil {
+			fmt.Fprintf(os.Stderr, "inboxtest: %v\n", err)
 			code = max(code, 1)
 		}
-		servers.ferret = nil
 	}
-	if servers.replset != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if err := testcontainers.TerminateContainer(servers.replset, testcontainers.StopContext(ctx)); err != nil {
-			fmt.Fprintf(os.Stderr, "inboxtest: terminate container: %v\n", err)
-			code = max(code, 1)
-		}
-		servers.replset = nil
-	}
+	servers.standalone, servers.replset = nil, nil
 	return code
 }
 
-// URI returns the connection string of the server Database uses.
+// URI returns the connection string of the server Database uses:
+// TEST_MONGO_URI, or the repository's test server.
 func URI(t testing.TB) string {
 	t.Helper()
 	uri, err := SharedURI()
 	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("inboxtest: %v (required under CI=true)", err)
-		}
-		t.Skipf("inboxtest: %v", err)
+		unavailable(t, "%v", err)
 	}
 	return uri
 }
 
-// SharedURI is URI for examples, which have no testing.TB: the embedded
-// FerretDB's error is returned instead of skipping.
+// SharedURI is URI for code without a testing.TB (examples): an error says
+// why there is no server.
 func SharedURI() (string, error) {
 	if uri := os.Getenv("TEST_MONGO_URI"); uri != "" {
 		return uri, nil
 	}
 	servers.mu.Lock()
 	defer servers.mu.Unlock()
-	if servers.ferret == nil && servers.ferretErr == nil {
-		servers.ferret, servers.ferretErr = startFerret()
+	if servers.standalone == nil {
+		servers.standalone = startServer("standalone")
 	}
-	if servers.ferretErr != nil {
-		return "", fmt.Errorf("embedded FerretDB did not start: %w", servers.ferretErr)
+	srv := servers.standalone
+	switch {
+	case srv.err != nil:
+		return "", fmt.Errorf("no MongoDB for the tests: %w", srv.err)
+	case srv.absent != "":
+		return "", errors.New("no MongoDB for the tests: " + srv.absent)
 	}
-	return servers.ferret.uri, nil
+	return srv.uri, nil
 }
 
-// Database returns a fresh database on TEST_MONGO_URI or the embedded
-// FerretDB, on a connected client; the database is dropped and the client
-// disconnected when the test ends.
+// Database returns a fresh database on TEST_MONGO_URI or the repository's
+// test server, on a connected client; the database is dropped and the
+// client disconnected when the test ends.
 func Database(t testing.TB) *mongo.Database {
 	t.Helper()
 	return connect(t, URI(t))
@@ -145,22 +134,23 @@ func ReplicaSetURI(t testing.TB) string {
 	}
 	servers.mu.Lock()
 	defer servers.mu.Unlock()
-	if servers.replsetURI == "" && servers.noReplset == "" && servers.replsetErr == nil {
-		servers.replsetURI, servers.noReplset, servers.replsetErr = startReplicaSet(context.WithoutCancel(t.Context()))
+	if servers.replset == nil {
+		servers.replset = startServer("replset")
 	}
+	srv := servers.replset
 	switch {
-	case servers.noReplset != "":
+	case srv.err != nil && os.Getenv("CI") == "true":
+		t.Fatalf("inboxtest: start a MongoDB replica set: %v (required under CI=true)", srv.err)
+	case srv.err != nil:
 		servers.skipped = append(servers.skipped, t.Name())
-		servers.skipReason = fmt.Sprintf("no replica set: TEST_MONGO_REPLSET_URI is unset and Docker is absent (%s)", servers.noReplset)
+		servers.skipReason = fmt.Sprintf("no replica set: %v", srv.err)
 		t.Skipf("inboxtest: %s", servers.skipReason)
-	case servers.replsetErr != nil && os.Getenv("CI") == "true":
-		t.Fatalf("inboxtest: start a MongoDB replica set container: %v (required under CI=true)", servers.replsetErr)
-	case servers.replsetErr != nil:
+	case srv.absent != "":
 		servers.skipped = append(servers.skipped, t.Name())
-		servers.skipReason = fmt.Sprintf("no replica set: the container did not start: %v", servers.replsetErr)
+		servers.skipReason = "no replica set: TEST_MONGO_REPLSET_URI is unset and " + srv.absent
 		t.Skipf("inboxtest: %s", servers.skipReason)
 	}
-	return servers.replsetURI
+	return srv.uri
 }
 
 // ReplicaSet returns a fresh database on the replica set (see ReplicaSetURI).
@@ -192,10 +182,7 @@ func connect(t testing.TB, uri string) *mongo.Database {
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	if err := client.Ping(ctx, nil); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("inboxtest: MongoDB unreachable at %s: %v (required under CI=true)", uri, err)
-		}
-		t.Skipf("inboxtest: MongoDB unreachable at %s: %v", uri, err)
+		unavailable(t, "MongoDB unreachable at %s: %v", uri, err)
 	}
 	db := client.Database(DatabaseName(t))
 	t.Cleanup(func() { // runs before the client's disconnect
@@ -206,6 +193,15 @@ func connect(t testing.TB, uri string) *mongo.Database {
 		}
 	})
 	return db
+}
+
+// unavailable skips t, or fails it under CI=true.
+func unavailable(t testing.TB, format string, args ...any) {
+	t.Helper()
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("inboxtest: "+format+" (required under CI=true)", args...)
+	}
+	t.Skipf("inboxtest: "+format, args...)
 }
 
 // DatabaseName returns a database name unique to this call, readable in logs
@@ -224,107 +220,118 @@ func DatabaseName(t testing.TB) string {
 			b.WriteByte('_')
 		}
 	}
+	return "t_" + b.String() + "_" + RandomSuffix()
+}
+
+// RandomSuffix is 12 random hex digits, to make a name of one's own.
+func RandomSuffix() string {
 	suffix := make([]byte, 6)
 	_, _ = rand.Read(suffix)
-	return "t_" + b.String() + "_" + hex.EncodeToString(suffix)
+	return hex.EncodeToString(suffix)
 }
 
-// ferretServer is an embedded FerretDB with its SQLite files in a temporary
-// directory.
-type ferretServer struct {
+// server is one run of the repository's test server, or why there is none.
+type server struct {
 	uri    string
-	dir    string
-	cancel context.CancelFunc
-	done   chan struct{}
+	absent string // no server here, and why
+	err    error  // the server could not be started
+
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	done  chan struct{} // closed once cmd has exited
 }
 
-func startFerret() (*ferretServer, error) {
-	dir, err := os.MkdirTemp("", "inboxtest-")
+// startServer runs the repository's test server for kind ("standalone" or
+// "replset") and waits for its first line.
+func startServer(kind string) *server {
+	root, err := moduleRoot()
 	if err != nil {
-		return nil, err
+		return &server{err: err}
 	}
-	// Bind a free port first: ferretdb.New leaks its backend when its own
-	// listener fails.
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		_ = os.RemoveAll(dir)
-		return nil, err
-	}
-	addr := l.Addr().String()
-	_ = l.Close()
-	f, err := ferretdb.New(&ferretdb.Config{
-		Listener: ferretdb.ListenerConfig{TCP: addr},
-		// FerretDB logs every failed command at WARN, and duplicate keys are
-		// the inbox's normal path.
-		Logger:    slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})),
-		Handler:   "sqlite",
-		SQLiteURL: "file:" + dir + "/",
-	})
-	if err != nil {
-		_ = os.RemoveAll(dir)
-		return nil, err
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	s := &ferretServer{uri: f.MongoDBURI(), dir: dir, cancel: cancel, done: make(chan struct{})}
-	go func() {
-		defer close(s.done)
-		_ = f.Run(ctx)
-	}()
-	return s, nil
-}
-
-func (s *ferretServer) close() error {
-	s.cancel()
-	<-s.done
-	return os.RemoveAll(s.dir)
-}
-
-// startReplicaSet returns the container's URI, or why no Docker engine can
-// be used.
-func startReplicaSet(ctx context.Context) (uri, absent string, err error) {
-	if reason := dockerAbsent(ctx); reason != "" {
-		return "", reason, nil
-	}
-	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
-	defer cancel()
-	c, err := mongodb.Run(ctx, ReplicaSetImage, mongodb.WithReplicaSet("rs0"))
-	if c != nil {
-		servers.replset = c
-	}
-	if err != nil {
-		return "", "", fmt.Errorf("run %s: %w", ReplicaSetImage, err)
-	}
-	cs, err := c.ConnectionString(ctx)
-	if err != nil {
-		return "", "", fmt.Errorf("connection string: %w", err)
-	}
-	// The member advertises the container's host name; talk to it directly.
-	u, err := url.Parse(cs)
-	if err != nil {
-		return "", "", fmt.Errorf("parse %q: %w", cs, err)
-	}
-	q := u.Query()
-	q.Set("directConnection", "true")
-	u.RawQuery = q.Encode()
-	return u.String(), "", nil
-}
-
-// dockerAbsent returns why no Docker engine can be used, or "".
-func dockerAbsent(ctx context.Context) (reason string) {
-	defer func() {
-		if r := recover(); r != nil { // testcontainers panics on some setups without Docker
-			reason = fmt.Sprint(r)
+	if _, err := os.Stat(filepath.Join(root, filepath.FromSlash(testServer), "main.go")); err != nil {
+		env := "TEST_MONGO_URI"
+		if kind == "replset" {
+			env = "TEST_MONGO_REPLSET_URI"
 		}
-	}()
-	p, err := testcontainers.ProviderDocker.GetProvider()
+		return &server{absent: "set " + env + " (the module around the tests has no " + testServer + " to serve one)"}
+	}
+	// "go run" keeps the built command in the build cache; the server
+	// stops when its standard input ends, that is, with this process.
+	cmd := exec.Command("go", "run", "./"+testServer, kind)
+	cmd.Dir = root
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
 	if err != nil {
-		return err.Error()
+		return &server{err: err}
 	}
-	defer p.Close()
-	hctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if err := p.Health(hctx); err != nil {
-		return err.Error()
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return &server{err: err}
 	}
-	return ""
+	if err := cmd.Start(); err != nil {
+		return &server{err: fmt.Errorf("go run ./%s: %w", testServer, err)}
+	}
+	s := &server{cmd: cmd, stdin: stdin, done: make(chan struct{})}
+	lines := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		if sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+		_, _ = io.Copy(io.Discard, stdout)
+		_ = cmd.Wait()
+		close(s.done)
+	}()
+	// The first run builds the command: minutes on a loaded machine.
+	timer := time.NewTimer(10 * time.Minute)
+	defer timer.Stop()
+	var line string
+	select {
+	case line = <-lines:
+	case <-timer.C:
+		s.err = fmt.Errorf("go run ./%s %s: no answer within 10 minutes", testServer, kind)
+		_ = s.close()
+		return s
+	}
+	switch k, v, _ := strings.Cut(line, "="); k {
+	case "uri":
+		s.uri = v
+	case "absent":
+		s.absent = v
+	case "error":
+		s.err = errors.New(v)
+	default:
+		s.err = fmt.Errorf("go run ./%s %s: unexpected answer %q (see its output above)", testServer, kind, line)
+	}
+	return s
+}
+
+// close stops the server: its standard input ends, and it exits.
+func (s *server) close() error {
+	if s == nil || s.cmd == nil {
+		return nil
+	}
+	_ = s.stdin.Close()
+	select {
+	case <-s.done:
+		return nil
+	case <-time.After(time.Minute):
+		_ = s.cmd.Process.Kill()
+		<-s.done
+		return fmt.Errorf("test server %s did not stop within a minute after its input closed: killed", strings.Join(s.cmd.Args, " "))
+	}
+}
+
+// moduleRoot returns the directory of the module holding the tests.
+func moduleRoot() (string, error) {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("go env GOMOD: %w", err)
+	}
+	gomod := strings.TrimSpace(string(out))
+	if gomod == "" || gomod == os.DevNull {
+		return "", errors.New("the tests run outside a module")
+	}
+	return filepath.Dir(gomod), nil
 }

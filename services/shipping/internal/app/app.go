@@ -55,6 +55,19 @@ type Config struct {
 	Prefetch, Concurrency int
 	// MaxAttempts and MaxDeferrals bound retries (defaults in processor.Config).
 	MaxAttempts, MaxDeferrals int
+	// MaxTransientDeferrals and MaxDeferralAge bound the deferrals of a
+	// message the inbox fails on by itself, and every message's deferrals
+	// by age (defaults in processor.Config: 20, 30m).
+	MaxTransientDeferrals int
+	MaxDeferralAge        time.Duration
+	// StuckAfter is how long a worker may spend on one delivery before it
+	// counts as stuck; /readyz answers 503 while every worker is (default in
+	// rabbitmq.Config: 60s).
+	StuckAfter time.Duration
+	// ConfirmTimeout bounds the wait for the confirm of a deferred or
+	// dead-lettered copy, after which its delivery goes back to the queue
+	// (default in rabbitmq.Config: 30s).
+	ConfirmTimeout time.Duration
 	// InboxRetention keeps inbox records (default in inbox.Config: 7 days).
 	InboxRetention time.Duration
 	// InboxFlushInterval is the inbox's inbox.Config.FlushInterval: on a
@@ -66,7 +79,8 @@ type Config struct {
 	// effect. Default: 10ms; negative writes each record before the ack.
 	InboxFlushInterval time.Duration
 	// PurgeInterval is how often expired inbox records are purged where the
-	// server has no TTL index. Default: 10m.
+	// server has no TTL index. Default: inbox.DefaultPurgeInterval (1h: on
+	// FerretDB each purge reads the whole inbox collection).
 	PurgeInterval time.Duration
 	// AdminToken is the bearer token of the /admin/dead-letters endpoints.
 	// Default: "" (the admin endpoints are off).
@@ -78,6 +92,8 @@ type Config struct {
 	Crash *crashpoint.Trigger
 	// WrapStore, when set, wraps the shipment store (tests inject failures).
 	WrapStore func(processor.Store) processor.Store
+	// WrapInbox, when set, wraps the inbox (tests inject its failures).
+	WrapInbox func(processor.Inbox) processor.Inbox
 	// Logger. Default: discard.
 	Logger *slog.Logger
 	// TracerProvider traces each delivery: a CONSUMER span "process
@@ -119,7 +135,7 @@ func New(cfg Config) (*App, error) {
 		return nil, errors.New("shipping: AMQPURL and MongoURI are required")
 	}
 	cfg.HTTPAddr = cmp.Or(cfg.HTTPAddr, "127.0.0.1:8081")
-	cfg.PurgeInterval = cmp.Or(cfg.PurgeInterval, 10*time.Minute)
+	cfg.PurgeInterval = cmp.Or(cfg.PurgeInterval, inbox.DefaultPurgeInterval)
 	if cfg.TracerProvider == nil {
 		cfg.TracerProvider = noop.NewTracerProvider()
 	}
@@ -194,27 +210,14 @@ func New(cfg Config) (*App, error) {
 	if cfg.WrapStore != nil {
 		store = cfg.WrapStore(store)
 	}
-	proc, err := processor.New(processor.Config{
-		Inbox: a.inbox, Store: store, Metrics: m, DeadLetters: a.dead,
-		MaxAttempts: cfg.MaxAttempts, MaxDeferrals: cfg.MaxDeferrals,
-		Crash: cfg.Crash, Logger: log, Tracing: traced,
-	})
-	if err != nil {
-		return fail(fmt.Errorf("shipping: %w", err))
-	}
-	a.consumer, err = rabbitmq.New(rabbitmq.Config{
-		URL: cfg.AMQPURL, Topology: cfg.Topology,
-		Prefetch: cfg.Prefetch, Concurrency: cfg.Concurrency,
-		Metrics: m, Logger: log,
-		TracerProvider: cfg.TracerProvider, Propagator: cfg.Propagator,
-	}, proc)
-	if err != nil {
-		return fail(fmt.Errorf("shipping: %w", err))
+	var in processor.Inbox = a.inbox
+	if cfg.WrapInbox != nil {
+		in = cfg.WrapInbox(in)
 	}
 	a.releases, err = deadletter.NewManager(deadletter.Config{
 		Store: a.dead,
 		Publisher: deadletter.AMQPPublisher{
-			URL: cfg.AMQPURL, Queue: a.consumer.Topology().Queue,
+			URL: cfg.AMQPURL, Queue: cfg.Topology.WithDefaults().Queue,
 			TracerProvider: cfg.TracerProvider, Propagator: cfg.Propagator,
 		},
 		Skipper: a.store,
@@ -223,11 +226,30 @@ func New(cfg Config) (*App, error) {
 	if err != nil {
 		return fail(fmt.Errorf("shipping: %w", err))
 	}
+	proc, err := processor.New(processor.Config{
+		Inbox: in, Store: store, Metrics: m, DeadLetters: a.dead, Releases: a.releases,
+		MaxAttempts: cfg.MaxAttempts, MaxDeferrals: cfg.MaxDeferrals,
+		MaxTransientDeferrals: cfg.MaxTransientDeferrals, MaxDeferralAge: cfg.MaxDeferralAge,
+		Crash: cfg.Crash, Logger: log, Tracing: traced,
+	})
+	if err != nil {
+		return fail(fmt.Errorf("shipping: %w", err))
+	}
+	a.consumer, err = rabbitmq.New(rabbitmq.Config{
+		URL: cfg.AMQPURL, Topology: cfg.Topology,
+		Prefetch: cfg.Prefetch, Concurrency: cfg.Concurrency, StuckAfter: cfg.StuckAfter, ConfirmTimeout: cfg.ConfirmTimeout,
+		Metrics: m, Logger: log,
+		TracerProvider: cfg.TracerProvider, Propagator: cfg.Propagator,
+	}, proc)
+	if err != nil {
+		return fail(fmt.Errorf("shipping: %w", err))
+	}
 	h, err := httpapi.New(httpapi.Config{
 		Shipments: a.store,
 		Checks: map[string]httpapi.Check{
 			"mongodb": a.store.Ping,
 			"broker":  func(context.Context) error { return a.consumer.Ready() },
+			"workers": func(context.Context) error { return a.consumer.Working() },
 		},
 		Gatherer:    reg,
 		Logger:      log,
@@ -340,13 +362,25 @@ func (a *App) Run(parent context.Context) error {
 }
 
 // refreshDeadLetterStats keeps the dead-letter gauges current. First it
-// finishes the releases of dead letters that a crash interrupted (retrying
-// at each tick until MongoDB and the broker answer).
+// creates the dead-letter collections' indexes and finishes the releases of
+// dead letters that a crash interrupted (retrying at each tick until
+// MongoDB and the broker answer).
 func (a *App) refreshDeadLetterStats(ctx context.Context) {
 	t := time.NewTicker(cmp.Or(a.cfg.DeadLetterStatsInterval, 15*time.Second))
 	defer t.Stop()
-	resumed := false
+	indexed, resumed := false, false
 	for {
+		if !indexed {
+			ictx, cancel := context.WithTimeout(ctx, time.Minute)
+			err := a.dead.EnsureIndexes(ictx)
+			cancel()
+			switch {
+			case err == nil:
+				indexed = true
+			case ctx.Err() == nil:
+				a.log.WarnContext(ctx, "dead-letter indexes not created yet, retrying", "error", err)
+			}
+		}
 		if !resumed {
 			rctx, cancel := context.WithTimeout(ctx, time.Minute)
 			n, err := a.releases.Resume(rctx)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -214,4 +215,82 @@ func TestServiceFinishesAReleaseACrashInterruptedAtStart(t *testing.T) {
 	if err != nil || len(letters) != 0 || len(holds) != 0 {
 		t.Fatalf("after the restart: dead letters %+v, holds %+v, %v; want the release finished", letters, holds, err)
 	}
+}
+
+// A dead-lettered version that applies after all (the relay published it
+// again, its handler's trouble over) releases what its order held: the
+// versions parked behind it follow, in order, and no dead letter nor hold
+// is left for an operator to replay.
+func TestDeadLetteredVersionAppliedByAnotherCopyReleasesItsOrder(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	var broken atomic.Bool
+	broken.Store(true)
+	a := e.start(app.Config{
+		MaxAttempts: 2, AdminToken: "s3cret", DeadLetterStatsInterval: 50 * time.Millisecond,
+		WrapStore: func(s processor.Store) processor.Store { return brokenStore{s, "again-1", &broken} },
+	})
+	e.pub.publish(created("1901", "again-1"))
+	waitFor(t, 30*time.Second, "the create dead-lettered", func() bool {
+		return value(a.Metrics().DeadLettered.WithLabelValues("handler_failed")) == 1
+	})
+	e.pub.publish(cancelled("1902", "again-1"))
+	waitFor(t, 30*time.Second, "the cancel parked", func() bool { return value(a.Metrics().Parked) == 1 })
+
+	broken.Store(false)
+	e.pub.publish(created("1901", "again-1")) // the relay's second copy
+	s := e.waitShipment("again-1", 2)
+	wantEvents(t, s, "1901", "1902")
+	if vs := e.order.versions("again-1"); fmt.Sprint(vs) != "[1 2]" {
+		t.Fatalf("application order %v, want [1 2]", vs)
+	}
+	waitFor(t, 10*time.Second, "the gauges back to 0", func() bool { return gauge(a, "held") == 0 && gauge(a, "parked") == 0 })
+	if _, body := adminDo(t, http.MethodGet, "http://"+a.HTTPAddr()+"/admin/dead-letters", "s3cret"); !strings.Contains(body, `"dead_letters":[]`) || !strings.Contains(body, `"held_orders":[]`) {
+		t.Fatalf("after the second copy applied: %s; want no dead letter and no held order left", body)
+	}
+	e.waitDrained(a)
+}
+
+// The service creates the dead-letter collections' indexes at start.
+func TestServiceCreatesTheDeadLetterIndexesAtStart(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.start(app.Config{DeadLetterStatsInterval: 50 * time.Millisecond})
+	indexes := func(coll string) []string {
+		cur, err := e.db.Collection(coll).Indexes().List(t.Context())
+		if err != nil {
+			return nil
+		}
+		var specs []struct {
+			Key bson.D `bson:"key"`
+		}
+		if err := cur.All(t.Context(), &specs); err != nil {
+			return nil
+		}
+		var out []string
+		for _, s := range specs {
+			var keys []string
+			for _, k := range s.Key {
+				keys = append(keys, k.Key)
+			}
+			out = append(out, strings.Join(keys, ","))
+		}
+		return out
+	}
+	want := map[string][]string{
+		deadletter.LettersCollection: {"order_id,holds,version", "dead_lettered_at"},
+		deadletter.ParkedCollection:  {"order_id,version", "order_id,parked_at", "parked_at"},
+		deadletter.HoldsCollection:   {"state"},
+	}
+	waitFor(t, 30*time.Second, "the dead-letter indexes", func() bool {
+		for coll, keys := range want {
+			have := indexes(coll)
+			for _, k := range keys {
+				if !slices.Contains(have, k) {
+					return false
+				}
+			}
+		}
+		return true
+	})
 }

@@ -63,9 +63,10 @@ func (p AMQPPublisher) Publish(ctx context.Context, m Message) error {
 	returns := ch.NotifyReturn(make(chan amqp.Return, 1))
 	headers := amqp.Table{}
 	for k, v := range m.Headers {
-		if v, ok := amqpValue(v); ok {
-			headers[k] = v
-		}
+		headers[k] = v
+	}
+	if err := headers.Validate(); err != nil {
+		return fmt.Errorf("publish message %s: headers: %w", m.MessageID, err)
 	}
 	ctx, span := p.startSpan(ctx, m, headers)
 	defer span.End()
@@ -137,16 +138,4 @@ func (p AMQPPublisher) publish(ctx context.Context, ch *amqp.Channel, returns <-
 	default:
 	}
 	return nil
-}
-
-// amqpValue converts a header value read back from MongoDB to an AMQP
-// field value.
-func amqpValue(v any) (any, bool) {
-	switch x := v.(type) {
-	case string, int64, int32, int16, int8, bool, float64, float32, []byte, time.Time:
-		return x, true
-	case int:
-		return int64(x), true
-	}
-	return nil, false
 }

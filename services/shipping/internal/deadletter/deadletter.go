@@ -22,6 +22,10 @@
 //     order and the hold is removed, or, while another dead letter of the
 //     order still holds it, moved to that one (the released versions after
 //     it find their gap again and park again).
+//   - Applied does the same when the held version applies after all (a
+//     second copy of it, or the redelivery of a message whose dead letter
+//     was recorded but not published): its dead letter is dropped and the
+//     order released, with no operator.
 //
 // A release is idempotent and resumable: the hold is first marked
 // "releasing" with a token; each parked message is deleted only after its
@@ -38,9 +42,17 @@
 // already re-published it), so no message is parked behind a hold that is
 // gone.
 //
-// Lookups are by _id, except the listings (List, Stats, and a release's
-// parked messages and remaining dead letters of one order), which scan their
-// small collections.
+// A kept message's headers are stored as an array of typed {k, t, v}
+// entries (Headers): any AMQP key survives, '.' and a leading '$' included,
+// and a replay sends each value with its AMQP type (timestamps, byte
+// strings, tables, arrays, every integer width).
+//
+// Lookups are by _id, except the listings: List, Stats, the releases a
+// start resumes, and a release's parked messages and remaining dead letters
+// of one order. EnsureIndexes (at start) creates the indexes they use, and
+// none of them reads a message's body or headers but a release, which
+// re-publishes them: List reads each collection once, whatever the number
+// of held orders, and counts the parked messages without their bodies.
 package deadletter
 
 import (
@@ -77,12 +89,12 @@ var ErrNotFound = errors.New("deadletter: no such dead letter")
 
 // Message is a message as kept for a later re-publish.
 type Message struct {
-	MessageID   string         `bson:"message_id" json:"message_id"`
-	Type        string         `bson:"type,omitempty" json:"type,omitempty"`
-	ContentType string         `bson:"content_type,omitempty" json:"content_type,omitempty"`
-	RoutingKey  string         `bson:"routing_key" json:"routing_key"` // as first published
-	Headers     map[string]any `bson:"headers,omitempty" json:"-"`
-	Body        []byte         `bson:"body" json:"-"`
+	MessageID   string  `bson:"message_id" json:"message_id"`
+	Type        string  `bson:"type,omitempty" json:"type,omitempty"`
+	ContentType string  `bson:"content_type,omitempty" json:"content_type,omitempty"`
+	RoutingKey  string  `bson:"routing_key" json:"routing_key"` // as first published
+	Headers     Headers `bson:"headers,omitempty" json:"-"`
+	Body        []byte  `bson:"body" json:"-"`
 }
 
 // Letter is a recorded dead letter.
@@ -267,6 +279,29 @@ func (s *Store) parkedOf(ctx context.Context, orderID string) ([]Parked, error) 
 	return out, nil
 }
 
+// EnsureIndexes creates the indexes of the listings: dead letters by order
+// (a release's next holding letter) and by time (List), parked messages by
+// order (a release, List's counts) and by time (Stats), holds by state (the
+// releases to resume). Safe to call at every start.
+func (s *Store) EnsureIndexes(ctx context.Context) error {
+	for _, ix := range []struct {
+		coll *mongo.Collection
+		keys bson.D
+	}{
+		{s.letters, bson.D{{Key: "order_id", Value: 1}, {Key: "holds", Value: 1}, {Key: "version", Value: 1}}},
+		{s.letters, bson.D{{Key: "dead_lettered_at", Value: 1}}},
+		{s.parked, bson.D{{Key: "order_id", Value: 1}, {Key: "version", Value: 1}}},
+		{s.parked, bson.D{{Key: "order_id", Value: 1}, {Key: "parked_at", Value: 1}}},
+		{s.parked, bson.D{{Key: "parked_at", Value: 1}}},
+		{s.holds, bson.D{{Key: "state", Value: 1}}},
+	} {
+		if _, err := ix.coll.Indexes().CreateOne(ctx, mongo.IndexModel{Keys: ix.keys}); err != nil {
+			return fmt.Errorf("create index %v on %s: %w", ix.keys, ix.coll.Name(), err)
+		}
+	}
+	return nil
+}
+
 // Stats is what the metrics show.
 type Stats struct {
 	HeldOrders      int
@@ -292,8 +327,11 @@ func (s *Store) Stats(ctx context.Context, now time.Time) (Stats, error) {
 	}
 	st.Parked = int(n)
 	if n > 0 {
-		var oldest Parked
-		err := s.parked.FindOne(ctx, bson.D{}, options.FindOne().SetSort(bson.D{{Key: "parked_at", Value: 1}})).Decode(&oldest)
+		var oldest struct {
+			ParkedAt time.Time `bson:"parked_at"`
+		}
+		err := s.parked.FindOne(ctx, bson.D{}, options.FindOne().SetSort(bson.D{{Key: "parked_at", Value: 1}}).
+			SetProjection(bson.D{{Key: "_id", Value: 0}, {Key: "parked_at", Value: 1}})).Decode(&oldest)
 		if err != nil && !errors.Is(err, mongo.ErrNoDocuments) {
 			return st, fmt.Errorf("oldest parked message: %w", err)
 		}
@@ -304,10 +342,11 @@ func (s *Store) Stats(ctx context.Context, now time.Time) (Stats, error) {
 	return st, nil
 }
 
-// List returns every dead letter (oldest first) and every held order, with
-// its parked messages counted.
+// List returns every dead letter (oldest first, without its message's body
+// and headers) and every held order, with its parked messages counted.
 func (s *Store) List(ctx context.Context) ([]Letter, []Hold, error) {
-	cur, err := s.letters.Find(ctx, bson.D{}, options.Find().SetSort(bson.D{{Key: "dead_lettered_at", Value: 1}}))
+	cur, err := s.letters.Find(ctx, bson.D{}, options.Find().SetSort(bson.D{{Key: "dead_lettered_at", Value: 1}}).
+		SetProjection(bson.D{{Key: "message.body", Value: 0}, {Key: "message.headers", Value: 0}}))
 	if err != nil {
 		return nil, nil, fmt.Errorf("list dead letters: %w", err)
 	}
@@ -323,18 +362,63 @@ func (s *Store) List(ctx context.Context) ([]Letter, []Hold, error) {
 	if err := cur.All(ctx, &holds); err != nil {
 		return nil, nil, fmt.Errorf("list held orders: %w", err)
 	}
-	for i := range holds {
-		ps, err := s.parkedOf(ctx, holds[i].OrderID)
-		if err != nil {
-			return nil, nil, err
-		}
-		holds[i].Parked = len(ps)
-		for _, p := range ps {
-			if holds[i].OldestParkedAt == nil || p.ParkedAt.Before(*holds[i].OldestParkedAt) {
-				at := p.ParkedAt
-				holds[i].OldestParkedAt = &at
-			}
-		}
+	if err := s.countParked(ctx, holds); err != nil {
+		return nil, nil, err
 	}
 	return letters, holds, nil
+}
+
+// countParked fills the holds' Parked and OldestParkedAt, in one read of
+// the parked messages' order and time only (an index covers it on MongoDB).
+func (s *Store) countParked(ctx context.Context, holds []Hold) error {
+	if len(holds) == 0 {
+		return nil
+	}
+	byOrder := make(map[string]*Hold, len(holds))
+	ids := make(bson.A, 0, len(holds))
+	for i := range holds {
+		byOrder[holds[i].OrderID] = &holds[i]
+		ids = append(ids, holds[i].OrderID)
+	}
+	cur, err := s.parked.Find(ctx, bson.D{{Key: "order_id", Value: bson.D{{Key: "$in", Value: ids}}}},
+		options.Find().SetProjection(bson.D{{Key: "_id", Value: 0}, {Key: "order_id", Value: 1}, {Key: "parked_at", Value: 1}}))
+	if err != nil {
+		return fmt.Errorf("count parked messages: %w", err)
+	}
+	defer cur.Close(ctx)
+	for cur.Next(ctx) {
+		var p struct {
+			OrderID  string    `bson:"order_id"`
+			ParkedAt time.Time `bson:"parked_at"`
+		}
+		if err := cur.Decode(&p); err != nil {
+			return fmt.Errorf("count parked messages: %w", err)
+		}
+		h := byOrder[p.OrderID]
+		if h == nil {
+			continue
+		}
+		h.Parked++
+		if h.OldestParkedAt == nil || p.ParkedAt.Before(*h.OldestParkedAt) {
+			at := p.ParkedAt
+			h.OldestParkedAt = &at
+		}
+	}
+	if err := cur.Err(); err != nil {
+		return fmt.Errorf("count parked messages: %w", err)
+	}
+	return nil
+}
+
+// releasing returns the holds whose release was interrupted.
+func (s *Store) releasing(ctx context.Context) ([]Hold, error) {
+	cur, err := s.holds.Find(ctx, bson.D{{Key: "state", Value: StateReleasing}})
+	if err != nil {
+		return nil, fmt.Errorf("list releasing holds: %w", err)
+	}
+	out := []Hold{}
+	if err := cur.All(ctx, &out); err != nil {
+		return nil, fmt.Errorf("list releasing holds: %w", err)
+	}
+	return out, nil
 }

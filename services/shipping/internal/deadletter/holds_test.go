@@ -5,6 +5,9 @@ import (
 	"testing"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.mongodb.org/mongo-driver/v2/bson"
+
 	"github.com/outbox-inbox/reference/internal/mongolocal/mongotest"
 )
 
@@ -75,3 +78,35 @@ func TestAnOrderWithTwoDeadLettersStaysHeldUntilBothAreSettled(t *testing.T) {
 }
 
 func msgID(v int64) string { return "m" + string(rune('0'+v)) }
+
+// Headers kept before they were stored as typed entries (an embedded
+// document) are still read, converted back to AMQP values where BSON kept
+// their types.
+func TestHeadersStoredAsADocumentAreStillRead(t *testing.T) {
+	t.Parallel()
+	s, err := NewStore(mongotest.Database(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := time.Unix(1764450000, 0)
+	if _, err := s.parked.InsertOne(t.Context(), bson.D{
+		{Key: "_id", Value: "o-1/2"}, {Key: "order_id", Value: "o-1"}, {Key: "version", Value: int64(2)}, {Key: "parked_at", Value: at},
+		{Key: "message", Value: bson.D{{Key: "message_id", Value: "m2"}, {Key: "routing_key", Value: "order.cancelled"}, {Key: "body", Value: []byte("{}")},
+			{Key: "headers", Value: bson.D{
+				{Key: "aggregate_id", Value: "o-1"}, {Key: "aggregate_version", Value: int64(2)}, {Key: "n", Value: int32(3)},
+				{Key: "at", Value: bson.NewDateTimeFromTime(at)}, {Key: "raw", Value: bson.Binary{Data: []byte{1}}},
+				{Key: "t", Value: bson.D{{Key: "k", Value: "v"}}}, {Key: "a", Value: bson.A{"x", int64(1)}},
+			}}}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	ps, err := s.parkedOf(t.Context(), "o-1")
+	if err != nil || len(ps) != 1 {
+		t.Fatalf("parkedOf: %v, %v", ps, err)
+	}
+	h := ps[0].Message.Headers
+	if h["aggregate_id"] != "o-1" || h["aggregate_version"] != int64(2) || h["n"] != int32(3) || !h["at"].(time.Time).Equal(at) ||
+		!slices.Equal(h["raw"].([]byte), []byte{1}) || h["t"].(amqp.Table)["k"] != "v" || len(h["a"].([]any)) != 2 {
+		t.Fatalf("headers %#v", h)
+	}
+}

@@ -85,28 +85,49 @@ func (m *Manager) Discard(ctx context.Context, orderID string, version int64) (i
 	})
 }
 
+// Applied releases orderID when its hold is at version, which was applied
+// after all: a second copy of the dead-lettered message (the relay
+// published it again), or the redelivery of a message whose dead letter was
+// recorded but whose publish to the dead-letter queue failed. The dead
+// letter at that version is dropped (its version is applied) and the order's
+// parked messages are re-published in version order. It returns how many
+// parked messages it released: 0, with no write, when the order is not held
+// at that version. A release an operator began (replay, discard) is left to
+// finish on its own.
+func (m *Manager) Applied(ctx context.Context, orderID string, version int64) (int, error) {
+	hold, err := m.cfg.Store.Held(ctx, orderID)
+	if err != nil || hold == nil || hold.Version != version {
+		return 0, err
+	}
+	if hold.State != StateHeld && hold.Action != actionApplied {
+		return 0, nil
+	}
+	return m.settle(ctx, orderID, version, actionApplied, nil)
+}
+
 // Release actions, kept on a releasing hold.
 const (
 	actionReplay  = "replay"
 	actionDiscard = "discard"
+	actionApplied = "applied" // the held version applied after all (Applied)
 )
 
 // Resume finishes every release that was interrupted (its hold is still
 // "releasing"), repeating the action the operator asked. It returns how
 // many releases it finished.
 func (m *Manager) Resume(ctx context.Context) (int, error) {
-	_, holds, err := m.cfg.Store.List(ctx)
+	holds, err := m.cfg.Store.releasing(ctx)
 	if err != nil {
 		return 0, err
 	}
 	done := 0
 	for _, h := range holds {
-		if h.State != StateReleasing {
-			continue
-		}
 		do := m.Replay
-		if h.Action == actionDiscard {
+		switch h.Action {
+		case actionDiscard:
 			do = m.Discard
+		case actionApplied:
+			do = m.Applied
 		}
 		if _, err := do(ctx, h.OrderID, h.Version); err != nil && !errors.Is(err, ErrNotFound) {
 			return done, fmt.Errorf("resume the release of order %s: %w", h.OrderID, err)
@@ -116,6 +137,8 @@ func (m *Manager) Resume(ctx context.Context) (int, error) {
 	return done, nil
 }
 
+// settle marks orderID releasing, runs act on the dead letter at version
+// (none for actionApplied), deletes it, and releases the order.
 func (m *Manager) settle(ctx context.Context, orderID string, version int64, action string, act func(Letter) error) (int, error) {
 	s := m.cfg.Store
 	id := key(orderID, version)
@@ -129,7 +152,7 @@ func (m *Manager) settle(ctx context.Context, orderID string, version int64, act
 	if err != nil {
 		return 0, err
 	}
-	if !found && (hold == nil || hold.State != StateReleasing) {
+	if !found && action != actionApplied && (hold == nil || hold.State != StateReleasing) {
 		return 0, fmt.Errorf("%w: %s", ErrNotFound, id)
 	}
 
@@ -146,8 +169,10 @@ func (m *Manager) settle(ctx context.Context, orderID string, version int64, act
 		}
 	}
 	if found {
-		if err := act(doc.Letter); err != nil {
-			return 0, err
+		if act != nil {
+			if err := act(doc.Letter); err != nil {
+				return 0, err
+			}
 		}
 		// Unless it was dead-lettered again meanwhile (a replay that failed).
 		if _, err := s.letters.DeleteOne(ctx, bson.D{{Key: "_id", Value: id}, {Key: "dead_lettered_at", Value: doc.DeadLetteredAt}}); err != nil {

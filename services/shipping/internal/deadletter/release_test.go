@@ -203,3 +203,52 @@ func TestResumeFinishesAnInterruptedDiscard(t *testing.T) {
 		t.Fatalf("Resume with nothing to do: %d, %v", n, err)
 	}
 }
+
+// A held version applied after all releases its order: the parked versions
+// go out in order, the dead letter and the hold are gone, and nothing is
+// re-published of the dead letter itself (its version is applied). Any
+// other version, or an order that is not held, changes nothing.
+func TestAppliedHeldVersionReleasesItsOrder(t *testing.T) {
+	t.Parallel()
+	s, pub, skip := setup(t)
+	m, _ := NewManager(Config{Store: s, Publisher: pub, Skipper: skip})
+	for _, tc := range []struct {
+		order   string
+		version int64
+	}{{"o-1", 1}, {"o-1", 3}, {"o-2", 2}} {
+		if n, err := m.Applied(t.Context(), tc.order, tc.version); err != nil || n != 0 {
+			t.Fatalf("Applied(%s, %d): %d, %v; want nothing released", tc.order, tc.version, n, err)
+		}
+	}
+	if h, err := s.Held(t.Context(), "o-1"); err != nil || h == nil || h.State != StateHeld || len(pub.published) != 0 {
+		t.Fatalf("hold %+v, %v, published %v: want o-1 still held, nothing published", h, err, pub.published)
+	}
+	if n, err := m.Applied(t.Context(), "o-1", 2); err != nil || n != 3 {
+		t.Fatalf("Applied(o-1, 2): %d, %v; want 3 released", n, err)
+	}
+	if want := []string{"m3", "m4", "m5"}; !slices.Equal(pub.published, want) {
+		t.Fatalf("published %v, want %v", pub.published, want)
+	}
+	if len(skip.skipped) != 0 {
+		t.Fatalf("skipped %v", skip.skipped)
+	}
+	wantReleased(t, s)
+}
+
+func TestResumeFinishesAnInterruptedReleaseOfAnAppliedVersion(t *testing.T) {
+	t.Parallel()
+	s, pub, skip := setup(t)
+	crash := errors.New("crash")
+	m, _ := NewManager(Config{Store: s, Publisher: pub, Skipper: skip, afterPublish: func(Parked) error { return crash }})
+	if _, err := m.Applied(t.Context(), "o-1", 2); !errors.Is(err, crash) {
+		t.Fatalf("Applied: %v, want the crash", err)
+	}
+	m, _ = NewManager(Config{Store: s, Publisher: pub, Skipper: skip})
+	if n, err := m.Resume(t.Context()); err != nil || n != 1 {
+		t.Fatalf("Resume: %d, %v; want 1 release finished", n, err)
+	}
+	if want := []string{"m3", "m3", "m4", "m5"}; !slices.Equal(pub.published, want) {
+		t.Fatalf("published %v, want %v (no replay of the applied version)", pub.published, want)
+	}
+	wantReleased(t, s)
+}

@@ -2,7 +2,7 @@
 //
 //	GET /shipments/{order_id}  the shipment, with every event applied to it, in order
 //	GET /healthz               the process is up
-//	GET /readyz                MongoDB and the broker consumer are usable
+//	GET /readyz                MongoDB and the broker consumer are usable, and not every worker is stuck
 //	GET /metrics               Prometheus metrics
 //
 // and, with an AdminToken and DeadLetters, the operator's endpoints under

@@ -27,7 +27,9 @@ type Metrics struct {
 	DeadLettered *prometheus.CounterVec
 	// Deferred counts messages sent through the delay queue, by reason:
 	// "gap" (an earlier version is missing), "in_progress", "retry" (the
-	// handler failed), "transient" (the inbox failed, not the handler).
+	// handler failed), "transient" (the inbox's transaction kept failing
+	// transiently, inbox.ErrTransient), "database" (the inbox failed on
+	// another database error while MongoDB answers).
 	Deferred *prometheus.CounterVec
 	// UnknownType counts messages of an event type not handled here,
 	// recorded as no-ops at their version.
@@ -48,6 +50,12 @@ type Metrics struct {
 	BrokerConnections prometheus.Counter
 	// Consuming is 1 while the consumer is consuming.
 	Consuming prometheus.Gauge
+	// PublisherBlocked is 1 while the broker blocks the connection that
+	// publishes deferred and dead-lettered copies (a memory or disk alarm).
+	PublisherBlocked prometheus.Gauge
+	// RepublishTimeouts counts deferred or dead-lettered copies not
+	// confirmed in time, whose delivery went back to the queue.
+	RepublishTimeouts prometheus.Counter
 	// Parked counts messages parked behind a dead letter of their order.
 	Parked prometheus.Counter
 	// HeldOrders, ParkedMessages, OldestParkedAge and DeadLetters show what
@@ -70,7 +78,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "shipping_events_dead_lettered_total", Help: "Messages moved to the dead-letter queue, by reason.",
 		}, []string{"reason"}),
 		Deferred: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "shipping_events_deferred_total", Help: "Messages sent through the delay queue, by reason (gap, in_progress, retry, transient).",
+			Name: "shipping_events_deferred_total", Help: "Messages sent through the delay queue, by reason (gap, in_progress, retry, transient, database).",
 		}, []string{"reason"}),
 		UnknownType: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "shipping_events_unknown_type_total", Help: "Messages of an event type this service does not handle, recorded as no-ops at their version.",
@@ -93,6 +101,12 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		Consuming: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "shipping_consumer_up", Help: "1 while the consumer is consuming from the broker.",
 		}),
+		PublisherBlocked: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "shipping_publisher_blocked", Help: "1 while the broker blocks the connection publishing deferred and dead-lettered copies (a resource alarm).",
+		}),
+		RepublishTimeouts: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "shipping_republish_confirm_timeouts_total", Help: "Deferred or dead-lettered copies not confirmed in time; their deliveries went back to the queue.",
+		}),
 		Parked: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "shipping_events_parked_total", Help: "Messages parked behind a dead letter of their order.",
 		}),
@@ -110,7 +124,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		}),
 	}
 	for _, c := range []prometheus.Collector{m.Processed, m.Duplicates, m.DeadLettered, m.Deferred, m.UnknownType,
-		m.HandlerDuration, m.CommitToApplied, m.MongoUnavailable, m.BrokerConnections, m.Consuming,
+		m.HandlerDuration, m.CommitToApplied, m.MongoUnavailable, m.BrokerConnections, m.Consuming, m.PublisherBlocked, m.RepublishTimeouts,
 		m.Parked, m.HeldOrders, m.ParkedMessages, m.OldestParkedAge, m.DeadLetters} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register metrics: %w", err)
@@ -119,7 +133,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 	for _, l := range []string{"inbox", "version"} {
 		m.Duplicates.WithLabelValues(l)
 	}
-	for _, r := range []string{"gap", "in_progress", "retry", "transient"} {
+	for _, r := range []string{"gap", "in_progress", "retry", "transient", "database"} {
 		m.Deferred.WithLabelValues(r)
 	}
 	return m, nil

@@ -12,10 +12,18 @@
 //     dead letter (package deadletter).
 //   - the handler failed: defer as a retry, MaxAttempts times, then
 //     dead-letter handler_failed.
-//   - the inbox failed by itself (inbox.ErrTransient, a database error while
-//     MongoDB answers pings): defer "transient", never counted as an attempt
-//     nor dead-lettered. MongoDB not answering at all: keep the delivery and
-//     retry (Retry), so its delivery limit is not burnt.
+//   - the inbox failed by itself (inbox.ErrTransient: "transient"; another
+//     database error while MongoDB answers pings: "database"): defer,
+//     without counting a handler attempt, at most MaxTransientDeferrals
+//     times, then dead-letter inbox_failed. MongoDB not answering at all:
+//     keep the delivery and retry (Retry), so its delivery limit is not
+//     burnt.
+//   - applied, or a duplicate, at the version its order is held at (a
+//     second copy of a dead-lettered version, or a dead letter whose publish
+//     failed after its record): the order is released (Config.Releases).
+//   - whatever the reason, a message first deferred more than
+//     MaxDeferralAge ago is dead-lettered instead of deferred again (the
+//     time of its first deferral travels in a header): every message ends.
 //   - a message that can never apply: dead-letter with its reason. With
 //     Config.DeadLetters, a dead letter whose order and version are known is
 //     recorded with its message first, and holds its order.
@@ -53,6 +61,12 @@ const (
 	// HeaderDeferrals counts deferrals while waiting for an earlier version
 	// or for another consumer's claim.
 	HeaderDeferrals = "x-shipping-deferrals"
+	// HeaderTransientDeferrals counts deferrals because the inbox failed by
+	// itself (Defer "transient" and "database").
+	HeaderTransientDeferrals = "x-shipping-transient-deferrals"
+	// HeaderFirstDeferredAt is when the message was first deferred, for any
+	// reason, in Unix milliseconds (MaxDeferralAge).
+	HeaderFirstDeferredAt = "x-shipping-first-deferred-at"
 	// HeaderCreatedAt is the outbox row's creation time (RFC 3339, to the
 	// microsecond) that the relay sends with each event (docs/events.md):
 	// the start of the commit-to-applied time.
@@ -79,7 +93,14 @@ type DeadLetters interface {
 	Unpark(ctx context.Context, orderID string, version int64) (bool, error)
 }
 
+// Releases releases an order held behind a dead letter whose version was
+// applied after all (services/shipping/internal/deadletter).
+type Releases interface {
+	Applied(ctx context.Context, orderID string, version int64) (int, error)
+}
+
 var (
+	_ Releases         = (*deadletter.Manager)(nil)
 	_ Inbox            = (*inbox.Inbox)(nil)
 	_ Store            = (*mongodb.Store)(nil)
 	_ DeadLetters      = (*deadletter.Store)(nil)
@@ -99,6 +120,18 @@ type Config struct {
 	// (reason gap_not_filled). With the default 1s delay, the default 300
 	// waits about five minutes.
 	MaxDeferrals int
+	// MaxTransientDeferrals is how many times a message is deferred because
+	// the inbox failed by itself (inbox.ErrTransient after its retry budget,
+	// or a database error while MongoDB answers, such as Unauthorized)
+	// before it is dead-lettered (reason inbox_failed). Default: 20 (with a
+	// transaction's 90s budget and the 1s delay, about half an hour; a
+	// database error that fails at once, about 20s).
+	MaxTransientDeferrals int
+	// MaxDeferralAge bounds how long a message keeps being deferred, for any
+	// reason, counted from its first deferral: past it, the next deferral
+	// dead-letters it instead (gap_not_filled, handler_failed or
+	// inbox_failed, after what it was deferred for). Default: 30m.
+	MaxDeferralAge time.Duration
 	// DeadLetters, when set, records each dead letter whose order and
 	// version are known, with its message, and holds its order: a later
 	// version of a held order that finds its predecessor missing is parked
@@ -106,6 +139,13 @@ type Config struct {
 	// until an operator replays or discards the dead letter. Default: nil
 	// (dead letters only go to the dead-letter queue).
 	DeadLetters DeadLetters
+	// Releases releases an order whose held version was applied after all
+	// (a second copy of it, or the redelivery of a message whose dead letter
+	// was recorded but not published): its parked messages go out again in
+	// version order and the hold is gone. It is asked after every applied
+	// message and duplicate (one lookup by _id). Default: nil (the order
+	// stays held until an operator replays or discards its dead letter).
+	Releases Releases
 	// Crash arms the crash points shipping.after_effect_before_inbox and
 	// shipping.after_inbox_before_ack. Default: nil (disarmed).
 	Crash *crashpoint.Trigger
@@ -143,6 +183,14 @@ const (
 	AttrEventType        = attribute.Key("outbox.event.type")
 )
 
+// Defaults of Config.
+const (
+	DefaultMaxAttempts           = 5
+	DefaultMaxDeferrals          = 300
+	DefaultMaxTransientDeferrals = 20
+	DefaultMaxDeferralAge        = 30 * time.Minute
+)
+
 // Processor is the shipping service's rabbitmq.Handler.
 type Processor struct {
 	cfg Config
@@ -154,10 +202,16 @@ func New(cfg Config) (*Processor, error) {
 	if cfg.Inbox == nil || cfg.Store == nil || cfg.Metrics == nil {
 		return nil, errors.New("processor: Inbox, Store and Metrics are required")
 	}
-	cfg.MaxAttempts = cmp.Or(cfg.MaxAttempts, 5)
-	cfg.MaxDeferrals = cmp.Or(cfg.MaxDeferrals, 300)
-	if cfg.MaxAttempts < 1 || cfg.MaxDeferrals < 1 {
-		return nil, fmt.Errorf("processor: MaxAttempts %d, MaxDeferrals %d: want at least 1", cfg.MaxAttempts, cfg.MaxDeferrals)
+	cfg.MaxAttempts = cmp.Or(cfg.MaxAttempts, DefaultMaxAttempts)
+	cfg.MaxDeferrals = cmp.Or(cfg.MaxDeferrals, DefaultMaxDeferrals)
+	cfg.MaxTransientDeferrals = cmp.Or(cfg.MaxTransientDeferrals, DefaultMaxTransientDeferrals)
+	cfg.MaxDeferralAge = cmp.Or(cfg.MaxDeferralAge, DefaultMaxDeferralAge)
+	if cfg.MaxAttempts < 1 || cfg.MaxDeferrals < 1 || cfg.MaxTransientDeferrals < 1 {
+		return nil, fmt.Errorf("processor: MaxAttempts %d, MaxDeferrals %d, MaxTransientDeferrals %d: want at least 1",
+			cfg.MaxAttempts, cfg.MaxDeferrals, cfg.MaxTransientDeferrals)
+	}
+	if cfg.MaxDeferralAge < time.Second {
+		return nil, fmt.Errorf("processor: MaxDeferralAge %v: want at least 1s", cfg.MaxDeferralAge)
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -246,9 +300,10 @@ func (p *Processor) Handle(ctx context.Context, d rabbitmq.Delivery) (v rabbitmq
 		// Transaction mode: transient errors (a write conflict with an
 		// orphaned transaction, a failover) outlasted the inbox's retry
 		// budget, whatever error the last attempt carried. Not the message's
-		// fault: try it again later without counting an attempt.
+		// fault: try it again later without counting an attempt, within
+		// MaxTransientDeferrals.
 		log.WarnContext(ctx, "transient inbox failure, deferring the message", "error", err)
-		return rabbitmq.Verdict{Action: rabbitmq.Defer, Reason: "transient"}
+		return p.transient(ctx, log, d, ev, "transient", err)
 	default:
 		// Is MongoDB there at all? If not, keep the delivery and wait:
 		// burning attempts on an outage would dead-letter good messages.
@@ -261,13 +316,13 @@ func (p *Processor) Handle(ctx context.Context, d rabbitmq.Delivery) (v rabbitmq
 			return rabbitmq.Verdict{Action: rabbitmq.Retry}
 		}
 		if !errors.Is(err, inbox.ErrHandler) {
-			// The inbox itself failed (a database error, a transient
-			// transaction error that outlasted its retries, a commit whose
-			// outcome stayed unknown): nothing was recorded and the message
-			// is not at fault. Try it again later without counting an
-			// attempt against it.
+			// The inbox itself failed (a database error such as
+			// Unauthorized, a commit whose outcome is unknown): nothing was
+			// recorded and the message is not at fault. Try it again later
+			// without counting an attempt against it, within
+			// MaxTransientDeferrals.
 			log.WarnContext(ctx, "inbox failed, deferring the message", "error", err)
-			return rabbitmq.Verdict{Action: rabbitmq.Defer, Reason: "transient"}
+			return p.transient(ctx, log, d, ev, "database", err)
 		}
 		log.WarnContext(ctx, "handler failed", "error", err)
 		return p.failed(ctx, d, ev, err)
@@ -291,6 +346,15 @@ func (p *Processor) Handle(ctx context.Context, d rabbitmq.Delivery) (v rabbitmq
 			}
 		}
 		log.DebugContext(ctx, "applied")
+	}
+	if p.cfg.Releases != nil {
+		// Before the ack: a crash here leaves the delivery to come again, a
+		// duplicate that releases the order then.
+		// The manager logs the release.
+		if _, err := p.cfg.Releases.Applied(ctx, ev.OrderID, ev.Version); err != nil {
+			log.WarnContext(ctx, "applied at the version its order is held at, but could not release the order; keeping the delivery", "error", err)
+			return rabbitmq.Verdict{Action: rabbitmq.Retry}
+		}
 	}
 	p.cfg.Crash.Hit(crashpoint.ShippingAfterInboxBeforeAck)
 	return rabbitmq.Verdict{Action: rabbitmq.Ack}
@@ -408,7 +472,7 @@ func (p *Processor) message(d rabbitmq.Delivery) shipment.Message {
 // on a delivery's trips; a kept message drops them, so a replay starts
 // afresh.
 var transportHeaders = []string{
-	HeaderAttempts, HeaderDeferrals, rabbitmq.HeaderReason, rabbitmq.HeaderError, rabbitmq.HeaderDeadLetteredBy,
+	HeaderAttempts, HeaderDeferrals, HeaderTransientDeferrals, HeaderFirstDeferredAt, rabbitmq.HeaderReason, rabbitmq.HeaderError, rabbitmq.HeaderDeadLetteredBy,
 	"x-delivery-count", "x-shipping-publish-seq", "x-death", "x-first-death-exchange", "x-first-death-queue",
 	"x-first-death-reason", "x-last-death-exchange", "x-last-death-queue", "x-last-death-reason",
 }
@@ -446,8 +510,17 @@ func (p *Processor) deferred(ctx context.Context, log *slog.Logger, d rabbitmq.D
 	if n > int64(p.cfg.MaxDeferrals) {
 		return p.deadLetter(ctx, d, ev, shipment.ReasonGapNotFilled, fmt.Errorf("still waiting after %d deferrals: %w", n-1, err))
 	}
-	log.DebugContext(ctx, "deferred", "reason", reason, "deferrals", n)
-	return rabbitmq.Verdict{Action: rabbitmq.Defer, Reason: reason, Headers: map[string]any{HeaderDeferrals: n}}
+	return p.deferOrExpire(ctx, log, d, ev, reason, HeaderDeferrals, n, shipment.ReasonGapNotFilled, err)
+}
+
+// transient defers a message the inbox failed on by itself, up to
+// MaxTransientDeferrals times.
+func (p *Processor) transient(ctx context.Context, log *slog.Logger, d rabbitmq.Delivery, ev shipment.Event, reason string, err error) rabbitmq.Verdict {
+	n := headerInt(d.Headers, HeaderTransientDeferrals) + 1
+	if n > int64(p.cfg.MaxTransientDeferrals) {
+		return p.deadLetter(ctx, d, ev, shipment.ReasonInboxFailed, fmt.Errorf("the inbox still failed after %d deferrals: %w", n-1, err))
+	}
+	return p.deferOrExpire(ctx, log, d, ev, reason, HeaderTransientDeferrals, n, shipment.ReasonInboxFailed, err)
 }
 
 // failed counts a failed handler run: retry through the delay queue, or
@@ -457,7 +530,25 @@ func (p *Processor) failed(ctx context.Context, d rabbitmq.Delivery, ev shipment
 	if n >= int64(p.cfg.MaxAttempts) {
 		return p.deadLetter(ctx, d, ev, shipment.ReasonHandlerFailed, fmt.Errorf("failed %d times, last: %w", n, err))
 	}
-	return rabbitmq.Verdict{Action: rabbitmq.Defer, Reason: "retry", Headers: map[string]any{HeaderAttempts: n}}
+	return p.deferOrExpire(ctx, p.log, d, ev, "retry", HeaderAttempts, n, shipment.ReasonHandlerFailed, err)
+}
+
+// deferOrExpire defers d with counter set to n, unless it was first
+// deferred more than MaxDeferralAge ago: then it dead-letters it with
+// expired.
+func (p *Processor) deferOrExpire(ctx context.Context, log *slog.Logger, d rabbitmq.Delivery, ev shipment.Event,
+	reason, counter string, n int64, expired shipment.Reason, err error) rabbitmq.Verdict {
+	now := time.Now()
+	first := now
+	if ms := headerInt(d.Headers, HeaderFirstDeferredAt); ms > 0 {
+		first = time.UnixMilli(ms)
+	}
+	if age := now.Sub(first); age > p.cfg.MaxDeferralAge {
+		return p.deadLetter(ctx, d, ev, expired, fmt.Errorf("still deferred %v after its first deferral (at most %v), %s %d: %w",
+			age.Round(time.Second), p.cfg.MaxDeferralAge, counter, n-1, err))
+	}
+	log.DebugContext(ctx, "deferred", "reason", reason, counter, n)
+	return rabbitmq.Verdict{Action: rabbitmq.Defer, Reason: reason, Headers: map[string]any{counter: n, HeaderFirstDeferredAt: first.UnixMilli()}}
 }
 
 func headerInt(h map[string]any, k string) int64 {

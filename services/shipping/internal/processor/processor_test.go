@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -223,27 +224,94 @@ func (f failingInbox) Process(context.Context, string, inbox.Handler) (inbox.Res
 	return 0, f.err
 }
 
-func TestInboxErrorsThatAreNotTheHandlersNeverDeadLetter(t *testing.T) {
-	for name, err := range map[string]error{
-		"database error":  errors.New("inbox: insert record 7: connection reset by peer"),
-		"commit unknown":  fmt.Errorf("inbox: commit message 7: %w", errors.New("UnknownTransactionCommitResult")),
-		"context expired": fmt.Errorf("inbox: read record 7: %w", context.DeadlineExceeded),
-		"transient, last error the handler's": &inbox.TransientError{MessageID: "7", Attempts: 40,
-			Err: fmt.Errorf("%w: WriteConflict", inbox.ErrHandler)},
+func TestInboxErrorsThatAreNotTheHandlersAreNotHandlerFailures(t *testing.T) {
+	for name, tc := range map[string]struct {
+		err    error
+		reason string
+	}{
+		"database error":  {errors.New("inbox: insert record 7: connection reset by peer"), "database"},
+		"unauthorized":    {fmt.Errorf("inbox: read record 7: %w", errors.New("(Unauthorized) not authorized on shipping")), "database"},
+		"commit unknown":  {fmt.Errorf("inbox: commit message 7: %w", errors.New("UnknownTransactionCommitResult")), "database"},
+		"context expired": {fmt.Errorf("inbox: read record 7: %w", context.DeadlineExceeded), "database"},
+		"transient, last error the handler's": {&inbox.TransientError{MessageID: "7", Attempts: 40,
+			Err: fmt.Errorf("%w: WriteConflict", inbox.ErrHandler)}, "transient"},
 	} {
 		t.Run(name, func(t *testing.T) {
-			p, m := newProcessor(t, failingInbox{err: err}, fakeStore{outcome: mongodb.Applied})
+			p, m := newProcessor(t, failingInbox{err: tc.err}, fakeStore{outcome: mongodb.Applied})
 			// Even on what would be the last attempt of a failing handler.
-			d := delivery(map[string]any{processor.HeaderAttempts: int64(2)})
+			d := delivery(map[string]any{"x-shipping-attempts": int64(2)})
 			v := p.Handle(t.Context(), d)
-			if v.Action != rabbitmq.Defer || v.Reason != "transient" {
-				t.Fatalf("verdict %v %q (%s), want defer %q: the message is not at fault", v.Action, v.Reason, v.Detail, "transient")
+			if v.Action != rabbitmq.Defer || v.Reason != tc.reason {
+				t.Fatalf("verdict %v %q (%s), want defer %q: the message is not at fault", v.Action, v.Reason, v.Detail, tc.reason)
 			}
-			if _, ok := v.Headers[processor.HeaderAttempts]; ok {
-				t.Errorf("headers %v: a transient error counted as a handler attempt", v.Headers)
+			if _, ok := v.Headers["x-shipping-attempts"]; ok {
+				t.Errorf("headers %v: an inbox failure counted as a handler attempt", v.Headers)
+			}
+			if v.Headers["x-shipping-transient-deferrals"] != int64(1) {
+				t.Errorf("headers %v: want x-shipping-transient-deferrals 1", v.Headers)
 			}
 			if n := counter(m.DeadLettered.WithLabelValues("handler_failed")); n != 0 {
 				t.Errorf("dead-lettered %v", n)
+			}
+		})
+	}
+}
+
+// Every message ends: deferrals are capped by count and by age, whatever
+// they are for, then the message is dead-lettered with the reason.
+func TestDeferralsAreCappedByCountAndByAge(t *testing.T) {
+	transient := &inbox.TransientError{MessageID: "7", Attempts: 9000, Err: errors.New("(NoSuchTransaction) Transaction has been aborted")}
+	unauthorized := errors.New("(Unauthorized) not authorized on shipping")
+	longAgo := time.Now().Add(-31 * time.Minute).UnixMilli()
+	recently := time.Now().Add(-29 * time.Minute).UnixMilli()
+	for name, tc := range map[string]struct {
+		inbox   processor.Inbox
+		store   fakeStore
+		headers map[string]any
+		action  rabbitmq.Action
+		reason  string
+		counter string
+		want    int64
+	}{
+		"transient, first":            {inbox: failingInbox{err: transient}, action: rabbitmq.Defer, reason: "transient", counter: "x-shipping-transient-deferrals", want: 1},
+		"transient, 20th":             {inbox: failingInbox{err: transient}, headers: map[string]any{"x-shipping-transient-deferrals": int64(19)}, action: rabbitmq.Defer, reason: "transient", counter: "x-shipping-transient-deferrals", want: 20},
+		"transient, past the count":   {inbox: failingInbox{err: transient}, headers: map[string]any{"x-shipping-transient-deferrals": int64(20)}, action: rabbitmq.DeadLetter, reason: "inbox_failed"},
+		"database, past the count":    {inbox: failingInbox{err: unauthorized}, headers: map[string]any{"x-shipping-transient-deferrals": int32(20)}, action: rabbitmq.DeadLetter, reason: "inbox_failed"},
+		"transient, past the age":     {inbox: failingInbox{err: transient}, headers: map[string]any{"x-shipping-transient-deferrals": int64(2), "x-shipping-first-deferred-at": longAgo}, action: rabbitmq.DeadLetter, reason: "inbox_failed"},
+		"transient, within the age":   {inbox: failingInbox{err: transient}, headers: map[string]any{"x-shipping-transient-deferrals": int64(2), "x-shipping-first-deferred-at": recently}, action: rabbitmq.Defer, reason: "transient", counter: "x-shipping-transient-deferrals", want: 3},
+		"gap, past the age":           {store: fakeStore{err: shipment.ErrGap}, headers: map[string]any{"x-shipping-deferrals": int64(3), "x-shipping-first-deferred-at": longAgo}, action: rabbitmq.DeadLetter, reason: "gap_not_filled"},
+		"handler retry, past the age": {store: fakeStore{err: errors.New("bug")}, headers: map[string]any{"x-shipping-attempts": int64(1), "x-shipping-first-deferred-at": longAgo}, action: rabbitmq.DeadLetter, reason: "handler_failed"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			m, err := metrics.New(prometheus.NewRegistry())
+			if err != nil {
+				t.Fatal(err)
+			}
+			in := tc.inbox
+			if in == nil {
+				in = fakeInbox{}
+			}
+			// The defaults: 20 transient deferrals, 30 minutes.
+			p, err := processor.New(processor.Config{Inbox: in, Store: tc.store, Metrics: m, MaxAttempts: 3, MaxDeferrals: 10})
+			if err != nil {
+				t.Fatal(err)
+			}
+			v := p.Handle(t.Context(), delivery(tc.headers))
+			if v.Action != tc.action || v.Reason != tc.reason {
+				t.Fatalf("verdict %v %q (%s), want %v %q", v.Action, v.Reason, v.Detail, tc.action, tc.reason)
+			}
+			if tc.action == rabbitmq.DeadLetter {
+				if v.Detail == "" {
+					t.Error("dead letter without an error detail")
+				}
+				return
+			}
+			if v.Headers[tc.counter] != tc.want {
+				t.Errorf("headers %v: want %s %d", v.Headers, tc.counter, tc.want)
+			}
+			first, ok := v.Headers["x-shipping-first-deferred-at"].(int64)
+			if want, set := tc.headers["x-shipping-first-deferred-at"]; set && first != want || !ok || time.Since(time.UnixMilli(first)) < 0 {
+				t.Errorf("x-shipping-first-deferred-at %v, want the first deferral's time kept", v.Headers["x-shipping-first-deferred-at"])
 			}
 		})
 	}
@@ -388,5 +456,57 @@ func TestParkedMessageIsTakenBackWhenAReleaseBeganMeanwhile(t *testing.T) {
 	}
 	if len(dl.parked) != 0 {
 		t.Fatalf("still parked: %+v", dl.parked)
+	}
+}
+
+// fakeReleases records what Applied was asked.
+type fakeReleases struct {
+	asked []string
+	err   error
+}
+
+func (f *fakeReleases) Applied(_ context.Context, orderID string, version int64) (int, error) {
+	f.asked = append(f.asked, fmt.Sprintf("%s/%d", orderID, version))
+	return 0, f.err
+}
+
+// Every applied message, and every duplicate, asks to release its order at
+// its version (a held version applied after all); a release that fails
+// keeps the delivery.
+func TestAppliedMessagesReleaseTheirOrderIfHeldAtTheirVersion(t *testing.T) {
+	for name, tc := range map[string]struct {
+		inbox processor.Inbox
+		store fakeStore
+		ask   bool
+	}{
+		"applied":         {store: fakeStore{outcome: mongodb.Applied}, ask: true},
+		"already applied": {store: fakeStore{outcome: mongodb.AlreadyApplied}, ask: true},
+		"inbox duplicate": {inbox: fakeInbox{duplicate: true}, ask: true},
+		"gap":             {store: fakeStore{err: shipment.ErrGap}},
+		"handler fails":   {store: fakeStore{err: errors.New("bug")}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			m, _ := metrics.New(prometheus.NewRegistry())
+			in := tc.inbox
+			if in == nil {
+				in = fakeInbox{}
+			}
+			rel := &fakeReleases{}
+			p, err := processor.New(processor.Config{Inbox: in, Store: tc.store, Metrics: m, DeadLetters: &fakeDeadLetters{}, Releases: rel})
+			if err != nil {
+				t.Fatal(err)
+			}
+			p.Handle(t.Context(), cancelDelivery(2, nil))
+			if got := fmt.Sprint(rel.asked); tc.ask && got != "[o-1/2]" || !tc.ask && len(rel.asked) != 0 {
+				t.Fatalf("releases asked %s", got)
+			}
+			if !tc.ask {
+				return
+			}
+			rel.err = errors.New("broker down")
+			if v := p.Handle(t.Context(), cancelDelivery(2, nil)); v.Action != rabbitmq.Retry {
+				t.Fatalf("verdict %v %q with a release that failed, want retry", v.Action, v.Reason)
+			}
+		})
 	}
 }

@@ -126,6 +126,19 @@ type Config struct {
 	// RetryMin and RetryMax bound the backoff before a Retry verdict's
 	// delivery is handled again. Default: 100ms and 5s.
 	RetryMin, RetryMax time.Duration
+	// ConfirmTimeout bounds the wait for the broker's confirm of a deferred
+	// or dead-lettered copy. Past it (the broker blocks publishing
+	// connections under a memory or disk alarm; the delay queue has no
+	// leader) the delivery is handed back to the queue (nack with requeue,
+	// which counts against its delivery limit) and the worker moves on, so
+	// that the deliveries that need only an ack keep flowing. Default: 30s.
+	ConfirmTimeout time.Duration
+	// StuckAfter is how long a worker may handle one delivery (its handler,
+	// the retries of a Retry verdict, the settling) before it counts as
+	// stuck; while every worker is stuck, Working fails (the service's
+	// /readyz answers 503). Default: 60s, as long as the server's default
+	// transactionLifetimeLimitSeconds.
+	StuckAfter time.Duration
 	// ShutdownTimeout is how long in-flight deliveries may finish after the
 	// context ends (or after the broker cancelled the consumer, or returned a
 	// republished copy); then their handling is cancelled and they return to
@@ -165,6 +178,9 @@ type Consumer struct {
 	ready   atomic.Bool
 	tagBase string
 	tr      tracing
+	// busy holds, per worker, when it took its current delivery (Unix
+	// nanoseconds), 0 while it waits for one.
+	busy []atomic.Int64
 }
 
 // New returns a Consumer; Run starts it.
@@ -179,7 +195,7 @@ func New(cfg Config, h Handler) (*Consumer, error) {
 	if h == nil {
 		return nil, errors.New("rabbitmq: nil handler")
 	}
-	cfg.Topology = cfg.Topology.withDefaults()
+	cfg.Topology = cfg.Topology.WithDefaults()
 	if err := cfg.Topology.validate(); err != nil {
 		return nil, err
 	}
@@ -190,6 +206,8 @@ func New(cfg Config, h Handler) (*Consumer, error) {
 	cfg.RetryMin = cmp.Or(cfg.RetryMin, 100*time.Millisecond)
 	cfg.RetryMax = cmp.Or(cfg.RetryMax, 5*time.Second)
 	cfg.ShutdownTimeout = cmp.Or(cfg.ShutdownTimeout, 10*time.Second)
+	cfg.StuckAfter = cmp.Or(cfg.StuckAfter, DefaultStuckAfter)
+	cfg.ConfirmTimeout = cmp.Or(cfg.ConfirmTimeout, DefaultConfirmTimeout)
 	cfg.ConnectionName = cmp.Or(cfg.ConnectionName, "shipping")
 	switch {
 	case cfg.Prefetch < 1 || cfg.Prefetch > 65535:
@@ -202,6 +220,10 @@ func New(cfg Config, h Handler) (*Consumer, error) {
 		return nil, fmt.Errorf("rabbitmq: retry backoff %v..%v: want 0 < min <= max", cfg.RetryMin, cfg.RetryMax)
 	case cfg.ShutdownTimeout < 0:
 		return nil, fmt.Errorf("rabbitmq: ShutdownTimeout %v: want >= 0", cfg.ShutdownTimeout)
+	case cfg.StuckAfter < 0:
+		return nil, fmt.Errorf("rabbitmq: StuckAfter %v: want > 0", cfg.StuckAfter)
+	case cfg.ConfirmTimeout < 0:
+		return nil, fmt.Errorf("rabbitmq: ConfirmTimeout %v: want > 0", cfg.ConfirmTimeout)
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -209,8 +231,39 @@ func New(cfg Config, h Handler) (*Consumer, error) {
 	}
 	return &Consumer{
 		cfg: cfg, nodes: nodes, h: h, log: log, tagBase: cfg.ConnectionName + "-" + hex.EncodeToString(randBytes(4)),
-		tr: newTracing(cfg.TracerProvider, cfg.Propagator, cfg.Topology.Queue, cfg.ParentMaxAge),
+		tr:   newTracing(cfg.TracerProvider, cfg.Propagator, cfg.Topology.Queue, cfg.ParentMaxAge),
+		busy: make([]atomic.Int64, cfg.Concurrency),
 	}, nil
+}
+
+// Defaults of Config.
+const (
+	DefaultStuckAfter     = 60 * time.Second
+	DefaultConfirmTimeout = 30 * time.Second
+)
+
+// Working returns nil unless every worker has been handling one delivery
+// for longer than StuckAfter: a handler that never returns, a dependency
+// that keeps failing under a Retry verdict, a settling that never ends. The
+// consumer then takes no new delivery.
+func (c *Consumer) Working() error {
+	now := time.Now()
+	var latest time.Time
+	for i := range c.busy {
+		ns := c.busy[i].Load()
+		if ns == 0 {
+			return nil
+		}
+		since := time.Unix(0, ns)
+		if now.Sub(since) <= c.cfg.StuckAfter {
+			return nil
+		}
+		if since.After(latest) {
+			latest = since
+		}
+	}
+	return fmt.Errorf("all %d workers stuck: each has been on one delivery for more than %v (the latest for %v)",
+		len(c.busy), c.cfg.StuckAfter, now.Sub(latest).Round(time.Second))
 }
 
 // Topology returns the topology with defaults filled in.
@@ -239,7 +292,8 @@ func (c *Consumer) Ready() error {
 func (c *Consumer) Run(ctx context.Context) error {
 	pub := &republisher{
 		nodes: c.nodes.Fork(), name: c.cfg.ConnectionName + "-publisher",
-		inFlight: c.cfg.Prefetch + c.cfg.Concurrency, log: c.log,
+		inFlight: c.cfg.Prefetch + c.cfg.Concurrency, timeout: c.cfg.ConfirmTimeout,
+		log: c.log, metrics: c.cfg.Metrics,
 	}
 	defer pub.close()
 	failures := 0
@@ -321,10 +375,12 @@ func (c *Consumer) session(ctx context.Context, pub *republisher) (connected boo
 	s := &sessionState{ch: ch, pub: pub, server: serverAttrs(node), lost: make(chan struct{}), draining: make(chan struct{}), ended: make(chan struct{})}
 
 	var wg sync.WaitGroup
-	for range c.cfg.Concurrency {
+	for i := range c.cfg.Concurrency {
 		wg.Go(func() {
 			for d := range deliveries {
+				c.busy[i].Store(time.Now().UnixNano())
 				c.handle(hctx, s, d)
+				c.busy[i].Store(0)
 			}
 			// The broker cancelled the consumer (queue deleted), the
 			// channel closed, or we cancelled it on shutdown.
@@ -446,6 +502,21 @@ func (c *Consumer) handle(ctx context.Context, s *sessionState, d amqp.Delivery)
 			err := c.settle(hctx, s, d, v)
 			endProcess(span, v, err)
 			if err == nil {
+				return
+			}
+			if errors.Is(err, errConfirmTimeout) {
+				// Hand the delivery back and free the worker: waiting on,
+				// every worker would end up here and no ack would flow.
+				c.log.WarnContext(ctx, "republished copy not confirmed in time; returning the delivery to the queue",
+					"event_id", d.MessageId, "action", v.Action.String(), "error", err)
+				if m := c.cfg.Metrics; m != nil {
+					m.RepublishTimeouts.Inc()
+				}
+				if !s.isLost() {
+					if nerr := d.Nack(false, true); nerr != nil {
+						c.log.WarnContext(ctx, "nack", "event_id", d.MessageId, "error", nerr)
+					}
+				}
 				return
 			}
 			if errors.Is(err, errReturned) || errors.Is(err, errNoExchange) {

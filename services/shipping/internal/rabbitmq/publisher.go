@@ -1,6 +1,7 @@
 package rabbitmq
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outbox-inbox/reference/services/shipping/internal/amqpaddr"
+	"github.com/outbox-inbox/reference/services/shipping/internal/metrics"
 )
 
 // headerPublishSeq tags each republished message with its publish sequence
@@ -23,6 +25,10 @@ var (
 	errReturned        = errors.New("message returned by the broker: no queue bound for it")
 	errNoExchange      = errors.New("exchange not found: the broker closed the publishing channel")
 	errNacked          = errors.New("message nacked by the broker")
+	// errConfirmTimeout: no confirm within the republisher's timeout (the
+	// broker blocks the publishing connection under a resource alarm, or
+	// the queue has no leader).
+	errConfirmTimeout = errors.New("no publisher confirm in time")
 )
 
 // publisher publishes on its own confirm-mode channel and reports each
@@ -179,16 +185,24 @@ func (p *publisher) closed() bool {
 // every connection that publishes (connection.blocked) until the alarm
 // clears; the consuming connection, which only acks, keeps flowing. It dials
 // on first use and again after its connection or channel is lost.
+//
+// Each publish waits for its confirm at most timeout: a blocked connection
+// never confirms (a write to it can even block once the socket's buffer is
+// full), nor does a queue without a leader. Past the timeout the publish
+// fails with errConfirmTimeout and the connection is closed (which ends a
+// blocked write), so that the worker can hand its delivery back.
 type republisher struct {
 	nodes    *amqpaddr.Nodes
 	name     string
 	inFlight int
+	timeout  time.Duration // 0: DefaultConfirmTimeout
 	log      *slog.Logger
+	metrics  *metrics.Metrics // nil: none
 
 	mu      sync.Mutex
 	conn    *amqp.Connection
 	pub     *publisher
-	watcher sync.WaitGroup
+	watcher sync.WaitGroup // the blocked-notification readers and the closes of dropped connections
 }
 
 // current returns the open publisher, dialling a new connection if needed.
@@ -220,6 +234,14 @@ func (r *republisher) current() (*publisher, error) {
 			} else {
 				r.log.Info("publishing connection unblocked", "connection", r.name)
 			}
+			if m := r.metrics; m != nil && b.Active {
+				m.PublisherBlocked.Set(1)
+			} else if m != nil {
+				m.PublisherBlocked.Set(0)
+			}
+		}
+		if m := r.metrics; m != nil {
+			m.PublisherBlocked.Set(0)
 		}
 	})
 	r.conn, r.pub = conn, pub
@@ -227,13 +249,29 @@ func (r *republisher) current() (*publisher, error) {
 }
 
 // publish sends msg (mandatory) on the publishing connection and waits for
-// the broker's verdict.
+// the broker's verdict, at most the republisher's timeout
+// (errConfirmTimeout).
 func (r *republisher) publish(ctx context.Context, exchange, key string, msg amqp.Publishing) error {
 	pub, err := r.current()
 	if err != nil {
 		return err
 	}
-	err = pub.publish(ctx, exchange, key, msg)
+	timeout := cmp.Or(r.timeout, DefaultConfirmTimeout)
+	tctx, cancel := context.WithTimeoutCause(ctx, timeout, errConfirmTimeout)
+	defer cancel()
+	// A write blocked on a blocked connection ends only with the connection.
+	stop := context.AfterFunc(tctx, func() {
+		if context.Cause(tctx) == errConfirmTimeout {
+			r.drop(pub)
+		}
+	})
+	defer stop()
+	err = pub.publish(tctx, exchange, key, msg)
+	if err != nil && context.Cause(tctx) == errConfirmTimeout {
+		r.log.Warn("no publisher confirm in time: is the broker blocking publishers (a memory or disk alarm), or the queue without a leader? Dropping the publishing connection",
+			"connection", r.name, "timeout", timeout, "error", err)
+		return fmt.Errorf("%w (%v): %w", errConfirmTimeout, timeout, err)
+	}
 	if errors.Is(err, errNacked) {
 		// A channel that got a quorum queue's nack during a leader election
 		// went on nacking on RabbitMQ 3.10: the next publish dials anew.
@@ -250,11 +288,29 @@ func (r *republisher) closeLocked() {
 	if r.conn == nil {
 		return
 	}
-	// A blocked connection may never answer the close; it is shut down
-	// either way, and with it the publisher's channel.
-	_ = r.conn.CloseDeadline(time.Now().Add(5 * time.Second))
-	<-r.pub.done
+	closeConn(r.conn, r.pub)
 	r.conn, r.pub = nil, nil
+}
+
+// drop closes pub's connection, if it is still the current one, without
+// waiting for it: the next publish dials a new one.
+func (r *republisher) drop(pub *publisher) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.pub != pub || r.conn == nil {
+		return
+	}
+	conn := r.conn
+	r.conn, r.pub = nil, nil
+	r.watcher.Go(func() { closeConn(conn, pub) })
+}
+
+// closeConn closes conn, whose publisher is pub. A blocked connection may
+// never answer the close; it is shut down either way (the socket's deadline
+// also ends a write blocked on it), and with it the publisher's channel.
+func closeConn(conn *amqp.Connection, pub *publisher) {
+	_ = conn.CloseDeadline(time.Now().Add(5 * time.Second))
+	<-pub.done
 }
 
 // close closes the publishing connection, if any.

@@ -70,7 +70,7 @@ func TestDeclareIsIdempotentAndTheDelayQueueLeadsBack(t *testing.T) {
 	t.Parallel()
 	_, url := amqptest.VHost(t)
 	conn, ch := channel(t, url)
-	top := Topology{Delay: 50 * time.Millisecond}.withDefaults()
+	top := Topology{Delay: 50 * time.Millisecond}.WithDefaults()
 	for i := range 2 {
 		if err := top.Declare(ch); err != nil {
 			t.Fatalf("declare #%d: %v", i+1, err)

@@ -47,7 +47,9 @@ type Topology struct {
 	DeliveryLimit int
 }
 
-func (t Topology) withDefaults() Topology {
+// WithDefaults returns t with its defaults filled in: the names the
+// consumer uses.
+func (t Topology) WithDefaults() Topology {
 	t.Exchange = cmp.Or(t.Exchange, "orders.events")
 	t.Queue = cmp.Or(t.Queue, "shipping.order-events")
 	t.BindingKey = cmp.Or(t.BindingKey, "order.*")
@@ -89,7 +91,7 @@ func (t Topology) validate() error {
 // with other arguments fails (PRECONDITION_FAILED): delete it, or keep the
 // arguments it was created with.
 func (t Topology) Declare(ch *amqp.Channel) error {
-	t = t.withDefaults()
+	t = t.WithDefaults()
 	if err := t.validate(); err != nil {
 		return err
 	}

@@ -225,7 +225,7 @@ func endProcess(span trace.Span, v Verdict, err error) {
 	case v.Action == Retry:
 		span.SetStatus(codes.Error, "kept for a retry: a dependency is unavailable")
 		span.SetAttributes(semconv.ErrorTypeKey.String("dependency_unavailable"))
-	case v.Action == Defer && (v.Reason == "retry" || v.Reason == "transient"):
+	case v.Action == Defer && (v.Reason == "retry" || v.Reason == "transient" || v.Reason == "database"):
 		span.SetStatus(codes.Error, "deferred: "+v.Reason)
 		span.SetAttributes(semconv.ErrorTypeKey.String(v.Reason))
 	}

@@ -25,12 +25,16 @@ const (
 	ReasonHandlerFailed    Reason = "handler_failed"
 	ReasonGapNotFilled     Reason = "gap_not_filled"
 	ReasonVersionConflict  Reason = "version_conflict"
+	// ReasonInboxFailed: the inbox kept failing by itself (a transaction
+	// that never stopped failing transiently, a database error such as
+	// Unauthorized) through every deferral the service allows.
+	ReasonInboxFailed Reason = "inbox_failed"
 )
 
 // Reasons lists every Reason, e.g. to initialise metrics.
 var Reasons = []Reason{
 	ReasonMissingMessageID, ReasonInvalidVersion, ReasonMalformedPayload, ReasonPayloadTooLarge,
-	ReasonHandlerFailed, ReasonGapNotFilled, ReasonVersionConflict,
+	ReasonHandlerFailed, ReasonGapNotFilled, ReasonVersionConflict, ReasonInboxFailed,
 }
 
 // InvalidError is a message that can never be applied: it goes to the
