@@ -139,7 +139,7 @@ SELECT dead_lettered_at IS NOT NULL FROM outbox WHERE id = $1 FOR UPDATE`
 
 // discardSQL is the second statement, in the same transaction, with a snapshot
 // taken after the lock was granted. It does what a mark does for a published
-// event (see moveSQL and unblockSQL): takes the event out of outbox and
+// event (see moveSQL and outboxsql.UnblockNextSQL): takes the event out of outbox and
 // unblocks the aggregate's next event, which this snapshot shows if its writer
 // looked at the event before the lock was granted (a writer that looks later
 // waits for this transaction, finds the event gone and writes its row

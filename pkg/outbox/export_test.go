@@ -11,9 +11,6 @@ func ClaimArgs(limit int, lease time.Duration) []any {
 	return []any{limit, lease.Milliseconds(), defaultMaxAttempts, int64(DefaultMaxInFlightBytes)}
 }
 
-// ClaimHandedOverSQL lets the external tests check the handed-over claim.
-var ClaimHandedOverSQL = claimHandedOverSQL
-
 // ParseSchema lets the external tests check what Migrate accepts.
 func ParseSchema(sql string) error {
 	_, err := parseSchema(sql)

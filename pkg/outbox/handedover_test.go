@@ -2,36 +2,43 @@ package outbox_test
 
 import (
 	"context"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/outbox-inbox/reference/pkg/outbox"
 )
 
-// A relay with HandedOverOnly publishes the rows whose last_error is set, in
-// order per aggregate, and leaves the others alone: they belong to the relay
-// that reads the write-ahead log.
-func TestRelayHandedOverOnlyClaimsRowsWithAnError(t *testing.T) {
+// A hand-over relay publishes the rows handed over to polling, in order per
+// aggregate, and leaves the others alone: they belong to the relay that reads
+// the write-ahead log, even those with an error written.
+func TestHandOverRelayClaimsOnlyRowsHandedOver(t *testing.T) {
 	t.Parallel()
-	if !strings.Contains(outbox.ClaimHandedOverSQL, "o.last_error IS NOT NULL") {
-		t.Fatalf("the handed-over claim does not filter on last_error:\n%s", outbox.ClaimHandedOverSQL)
-	}
 	ctx := context.Background()
 	pool := newTestPool(t)
 	fresh := enqueue(t, pool, msg("fresh", "order.created"))
 	handed := enqueue(t, pool, msg("handed", "order.created"), msg("handed", "order.paid"))
-	if _, err := pool.Exec(ctx, "UPDATE outbox SET last_error = 'handed over' WHERE aggregate_id = 'handed'"); err != nil {
-		t.Fatal(err)
+	for _, q := range []string{
+		"UPDATE outbox SET handed_over = true WHERE aggregate_id = 'handed'",
+		"UPDATE outbox SET last_error = 'failed, not handed over' WHERE aggregate_id = 'fresh'",
+	} {
+		if _, err := pool.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
 	}
 	pub := &memPublisher{}
-	done := make(chan outbox.BatchResult, 16)
-	startRelay(t, pool, pub, outbox.RelayConfig{
-		PollInterval:   20 * time.Millisecond,
-		HandedOverOnly: true,
-		Logger:         testLogger(t),
-		Hooks:          outbox.Hooks{BatchDone: func(r outbox.BatchResult) { done <- r }},
-	})
+	relay, err := outbox.NewHandOverRelay(pool, pub, outbox.RelayConfig{PollInterval: 20 * time.Millisecond, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	stopped := make(chan error, 1)
+	go func() { stopped <- relay.Run(rctx) }()
+	defer func() {
+		cancel()
+		if err := <-stopped; err != nil {
+			t.Error(err)
+		}
+	}()
 	waitFor(t, "both handed-over rows published", 20*time.Second, func() (bool, error) {
 		return len(pub.snapshot()) == 2, nil
 	})
@@ -44,11 +51,11 @@ func TestRelayHandedOverOnlyClaimsRowsWithAnError(t *testing.T) {
 		t.Fatal(err)
 	}
 	if n != 1 {
-		t.Fatalf("the row without last_error left the outbox")
+		t.Fatalf("the row not handed over left the outbox")
 	}
 	for _, e := range pub.snapshot() {
 		if e.ID == fresh[0].ID {
-			t.Fatalf("the row without last_error was published")
+			t.Fatalf("the row not handed over was published")
 		}
 	}
 }

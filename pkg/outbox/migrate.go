@@ -40,13 +40,13 @@ var Schema string
 
 // SchemaVersion is the version of Schema. It changes whenever Schema does, so
 // CheckSchema can tell a database that a previous version migrated.
-const SchemaVersion = 4
+const SchemaVersion = 5
 
 // schemaOldestBinary is the oldest SchemaVersion of a binary that may run
 // against this schema, which the marker records: CheckSchema in a binary
 // built for an older version refuses to start. Keep it equal to the number in
 // schema.sql's marker.
-const schemaOldestBinary = 4
+const schemaOldestBinary = 5
 
 // schemaMarker is the start of the comment Schema puts on the outbox table.
 const schemaMarker = "pkg/outbox schema "
@@ -146,11 +146,12 @@ func MigrateWithConfig(ctx context.Context, pool *pgxpool.Pool, cfg MigrateConfi
 type stmtKind int
 
 const (
-	kindTable   stmtKind = iota // CREATE TABLE IF NOT EXISTS
-	kindColumn                  // ALTER TABLE ... ADD COLUMN IF NOT EXISTS
-	kindOptions                 // ALTER TABLE ... SET (...)
-	kindIndex                   // CREATE [UNIQUE] INDEX IF NOT EXISTS
-	kindMarker                  // COMMENT ON TABLE outbox
+	kindTable     stmtKind = iota // CREATE TABLE IF NOT EXISTS
+	kindColumn                    // ALTER TABLE ... ADD COLUMN IF NOT EXISTS
+	kindOptions                   // ALTER TABLE ... SET (...)
+	kindIndex                     // CREATE [UNIQUE] INDEX IF NOT EXISTS
+	kindDropIndex                 // DROP INDEX IF EXISTS
+	kindMarker                    // COMMENT ON TABLE outbox
 )
 
 // schemaStmt is one statement of schema.sql.
@@ -173,6 +174,8 @@ func (s schemaStmt) String() string {
 		return "set storage options of " + s.table
 	case kindIndex:
 		return "create index " + s.name + " on " + s.table
+	case kindDropIndex:
+		return "drop index " + s.name
 	default:
 		return "record schema version " + strconv.Itoa(SchemaVersion)
 	}
@@ -184,6 +187,7 @@ var (
 	columnRE  = regexp.MustCompile(`^ALTER TABLE (\w+) ADD COLUMN IF NOT EXISTS (\w+) `)
 	optionsRE = regexp.MustCompile(`^ALTER TABLE (\w+) SET \((.*)\);$`)
 	indexRE   = regexp.MustCompile(`^CREATE (?:UNIQUE )?INDEX IF NOT EXISTS (\w+) ON (\w+) `)
+	dropRE    = regexp.MustCompile(`^DROP INDEX IF EXISTS (\w+);$`)
 	commentRE = regexp.MustCompile(`^COMMENT ON TABLE outbox IS '([^']*)';$`)
 	spacesRE  = regexp.MustCompile(`\s+`)
 )
@@ -246,6 +250,8 @@ func parseStmt(text string) (schemaStmt, error) {
 	case indexRE.MatchString(code):
 		m := indexRE.FindStringSubmatch(code)
 		st.kind, st.name, st.table = kindIndex, m[1], m[2]
+	case dropRE.MatchString(code):
+		st.kind, st.name = kindDropIndex, dropRE.FindStringSubmatch(code)[1]
 	case commentRE.MatchString(code):
 		st.kind, st.table, st.since = kindMarker, "outbox", SchemaVersion
 		want := fmt.Sprintf("%s%d; binaries of schema %d or later", schemaMarker, SchemaVersion, schemaOldestBinary)
@@ -390,6 +396,16 @@ func (m *migrator) run(ctx context.Context) error {
 		return err
 	}
 	for _, st := range todo {
+		if st.kind == kindDropIndex {
+			// Concurrently, alone: readers and writers go on meanwhile.
+			if err := flush(); err != nil {
+				return err
+			}
+			if err := m.dropIndex(ctx, st); err != nil {
+				return err
+			}
+			continue
+		}
 		if st.kind == kindIndex && existed[st.table] {
 			if err := flush(); err != nil {
 				return err
@@ -414,9 +430,10 @@ var appliedSQL = map[stmtKind]string{
 	kindTable: `SELECT to_regclass($1) IS NOT NULL`,
 	kindColumn: `SELECT EXISTS (SELECT 1 FROM pg_attribute
 		WHERE attrelid = to_regclass($1) AND attname = $2 AND attnum > 0 AND NOT attisdropped)`,
-	kindOptions: `SELECT coalesce((SELECT reloptions FROM pg_class WHERE oid = to_regclass($1)), '{}') @> $2::text[]`,
-	kindIndex:   `SELECT coalesce((` + indexStateSQL + `), 'missing') = 'valid'`,
-	kindMarker:  `SELECT coalesce(obj_description(to_regclass($1), 'pg_class'), '') = $2`,
+	kindOptions:   `SELECT coalesce((SELECT reloptions FROM pg_class WHERE oid = to_regclass($1)), '{}') @> $2::text[]`,
+	kindIndex:     `SELECT coalesce((` + indexStateSQL + `), 'missing') = 'valid'`,
+	kindDropIndex: `SELECT to_regclass($1) IS NULL`,
+	kindMarker:    `SELECT coalesce(obj_description(to_regclass($1), 'pg_class'), '') = $2`,
 }
 
 // indexStateSQL says whether index $2 of table $1 is 'valid', 'building'
@@ -433,6 +450,8 @@ func (st schemaStmt) appliedArgs() []any {
 	switch st.kind {
 	case kindColumn, kindIndex:
 		return []any{st.table, st.name}
+	case kindDropIndex:
+		return []any{st.name}
 	case kindOptions:
 		return []any{st.table, st.options}
 	case kindMarker:
@@ -604,6 +623,33 @@ func (m *migrator) ensureIndex(ctx context.Context, st schemaStmt) error {
 		// another Migrate building or dropping the same index: look again.
 		wait := retry.Jitter(retry.Backoff(attempt, 100*time.Millisecond, 10*time.Second))
 		m.log.WarnContext(ctx, "outbox migrate: index build failed, retrying", slog.String("index", st.name),
+			slog.Any("error", err), slog.Duration("retry_in", wait))
+		retry.Sleep(ctx, wait)
+	}
+}
+
+// dropIndex drops st's index concurrently, retrying a collision with
+// another Migrate doing the same.
+func (m *migrator) dropIndex(ctx context.Context, st schemaStmt) error {
+	var table string
+	err := m.pool.QueryRow(ctx, `SELECT i.indrelid::regclass::text FROM pg_index i WHERE i.indexrelid = to_regclass($1)`, st.name).Scan(&table)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil // gone meanwhile
+	}
+	if err != nil {
+		return fmt.Errorf("%s: find its table: %w", st, err)
+	}
+	for attempt := 1; ; attempt++ {
+		err := m.execAlone(ctx, table, "DROP INDEX CONCURRENTLY IF EXISTS "+m.qualified(ctx, table, st.name))
+		if err == nil {
+			m.log.InfoContext(ctx, "outbox migrate: applied", slog.String("step", st.String()), slog.Int("since_version", st.since))
+			return nil
+		}
+		if ctx.Err() != nil || !concurrentDDLConflict(err) {
+			return fmt.Errorf("%s: %w", st, err)
+		}
+		wait := retry.Jitter(retry.Backoff(attempt, 100*time.Millisecond, 10*time.Second))
+		m.log.WarnContext(ctx, "outbox migrate: index drop failed, retrying", slog.String("index", st.name),
 			slog.Any("error", err), slog.Duration("retry_in", wait))
 		retry.Sleep(ctx, wait)
 	}

@@ -26,6 +26,11 @@ import (
 //go:embed testdata/schema3.sql
 var schema3 string
 
+// schema4 is the schema as version 4 of this package wrote it.
+//
+//go:embed testdata/schema4.sql
+var schema4 string
+
 // CheckSchema tells a schema that is missing from one that an older Migrate
 // created, from one too new for this binary, and accepts what Migrate creates
 // today.
@@ -555,5 +560,65 @@ func TestSchemaEndsWithItsVersionMarker(t *testing.T) {
 		if err := outbox.ParseSchema(bad); err == nil {
 			t.Errorf("ParseSchema accepted %.60q...", bad)
 		}
+	}
+}
+
+// Schema 5 gives the WAL relay's hand-over a column of its own and moves the
+// indexes that relay used to create at start into the schema: the upgrade
+// from schema 4 adds the column and the new indexes, and drops the old
+// indexes on last_error, concurrently, beside an open writer; the result is
+// what Schema describes.
+func TestMigrateFromSchema4MovesTheHandOverIntoTheSchema(t *testing.T) {
+	t.Parallel()
+	pool := newSchemaPool(t)
+	ctx := context.Background()
+	for _, q := range []string{
+		schema4,
+		// What the WAL relay of schema 4 created at start.
+		`CREATE INDEX outbox_handed_over ON outbox (next_attempt_at, id) WHERE last_error IS NOT NULL AND dead_lettered_at IS NULL AND NOT blocked`,
+		`CREATE INDEX outbox_handed_over_aggregates ON outbox (aggregate_type, aggregate_id) WHERE last_error IS NOT NULL`,
+	} {
+		if _, err := pool.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	enqueue(t, pool, msg("a", "order.created"))
+	writer, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer writer.Rollback(ctx) //nolint:errcheck // committed below
+	if _, err := writer.Exec(ctx, "SELECT count(*) FROM outbox"); err != nil {
+		t.Fatal(err)
+	}
+	migrated := make(chan error, 1)
+	go func() { migrated <- outbox.Migrate(ctx, pool) }()
+	time.Sleep(300 * time.Millisecond) // Migrate queues behind the writer, a lock_timeout at a time
+	if err := writer.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-migrated:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("Migrate did not finish")
+	}
+	for _, name := range []string{"outbox_handed_over", "outbox_handed_over_aggregates"} {
+		var gone bool
+		if err := pool.QueryRow(ctx, "SELECT to_regclass($1) IS NULL", name).Scan(&gone); err != nil || !gone {
+			t.Fatalf("index %s left: %v", name, err)
+		}
+	}
+	fresh := newSchemaPool(t)
+	if _, err := fresh.Exec(ctx, outbox.Schema); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := catalog(t, pool), catalog(t, fresh); !slices.Equal(got, want) {
+		t.Fatalf("the upgraded schema differs from Schema:\nupgraded: %q\nSchema:   %q", got, want)
+	}
+	if err := outbox.CheckSchema(ctx, pool); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"time"
 )
 
@@ -27,6 +28,20 @@ type Envelope struct {
 	CreatedAt time.Time
 	// Attempt is 1 for the first publish attempt of this row, then 2, 3...
 	Attempt int
+}
+
+// LogAttrs returns the attributes the relays log an event with, for
+// slog's ...Context calls: event_id, aggregate_type, aggregate_id,
+// aggregate_version, event_type and attempt.
+func (e Envelope) LogAttrs() []any {
+	return []any{
+		slog.Int64("event_id", e.ID),
+		slog.String("aggregate_type", e.AggregateType),
+		slog.String("aggregate_id", e.AggregateID),
+		slog.Int64("aggregate_version", e.AggregateVersion),
+		slog.String("event_type", e.EventType),
+		slog.Int("attempt", e.Attempt),
+	}
 }
 
 // Publisher sends envelopes to a broker. The relay is its only caller; the

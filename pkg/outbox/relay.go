@@ -12,11 +12,11 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outbox-inbox/reference/pkg/outbox/internal/outboxsql"
 	"github.com/outbox-inbox/reference/pkg/outbox/internal/retry"
 )
 
@@ -134,12 +134,6 @@ type RelayConfig struct {
 	Metrics Metrics
 	// Hooks observe the relay's protocol, for fault injection and tests.
 	Hooks Hooks
-	// HandedOverOnly makes the relay claim only rows whose last_error is set:
-	// the rows a relay that reads the write-ahead log (package outboxwal)
-	// handed over to polling, because they failed, were dead-lettered, or wait
-	// behind a dead letter of their aggregate. Such a relay runs one of these
-	// itself; leave it false otherwise.
-	HandedOverOnly bool
 }
 
 // Hooks are called synchronously by the relay's workers: they must be safe for
@@ -210,8 +204,6 @@ const (
 	// detached from Run's, so a shutdown never abandons a confirmed batch
 	// halfway; this keeps that drain bounded.
 	dbTimeout = 10 * time.Second
-	// maxErrorText bounds last_error.
-	maxErrorText = 2000
 )
 
 func (c RelayConfig) withDefaults() (RelayConfig, error) {
@@ -303,10 +295,28 @@ type Relay struct {
 	running atomic.Bool
 
 	claimBytes int64 // a worker's share of MaxInFlightBytes
+	// handedOverOnly restricts the claim to rows handed over by a WAL relay
+	// (NewHandOverRelay).
+	handedOverOnly bool
 
 	vacuumEvery      atomic.Int64 // rows between vacuums; 0 until vacuumLoop decided
 	movedSinceVacuum atomic.Int64
 	vacuumDue        chan struct{}
+}
+
+// NewHandOverRelay returns a relay that publishes only the rows a relay
+// reading the write-ahead log (package outboxwal) handed over to polling: its
+// failed events, which this relay retries and dead-letters, dead letters an
+// operator retried, the later events of their aggregates, and rows its slot
+// does not cover. The WAL relay runs one itself; a service has no reason to
+// call this. It is NewRelay otherwise.
+func NewHandOverRelay(pool *pgxpool.Pool, pub Publisher, cfg RelayConfig) (*Relay, error) {
+	r, err := NewRelay(pool, pub, cfg)
+	if err != nil {
+		return nil, err
+	}
+	r.handedOverOnly = true
+	return r, nil
 }
 
 // NewRelay returns a relay that publishes the outbox in pool's database (in the
@@ -447,7 +457,7 @@ func (r *Relay) runBatch(ctx context.Context) (BatchResult, error) {
 	start := time.Now()
 
 	cctx, cancel := context.WithTimeout(detached, dbTimeout)
-	envs, dead, err := claim(cctx, r.pool, r.cfg.BatchSize, r.claimBytes, r.cfg.Lease, r.cfg.MaxAttempts, r.cfg.HandedOverOnly)
+	envs, dead, err := claim(cctx, r.pool, r.cfg.BatchSize, r.claimBytes, r.cfg.Lease, r.cfg.MaxAttempts, r.handedOverOnly)
 	cancel()
 	if err != nil {
 		return BatchResult{}, err
@@ -456,7 +466,7 @@ func (r *Relay) runBatch(ctx context.Context) (BatchResult, error) {
 	for _, d := range dead {
 		res.DeadLetteredAtClaim = append(res.DeadLetteredAtClaim, d.env.ID)
 		r.log.ErrorContext(ctx, "outbox event dead-lettered at claim: its relays stopped while publishing it",
-			append(envAttrs(d.env), slog.String("reason", d.reason))...)
+			append(d.env.LogAttrs(), slog.String("reason", d.reason))...)
 	}
 	r.cfg.Metrics.DeadLettered(len(dead))
 	if len(envs) == 0 {
@@ -529,7 +539,7 @@ func (r *Relay) runBatch(ctx context.Context) (BatchResult, error) {
 			}
 			for _, e := range confirmed {
 				if isMarked[e.ID] {
-					r.log.DebugContext(ctx, "outbox event published", envAttrs(e)...)
+					r.log.DebugContext(ctx, "outbox event published", e.LogAttrs()...)
 				}
 			}
 		}
@@ -557,7 +567,7 @@ func (r *Relay) strandedLoop(ctx context.Context) {
 		case len(released) > 0:
 			for _, e := range released {
 				r.log.WarnContext(ctx, "outbox event was blocked behind nothing (no earlier event of its aggregate is left: written by an older version of the outbox package, or a hand-made change): released",
-					envAttrs(e)...)
+					e.LogAttrs()...)
 			}
 			r.cfg.Metrics.Stranded(len(released))
 			r.Wake()
@@ -614,7 +624,7 @@ func (r *Relay) mark(ctx context.Context, confirmed []Envelope, leaseEnd time.Ti
 			}
 			for _, e := range pending {
 				r.log.WarnContext(ctx, "outbox event published but not marked: it will be published again",
-					append(envAttrs(e), slog.Any("error", err))...)
+					append(e.LogAttrs(), slog.Any("error", err))...)
 			}
 			// The relay knows what became of these rows: the broker took
 			// them. They are not the orphans of a crash, whose rows count as
@@ -650,7 +660,7 @@ func (r *Relay) recordFailures(ctx context.Context, failures []failure, res *Bat
 	}
 	var failed, returned, dead int
 	for _, f := range failures {
-		attrs := append(envAttrs(f.env), slog.String("error", f.err))
+		attrs := append(f.env.LogAttrs(), slog.String("error", f.err))
 		switch {
 		case f.isolate:
 			res.Isolated = append(res.Isolated, f.env.ID)
@@ -681,27 +691,5 @@ func (r *Relay) recordFailures(ctx context.Context, failures []failure, res *Bat
 	r.cfg.Metrics.DeadLettered(dead)
 }
 
-func envAttrs(e Envelope) []any {
-	return []any{
-		slog.Int64("event_id", e.ID),
-		slog.String("aggregate_type", e.AggregateType),
-		slog.String("aggregate_id", e.AggregateID),
-		slog.Int64("aggregate_version", e.AggregateVersion),
-		slog.String("event_type", e.EventType),
-		slog.Int("attempt", e.Attempt),
-	}
-}
-
-// errorText makes err storable as text: valid UTF-8, no NUL, bounded.
-func errorText(err error) string {
-	s := strings.ToValidUTF8(err.Error(), "?")
-	s = strings.ReplaceAll(s, "\x00", "?")
-	if len(s) > maxErrorText {
-		cut := maxErrorText
-		for cut > 0 && !utf8.RuneStart(s[cut]) {
-			cut--
-		}
-		s = s[:cut] + "..."
-	}
-	return s
-}
+// errorText makes err storable as last_error.
+func errorText(err error) string { return outboxsql.ErrorText(err.Error()) }

@@ -15,7 +15,8 @@
 -- first versions). Migrate parses this file, so each statement ends with a
 -- semicolon at the end of a line, and is one of: CREATE TABLE IF NOT EXISTS,
 -- ALTER TABLE ... ADD COLUMN IF NOT EXISTS, ALTER TABLE ... SET (...),
--- CREATE [UNIQUE] INDEX IF NOT EXISTS, and the COMMENT that closes the file.
+-- CREATE [UNIQUE] INDEX IF NOT EXISTS, DROP INDEX IF EXISTS (Migrate drops
+-- concurrently), and the COMMENT that closes the file.
 --
 -- Three tables keep the hot path small:
 --   outbox             rows not yet published: pending, in flight, or dead-lettered.
@@ -119,6 +120,36 @@ CREATE INDEX IF NOT EXISTS outbox_dead_lettered
 CREATE INDEX IF NOT EXISTS outbox_blocked
     ON outbox (id) WHERE blocked;
 
+-- since schema 5
+-- handed_over says a relay that reads the write-ahead log (package outboxwal)
+-- handed the row over to polling: its publish failed, it was dead-lettered, it
+-- waits behind such a row of its aggregate, or the relay's slot does not cover
+-- it. Only the polling relay that the WAL relay runs claims such rows
+-- (NewHandOverRelay), and the WAL relay leaves them alone. It stays set until
+-- the row leaves the table. Rows handed over by schema 4 and earlier (which
+-- marked them with last_error) are handed over again by the WAL relay's first
+-- session on schema 5, which finds no server recorded for its slot.
+ALTER TABLE outbox ADD COLUMN IF NOT EXISTS handed_over boolean NOT NULL DEFAULT false;
+
+-- since schema 5
+-- The hand-over relay's claim: handed-over rows in due order. Empty while
+-- nothing fails with the WAL relay, and always with the polling relay.
+CREATE INDEX IF NOT EXISTS outbox_handover_due
+    ON outbox (next_attempt_at, id) WHERE handed_over AND dead_lettered_at IS NULL AND NOT blocked;
+
+-- since schema 5
+-- The WAL relay's list of aggregates held by polling.
+CREATE INDEX IF NOT EXISTS outbox_handover_aggregates
+    ON outbox (aggregate_type, aggregate_id) WHERE handed_over;
+
+-- since schema 5
+-- The indexes the WAL relay of schema 4 and earlier created itself, on
+-- last_error: nothing reads them any more.
+DROP INDEX IF EXISTS outbox_handed_over;
+
+-- since schema 5
+DROP INDEX IF EXISTS outbox_handed_over_aggregates;
+
 CREATE TABLE IF NOT EXISTS outbox_published (
     id                bigint      PRIMARY KEY,
     aggregate_type    text        NOT NULL,
@@ -176,4 +207,4 @@ CREATE TABLE IF NOT EXISTS outbox_discarded (
 -- numbers here and SchemaVersion (migrate.go) together whenever anything above
 -- changes; raise the second one when binaries of older schemas would
 -- mishandle rows under the new one.
-COMMENT ON TABLE outbox IS 'pkg/outbox schema 4; binaries of schema 4 or later';
+COMMENT ON TABLE outbox IS 'pkg/outbox schema 5; binaries of schema 5 or later';

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-inbox/reference/pkg/outbox/internal/outboxsql"
 )
 
 // claimSQL leases up to $1 due head events for $2 milliseconds, in one short
@@ -115,12 +117,12 @@ type deadAtClaim struct {
 	reason string
 }
 
-// claimHandedOverSQL is claimSQL restricted to rows whose last_error is set
-// (RelayConfig.HandedOverOnly). Rows never leave that state: a failure writes
-// last_error, and Admin.Retry keeps it.
+// claimHandedOverSQL is claimSQL restricted to the rows a WAL relay handed
+// over to polling (NewHandOverRelay). Rows keep handed_over until they leave
+// the table.
 var claimHandedOverSQL = strings.Replace(claimSQL,
 	"WHERE o.dead_lettered_at IS NULL\n      AND NOT o.blocked",
-	"WHERE o.dead_lettered_at IS NULL\n      AND NOT o.blocked\n      AND o.last_error IS NOT NULL", 1)
+	"WHERE o.dead_lettered_at IS NULL\n      AND NOT o.blocked\n      AND o.handed_over", 1)
 
 func claim(ctx context.Context, db DB, limit int, maxBytes int64, lease time.Duration, maxAttempts int, handedOverOnly bool) ([]Envelope, []deadAtClaim, error) {
 	query := claimSQL
@@ -191,29 +193,11 @@ WITH locked AS (
 )
 SELECT o.id FROM outbox o WHERE o.id = ANY($1::bigint[]) AND o.id NOT IN (SELECT id FROM locked)`
 
-// unblockSQL is the second statement of a mark, in the same transaction: it
-// unblocks the next event of each aggregate whose head is now gone. Its
-// snapshot is taken after moveSQL locked the rows, so it sees the row of every
-// writer that looked at them before (see insertSQL).
-const unblockSQL = `
-UPDATE outbox s
-SET blocked = false
-FROM unnest($1::text[], $2::text[], $3::bigint[]) AS m(aggregate_type, aggregate_id, version)
-WHERE s.aggregate_type = m.aggregate_type
-  AND s.aggregate_id = m.aggregate_id
-  AND s.aggregate_version = m.version + 1
-  AND s.blocked
-  AND NOT EXISTS (
-      SELECT 1 FROM outbox p
-      WHERE p.aggregate_type = s.aggregate_type
-        AND p.aggregate_id = s.aggregate_id
-        AND p.aggregate_version < s.aggregate_version)`
-
 // markPublished moves confirmed rows to outbox_published, in one transaction of
 // two statements sent in one round trip. It returns the rows it could not mark
 // yet because the writer of their aggregate's next event held them.
 //
-// The transaction sets READ COMMITTED itself: unblockSQL must take a snapshot
+// The transaction sets READ COMMITTED itself: the unblock must take a snapshot
 // of its own, after moveSQL locked the rows, which a REPEATABLE READ or
 // SERIALIZABLE session default (ALTER ROLE/DATABASE ... SET
 // default_transaction_isolation) would not give it. BEGIN and COMMIT travel in
@@ -231,7 +215,7 @@ func markPublished(ctx context.Context, db batchSender, envs []Envelope) (deferr
 	b := &pgx.Batch{}
 	b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
 	b.Queue(moveSQL, ids(envs))
-	b.Queue(unblockSQL, types, aggIDs, versions)
+	b.Queue(outboxsql.UnblockNextSQL, types, aggIDs, versions)
 	b.Queue("COMMIT")
 	br := db.SendBatch(ctx, b)
 	defer br.Close()

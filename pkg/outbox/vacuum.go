@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-inbox/reference/pkg/outbox/internal/outboxsql"
 	"github.com/outbox-inbox/reference/pkg/outbox/internal/retry"
 )
 
@@ -20,14 +21,6 @@ const defaultVacuumEvery = 5000
 // holds the table, this one is skipped rather than queued.
 const vacuumSQL = `VACUUM (SKIP_LOCKED) outbox`
 
-// autovacuumSQL tells whether autovacuum covers outbox: on for the server and
-// not disabled for the table.
-const autovacuumSQL = `
-SELECT current_setting('autovacuum')::bool
-   AND coalesce((SELECT option_value::bool
-                 FROM pg_class c, pg_options_to_table(c.reloptions)
-                 WHERE c.oid = 'outbox'::regclass AND option_name = 'autovacuum_enabled'), true)`
-
 // vacuumLoop runs the relay's own vacuums (RelayConfig.VacuumEvery) until ctx
 // ends. In auto mode it first asks whether autovacuum covers the table, and
 // returns if it does.
@@ -36,7 +29,7 @@ func (r *Relay) vacuumLoop(ctx context.Context) {
 	if every == 0 {
 		for attempt := 1; ; attempt++ {
 			var on bool
-			err := r.pool.QueryRow(ctx, autovacuumSQL).Scan(&on)
+			err := r.pool.QueryRow(ctx, outboxsql.AutovacuumSQL).Scan(&on)
 			if err == nil {
 				if on {
 					r.log.DebugContext(ctx, "outbox relay: autovacuum covers the outbox table; the relay will not vacuum it")

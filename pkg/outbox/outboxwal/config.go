@@ -64,9 +64,9 @@ type Config struct {
 	// hands over: events whose publish failed (it retries them), events that
 	// were dead-lettered (once an operator retries them), the later events of
 	// their aggregates, and rows the slot's stream does not cover (in the
-	// outbox when the slot was created or adopted). Its HandedOverOnly is
-	// always set. Its Logger and Metrics default to this Config's, its
-	// MaxAttempts to MaxAttempts.
+	// outbox when the slot was created or adopted): an
+	// outbox.NewHandOverRelay. Its Logger and Metrics default to this
+	// Config's, its MaxAttempts to MaxAttempts.
 	Poll outbox.RelayConfig
 	// Logger receives the relay's logs. Default slog.Default().
 	Logger *slog.Logger
@@ -145,7 +145,6 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Metrics == nil {
 		c.Metrics = outbox.NopMetrics{}
 	}
-	c.Poll.HandedOverOnly = true
 	if c.Poll.Logger == nil {
 		c.Poll.Logger = c.Logger
 	}

@@ -228,7 +228,7 @@ func TestRelayDeadLettersAnEventThatCrashesItsProcess(t *testing.T) {
 	// event waits behind it, handed over to polling.
 	outboxtest.WantCrashDeadLetter(t, pool, poison[0].ID, maxAttempts)
 	waitFor(t, "the poison's next event parked behind the dead letter", 10*time.Second, func() (bool, error) {
-		return count(t, pool, `SELECT count(*) FROM outbox WHERE id = $1 AND last_error IS NOT NULL AND dead_lettered_at IS NULL`,
+		return count(t, pool, `SELECT count(*) FROM outbox WHERE id = $1 AND handed_over AND dead_lettered_at IS NULL`,
 			poison[1].ID) == 1, nil
 	})
 

@@ -21,15 +21,24 @@
 //	...
 //	err = relay.Run(ctx) // until ctx is cancelled
 //
-// Run creates the publication (FOR TABLE outbox WITH (publish = 'insert'))
-// and the slot when they are missing, two partial indexes on outbox (on
-// last_error, empty while nothing fails), and the table outbox_wal_slots
-// (Schema: one row per slot, see Failover). Start as many relays as you like on
-// one slot: one streams, the others wait and take over within
+// Run needs package outbox's schema at version 5 or later (outbox.Migrate:
+// the hand-over column and its indexes are there, built concurrently; Run
+// runs no DDL on the outbox table). It creates what is the WAL relay's own
+// when missing: the publication (FOR TABLE outbox WITH (publish = 'insert')),
+// the slot, and the table outbox_wal_slots (Schema: one row per slot, see
+// Failover). Prepare does the same from a deployment step. Start as many
+// relays as you like on one slot: one streams, the others wait (looking at
+// the slot through the pool, without a WAL sender) and take over within
 // TakeoverInterval of the slot becoming free (see Failover). Never run the
-// polling relay (outbox.Relay) on the same outbox at the same time: both would
-// publish every event. To go back to polling, stop the WAL relays, run the
-// polling relay, and Drop the slot.
+// polling relay (outbox.Relay) on the same outbox at the same time: both
+// would publish every event. To go back to polling, stop the WAL relays, run
+// the polling relay, and Drop the slot.
+//
+// Choose it when PostgreSQL's CPU or the end-to-end latency is what limits
+// the polling relay, and the server allows logical replication to a role
+// the relay can use; keep the polling relay behind a connection pooler, with
+// no special privileges, or when WAL retention on the server's disk is a
+// risk nobody watches.
 //
 // # Guarantees
 //
@@ -79,8 +88,8 @@
 //   - Hand-overs hold back their aggregate only. Every later event of an
 //     aggregate handed over, already decoded or decoded later, is parked:
 //     left in the outbox table, its last_error set to say why, blocked
-//     behind the earlier row as Enqueue wrote it. A polling relay that only
-//     claims rows with a last_error (outbox.RelayConfig HandedOverOnly), run
+//     behind the earlier row as Enqueue wrote it, marked handed_over. A polling
+//     relay that only claims handed-over rows (outbox.NewHandOverRelay), run
 //     by this relay, publishes them with the polling relay's protocol, in
 //     order, once the earlier row is published, or, for a dead letter, once
 //     an operator retries (Admin.Retry) or discards (Admin.Discard) it. When
@@ -195,14 +204,38 @@
 //
 // # What PostgreSQL needs
 //
-// wal_level = logical (a restart to change it), a free replication slot and
-// WAL sender (max_replication_slots, max_wal_senders), and a role with the
-// REPLICATION attribute (or superuser) that owns the outbox table (to create
-// the publication and the indexes). Managed services: Amazon RDS and Aurora
-// set rds.logical_replication = 1 and grant rds_replication; Google Cloud SQL
-// sets cloudsql.logical_decoding = on and the role needs REPLICATION; Azure
-// Database for PostgreSQL sets wal_level = logical as a server parameter.
-// The relay's replication connection uses the pool's connection settings with
-// replication=database: it cannot go through PgBouncer, so point the pool
-// (or a second pool used for the relay) at PostgreSQL directly.
+//   - wal_level = logical (a restart to change it), a free replication slot
+//     and WAL sender (max_replication_slots, max_wal_senders), and
+//     max_slot_wal_keep_size to cap what a slot may retain (see "Operating
+//     it: WAL retention").
+//   - A role with the REPLICATION attribute, for the replication connection
+//     (IDENTIFY_SYSTEM, CREATE_REPLICATION_SLOT, START_REPLICATION), made
+//     from the pool's settings with replication=database; it cannot go
+//     through PgBouncer, so point the pool (or a second pool for the relay)
+//     at PostgreSQL directly.
+//   - On the outbox tables, what the polling relay needs (SELECT, UPDATE,
+//     DELETE on outbox; INSERT on outbox_published with Config.Archive), plus
+//     the right to create the publication (owner of the outbox table, or
+//     CREATE on the database and ownership of the table, as PostgreSQL
+//     requires for CREATE PUBLICATION ... FOR TABLE) and the table
+//     outbox_wal_slots (CREATE on the schema) the first time; create both
+//     yourself (Schema, and the publication with Prepare run by a
+//     privileged role) and the relay needs neither. To create a slot
+//     yourself, create the publication first: pgoutput cannot decode, from a
+//     slot made before its publication, the transactions committed in
+//     between. The relay uses a slot it finds and never drops it (it hands
+//     the outbox over to polling, since it cannot tell what the slot
+//     covers), unless a relay made it and it is ahead of the server's WAL.
+//   - pg_control_system() and pg_current_snapshot(), which every role may
+//     call: the relay names the server it streams from and checks that
+//     transactions are visible before it publishes their events.
+//
+// Managed services: Amazon RDS and Aurora set rds.logical_replication = 1
+// and grant rds_replication; Google Cloud SQL sets cloudsql.logical_decoding
+// = on and the role needs REPLICATION; Azure Database for PostgreSQL sets
+// wal_level = logical as a server parameter. PostgreSQL 17 can keep a
+// logical slot in sync on a physical standby (a slot created with failover =
+// true, and synchronized_standby_slots); the relay does not create such a
+// slot, and one created by an operator is used as any slot an operator
+// made.
 package outboxwal

@@ -129,7 +129,7 @@ func TestCutOffRelayStartsNothingAndWritesNothingAfterTakeover(t *testing.T) {
 	if got := holding.given(); len(got) != 1 {
 		t.Fatalf("the cut-off relay's publisher was given %v, want only the event in flight at the takeover", got)
 	}
-	if n := count(t, pool, `SELECT count(*) FROM outbox WHERE last_error IS NOT NULL OR dead_lettered_at IS NOT NULL`); n != 0 {
+	if n := count(t, pool, `SELECT count(*) FROM outbox WHERE handed_over OR dead_lettered_at IS NOT NULL`); n != 0 {
 		t.Fatalf("the cut-off relay dead-lettered or handed over %d rows after the other relay took the slot", n)
 	}
 

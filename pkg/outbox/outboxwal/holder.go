@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/pkg/outbox/internal/outboxsql"
 )
 
 // Schema is the table the relay keeps beside the outbox: one row per slot,
@@ -287,66 +288,23 @@ func fencedTx(ctx context.Context, pool *pgxpool.Pool, f fence, fn func(pgx.Tx) 
 	})
 }
 
-// recordAttemptsSQL records that an attempt of each row begins: attempts + 1,
-// in_flight. It returns the new attempts and whether the row was in flight
-// already (an attempt recorded before had no outcome: its relay stopped). Rows
-// handed over to polling (last_error set) are not touched.
-const recordAttemptsSQL = `
-WITH prev AS (
-    SELECT id, in_flight FROM outbox
-    WHERE id = ANY($1::bigint[]) AND last_error IS NULL
-    FOR NO KEY UPDATE
-)
-UPDATE outbox o SET attempts = o.attempts + 1, in_flight = true
-FROM prev WHERE o.id = prev.id
-RETURNING o.id, o.attempts, prev.in_flight`
-
-// unrecordSQL takes back recorded attempts that the broker confirmed: the
-// row's attempts count the recorded attempts that got no confirm.
-const unrecordSQL = `
-UPDATE outbox SET attempts = greatest(attempts - 1, 0), in_flight = false
-WHERE id = ANY($1::bigint[]) AND in_flight AND last_error IS NULL`
-
-// recorded is what recordAttempts found for a row.
-type recorded struct {
-	attempts    int
-	wasInFlight bool
-}
-
-func recordAttempts(ctx context.Context, pool *pgxpool.Pool, f fence, ids []int64) (map[int64]recorded, error) {
-	out := make(map[int64]recorded, len(ids))
+// recordAttempts records, if the session still holds the slot, that an
+// attempt of each row begins (outboxsql.RecordAttempts).
+func recordAttempts(ctx context.Context, pool *pgxpool.Pool, f fence, ids []int64) (map[int64]outboxsql.Attempt, error) {
+	var out map[int64]outboxsql.Attempt
 	err := fencedTx(ctx, pool, f, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, recordAttemptsSQL, ids)
-		if err != nil {
-			return err
-		}
-		var (
-			id  int64
-			rec recorded
-		)
-		_, err = pgx.ForEachRow(rows, []any{&id, &rec.attempts, &rec.wasInFlight}, func() error {
-			out[id] = rec
-			return nil
-		})
+		var err error
+		out, err = outboxsql.RecordAttempts(ctx, tx, ids)
 		return err
 	})
-	if errors.Is(err, errFenced) {
-		return nil, err
-	}
 	if err != nil {
-		return nil, fmt.Errorf("record attempts: %w", err)
+		return nil, err
 	}
 	return out, nil
 }
 
-// unrecordAttempts runs unrecordSQL, if the session still holds the slot.
+// unrecordAttempts takes back, if the session still holds the slot, recorded
+// attempts the broker confirmed (outboxsql.UnrecordAttempts).
 func unrecordAttempts(ctx context.Context, pool *pgxpool.Pool, f fence, ids []int64) error {
-	err := fencedTx(ctx, pool, f, func(tx pgx.Tx) error {
-		_, err := tx.Exec(ctx, unrecordSQL, ids)
-		return err
-	})
-	if err != nil && !errors.Is(err, errFenced) {
-		return fmt.Errorf("take back confirmed attempts: %w", err)
-	}
-	return err
+	return fencedTx(ctx, pool, f, func(tx pgx.Tx) error { return outboxsql.UnrecordAttempts(ctx, tx, ids) })
 }

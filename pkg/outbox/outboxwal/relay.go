@@ -22,6 +22,7 @@ import (
 
 	"github.com/outbox-inbox/reference/pkg/outbox"
 
+	"github.com/outbox-inbox/reference/pkg/outbox/internal/outboxsql"
 	"github.com/outbox-inbox/reference/pkg/outbox/internal/retry"
 )
 
@@ -287,7 +288,7 @@ func (r *Relay) session(ctx context.Context) (progressed bool, err error) {
 	r.log.InfoContext(ctx, "outbox WAL relay: streaming", slog.String("slot", r.cfg.Slot),
 		slog.Int("aggregates_held", len(held)), slog.Int64("epoch", f.epoch), slog.String("server", server))
 
-	poller, err := outbox.NewRelay(r.pool, r.pub, r.cfg.Poll)
+	poller, err := outbox.NewHandOverRelay(r.pool, r.pub, r.cfg.Poll)
 	if err != nil {
 		return false, fmt.Errorf("polling relay for handed-over rows: %w", err)
 	}
@@ -565,7 +566,7 @@ func (r *Relay) stream(ctx context.Context, conn *pgconn.PgConn, s *state, bound
 						return fmt.Errorf("decode outbox row: %w", err)
 					}
 					if err != nil {
-						r.log.ErrorContext(ctx, "outbox WAL relay: cannot decode an outbox row; it is dead-lettered", append(envAttrs(env), slog.Any("error", err))...)
+						r.log.ErrorContext(ctx, "outbox WAL relay: cannot decode an outbox row; it is dead-lettered", append(env.LogAttrs(), slog.Any("error", err))...)
 						s.addUndecodable(cur, env, "the WAL relay cannot decode the row: "+err.Error())
 						continue
 					}
@@ -698,26 +699,34 @@ func (r *Relay) publish(ctx context.Context, s *state, batch []*event) error {
 	}
 	if slices.ContainsFunc(batch, func(ev *event) bool { return ev.check }) {
 		cctx, cancel := context.WithTimeout(ctx, dbTimeout)
-		c, err := r.checkRows(cctx, s.fence, batch)
+		found, err := r.checkRows(cctx, s.fence, batch)
 		cancel()
 		if errors.Is(err, errFenced) {
 			return err
 		}
 		if err != nil {
-			// Publish them anyway: at worst a duplicate of an event published
-			// before the restart.
-			r.log.WarnContext(ctx, "outbox WAL relay: could not check rows decoded from before this session", slog.Any("error", err))
+			// They wait: published unchecked, an event an earlier session
+			// had in flight when it stopped would go out with batch-mates,
+			// which it may take down with it.
+			r.log.WarnContext(ctx, "outbox WAL relay: could not check rows decoded from before this session; they wait", slog.Any("error", err))
+			batch = slices.DeleteFunc(batch, func(ev *event) bool {
+				if ev.check {
+					s.retryLater(ev, notRecordedDelay)
+				}
+				return ev.check
+			})
 		} else {
 			var keep, gone []*event
 			for _, ev := range batch {
+				row, present := found[ev.env.ID]
 				switch {
 				case !ev.check:
 					keep = append(keep, ev)
-				case c.handed[ev.env.ID]:
-					s.handAll(ev, false, "", 0)
-				case !c.present[ev.env.ID]:
+				case !present:
 					gone = append(gone, ev)
-				case ev.suspect && c.inFlight[ev.env.ID]:
+				case row.HandedOver:
+					s.handAll(ev, false, "", 0)
+				case ev.suspect && row.InFlight:
 					// An earlier session recorded an attempt and stopped
 					// before its outcome: it may be what stops relays.
 					ev.check, ev.alone = false, true
@@ -813,8 +822,8 @@ func (r *Relay) recordAttempts(ctx context.Context, s *state, batch []*event) ([
 		}
 		ev.recorded = true
 		// Every attempt but an event's very first is recorded, so the
-		// attempts before this one are rec.attempts.
-		ev.failures = max(ev.failures, rec.attempts)
+		// attempts before this one are rec.Attempts.
+		ev.failures = max(ev.failures, rec.Attempts)
 		if ev.failures < r.cfg.MaxAttempts {
 			out = append(out, ev)
 			continue
@@ -825,7 +834,7 @@ func (r *Relay) recordAttempts(ctx context.Context, s *state, batch []*event) ([
 		env := ev.env
 		env.Attempt = ev.failures
 		r.log.ErrorContext(ctx, "outbox event dead-lettered: relays kept stopping while publishing it; its aggregate is handed over to polling",
-			append(envAttrs(env), slog.String("error", reason))...)
+			append(env.LogAttrs(), slog.String("error", reason))...)
 		s.handAll(ev, true, reason, 0)
 	}
 	r.cfg.Metrics.DeadLettered(dead)
@@ -869,7 +878,7 @@ func (r *Relay) send(ctx context.Context, s *state, batch []*event, start time.T
 			}
 			continue
 		}
-		attrs := append(envAttrs(envs[i]), slog.Any("error", err))
+		attrs := append(envs[i].LogAttrs(), slog.Any("error", err))
 		failed++
 		if errors.Is(err, outbox.ErrUnroutable) {
 			returned++
@@ -892,7 +901,7 @@ func (r *Relay) send(ctx context.Context, s *state, batch []*event, start time.T
 			added = 0 // the attempt is in the row already
 		}
 		r.log.WarnContext(ctx, "outbox event publish failed; its aggregate is handed over to polling, which retries it", attrs...)
-		s.handAll(ev, false, errorText(err.Error()), added)
+		s.handAll(ev, false, outboxsql.ErrorText(err.Error()), added)
 	}
 	if len(unrecord) > 0 {
 		// A recorded attempt that was confirmed is no failure: should this
@@ -934,7 +943,7 @@ func (r *Relay) writer(wctx, sctx context.Context, s *state, poller *outbox.Rela
 		for !fenced && s.pendingWrites() > 0 {
 			sweep, hand := s.takeWrites(sweepChunk)
 			dctx, cancel := context.WithTimeout(ctx, dbTimeout)
-			swept, skipped, handed, postponed, err := write(dctx, r.pool, s.fence, r.cfg.Archive, sweep, hand)
+			res, err := write(dctx, r.pool, s.fence, r.cfg.Archive, sweep, hand)
 			cancel()
 			if errors.Is(err, errFenced) {
 				fenced = true
@@ -950,15 +959,15 @@ func (r *Relay) writer(wctx, sctx context.Context, s *state, poller *outbox.Rela
 				return false
 			}
 			failures = 0
-			s.written(swept, skipped, handed, postponed)
-			vac.swept(len(swept))
-			if h := r.cfg.Hooks.Swept; h != nil && len(swept) > 0 {
-				h(len(swept))
+			s.written(res)
+			vac.swept(len(res.swept))
+			if h := r.cfg.Hooks.Swept; h != nil && len(res.swept) > 0 {
+				h(len(res.swept))
 			}
-			if len(handed) > 0 {
+			if len(res.handed) > 0 {
 				poller.Wake()
 			}
-			if len(skipped) > 0 || len(postponed) > 0 {
+			if len(res.skipped) > 0 || len(res.postponed) > 0 {
 				return true // locked by a writer for a moment: next tick
 			}
 		}
@@ -1087,15 +1096,4 @@ func (rel *relation) decode(types *pgtype.Map, t *pglogrepl.TupleData) (outbox.E
 		e.Headers = map[string]string{}
 	}
 	return e, nil
-}
-
-func envAttrs(e outbox.Envelope) []any {
-	return []any{
-		slog.Int64("event_id", e.ID),
-		slog.String("aggregate_type", e.AggregateType),
-		slog.String("aggregate_id", e.AggregateID),
-		slog.Int64("aggregate_version", e.AggregateVersion),
-		slog.String("event_type", e.EventType),
-		slog.Int("attempt", e.Attempt),
-	}
 }

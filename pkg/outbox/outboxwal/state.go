@@ -382,31 +382,30 @@ func (s *state) pendingWrites() int {
 }
 
 // written records what the writer committed: swept rows and hand-overs are
-// resolved; skipped rows (a writer held them) and postponed hand-overs are
-// queued again.
-func (s *state) written(swept, skipped []*event, handed, postponed []handover) {
+// resolved; skipped rows and postponed hand-overs are queued again.
+func (s *state) written(res writeResult) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, ev := range swept {
+	for _, ev := range res.swept {
 		s.resolve(ev)
 	}
-	s.toSweep = append(skipped, s.toSweep...)
-	if len(handed) > 0 {
+	s.toSweep = append(res.skipped, s.toSweep...)
+	if len(res.handed) > 0 {
 		s.handGen++
 	}
-	for _, h := range handed {
+	for _, h := range res.handed {
 		if hs, ok := s.held[h.ev.key]; ok {
 			hs.pending--
 			hs.gen = s.handGen
 		}
 		s.resolve(h.ev)
 	}
-	s.toHand = append(postponed, s.toHand...)
+	s.toHand = append(res.postponed, s.toHand...)
 }
 
 // writeFailed queues everything again after a failed write.
 func (s *state) writeFailed(sweep []*event, hand []handover) {
-	s.written(nil, sweep, nil, hand)
+	s.written(writeResult{skipped: sweep, postponed: hand})
 }
 
 // heldSnapshot returns whether any aggregate is held, and the hand-over

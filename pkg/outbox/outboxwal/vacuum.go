@@ -6,18 +6,13 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-inbox/reference/pkg/outbox/internal/outboxsql"
 )
 
 // defaultVacuumEvery is the rows swept between two of the relay's own
 // vacuums in auto mode: the threshold the outbox schema gives autovacuum.
 const defaultVacuumEvery = 5000
-
-// autovacuumSQL tells whether autovacuum covers outbox.
-const autovacuumSQL = `
-SELECT current_setting('autovacuum')::bool
-   AND coalesce((SELECT option_value::bool
-                 FROM pg_class c, pg_options_to_table(c.reloptions)
-                 WHERE c.oid = 'outbox'::regclass AND option_name = 'autovacuum_enabled'), true)`
 
 // vacuumer vacuums the outbox table every so many swept rows: every swept
 // row leaves a dead tuple and dead index entries, which writers' lookups of
@@ -38,7 +33,7 @@ func (r *Relay) newVacuumer(ctx context.Context) *vacuumer {
 		return nil
 	case every == 0:
 		var on bool
-		if err := r.pool.QueryRow(ctx, autovacuumSQL).Scan(&on); err != nil {
+		if err := r.pool.QueryRow(ctx, outboxsql.AutovacuumSQL).Scan(&on); err != nil {
 			r.log.WarnContext(ctx, "outbox WAL relay: cannot tell whether autovacuum is on; not vacuuming", slog.Any("error", err))
 			return nil
 		}
