@@ -7,9 +7,27 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/outbox-inbox/reference/pkg/outbox"
 	"github.com/outbox-inbox/reference/pkg/outbox/internal/outboxtest"
 )
+
+// slotsPool is a migrated schema of the test's own with outbox_wal_slots,
+// and the name of its server.
+func slotsPool(t *testing.T) (*pgxpool.Pool, string) {
+	t.Helper()
+	ctx := context.Background()
+	pool := outboxtest.Pool(t)
+	if err := ensureSlotsTable(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	var server string
+	if err := pool.QueryRow(ctx, "SELECT "+serverSQL).Scan(&server); err != nil {
+		t.Fatal(err)
+	}
+	return pool, server
+}
 
 // countingPublisher confirms everything and counts what it was given.
 type countingPublisher struct{ sent atomic.Int64 }
@@ -28,15 +46,8 @@ func (p *countingPublisher) PublishBatch(_ context.Context, msgs []outbox.Envelo
 // which is why a test that only retries cannot tell.)
 func TestFencedSessionStartsNoBatch(t *testing.T) {
 	ctx := context.Background()
-	pool := outboxtest.Pool(t)
-	if err := ensureSlotsTable(ctx, pool); err != nil {
-		t.Fatal(err)
-	}
+	pool, server := slotsPool(t)
 	const slot = "fenced_batch"
-	var server string
-	if err := pool.QueryRow(ctx, "SELECT "+serverSQL).Scan(&server); err != nil {
-		t.Fatal(err)
-	}
 	old, err := takeSlot(ctx, pool, slot, server)
 	if err != nil {
 		t.Fatal(err)

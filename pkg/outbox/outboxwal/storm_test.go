@@ -3,23 +3,9 @@ package outboxwal_test
 import (
 	"context"
 	"log/slog"
-	"strings"
 	"testing"
 	"time"
 )
-
-// countingLog counts the relay's log messages containing part.
-func (l *logRecorder) count(part string) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	n := 0
-	for _, m := range l.msgs {
-		if strings.Contains(m, part) {
-			n++
-		}
-	}
-	return n
-}
 
 // A table added to the relay's publication behind its back: its changes
 // reach the stream, and the relay skips them. It used to fail decoding them

@@ -38,6 +38,17 @@ func serverPool(t *testing.T, url string) *pgxpool.Pool {
 	return pool
 }
 
+// twoServers starts servers a and b, where a has far more WAL than b and b's
+// event ids start far above a's, and a proxy in front of a.
+func twoServers(t *testing.T) (a, b *outboxtest.PGServer, proxy *outboxtest.Proxy) {
+	t.Helper()
+	a = migratedServer(t)
+	b = migratedServer(t)
+	b.Exec(t, `ALTER TABLE outbox ALTER COLUMN id RESTART WITH 1000000`) // ids of B's events are not A's
+	a.Exec(t, `CREATE TABLE filler AS SELECT g, repeat('x', 1000) AS pad FROM generate_series(1, 20000) g`)
+	return a, b, outboxtest.NewTCPProxy(t, a.Addr())
+}
+
 // walFromServer is walConfig for a server of the test's own: the slot goes
 // with the server, so nothing needs dropping.
 func walFromServer(t *testing.T) outboxwal.Config {
@@ -56,12 +67,7 @@ func walFromServer(t *testing.T) outboxwal.Config {
 // the restart are published, and B's slot is never ahead of B's WAL.
 func TestSwitchToAServerWithLessWALLosesNothing(t *testing.T) {
 	ctx := context.Background()
-	a := migratedServer(t)
-	b := migratedServer(t)
-	b.Exec(t, `ALTER TABLE outbox ALTER COLUMN id RESTART WITH 1000000`) // ids of B's events are not A's
-	a.Exec(t, `CREATE TABLE filler AS SELECT g, repeat('x', 1000) AS pad FROM generate_series(1, 20000) g`)
-
-	proxy := outboxtest.NewTCPProxy(t, a.Addr())
+	_, b, proxy := twoServers(t)
 	pool := serverPool(t, "postgres://postgres@"+proxy.Addr()+"/postgres?sslmode=disable")
 	br := newBroker(t, "#")
 	cfg := walFromServer(t)
@@ -107,11 +113,7 @@ func TestSwitchToAServerWithLessWALLosesNothing(t *testing.T) {
 // pool connections that reach A, and the event committed on B is published.
 func TestPoolOnTheOldServerDoesNotDecideForTheNewOne(t *testing.T) {
 	ctx := context.Background()
-	a := migratedServer(t)
-	b := migratedServer(t)
-	b.Exec(t, `ALTER TABLE outbox ALTER COLUMN id RESTART WITH 1000000`) // ids of B's events are not A's
-	a.Exec(t, `CREATE TABLE filler AS SELECT g, repeat('x', 1000) AS pad FROM generate_series(1, 20000) g`)
-	proxy := outboxtest.NewTCPProxy(t, a.Addr())
+	a, b, proxy := twoServers(t)
 	pool := serverPool(t, "postgres://postgres@"+proxy.Addr()+"/postgres?sslmode=disable&pool_max_conns=4")
 	br := newBroker(t, "#")
 	cfg := walFromServer(t)
@@ -148,15 +150,19 @@ func (l *logRecorder) Handle(_ context.Context, r slog.Record) error {
 func (l *logRecorder) WithAttrs([]slog.Attr) slog.Handler { return l }
 func (l *logRecorder) WithGroup(string) slog.Handler      { return l }
 
-func (l *logRecorder) has(part string) bool {
+func (l *logRecorder) has(part string) bool { return l.count(part) > 0 }
+
+// count counts the messages containing part.
+func (l *logRecorder) count(part string) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	n := 0
 	for _, m := range l.msgs {
 		if strings.Contains(m, part) {
-			return true
+			n++
 		}
 	}
-	return false
+	return n
 }
 
 // A slot an operator made (before any relay ran) is used, never dropped:

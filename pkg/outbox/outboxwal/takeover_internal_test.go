@@ -20,15 +20,8 @@ import (
 // idleInTransactionTimeout, and the takeover goes through.
 func TestTakeoverIsNotBlockedForLongByAStalledSession(t *testing.T) {
 	ctx := context.Background()
-	pool := outboxtest.Pool(t)
-	if err := ensureSlotsTable(ctx, pool); err != nil {
-		t.Fatal(err)
-	}
+	pool, server := slotsPool(t)
 	const slot = "stalled_session"
-	var server string
-	if err := pool.QueryRow(ctx, "SELECT "+serverSQL).Scan(&server); err != nil {
-		t.Fatal(err)
-	}
 	old, err := takeSlot(ctx, pool, slot, server)
 	if err != nil {
 		t.Fatal(err)
