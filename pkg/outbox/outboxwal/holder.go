@@ -35,8 +35,9 @@ import (
 //     in_flight) before they are published again, so an event that crashes
 //     every relay that publishes it is dead-lettered after MaxAttempts, and
 //     one that was in flight at two crashes in a row is published alone.
-//   - server is the server the last session streamed from: its system
-//     identifier and timeline. A session that finds another one there (a
+//   - server is the server the last session streamed from, or the one the
+//     slot was made on (by Prepare or a session): its system identifier and
+//     timeline. A session that finds another one there (a
 //     promoted standby, a restored or different server behind the same
 //     address) cannot trust the slot to cover what the outbox holds, and
 //     hands the outbox's rows over to polling before it streams.

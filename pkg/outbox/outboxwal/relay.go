@@ -431,7 +431,7 @@ LEFT JOIN pg_publication p ON p.pubname = $2`, r.cfg.Slot, r.cfg.Publication).Sc
 	if err != nil {
 		return false, fmt.Errorf("create slot %s: %w", r.cfg.Slot, err)
 	}
-	n, err := handOverPreexisting(ctx, r.pool, res.SnapshotName)
+	n, err := handOverPreexisting(ctx, r.pool, r.cfg.Slot, server, res.SnapshotName)
 	if err == nil {
 		err = r.commentPublication(ctx, c, "ready")
 	}

@@ -520,3 +520,42 @@ func TestWaitingRelayOpensNoReplicationConnectionWhileTheSlotIsBusy(t *testing.T
 		t.Fatalf("the waiting relay opened %d connections in %v", n, 20*cfg.TakeoverInterval)
 	}
 }
+
+// A slot made ahead of the first relay with Prepare, the documented
+// deployment step, is one the relay can vouch for: it was made on this
+// server and every row older than it was handed over when it was made. The
+// events written after it are streamed, not handed over to polling as if the
+// slot came from another server.
+func TestPreparedSlotIsStreamedNotHandedOver(t *testing.T) {
+	ctx := context.Background()
+	pool := walPool(t)
+	b := newBroker(t, "#")
+	cfg := walConfig(t, pool)
+	prep, err := outboxwal.New(pool, newPublisherForTest(t, b), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := prep.Prepare(ctx); err != nil {
+		t.Fatal(err)
+	}
+	want := enqueue(t, pool, msg("a", "order.created"), msg("b", "order.created"), msg("a", "order.paid"))
+	var mu sync.Mutex
+	streamed := map[int64]bool{}
+	cfg.Hooks.Confirmed = func(ids []int64) {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, id := range ids {
+			streamed[id] = true
+		}
+	}
+	relay, _ := startWAL(t, pool, newPublisherForTest(t, b), cfg)
+	waitActive(t, relay)
+	checkAggregateOrder(t, b.waitIDs("the events written after Prepare", want))
+	mu.Lock()
+	defer mu.Unlock()
+	for _, e := range want {
+		if !streamed[e.ID] {
+			t.Errorf("event %d was not published from the stream (handed over to polling?)", e.ID)
+		}
+	}
+}
