@@ -198,8 +198,10 @@
 // stops are not the row's doing, and a stop leaves every row of the relay's
 // batches so: they go back into normal batches, so that a killed relay's
 // backlog drains at full speed, and are marked suspect. A row still in flight
-// at a second stop in a row is claimed alone, in a batch of its own, so if it
-// is what kills relays it takes no more batch-mates down with it; and a due
+// at a second stop in a row is claimed alone, in a batch of its own and with
+// nothing else in flight in its process (the relay's other workers wait, and
+// claim nothing, from its claim to its mark), so if it is what kills relays
+// it takes no other row down with it; and a due
 // row that already had MaxAttempts attempts is dead-lettered by the claim,
 // with a reason in last_error, instead of being handed to a publisher again
 // (and goes out alone if an operator retries it). A row that crashes every

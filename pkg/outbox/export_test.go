@@ -6,9 +6,9 @@ import "time"
 const ClaimSQL = claimSQL
 
 // ClaimArgs are the arguments of ClaimSQL for a claim of up to limit rows,
-// with the default MaxAttempts.
+// with the default MaxAttempts, that may take a suspect row alone.
 func ClaimArgs(limit int, lease time.Duration) []any {
-	return []any{limit, lease.Milliseconds(), defaultMaxAttempts, int64(DefaultMaxInFlightBytes)}
+	return []any{limit, lease.Milliseconds(), defaultMaxAttempts, int64(DefaultMaxInFlightBytes), true}
 }
 
 // ParseSchema lets the external tests check what Migrate accepts.

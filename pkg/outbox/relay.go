@@ -295,6 +295,9 @@ type Relay struct {
 	running atomic.Bool
 
 	claimBytes int64 // a worker's share of MaxInFlightBytes
+	// solo is held shared by every claim in flight, and exclusively by a
+	// claim that may take a suspect row alone (see runBatch).
+	solo sync.RWMutex
 	// handedOverOnly restricts the claim to rows handed over by a WAL relay
 	// (NewHandOverRelay).
 	handedOverOnly bool
@@ -447,9 +450,34 @@ func (r *Relay) work(ctx context.Context, tick <-chan time.Time) {
 
 // runBatch claims, publishes and marks one batch. It returns an error only when
 // the claim failed; failures after it are in the result.
+//
+// A suspect row (see claimSQL) goes out alone in the process, not only in its
+// batch: a claim that may take one holds solo exclusively, from the claim to
+// the mark, while every other claim holds it shared. Were another worker's
+// rows in flight beside it, the crash it may cause would charge them an
+// attempt each time, and dead-letter healthy events.
 func (r *Relay) runBatch(ctx context.Context) (BatchResult, error) {
+	r.solo.RLock()
+	res, aloneDue, err := r.claimAndPublish(ctx, false)
+	r.solo.RUnlock()
+	if err != nil || !aloneDue {
+		return res, err
+	}
+	// Not deferred: should publishing the row panic, the lock stays held
+	// while the panic unwinds, and no other worker claims rows that the
+	// process is about to take down with it.
+	r.solo.Lock()
+	res, _, err = r.claimAndPublish(ctx, true)
+	r.solo.Unlock()
+	return res, err
+}
+
+// claimAndPublish is runBatch's claim, publish and mark; alone says the
+// claim may take a suspect row. aloneDue says it could not take the
+// suspect row that is due.
+func (r *Relay) claimAndPublish(ctx context.Context, alone bool) (_ BatchResult, aloneDue bool, _ error) {
 	if ctx.Err() != nil {
-		return BatchResult{}, nil
+		return BatchResult{}, false, nil
 	}
 	// From here on the batch is finished even if ctx is cancelled: abandoning
 	// confirmed messages unmarked would only publish them again.
@@ -457,11 +485,12 @@ func (r *Relay) runBatch(ctx context.Context) (BatchResult, error) {
 	start := time.Now()
 
 	cctx, cancel := context.WithTimeout(detached, dbTimeout)
-	envs, dead, err := claim(cctx, r.pool, r.cfg.BatchSize, r.claimBytes, r.cfg.Lease, r.cfg.MaxAttempts, r.handedOverOnly)
+	c, err := claim(cctx, r.pool, r.cfg.BatchSize, r.claimBytes, r.cfg.Lease, r.cfg.MaxAttempts, r.handedOverOnly, alone)
 	cancel()
 	if err != nil {
-		return BatchResult{}, err
+		return BatchResult{}, false, err
 	}
+	envs, dead := c.envs, c.dead
 	res := BatchResult{Claimed: len(envs)}
 	for _, d := range dead {
 		res.DeadLetteredAtClaim = append(res.DeadLetteredAtClaim, d.env.ID)
@@ -473,7 +502,7 @@ func (r *Relay) runBatch(ctx context.Context) (BatchResult, error) {
 		if len(dead) > 0 {
 			r.batchDone(res)
 		}
-		return res, nil
+		return res, c.aloneDue, nil
 	}
 	slices.SortFunc(envs, func(a, b Envelope) int { return cmp.Compare(a.ID, b.ID) })
 	leaseEnd := start.Add(r.cfg.Lease)
@@ -547,7 +576,7 @@ func (r *Relay) runBatch(ctx context.Context) (BatchResult, error) {
 
 	r.cfg.Metrics.BatchDuration(time.Since(start))
 	r.batchDone(res)
-	return res, nil
+	return res, false, nil
 }
 
 // strandedLoop releases the rows blocked behind nothing, at start and every

@@ -53,7 +53,14 @@ import (
 // relay holds in memory), in due order, but takes its first row whatever its
 // size, so a row larger than the budget goes out alone.
 //
-// The result has the claimed rows (dead = false), then the dead-lettered ones.
+// $5 says whether the claim may take a suspect row alone: the relay claims
+// so only while no other claim of its process is in flight (Relay.solo), so
+// that a crash that row causes charges no other row. A claim that may not
+// returns no row to publish while a suspect row is due, and says so.
+//
+// The result has the claimed rows (kind 'claimed'), then the dead-lettered
+// ones (kind 'dead'), then, for a claim that may not take a suspect row
+// while one is due, a row of kind 'alone_due' and no data.
 //
 // There is no id cursor: ids are allocated at insert, not at commit, so a
 // cursor would skip rows that commit late. A row is pending until it is moved.
@@ -84,10 +91,10 @@ WITH due AS (
     RETURNING o.id, o.aggregate_type, o.aggregate_id, o.aggregate_version, o.event_type,
               o.payload, o.headers, o.created_at, o.attempts, o.last_error
 ), alone AS (
-    SELECT id FROM due WHERE suspect AND NOT spent ORDER BY id LIMIT 1
+    SELECT id FROM due WHERE suspect AND NOT spent AND $5::bool ORDER BY id LIMIT 1
 ), batch AS (
     SELECT id, row_number() OVER w AS n, sum(bytes) OVER w AS running
-    FROM due WHERE NOT suspect AND NOT spent AND NOT EXISTS (SELECT FROM alone)
+    FROM due WHERE NOT suspect AND NOT spent AND NOT EXISTS (SELECT FROM due WHERE suspect AND NOT spent)
     WINDOW w AS (ORDER BY next_attempt_at, id)
 ), pick AS (
     SELECT id FROM alone
@@ -104,12 +111,15 @@ WITH due AS (
               o.payload, o.headers, o.created_at, o.attempts
 )
 SELECT id, aggregate_type, aggregate_id, aggregate_version, event_type, payload, headers, created_at,
-       attempts, false AS dead, NULL::text AS reason
+       attempts, 'claimed' AS kind, NULL::text AS reason
 FROM claimed
 UNION ALL
 SELECT id, aggregate_type, aggregate_id, aggregate_version, event_type, payload, headers, created_at,
-       attempts, true, last_error
-FROM dead`
+       attempts, 'dead', last_error
+FROM dead
+UNION ALL
+SELECT 0, '', '', 0, '', NULL, NULL, now(), 0, 'alone_due', NULL
+WHERE NOT $5::bool AND EXISTS (SELECT FROM due WHERE suspect AND NOT spent)`
 
 // deadAtClaim is a row the claim dead-lettered instead of handing it out.
 type deadAtClaim struct {
@@ -124,43 +134,52 @@ var claimHandedOverSQL = strings.Replace(claimSQL,
 	"WHERE o.dead_lettered_at IS NULL\n      AND NOT o.blocked",
 	"WHERE o.dead_lettered_at IS NULL\n      AND NOT o.blocked\n      AND o.handed_over", 1)
 
-func claim(ctx context.Context, db DB, limit int, maxBytes int64, lease time.Duration, maxAttempts int, handedOverOnly bool) ([]Envelope, []deadAtClaim, error) {
+// claimed is what a claim returned.
+type claimed struct {
+	envs []Envelope
+	dead []deadAtClaim
+	// aloneDue says a suspect row is due, which only a claim that may take
+	// it alone takes (see claimSQL).
+	aloneDue bool
+}
+
+func claim(ctx context.Context, db DB, limit int, maxBytes int64, lease time.Duration, maxAttempts int, handedOverOnly, alone bool) (claimed, error) {
 	query := claimSQL
 	if handedOverOnly {
 		query = claimHandedOverSQL
 	}
-	rows, err := db.Query(ctx, query, limit, lease.Milliseconds(), maxAttempts, maxBytes)
+	rows, err := db.Query(ctx, query, limit, lease.Milliseconds(), maxAttempts, maxBytes, alone)
 	if err != nil {
-		return nil, nil, fmt.Errorf("claim outbox batch: %w", err)
+		return claimed{}, fmt.Errorf("claim outbox batch: %w", err)
 	}
 	defer rows.Close()
-	var (
-		envs []Envelope
-		dead []deadAtClaim
-	)
+	var c claimed
 	for rows.Next() {
 		var (
 			e      Envelope
-			isDead bool
+			kind   string
 			reason *string
 		)
 		if err := rows.Scan(&e.ID, &e.AggregateType, &e.AggregateID, &e.AggregateVersion, &e.EventType,
-			&e.Payload, &e.Headers, &e.CreatedAt, &e.Attempt, &isDead, &reason); err != nil {
-			return nil, nil, fmt.Errorf("claim outbox batch: %w", err)
+			&e.Payload, &e.Headers, &e.CreatedAt, &e.Attempt, &kind, &reason); err != nil {
+			return claimed{}, fmt.Errorf("claim outbox batch: %w", err)
 		}
 		if e.Headers == nil {
 			e.Headers = map[string]string{}
 		}
-		if isDead {
-			dead = append(dead, deadAtClaim{env: e, reason: *reason})
-			continue
+		switch kind {
+		case "dead":
+			c.dead = append(c.dead, deadAtClaim{env: e, reason: *reason})
+		case "alone_due":
+			c.aloneDue = true
+		default:
+			c.envs = append(c.envs, e)
 		}
-		envs = append(envs, e)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, nil, fmt.Errorf("claim outbox batch: %w", err)
+		return claimed{}, fmt.Errorf("claim outbox batch: %w", err)
 	}
-	return envs, dead, nil
+	return c, nil
 }
 
 // moveSQL is the first statement of a mark: it moves the confirmed rows it

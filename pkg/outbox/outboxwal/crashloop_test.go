@@ -33,6 +33,9 @@ const crashingRelayEnv = "OUTBOXWAL_TEST_CRASHING_RELAY"
 type crashingRelay struct {
 	Schema, Slot, Exchange string
 	MaxAttempts            int
+	// PollWorkers is the workers of the polling relay the WAL relay runs for
+	// the rows it hands over.
+	PollWorkers int
 }
 
 // runCrashingRelay runs a WAL relay publishing to RabbitMQ through
@@ -67,6 +70,10 @@ func runCrashingRelay() int {
 			if e.AggregateID == "poison" {
 				panic("routing key: assignment to entry in nil map")
 			}
+			// A broker a little slow to take each message: the events
+			// beside the poison are still in flight when it kills the
+			// process, if anything lets them be.
+			time.Sleep(20 * time.Millisecond)
 			return e.EventType
 		},
 		ReconnectMin: 20 * time.Millisecond,
@@ -82,8 +89,11 @@ func runCrashingRelay() int {
 		Slot: c.Slot, Publication: c.Slot, MaxAttempts: c.MaxAttempts, BatchSize: 100,
 		StatusInterval: 100 * time.Millisecond, SweepInterval: 20 * time.Millisecond,
 		TakeoverInterval: 100 * time.Millisecond,
-		Poll:             outbox.RelayConfig{PollInterval: 50 * time.Millisecond, RetryBackoffMin: 10 * time.Millisecond, RetryBackoffMax: 50 * time.Millisecond},
-		Logger:           log,
+		Poll: outbox.RelayConfig{
+			Workers: c.PollWorkers, PollInterval: 50 * time.Millisecond, Lease: 2 * time.Second, PublishTimeout: time.Second,
+			RetryBackoffMin: 10 * time.Millisecond, RetryBackoffMax: 50 * time.Millisecond,
+		},
+		Logger: log,
 	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "crashing relay:", err)
@@ -136,6 +146,9 @@ func startRelayProcess(t *testing.T, c crashingRelay) *relayProcess {
 	}
 	go func() { p.done <- p.cmd.Wait() }()
 	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("relay process %d's log:\n%s", p.cmd.Process.Pid, p.stderr.String())
+		}
 		_ = p.cmd.Process.Kill()
 		<-p.done
 		p.done <- nil
@@ -151,18 +164,31 @@ func startRelayProcess(t *testing.T, c crashingRelay) *relayProcess {
 // flight at two stops in a row, and dead-letters the event once its attempts
 // reach MaxAttempts, with a reason. Each relay here is a real process that
 // dies of the panic.
+//
+// The events are streamed (the slot made with Prepare before they were
+// written), or handed over to polling (written before the slot existed):
+// then the polling relay the WAL relay runs publishes them, with several
+// workers, and an event it publishes alone must be alone in the process, not
+// beside another worker's alone event.
 func TestRelayDeadLettersAnEventThatCrashesItsProcess(t *testing.T) {
+	t.Run("streamed", func(t *testing.T) { testCrashLoop(t, true) })
+	t.Run("handed over", func(t *testing.T) { testCrashLoop(t, false) })
+}
+
+func testCrashLoop(t *testing.T, streamed bool) {
 	ctx := context.Background()
 	pool := walPool(t)
 	b := newBroker(t, "#")
 	cfg := walConfig(t, pool)
-	// The slot first, so that every event below is in its stream.
-	prep, err := outboxwal.New(pool, newPublisherForTest(t, b), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := prep.Prepare(ctx); err != nil {
-		t.Fatal(err)
+	if streamed {
+		// The slot first, so that every event below is in its stream.
+		prep, err := outboxwal.New(pool, newPublisherForTest(t, b), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := prep.Prepare(ctx); err != nil {
+			t.Fatal(err)
+		}
 	}
 
 	var good []outbox.Message
@@ -183,6 +209,7 @@ func TestRelayDeadLettersAnEventThatCrashesItsProcess(t *testing.T) {
 		Slot:        cfg.Slot,
 		Exchange:    b.exchange,
 		MaxAttempts: maxAttempts,
+		PollWorkers: 4,
 	}
 	deadLettered := func() bool {
 		return count(t, pool, `SELECT count(*) FROM outbox WHERE dead_lettered_at IS NOT NULL`) > 0
@@ -192,11 +219,13 @@ func TestRelayDeadLettersAnEventThatCrashesItsProcess(t *testing.T) {
 	// died, as a process supervisor would, until the poison is dead-lettered.
 	crashes := 0
 	var running *relayProcess
+	var processes []*relayProcess
 	for running == nil {
 		if crashes > 2*maxAttempts {
 			t.Fatalf("relays died %d times and the event is still published again", crashes)
 		}
 		p := startRelayProcess(t, c)
+		processes = append(processes, p)
 		deadline := time.After(60 * time.Second)
 	wait:
 		for {
@@ -220,6 +249,13 @@ func TestRelayDeadLettersAnEventThatCrashesItsProcess(t *testing.T) {
 		}
 	}
 	t.Logf("relays died %d times before the event was dead-lettered", crashes)
+	if streamed {
+		for _, p := range processes {
+			if log := p.stderr.String(); strings.Contains(log, "the rows in the outbox are handed over to polling") {
+				t.Errorf("a relay handed events of the stream over to polling:\n%s", log)
+			}
+		}
+	}
 	if crashes < 1 || crashes > maxAttempts {
 		t.Fatalf("relays died %d times, want 1 to MaxAttempts (%d)", crashes, maxAttempts)
 	}

@@ -747,14 +747,18 @@ func (r *Relay) publish(ctx context.Context, s *state, batch []*event) error {
 		}
 		return ev.alone
 	})
-	batch, err = r.recordAttempts(ctx, s, batch)
-	if err != nil {
-		return err
-	}
+	// The attempts are recorded under solo too: an attempt recorded while an
+	// event goes out alone would be charged for the crash that one causes.
 	if len(batch) > 0 {
 		s.solo.RLock()
-		r.send(ctx, s, batch, start)
+		batch, err = r.recordAttempts(ctx, s, batch)
+		if err == nil && len(batch) > 0 {
+			r.send(ctx, s, batch, start)
+		}
 		s.solo.RUnlock()
+		if err != nil {
+			return err
+		}
 	}
 	// Each alone, with nothing else in flight, its attempt recorded just
 	// before it is made: if it stops the relay, no other event is charged.

@@ -267,18 +267,28 @@ func (b *broker) deliveries() []amqp.Delivery {
 // waitIDs waits until every id in want was delivered at least once.
 func (b *broker) waitIDs(what string, want []outbox.Enqueued) []amqp.Delivery {
 	b.t.Helper()
-	var got []amqp.Delivery
-	waitFor(b.t, what, 60*time.Second, func() (bool, error) {
+	var (
+		got     []amqp.Delivery
+		missing []int64
+	)
+	deadline := time.Now().Add(60 * time.Second)
+	for {
 		got = b.deliveries()
 		seen := receivedIDs(got)
+		missing = missing[:0]
 		for _, e := range want {
 			if seen[e.ID] == 0 {
-				return false, nil
+				missing = append(missing, e.ID)
 			}
 		}
-		return true, nil
-	})
-	return got
+		if len(missing) == 0 {
+			return got
+		}
+		if time.Now().After(deadline) {
+			b.t.Fatalf("timed out after 60s waiting for %s: events %v not delivered", what, missing)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 func receivedIDs(ds []amqp.Delivery) map[int64]int {
