@@ -21,6 +21,55 @@
 //
 // Messages are published with mandatory set, in confirm mode.
 //
+// # CloudEvents
+//
+// With Config.CloudEvents set, each envelope is published as a CloudEvents
+// 1.0 event in the binary content mode of the CloudEvents AMQP protocol
+// binding (CloudEventsPublishing): the payload is the body, the data content
+// type is the content-type property, and every other attribute is a header
+// (AMQP 0-9-1's application properties) named with the prefix
+// "cloudEvents_":
+//
+//	cloudEvents_specversion       "1.0"
+//	cloudEvents_id                the outbox row id, in decimal (also MessageId)
+//	cloudEvents_source            CloudEvents.Source
+//	cloudEvents_type              the event type
+//	cloudEvents_subject           the aggregate id
+//	cloudEvents_time              the row's creation, RFC 3339 UTC to the microsecond
+//	cloudEvents_aggregatetype     extension: the aggregate type (String)
+//	cloudEvents_aggregateversion  extension: the aggregate version (Integer, an AMQP long)
+//	cloudEvents_traceparent       distributed tracing extension, from the
+//	cloudEvents_tracestate        row's traceparent and tracestate headers
+//
+// The binding allows the separators '_' and ':' and prefers '_', which JMS
+// 2.0 clients and selectors can read; the binding's 1.0.2 release knew only
+// ':', so a consumer should accept both (one of them throughout a message).
+// Values take the binding's canonical string form where the AMQP 0-9-1 type
+// would lose something: time is a string, since a 0-9-1 timestamp holds
+// whole seconds. The row's own headers (traceparent, tracestate, baggage...)
+// are sent too, as they are: the tracing extension carries the event's
+// creation context, and does not replace the transport's trace headers,
+// which a consumer that republishes may replace with its own. The outbox
+// envelope's headers (aggregate_type, aggregate_id, event_type,
+// aggregate_version, outbox_created_at) are not sent: their values are the
+// attributes. MessageId, Type, Timestamp and DeliveryMode are set as in the
+// outbox envelope: the broker's tools show them, and returns are matched by
+// MessageId.
+//
+// A message that cannot be such an event fails by itself, as a counted
+// attempt, until the relay dead-letters it: a version above 2^31-1 (the
+// CloudEvents Integer's range), or a header of the row named with either
+// prefix. The headers table is larger than outbox.MaxHeaderBytes measures by
+// the attributes' names, the source, and the trace context repeated, a few
+// hundred bytes beside a tracestate; RabbitMQ's default frame_max (128 KiB)
+// leaves that room, and a message the broker refuses for its size is
+// dead-lettered by the relay alone, as any refused message is.
+//
+// The official CloudEvents Go SDK is not used: its AMQP binding
+// (protocol/amqp) is built on github.com/Azure/go-amqp, an AMQP 1.0 client,
+// a second client beside amqp091-go, while RabbitMQ's AMQP 0-9-1 needs only
+// the mapping above.
+//
 // # When a message counts as published
 //
 // PublishBatch sends the whole batch before waiting (many messages in flight),

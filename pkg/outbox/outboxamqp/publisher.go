@@ -67,6 +67,12 @@ type Config struct {
 	MaxInFlight int
 	// Logger receives connection events. Default slog.Default().
 	Logger *slog.Logger
+	// CloudEvents, when set, publishes each event as a CloudEvents 1.0 event
+	// in the binary content mode of the AMQP protocol binding: its
+	// attributes in headers named cloudEvents_*, the payload as the body
+	// (see the package documentation and CloudEventsPublishing). Default
+	// nil: the outbox's own envelope (see Publishing).
+	CloudEvents *CloudEvents
 }
 
 // Publisher publishes outbox envelopes to RabbitMQ with publisher confirms. It
@@ -151,6 +157,13 @@ func New(cfg Config) (*Publisher, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.CloudEvents != nil {
+		ce := *cfg.CloudEvents // the caller's value may change after New
+		if err := ce.validate(); err != nil {
+			return nil, err
+		}
+		cfg.CloudEvents = &ce
 	}
 	return &Publisher{
 		cfg:   cfg,
@@ -412,7 +425,7 @@ func (p *Publisher) PublishBatchTimed(ctx context.Context, msgs []outbox.Envelop
 	defer c.untrack(flights)
 
 	// Send everything first: many messages in flight, one confirm each.
-	sent := c.send(ctx, p.cfg.Exchange, msgs, flights, p.cfg.RoutingKey, errs)
+	sent := c.send(ctx, p.cfg.Exchange, msgs, flights, p.cfg.RoutingKey, p.publishing, errs)
 
 	// Then collect the verdicts.
 	for i := range sent {
@@ -556,6 +569,14 @@ func (p *Publisher) Close() error {
 		s.wg.Wait()
 	}
 	return nil
+}
+
+// publishing returns the message for e in the envelope Config chooses.
+func (p *Publisher) publishing(e outbox.Envelope) (amqp.Publishing, error) {
+	if p.cfg.CloudEvents != nil {
+		return p.cfg.CloudEvents.publishing(e)
+	}
+	return Publishing(e), nil
 }
 
 // HeaderCreatedAt carries the outbox row's creation time to the microsecond

@@ -403,7 +403,7 @@ func (c *channel) untrack(fs []*flight) {
 // is closed to unblock it; a publish that has not started sees ctx and does
 // not.
 func (c *channel) send(ctx context.Context, exchange string, msgs []outbox.Envelope, fs []*flight,
-	routingKey func(outbox.Envelope) string, errs []error,
+	routingKey func(outbox.Envelope) string, publishing func(outbox.Envelope) (amqp.Publishing, error), errs []error,
 ) int {
 	stop := context.AfterFunc(ctx, func() {
 		if c.writing.Load() {
@@ -417,8 +417,15 @@ func (c *channel) send(ctx context.Context, exchange string, msgs []outbox.Envel
 			fill(errs, i, fmt.Errorf("outboxamqp: %w: %w", err, outbox.ErrNotSent))
 			return i
 		}
+		msg, err := publishing(m)
+		if err != nil {
+			// Never sent, but counted as an attempt: the message itself is
+			// at fault, and would be refused again.
+			errs[i] = err
+			continue
+		}
 		c.writing.Store(true)
-		dc, err := c.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, routingKey(m), true, false, Publishing(m))
+		dc, err := c.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, routingKey(m), true, false, msg)
 		c.writing.Store(false)
 		switch {
 		case err == nil && dc != nil:

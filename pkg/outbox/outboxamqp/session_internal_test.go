@@ -54,7 +54,7 @@ func TestBlockedConnectionPausesPublishingUntilUnblocked(t *testing.T) {
 	msgs := []outbox.Envelope{{ID: 1}, {ID: 2}}
 	errs := make([]error, len(msgs))
 	c := &channel{s: s}
-	if n := c.send(ctx, "x", msgs, []*flight{{id: "1"}, {id: "2"}}, func(outbox.Envelope) string { return "k" }, errs); n != 0 {
+	if n := c.send(ctx, "x", msgs, []*flight{{id: "1"}, {id: "2"}}, func(outbox.Envelope) string { return "k" }, func(e outbox.Envelope) (amqp.Publishing, error) { return Publishing(e), nil }, errs); n != 0 {
 		t.Fatalf("sent %d messages while blocked", n)
 	}
 	for i, err := range errs {
