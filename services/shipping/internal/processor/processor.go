@@ -68,9 +68,10 @@ const (
 	// reason, in Unix milliseconds (MaxDeferralAge).
 	HeaderFirstDeferredAt = "x-shipping-first-deferred-at"
 	// HeaderCreatedAt is the outbox row's creation time (RFC 3339, to the
-	// microsecond) that the relay sends with each event (docs/events.md):
-	// the start of the commit-to-applied time.
-	HeaderCreatedAt = "outbox_created_at"
+	// microsecond) that the relay sends with each event of the outbox
+	// envelope (docs/events.md): the start of the commit-to-applied time
+	// (in the CloudEvents envelope: the time attribute).
+	HeaderCreatedAt = shipment.HeaderCreatedAt
 )
 
 // Inbox deduplicates by message id (pkg/inbox).
@@ -233,9 +234,7 @@ func (p *Processor) Handle(ctx context.Context, d rabbitmq.Delivery) (v rabbitmq
 		}
 	}()
 
-	ev, err := shipment.Decode(shipment.Message{
-		MessageID: d.MessageID, Type: d.Type, RoutingKey: originalRoutingKey(d), Headers: d.Headers, Body: d.Body,
-	})
+	ev, err := shipment.Decode(p.message(d))
 	var inv *shipment.InvalidError
 	switch {
 	case errors.As(err, &inv):
@@ -246,9 +245,8 @@ func (p *Processor) Handle(ctx context.Context, d rabbitmq.Delivery) (v rabbitmq
 	log := p.log.With("event_id", ev.MessageID, "aggregate_id", ev.OrderID, "event_type", ev.Type, "version", ev.Version)
 	span := trace.SpanFromContext(ctx)
 	if span.IsRecording() {
-		aggType, _ := d.Headers["aggregate_type"].(string)
 		span.SetAttributes(
-			AttrAggregateType.String(aggType),
+			AttrAggregateType.String(ev.AggregateType),
 			AttrAggregateID.String(ev.OrderID),
 			AttrAggregateVersion.Int64(ev.Version),
 			AttrEventType.String(ev.Type),
@@ -340,10 +338,8 @@ func (p *Processor) Handle(ctx context.Context, d rabbitmq.Delivery) (v rabbitmq
 		log.WarnContext(ctx, "unknown event type, recorded as a no-op at its version so that later versions apply")
 	default:
 		p.cfg.Metrics.Processed.Inc()
-		if s, ok := d.Headers[HeaderCreatedAt].(string); ok {
-			if created, err := time.Parse(time.RFC3339Nano, s); err == nil {
-				p.cfg.Metrics.ObserveCommitToApplied(ctx, created, time.Now())
-			}
+		if created, ok := shipment.CreatedAt(d.Headers); ok {
+			p.cfg.Metrics.ObserveCommitToApplied(ctx, created, time.Now())
 		}
 		log.DebugContext(ctx, "applied")
 	}
@@ -465,7 +461,9 @@ func (p *Processor) park(ctx context.Context, log *slog.Logger, d rabbitmq.Deliv
 
 // message is d as shipment.Decode reads it.
 func (p *Processor) message(d rabbitmq.Delivery) shipment.Message {
-	return shipment.Message{MessageID: d.MessageID, Type: d.Type, RoutingKey: originalRoutingKey(d), Headers: d.Headers, Body: d.Body}
+	return shipment.Message{
+		MessageID: d.MessageID, Type: d.Type, ContentType: d.ContentType, RoutingKey: originalRoutingKey(d), Headers: d.Headers, Body: d.Body,
+	}
 }
 
 // transportHeaders are set by the consumer, the broker or this processor

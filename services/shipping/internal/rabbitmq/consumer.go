@@ -88,6 +88,7 @@ type Verdict struct {
 type Delivery struct {
 	MessageID   string
 	Type        string
+	ContentType string
 	Exchange    string
 	RoutingKey  string
 	Headers     map[string]any
@@ -483,7 +484,7 @@ func (c *Consumer) handle(ctx context.Context, s *sessionState, d amqp.Delivery)
 	default:
 	}
 	del := Delivery{
-		MessageID: d.MessageId, Type: d.Type, Exchange: d.Exchange, RoutingKey: d.RoutingKey,
+		MessageID: d.MessageId, Type: d.Type, ContentType: d.ContentType, Exchange: d.Exchange, RoutingKey: d.RoutingKey,
 		Headers: d.Headers, Body: d.Body, Redelivered: d.Redelivered,
 	}
 	// The handler's context carries the delivery's trace context and

@@ -3,6 +3,7 @@ package rabbitmq
 import (
 	"cmp"
 	"context"
+	"maps"
 	"net"
 	"strconv"
 	"time"
@@ -14,6 +15,8 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/outbox-inbox/reference/services/shipping/internal/shipment"
 )
 
 // ScopeName is the instrumentation scope of the consumer's spans.
@@ -77,8 +80,9 @@ func (c HeaderCarrier) Keys() []string {
 const DefaultParentMaxAge = 30 * time.Second
 
 // HeaderCreatedAt is the outbox row's creation time the relay sends
-// (RFC 3339, to the microsecond; docs/events.md): the event's age.
-const HeaderCreatedAt = "outbox_created_at"
+// (RFC 3339, to the microsecond; docs/events.md): the event's age. In the
+// CloudEvents envelope the time attribute says it.
+const HeaderCreatedAt = shipment.HeaderCreatedAt
 
 // tracing holds the consumer's tracer; on is false for a no-op provider,
 // which skips every span (the delivery's context is still extracted, so a
@@ -133,12 +137,8 @@ func (t *tracing) young(d *amqp.Delivery) bool {
 	if t.parentMaxAge < 0 {
 		return false
 	}
-	s, ok := d.Headers[HeaderCreatedAt].(string)
+	created, ok := shipment.CreatedAt(d.Headers)
 	if !ok {
-		return true
-	}
-	created, err := time.Parse(time.RFC3339Nano, s)
-	if err != nil {
 		return true
 	}
 	return t.now().Sub(created) <= t.parentMaxAge
@@ -149,7 +149,20 @@ func (t *tracing) extract(ctx context.Context, d *amqp.Delivery) context.Context
 	if len(d.Headers) == 0 {
 		return ctx
 	}
-	return t.prop.Extract(ctx, HeaderCarrier(d.Headers))
+	carrier := HeaderCarrier(d.Headers)
+	if carrier.Get(HeaderTraceparent) == "" {
+		// A CloudEvents event whose producer set only the distributed
+		// tracing extension: its creation context.
+		if tp, ok := shipment.CloudEventAttr(d.Headers, HeaderTraceparent); ok {
+			carrier = maps.Clone(carrier)
+			carrier[HeaderTraceparent] = tp
+			delete(carrier, HeaderTracestate)
+			if ts, ok := shipment.CloudEventAttr(d.Headers, HeaderTracestate); ok {
+				carrier[HeaderTracestate] = ts
+			}
+		}
+	}
+	return t.prop.Extract(ctx, carrier)
 }
 
 // startProcess starts d's process span (CONSUMER), named "process" and the

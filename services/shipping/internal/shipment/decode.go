@@ -29,12 +29,18 @@ const (
 	// that never stopped failing transiently, a database error such as
 	// Unauthorized) through every deferral the service allows.
 	ReasonInboxFailed Reason = "inbox_failed"
+	// ReasonInvalidCloudEvent: the message is in the CloudEvents envelope
+	// (a cloudEvents_ or cloudEvents: header, or the structured content
+	// type) but is no valid CloudEvents 1.0 event in the binary content
+	// mode: a required attribute missing or of the wrong type, separators
+	// mixed, a MessageId other than its id.
+	ReasonInvalidCloudEvent Reason = "invalid_cloudevent"
 )
 
 // Reasons lists every Reason, e.g. to initialise metrics.
 var Reasons = []Reason{
 	ReasonMissingMessageID, ReasonInvalidVersion, ReasonMalformedPayload, ReasonPayloadTooLarge,
-	ReasonHandlerFailed, ReasonGapNotFilled, ReasonVersionConflict, ReasonInboxFailed,
+	ReasonHandlerFailed, ReasonGapNotFilled, ReasonVersionConflict, ReasonInboxFailed, ReasonInvalidCloudEvent,
 }
 
 // InvalidError is a message that can never be applied: it goes to the
@@ -54,17 +60,19 @@ func invalid(r Reason, format string, args ...any) error {
 // Message is what the transport hands over: the AMQP properties and headers
 // that the events contract (docs/events.md) defines, and the body.
 type Message struct {
-	MessageID  string
-	Type       string // AMQP type property
-	RoutingKey string
-	Headers    map[string]any
-	Body       []byte
+	MessageID   string
+	Type        string // AMQP type property
+	ContentType string // AMQP content-type property
+	RoutingKey  string
+	Headers     map[string]any
+	Body        []byte
 }
 
 // MaxBodyBytes bounds an event's body.
 const MaxBodyBytes = 1 << 20
 
-// Decode validates m into an Event. An event type this service does not
+// Decode validates m, in either envelope (see IsCloudEvent), into an Event.
+// An event type this service does not
 // handle decodes to an Event with Ignored set, placed by its aggregate_id
 // header (or its payload's order_id) and its version, so that it can be
 // recorded as a no-op: the order's later versions count it. A message that
@@ -72,8 +80,17 @@ const MaxBodyBytes = 1 << 20
 //
 // The type is the AMQP type property, else the event_type header, else the
 // routing key; a transport that republishes the message under another
-// routing key (a delay queue) must pass the original one.
+// routing key (a delay queue) must pass the original one. In the
+// CloudEvents envelope they are the attributes id, type, subject and
+// aggregateversion, and an envelope that is not a valid CloudEvents event is
+// an *InvalidError of ReasonInvalidCloudEvent.
 func Decode(m Message) (Event, error) {
+	if IsCloudEvent(m) {
+		var err error
+		if m, err = fromCloudEvent(m); err != nil {
+			return Event{}, err
+		}
+	}
 	if m.MessageID == "" {
 		return Event{}, invalid(ReasonMissingMessageID, "message has no MessageId: it cannot be deduplicated")
 	}
@@ -82,7 +99,7 @@ func Decode(m Message) (Event, error) {
 	}
 	typ := m.Type
 	if typ == "" {
-		typ, _ = m.Headers["event_type"].(string)
+		typ, _ = m.Headers[headerEventType].(string)
 	}
 	if typ == "" {
 		typ = m.RoutingKey
@@ -105,7 +122,8 @@ func Decode(m Message) (Event, error) {
 		return Event{}, invalid(ReasonInvalidVersion, "%s must follow order.created (version >= 2), got %d", typ, version)
 	}
 
-	ev := Event{MessageID: m.MessageID, Type: typ, Version: version}
+	aggType, _ := m.Headers[headerAggregateType].(string)
+	ev := Event{MessageID: m.MessageID, Type: typ, Version: version, AggregateType: aggType}
 	switch typ {
 	case TypeCreated:
 		var c Created
@@ -126,7 +144,7 @@ func Decode(m Message) (Event, error) {
 		}
 		ev.OrderID, ev.Cancelled = c.OrderID, &c
 	}
-	if agg, ok := m.Headers["aggregate_id"].(string); ok && agg != "" && agg != ev.OrderID {
+	if agg, ok := m.Headers[headerAggregateID].(string); ok && agg != "" && agg != ev.OrderID {
 		return Event{}, invalid(ReasonMalformedPayload, "payload order_id %q differs from header aggregate_id %q", ev.OrderID, agg)
 	}
 	return ev, nil
@@ -138,7 +156,7 @@ func decodeIgnored(m Message, typ string, version int64) (Event, error) {
 	if err := text(typ, 200); err != nil {
 		return Event{}, invalid(ReasonMalformedPayload, "event type: %v", err)
 	}
-	orderID, _ := m.Headers["aggregate_id"].(string)
+	orderID, _ := m.Headers[headerAggregateID].(string)
 	if orderID == "" {
 		var p struct {
 			OrderID string `json:"order_id"`
@@ -151,14 +169,23 @@ func decodeIgnored(m Message, typ string, version int64) (Event, error) {
 	if err := text(orderID, 200); err != nil {
 		return Event{}, invalid(ReasonMalformedPayload, "%s: no order id in the aggregate_id header nor in the payload's order_id: %v", typ, err)
 	}
-	return Event{MessageID: m.MessageID, Type: typ, OrderID: orderID, Version: version, Ignored: true}, nil
+	aggType, _ := m.Headers[headerAggregateType].(string)
+	return Event{MessageID: m.MessageID, Type: typ, OrderID: orderID, Version: version, AggregateType: aggType, Ignored: true}, nil
 }
 
 // Locate returns the order and version a message claims in its headers
-// (aggregate_id, aggregate_version), whatever its payload: where a message
-// that cannot be applied would sit in its order's chain.
+// (aggregate_id, aggregate_version; in the CloudEvents envelope, subject and
+// aggregateversion), whatever its payload: where a message that cannot be
+// applied would sit in its order's chain. A CloudEvents envelope that is not
+// valid claims nothing.
 func Locate(m Message) (orderID string, version int64, ok bool) {
-	orderID, _ = m.Headers["aggregate_id"].(string)
+	if IsCloudEvent(m) {
+		var err error
+		if m, err = fromCloudEvent(m); err != nil {
+			return "", 0, false
+		}
+	}
+	orderID, _ = m.Headers[headerAggregateID].(string)
 	version, err := headerVersion(m.Headers)
 	if err != nil || text(orderID, 200) != nil {
 		return "", 0, false
@@ -168,7 +195,7 @@ func Locate(m Message) (orderID string, version int64, ok bool) {
 
 // headerVersion reads aggregate_version, an integer header.
 func headerVersion(h map[string]any) (int64, error) {
-	raw, ok := h["aggregate_version"]
+	raw, ok := h[headerAggregateVersion]
 	if !ok {
 		return 0, errors.New("header aggregate_version is missing")
 	}

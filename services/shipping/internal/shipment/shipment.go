@@ -71,8 +71,11 @@ type Event struct {
 	Type      string
 	OrderID   string
 	Version   int64
-	Created   *Created   // set for TypeCreated
-	Cancelled *Cancelled // set for TypeCancelled
+	// AggregateType is the aggregate_type header (aggregatetype attribute),
+	// or "".
+	AggregateType string
+	Created       *Created   // set for TypeCreated
+	Cancelled     *Cancelled // set for TypeCancelled
 	// Ignored marks an event type this service does not handle. It is still
 	// recorded at its version, as a no-op, so that the order's later
 	// versions, which count it, can apply.
