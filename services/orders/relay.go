@@ -29,6 +29,7 @@ func newRelay(cfg config.Config, pool *pgxpool.Pool, reg prometheus.Registerer, 
 		ConnectionName: "orders-relay",
 		MaxInFlight:    cfg.BatchSize, // one batch per channel
 		Logger:         logger,
+		CloudEvents:    cfg.CloudEvents(),
 	})
 	if err != nil {
 		return nil, nil, err

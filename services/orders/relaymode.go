@@ -65,6 +65,7 @@ func newRelayFor(cfg config.Config, pool *pgxpool.Pool, reg prometheus.Registere
 		ConnectionName: "orders-relay-wal",
 		MaxInFlight:    4 * cfg.BatchSize, // the WAL relay's default 4 workers x RELAY_BATCH_SIZE
 		Logger:         logger,
+		CloudEvents:    cfg.CloudEvents(),
 	})
 	if err != nil {
 		return nil, nil, err

@@ -62,8 +62,8 @@ const (
 // maxSourceBytes bounds CloudEvents.Source.
 const maxSourceBytes = 1024
 
-// validate checks ce.
-func (ce *CloudEvents) validate() error {
+// Validate checks ce as New does.
+func (ce *CloudEvents) Validate() error {
 	switch {
 	case ce.Source == "":
 		return errors.New("outboxamqp: CloudEvents.Source is required")
@@ -92,7 +92,7 @@ func isCloudEventsName(name string) bool {
 // or a header of e whose name starts with "cloudEvents_" or "cloudEvents:"
 // (those are the attributes this function sets).
 func CloudEventsPublishing(e outbox.Envelope, ce CloudEvents) (amqp.Publishing, error) {
-	if err := ce.validate(); err != nil {
+	if err := ce.Validate(); err != nil {
 		return amqp.Publishing{}, err
 	}
 	return ce.publishing(e)

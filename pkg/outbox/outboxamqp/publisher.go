@@ -160,7 +160,7 @@ func New(cfg Config) (*Publisher, error) {
 	}
 	if cfg.CloudEvents != nil {
 		ce := *cfg.CloudEvents // the caller's value may change after New
-		if err := ce.validate(); err != nil {
+		if err := ce.Validate(); err != nil {
 			return nil, err
 		}
 		cfg.CloudEvents = &ce

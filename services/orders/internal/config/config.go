@@ -61,6 +61,16 @@ type Config struct {
 	// WALSlot is RELAY_WAL_SLOT, the replication slot (and publication) of
 	// RELAY_MODE=wal. Default: orders_outbox.
 	WALSlot string
+	// Envelope is RELAY_ENVELOPE, the form of the messages either relay
+	// publishes: EnvelopeOutbox ("outbox", the default), the outbox's own
+	// headers; or EnvelopeCloudEvents ("cloudevents"), CloudEvents 1.0 in
+	// the AMQP binding's binary content mode, with CloudEventsSource as the
+	// source (outboxamqp.Config.CloudEvents). Shipping accepts both, so the
+	// switch can be made either way while events are in flight.
+	Envelope string
+	// CloudEventsSource is RELAY_CLOUDEVENTS_SOURCE, the source attribute of
+	// RELAY_ENVELOPE=cloudevents: a URI-reference. Default: /orders.
+	CloudEventsSource string
 	// Migrate is MIGRATE: the API process (orders serve) creates the database
 	// and applies the schemas at start, as `orders migrate` does, for a
 	// zero-setup local run. Default: false: only `orders migrate` runs DDL,
@@ -122,6 +132,21 @@ const (
 	RelayModeWAL  = "wal"
 )
 
+// The envelopes RELAY_ENVELOPE chooses from.
+const (
+	EnvelopeOutbox      = "outbox"
+	EnvelopeCloudEvents = "cloudevents"
+)
+
+// CloudEvents returns the relays' outboxamqp.Config.CloudEvents: nil for
+// the outbox envelope.
+func (c Config) CloudEvents() *outboxamqp.CloudEvents {
+	if c.Envelope != EnvelopeCloudEvents {
+		return nil
+	}
+	return &outboxamqp.CloudEvents{Source: c.CloudEventsSource}
+}
+
 // NotifyChannel is the LISTEN/NOTIFY channel the writer and the relays share.
 const NotifyChannel = "outbox_orders"
 
@@ -154,6 +179,16 @@ func FromEnv(getenv func(string) string) (Config, error) {
 		return c, fmt.Errorf("RELAY_MODE=%s needs a direct connection to PostgreSQL (logical replication does not pass a pooler): not with DATABASE_POOLER=%s", RelayModeWAL, PoolerTransaction)
 	}
 	c.WALSlot = cmp.Or(strings.TrimSpace(getenv("RELAY_WAL_SLOT")), "orders_outbox")
+	c.Envelope = strings.ToLower(cmp.Or(strings.TrimSpace(getenv("RELAY_ENVELOPE")), EnvelopeOutbox))
+	if c.Envelope != EnvelopeOutbox && c.Envelope != EnvelopeCloudEvents {
+		return c, fmt.Errorf("RELAY_ENVELOPE=%q: want %s or %s", getenv("RELAY_ENVELOPE"), EnvelopeOutbox, EnvelopeCloudEvents)
+	}
+	c.CloudEventsSource = cmp.Or(strings.TrimSpace(getenv("RELAY_CLOUDEVENTS_SOURCE")), "/orders")
+	if ce := c.CloudEvents(); ce != nil {
+		if err := ce.Validate(); err != nil {
+			return c, fmt.Errorf("RELAY_CLOUDEVENTS_SOURCE: %w", err)
+		}
+	}
 	if c.Migrate, err = boolVar(getenv, "MIGRATE", false); err != nil {
 		return c, err
 	}
