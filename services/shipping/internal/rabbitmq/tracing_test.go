@@ -3,6 +3,7 @@ package rabbitmq
 import (
 	"context"
 	"testing"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/trace"
@@ -52,5 +53,40 @@ func TestNoopTracingStillExtractsTheDeliverysContext(t *testing.T) {
 	}
 	if _, ok := msg.Headers[HeaderTracestate]; ok {
 		t.Fatal("a stale tracestate survived in the copy")
+	}
+}
+
+// A CloudEvents event whose producer set only the distributed tracing
+// extension reaches the handler in its creation context; a traceparent
+// header, the transport's, wins over it (a copy republished by shipping
+// carries its own span's there). The event's age comes from its time
+// attribute.
+func TestCloudEventsTracingExtensionIsTheContextWithoutATraceHeader(t *testing.T) {
+	tr := newTracing(noop.NewTracerProvider(), nil, "q", 0)
+	const created = "4bf92f3577b34da6a3ce929d0e0e4736"
+	d := &amqp.Delivery{Headers: amqp.Table{
+		"cloudEvents_traceparent": "00-" + created + "-00f067aa0ba902b7-01",
+		"cloudEvents_tracestate":  "congo=t61rcWkgMzE",
+	}}
+	sc := trace.SpanContextFromContext(tr.extract(context.Background(), d))
+	if sc.TraceID().String() != created || sc.TraceState().Get("congo") != "t61rcWkgMzE" {
+		t.Fatalf("context %v, want the extension's", sc)
+	}
+	if _, ok := d.Headers[HeaderTraceparent]; ok {
+		t.Fatal("extract changed the delivery's headers")
+	}
+	d.Headers[HeaderTraceparent] = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+	if sc := trace.SpanContextFromContext(tr.extract(context.Background(), d)); sc.TraceID().String() != "0af7651916cd43dd8448eb211c80319c" {
+		t.Fatalf("context %v, want the traceparent header's", sc)
+	}
+
+	tr.parentMaxAge = time.Minute
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	tr.now = func() time.Time { return now }
+	for at, want := range map[string]bool{"2026-12-01T11:59:30Z": true, "2026-12-01T11:58:00Z": false} {
+		d := &amqp.Delivery{Headers: amqp.Table{"cloudEvents_time": at}}
+		if got := tr.young(d); got != want {
+			t.Errorf("created %s, now %s: young %v, want %v", at, now.Format(time.RFC3339), got, want)
+		}
 	}
 }
