@@ -17,6 +17,17 @@ import (
 // state.
 func TestServeWithTheWALRelay(t *testing.T) {
 	t.Parallel()
+	testServeWithTheWALRelay(t, config.EnvelopeOutbox)
+}
+
+// The same relay publishes the CloudEvents envelope with
+// RELAY_ENVELOPE=cloudevents.
+func TestServeWithTheWALRelayInTheCloudEventsEnvelope(t *testing.T) {
+	t.Parallel()
+	testServeWithTheWALRelay(t, config.EnvelopeCloudEvents)
+}
+
+func testServeWithTheWALRelay(t *testing.T, envelope string) {
 	dbURL := migratedDatabaseURL(t)
 	pool := connectPool(t, dbURL)
 	var level string
@@ -50,7 +61,7 @@ func TestServeWithTheWALRelay(t *testing.T) {
 	addr := freeAddr(t)
 	start(t, map[string]string{
 		"DATABASE_URL": dbURL, "AMQP_URL": amqpURL, "HTTP_ADDR": addr,
-		"RELAY_MODE": "wal", "RELAY_WAL_SLOT": slot,
+		"RELAY_MODE": "wal", "RELAY_WAL_SLOT": slot, "RELAY_ENVELOPE": envelope,
 	})
 	base := "http://" + addr
 	waitReady(t, base)
@@ -66,8 +77,12 @@ func TestServeWithTheWALRelay(t *testing.T) {
 	}
 	for i, want := range []string{"order.created", "order.cancelled"} {
 		m := receive(t, deliveries)
-		if m.RoutingKey != want || m.Headers["aggregate_id"] != id {
-			t.Fatalf("message %d: %s for %v, want %s of %s", i, m.RoutingKey, m.Headers["aggregate_id"], want, id)
+		order, typ := m.Headers["aggregate_id"], m.Headers["event_type"]
+		if envelope == config.EnvelopeCloudEvents {
+			order, typ = m.Headers["cloudEvents_subject"], m.Headers["cloudEvents_type"]
+		}
+		if m.RoutingKey != want || typ != want || order != id {
+			t.Fatalf("message %d: %s (type %v) for %v, want %s of %s", i, m.RoutingKey, typ, order, want, id)
 		}
 	}
 	waitMetrics(t, base, "\noutbox_published_total 2\n", "\noutbox_pending 0\n", "outbox_wal_slot_lag_bytes ", "\noutbox_wal_slot_up 1\n")
