@@ -31,6 +31,9 @@
 // The event type is the AMQP type property, else the event_type header, else
 // the routing key the message was first published with (the delay queue
 // changes the routing key; the original is kept in x-original-routing-key).
+// A message in the CloudEvents envelope is read by its attributes instead,
+// and one that is no valid event is dead-lettered as invalid_cloudevent
+// (shipment.Decode).
 package processor
 
 import (
