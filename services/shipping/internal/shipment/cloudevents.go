@@ -86,12 +86,12 @@ func CloudEventAttr(h map[string]any, name string) (any, bool) {
 }
 
 // CreatedAt returns when the event was created, as the envelope says: the
-// outbox envelope's outbox_created_at header, or the CloudEvents time
-// attribute (the canonical string or an AMQP timestamp).
+// CloudEvents time attribute (the canonical string or an AMQP timestamp),
+// else the outbox envelope's outbox_created_at header.
 func CreatedAt(h map[string]any) (time.Time, bool) {
-	v, ok := h[HeaderCreatedAt]
+	v, ok := CloudEventAttr(h, ceTime)
 	if !ok {
-		if v, ok = CloudEventAttr(h, ceTime); !ok {
+		if v, ok = h[HeaderCreatedAt]; !ok {
 			return time.Time{}, false
 		}
 	}
