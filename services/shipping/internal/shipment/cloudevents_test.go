@@ -117,6 +117,13 @@ func TestDecodeReadsBothEnvelopesOfAnOutboxEventAlike(t *testing.T) {
 	if created, ok := shipment.CreatedAt(m.Headers); !ok || !created.Equal(e.CreatedAt) {
 		t.Errorf("created at %v, %v; want %v to the microsecond", created, ok, e.CreatedAt)
 	}
+	// Only the attributes count: an outbox_created_at header beside them
+	// is ignored.
+	m.Headers = maps.Clone(m.Headers)
+	m.Headers[shipment.HeaderCreatedAt] = "2000-01-01T00:00:00Z"
+	if created, ok := shipment.CreatedAt(m.Headers); !ok || !created.Equal(e.CreatedAt) {
+		t.Errorf("created at %v, %v beside an outbox_created_at header; want the time attribute, %v", created, ok, e.CreatedAt)
+	}
 }
 
 // A message in the CloudEvents envelope that is no valid event, or that
