@@ -78,8 +78,12 @@
 //     attempt in the row (attempts + 1, in_flight), and takes it back when
 //     the broker confirms it. An event already in flight at an earlier stop
 //     (in_flight set when a relay resumes) is published alone, with nothing
-//     else in flight, so that if it is what kills relays, no other event is
-//     charged. Once an event's attempts without an outcome reach MaxAttempts
+//     else of the stream in flight, so that if it is what kills relays, no
+//     other event is charged. (The polling relay this relay runs for
+//     handed-over rows keeps the same rule among its own rows, but the two
+//     do not wait for each other: a row of one that kills the process while
+//     the other has recorded attempts in flight charges those one attempt.)
+//     Once an event's attempts without an outcome reach MaxAttempts
 //     it is dead-lettered with the reason "no outcome after attempt N of M:
 //     the relay stopped ...", as the polling relay's lease does it. An
 //     event's first attempt is not recorded (that is the fast path, and what
