@@ -163,7 +163,11 @@ func drainWithRelays(ctx context.Context, poolCfg *pgxpool.Config, url string, n
 		failure   error
 	)
 	cfg.Logger = log
-	cfg.Hooks.BatchDone = func(r outbox.BatchResult) {
+	cfg.Observer = outbox.ObserverFunc(func(_ context.Context, o outbox.Observation) {
+		if o.Kind != outbox.KindBatchDone {
+			return
+		}
+		r := *o.Batch
 		batches.Add(1)
 		if r.Err != nil || len(r.Failed)+len(r.DeadLettered)+len(r.Unmarked) > 0 {
 			failMu.Lock()
@@ -177,7 +181,7 @@ func drainWithRelays(ctx context.Context, poolCfg *pgxpool.Config, url string, n
 				close(done)
 			})
 		}
-	}
+	})
 
 	timer := newSQLTimer()
 	type instance struct {
@@ -199,7 +203,7 @@ func drainWithRelays(ctx context.Context, poolCfg *pgxpool.Config, url string, n
 		if err != nil {
 			return drainResult{}, fmt.Errorf("relay %d pool: %w", i, err)
 		}
-		pub, err := outboxamqp.New(outboxamqp.Config{URL: url, Exchange: exchange, ConnectionName: fmt.Sprintf("bench-relay-%d", i), Logger: log})
+		pub, err := outboxamqp.NewPublisher(outboxamqp.Config{URL: url, Exchange: exchange, ConnectionName: fmt.Sprintf("bench-relay-%d", i), Logger: log})
 		if err != nil {
 			pool.Close()
 			return drainResult{}, err

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/outbox-inbox/reference/pkg/outbox"
 	"github.com/outbox-inbox/reference/pkg/outbox/outboxamqp"
 	"github.com/outbox-inbox/reference/pkg/outbox/outboxwal"
 )
@@ -102,7 +103,7 @@ func (b *bench) drainWAL(ctx context.Context, poolCfg *pgxpool.Config, pool *pgx
 		return 0, fmt.Errorf("relay pool: %w", err)
 	}
 	defer rpool.Close()
-	pub, err := outboxamqp.New(outboxamqp.Config{URL: url, Exchange: exchange, ConnectionName: "bench-relay-wal",
+	pub, err := outboxamqp.NewPublisher(outboxamqp.Config{URL: url, Exchange: exchange, ConnectionName: "bench-relay-wal",
 		MaxInFlight: 4 * b.relayConfig().BatchSize, Logger: b.quiet})
 	if err != nil {
 		return 0, err
@@ -116,15 +117,18 @@ func (b *bench) drainWAL(ctx context.Context, poolCfg *pgxpool.Config, pool *pgx
 		once   sync.Once
 	)
 	cfg := b.walRelayConfig(slot)
-	cfg.Hooks.Swept = func(k int) {
-		if swept.Add(int64(k)) >= int64(n) {
+	cfg.Observer = outbox.ObserverFunc(func(_ context.Context, o outbox.Observation) {
+		if o.Kind != outboxwal.KindSwept {
+			return
+		}
+		if swept.Add(int64(o.N)) >= int64(n) {
 			once.Do(func() {
 				doneAt.Store(time.Now().UnixNano())
 				close(done)
 			})
 		}
-	}
-	relay, err := outboxwal.New(rpool, untraced(pub), cfg)
+	})
+	relay, err := outboxwal.NewRelay(rpool, untraced(pub), cfg)
 	if err != nil {
 		return 0, err
 	}
@@ -316,13 +320,13 @@ func (b *bench) startWALRelay(ctx context.Context, poolCfg *pgxpool.Config, url,
 	if err != nil {
 		return nil, fmt.Errorf("relay pool: %w", err)
 	}
-	pub, err := outboxamqp.New(outboxamqp.Config{URL: url, Exchange: exchange, ConnectionName: "bench-relay-wal",
+	pub, err := outboxamqp.NewPublisher(outboxamqp.Config{URL: url, Exchange: exchange, ConnectionName: "bench-relay-wal",
 		MaxInFlight: 4 * b.relayConfig().BatchSize, Logger: b.quiet})
 	if err != nil {
 		pool.Close()
 		return nil, err
 	}
-	relay, err := outboxwal.New(pool, untraced(pub), b.walRelayConfig(slot))
+	relay, err := outboxwal.NewRelay(pool, untraced(pub), b.walRelayConfig(slot))
 	if err != nil {
 		_ = pub.Close()
 		pool.Close()

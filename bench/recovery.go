@@ -51,7 +51,7 @@ func runKilledRelay(ctx context.Context, getenv func(string) string, stdout io.W
 	}
 	defer pool.Close()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	pub, err := outboxamqp.New(outboxamqp.Config{URL: getenv(killedRelayAMQP), Exchange: exchange, ConnectionName: "bench-killed-relay", Logger: log})
+	pub, err := outboxamqp.NewPublisher(outboxamqp.Config{URL: getenv(killedRelayAMQP), Exchange: exchange, ConnectionName: "bench-killed-relay", Logger: log})
 	if err != nil {
 		return err
 	}
@@ -63,13 +63,16 @@ func runKilledRelay(ctx context.Context, getenv func(string) string, stdout io.W
 	relay, err := outbox.NewRelay(pool, pub, outbox.RelayConfig{
 		BatchSize: batch, Workers: 2, PollInterval: 10 * time.Millisecond, VacuumEvery: -1,
 		Lease: killedRelayLease, PublishTimeout: killedRelayLease / 2, Logger: log,
-		Hooks: outbox.Hooks{AfterPublishBeforeMark: func(ids []int64) {
+		Observer: outbox.ObserverFunc(func(_ context.Context, o outbox.Observation) {
+			if o.Kind != outbox.KindConfirmed {
+				return
+			}
 			mu.Lock()
-			inFlight += len(ids)
+			inFlight += len(o.IDs)
 			fmt.Fprintf(stdout, "in_flight %d\n", inFlight)
 			mu.Unlock()
 			<-ctx.Done() // until SIGKILL
-		}},
+		}),
 	})
 	if err != nil {
 		return err

@@ -36,7 +36,7 @@ func startRelay(ctx context.Context, poolCfg *pgxpool.Config, url string, cfg ou
 	if err != nil {
 		return nil, fmt.Errorf("relay pool: %w", err)
 	}
-	pub, err := outboxamqp.New(outboxamqp.Config{URL: url, Exchange: exchange, ConnectionName: "bench-relay", Logger: cfg.Logger})
+	pub, err := outboxamqp.NewPublisher(outboxamqp.Config{URL: url, Exchange: exchange, ConnectionName: "bench-relay", Logger: cfg.Logger})
 	if err != nil {
 		pool.Close()
 		return nil, err

@@ -312,7 +312,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // no queue at all (returned, and dead-lettered after one attempt).
 func (f *flow) startRelay() {
 	t := f.t
-	pub, err := outboxamqp.New(outboxamqp.Config{
+	pub, err := outboxamqp.NewPublisher(outboxamqp.Config{
 		URL: amqpURL(), Exchange: f.exchange, Logger: slog.New(slog.DiscardHandler),
 		RoutingKey: func(e outbox.Envelope) string {
 			switch {

@@ -164,7 +164,13 @@ func TestOutboxBehindTransactionPooler(t *testing.T) {
 			relay, err := outbox.NewRelay(pool, pub, outbox.RelayConfig{
 				PollInterval: 50 * time.Millisecond, RetryBackoffMin: 10 * time.Millisecond, RetryBackoffMax: 20 * time.Millisecond,
 				NotifyChannel: "outbox_" + name, VacuumEvery: 10,
-				Metrics: fallbackMetrics{f: func(v bool) { mu.Lock(); fallback = append(fallback, v); mu.Unlock() }},
+				Observer: outbox.ObserverFunc(func(_ context.Context, o outbox.Observation) {
+					if o.Kind == outbox.KindListenFallback {
+						mu.Lock()
+						fallback = append(fallback, o.Fallback)
+						mu.Unlock()
+					}
+				}),
 			})
 			if err != nil {
 				t.Fatal(err)
@@ -219,13 +225,6 @@ func TestOutboxBehindTransactionPooler(t *testing.T) {
 		})
 	}
 }
-
-type fallbackMetrics struct {
-	outbox.NopMetrics
-	f func(bool)
-}
-
-func (m fallbackMetrics) ListenFallback(v bool) { m.f(v) }
 
 func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
 	t.Helper()

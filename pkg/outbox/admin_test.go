@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/pkg/outbox/internal/outboxtest"
 )
 
 // The claim reads about as many index entries as it returns, however long the
@@ -204,11 +205,11 @@ func deadLetter(t *testing.T, pool *pgxpool.Pool, id int64) (*outbox.Relay, *mem
 	var once sync.Once
 	cfg := fastConfig(t)
 	cfg.MaxAttempts = 1
-	cfg.Hooks.BatchDone = func(r outbox.BatchResult) {
+	cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(r outbox.BatchResult) {
 		if slices.Contains(r.DeadLettered, id) {
 			once.Do(func() { close(dead) })
 		}
-	}
+	})
 	relay := startRelay(t, pool, pub, cfg)
 	select {
 	case <-dead:

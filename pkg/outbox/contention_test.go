@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/pkg/outbox/internal/outboxtest"
 )
 
 // A hot aggregate: writers of one aggregate follow each other back to back, so
@@ -36,7 +37,7 @@ func TestRelayKeepsUpWithBackToBackWritersOfOneAggregate(t *testing.T) {
 	cfg.Lease = 4 * time.Second
 	cfg.PublishTimeout = 2 * time.Second
 	var unmarked atomic.Int64
-	cfg.Hooks.BatchDone = func(r outbox.BatchResult) { unmarked.Add(int64(len(r.Unmarked))) }
+	cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(r outbox.BatchResult) { unmarked.Add(int64(len(r.Unmarked))) })
 	relayPool, err := pgxpool.NewWithConfig(ctx, pool.Config())
 	if err != nil {
 		t.Fatal(err)
@@ -183,7 +184,7 @@ func TestEnqueueAtEveryIsolationLevelWhileTheRelayAdvancesTheAggregate(t *testin
 			})
 			batches := make(chan outbox.BatchResult, 100)
 			cfg := fastConfig(t)
-			cfg.Hooks.BatchDone = func(r outbox.BatchResult) { batches <- r }
+			cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(r outbox.BatchResult) { batches <- r })
 			relay := startRelay(t, pool, pub, cfg)
 
 			// The writer's snapshot is taken while both events are pending.

@@ -96,7 +96,7 @@
 //
 // And run a relay, here with the RabbitMQ publisher of package outboxamqp:
 //
-//	pub, err := outboxamqp.New(outboxamqp.Config{URL: amqpURL, Exchange: "orders.events"})
+//	pub, err := outboxamqp.NewPublisher(outboxamqp.Config{URL: amqpURL, Exchange: "orders.events"})
 //	...
 //	defer pub.Close()
 //	relay, err := outbox.NewRelay(pool, pub, outbox.RelayConfig{Logger: logger})
@@ -236,7 +236,7 @@
 // relay sends a notification to itself through the pool and waits
 // ListenProbeTimeout (2s) for it; when it does not come although the
 // connection answers a ping, the relay warns, reports
-// Metrics.ListenFallback(true), relies on the poll alone and probes again
+// KindListenFallback to the Observer, relies on the poll alone and probes again
 // after ListenProbeRetry.
 //
 // # Schema
@@ -277,7 +277,7 @@
 // earlier running beside this relay, or an event deleted by hand, can still
 // leave a row blocked behind nothing: each relay looks for such rows at start
 // and every RelayConfig.StrandedCheckInterval, releases them, logs them and
-// counts them in Metrics.Stranded; Admin.Stranded counts those waiting.) The
+// counts them as KindStranded; Admin.Stranded counts those waiting.) The
 // claim's index (outbox_due) contains unblocked, non-dead-lettered rows only: its size is the
 // number of aggregates with work, and a long queue behind one aggregate costs
 // the claim nothing. The claim still checks that each row it takes is its
@@ -291,7 +291,7 @@
 //     same drain rate as any backlog); only a row that was in flight at two
 //     stops in a row is retried alone.
 //   - Relay killed after the broker confirmed, before the mark
-//     (Hooks.AfterPublishBeforeMark marks this window): the rows are published
+//     (the Observer sees KindConfirmed in this window): the rows are published
 //     again after the lease. Consumers see a duplicate with the same message id.
 //   - Broker down, at start or later: Publisher.WaitReady blocks and
 //     reconnects with backoff, nothing is claimed, no attempt is spent, the
@@ -309,7 +309,7 @@
 //     dead-lettered with the broker's reason.
 //   - PostgreSQL unavailable: claims fail and are retried with backoff; a mark
 //     that fails is retried while the lease lasts, then the batch is published
-//     again after the lease. Metrics.ClaimFailed, MarkFailed and Unmarked count
+//     again after the lease. KindClaimFailed, KindMarkFailed and KindUnmarked count
 //     these.
 //   - The writer of an aggregate's next event is still in its transaction while
 //     the previous event is being marked: the relay skips that row and marks it
@@ -323,7 +323,7 @@
 //     be duplicates.
 //   - The LISTEN connection dies without an error (a partition, an idle-flow
 //     timeout): found within twice ListenKeepalive and reopened, counted by
-//     Metrics.ListenReconnected; meanwhile the poll keeps the relay going.
+//     KindListenReconnected; meanwhile the poll keeps the relay going.
 //   - A publish slower than the lease: impossible by configuration
 //     (PublishTimeout is at most Lease/2) unless the broker holds a message past
 //     the publisher's own close of the connection; keep the default margins.
@@ -359,10 +359,12 @@
 // and purges published rows. Status runs on every metrics scrape, so its cost
 // is bounded, the same with a million pending rows as with none: counts are
 // exact up to StatusCountLimit, and above it Pending is PostgreSQL's running
-// estimate of the table's rows (Status.PendingEstimated says so). Metrics receives counters and timings; alert on
-// ClaimFailed, MarkFailed and Unmarked growing (database trouble: nothing or
-// not everything is being marked) and on ListenReconnected growing fast. Hooks
-// let tests and fault injection observe every batch. The relay logs with slog, with the keys
+// estimate of the table's rows (Status.PendingEstimated says so). An Observer receives counters,
+// timings and the protocol's points (one method, so new kinds break no
+// implementation); alert on KindClaimFailed, KindMarkFailed and KindUnmarked
+// growing (database trouble: nothing or not everything is being marked) and
+// on KindListenReconnected growing fast. Tests and fault injection wait on
+// KindConfirmed and KindBatchDone. The relay logs with slog, with the keys
 // event_id, aggregate_id, event_type and attempt on per-event lines.
 //
 // Each relay worker uses a pool connection only while it claims or marks; a
@@ -415,7 +417,7 @@
 //     through the pooler fine), or leave NotifyChannel empty and rely on
 //     Wake and PollInterval. Without ListenConfig, the relay's probe finds at
 //     start that its notifications do not arrive, logs a warning, reports
-//     Metrics.ListenFallback(true) and polls.
+//     KindListenFallback and polls.
 //
 // # Copying
 //

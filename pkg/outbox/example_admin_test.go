@@ -149,11 +149,11 @@ func runRelayUntil(pool *pgxpool.Pool, pub outbox.Publisher, done func(outbox.Ba
 		RetryBackoffMax: 10 * time.Millisecond,
 		PollInterval:    10 * time.Millisecond,
 		Logger:          slog.New(slog.DiscardHandler),
-		Hooks: outbox.Hooks{BatchDone: func(r outbox.BatchResult) {
-			if done(r) {
+		Observer: outbox.ObserverFunc(func(_ context.Context, o outbox.Observation) {
+			if o.Kind == outbox.KindBatchDone && done(*o.Batch) {
 				stop()
 			}
-		}},
+		}),
 	})
 	if err != nil {
 		log.Fatal(err)

@@ -8,7 +8,7 @@ const ClaimSQL = claimSQL
 // ClaimArgs are the arguments of ClaimSQL for a claim of up to limit rows,
 // with the default MaxAttempts, that may take a suspect row alone.
 func ClaimArgs(limit int, lease time.Duration) []any {
-	return []any{limit, lease.Milliseconds(), defaultMaxAttempts, int64(DefaultMaxInFlightBytes), true}
+	return []any{limit, lease.Milliseconds(), DefaultMaxAttempts, int64(DefaultMaxInFlightBytes), true}
 }
 
 // ParseSchema lets the external tests check what Migrate accepts.

@@ -45,7 +45,7 @@ func (r *Relay) listen(ctx context.Context) {
 		}
 		if errors.Is(err, errNoNotifications) {
 			failures = 0
-			r.cfg.Metrics.ListenFallback(true)
+			observe(ctx, r.cfg.Observer, Observation{Kind: KindListenFallback, Fallback: true})
 			r.log.WarnContext(ctx, "outbox relay: notifications do not arrive on the LISTEN connection, falling back to polling; "+
 				"behind a transaction-pooling PgBouncer, give the relay a direct connection for LISTEN",
 				slog.String("notify_channel", r.cfg.NotifyChannel), slog.Any("error", err),
@@ -57,7 +57,7 @@ func (r *Relay) listen(ctx context.Context) {
 			failures = 0
 		}
 		failures++
-		r.cfg.Metrics.ListenReconnected()
+		observe(ctx, r.cfg.Observer, Observation{Kind: KindListenReconnected})
 		wait := retry.Jitter(retry.Backoff(failures, 100*time.Millisecond, 10*time.Second))
 		r.log.WarnContext(ctx, "outbox relay: LISTEN connection lost, reconnecting",
 			slog.String("notify_channel", r.cfg.NotifyChannel), slog.Any("error", err), slog.Duration("retry_in", wait))
@@ -157,7 +157,7 @@ func (r *Relay) probe(ctx context.Context, conn *pgx.Conn) error {
 		n, err := conn.WaitForNotification(pctx)
 		switch {
 		case err == nil && n.Payload == payload:
-			r.cfg.Metrics.ListenFallback(false)
+			observe(ctx, r.cfg.Observer, Observation{Kind: KindListenFallback, Fallback: false})
 			return nil
 		case err == nil:
 			r.Wake()

@@ -17,18 +17,28 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/pkg/outbox/internal/outboxtest"
 )
 
 // countingMetrics counts what operators alert on.
 type countingMetrics struct {
-	outbox.NopMetrics
 	claimFailures, markFailures, unmarked, listenReconnects atomic.Int64
 }
 
-func (m *countingMetrics) ClaimFailed()       { m.claimFailures.Add(1) }
-func (m *countingMetrics) MarkFailed()        { m.markFailures.Add(1) }
-func (m *countingMetrics) Unmarked(n int)     { m.unmarked.Add(int64(n)) }
-func (m *countingMetrics) ListenReconnected() { m.listenReconnects.Add(1) }
+var _ outbox.Observer = (*countingMetrics)(nil)
+
+func (m *countingMetrics) Observe(_ context.Context, o outbox.Observation) {
+	switch o.Kind {
+	case outbox.KindClaimFailed:
+		m.claimFailures.Add(1)
+	case outbox.KindMarkFailed:
+		m.markFailures.Add(1)
+	case outbox.KindUnmarked:
+		m.unmarked.Add(int64(o.N))
+	case outbox.KindListenReconnected:
+		m.listenReconnects.Add(1)
+	}
+}
 
 // A claim against a table that is not there (a failover to a wrong database,
 // a botched migration) counts as a claim failure, and the relay resumes once
@@ -43,9 +53,9 @@ func TestRelayCountsFailedClaims(t *testing.T) {
 	}
 	m := &countingMetrics{}
 	cfg := fastConfig(t)
-	cfg.Metrics = m
+	cfg.Observer = m
 	batches := make(chan outbox.BatchResult, 10)
-	cfg.Hooks.BatchDone = func(r outbox.BatchResult) { batches <- r }
+	cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(r outbox.BatchResult) { batches <- r })
 	startRelay(t, pool, &memPublisher{}, cfg)
 	waitFor(t, "a failed claim counted", 10*time.Second, func() (bool, error) { return m.claimFailures.Load() > 0, nil })
 
@@ -66,19 +76,19 @@ func TestRelayCountsFailedMarksAndUnmarkedRows(t *testing.T) {
 
 	m := &countingMetrics{}
 	cfg := fastConfig(t)
-	cfg.Metrics = m
+	cfg.Observer = m
 	cfg.Lease = time.Second
 	cfg.PublishTimeout = 500 * time.Millisecond
 	var once sync.Once
-	cfg.Hooks.AfterPublishBeforeMark = func([]int64) {
+	cfg.Observer = outboxtest.OnConfirmed(cfg.Observer, func([]int64) {
 		once.Do(func() {
 			if _, err := pool.Exec(ctx, "ALTER TABLE outbox_published RENAME TO outbox_published_away"); err != nil {
 				t.Error(err)
 			}
 		})
-	}
+	})
 	batches := make(chan outbox.BatchResult, 10)
-	cfg.Hooks.BatchDone = func(r outbox.BatchResult) { batches <- r }
+	cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(r outbox.BatchResult) { batches <- r })
 	pub := &memPublisher{}
 	startRelay(t, pool, pub, cfg)
 
@@ -189,7 +199,7 @@ func TestRelayListenBackoffStartsOverAfterASuccessfulListen(t *testing.T) {
 	m := &countingMetrics{}
 	cfg := fastConfig(t)
 	cfg.Logger = slog.New(logs)
-	cfg.Metrics = m
+	cfg.Observer = m
 	cfg.NotifyChannel = app
 	startRelay(t, pool, &memPublisher{}, cfg)
 
@@ -335,9 +345,9 @@ func TestRelayReopensASilentlyDeadListenConnection(t *testing.T) {
 	cfg.PollInterval = time.Hour // only notifications find rows
 	cfg.NotifyChannel = app
 	cfg.ListenKeepalive = 200 * time.Millisecond
-	cfg.Metrics = m
+	cfg.Observer = m
 	batches := make(chan outbox.BatchResult, 10)
-	cfg.Hooks.BatchDone = func(r outbox.BatchResult) { batches <- r }
+	cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(r outbox.BatchResult) { batches <- r })
 	startRelay(t, pool, &memPublisher{}, cfg)
 	w, err := outbox.NewWriter(outbox.WriterConfig{NotifyChannel: app})
 	if err != nil {
@@ -407,11 +417,11 @@ FOR EACH ROW WHEN (OLD.in_flight AND NOT NEW.in_flight) EXECUTE FUNCTION refuse_
 
 	m := &countingMetrics{}
 	cfg := fastConfig(t)
-	cfg.Metrics = m
+	cfg.Observer = m
 	cfg.Lease = time.Second
 	cfg.PublishTimeout = 500 * time.Millisecond
 	batches := make(chan outbox.BatchResult, 10)
-	cfg.Hooks.BatchDone = func(r outbox.BatchResult) { batches <- r }
+	cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(r outbox.BatchResult) { batches <- r })
 	startRelay(t, pool, &memPublisher{}, cfg)
 
 	select {

@@ -82,11 +82,11 @@ func TestRelayDeadLettersARowThatCrashesItsRelays(t *testing.T) {
 	cfg.MaxAttempts = maxAttempts
 	var mu sync.Mutex
 	var deadAtClaim []int64
-	cfg.Hooks.BatchDone = func(r outbox.BatchResult) {
+	cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(r outbox.BatchResult) {
 		mu.Lock()
 		defer mu.Unlock()
 		deadAtClaim = append(deadAtClaim, r.DeadLetteredAtClaim...)
-	}
+	})
 	deadLettered := func() bool {
 		mu.Lock()
 		defer mu.Unlock()
@@ -192,7 +192,7 @@ func TestRelayDeadLettersARowThatCrashesItsRelays(t *testing.T) {
 		t.Fatal(err)
 	}
 	batches := &batchPublisher{}
-	cfg.Hooks.BatchDone = nil
+	cfg.Observer = nil
 	startRelay(t, pool, batches, cfg)
 	waitFor(t, "the retried row and the others published", 20*time.Second, outboxEmpty(pool))
 	for _, b := range batches.batchIDs() {

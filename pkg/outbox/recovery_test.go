@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/pkg/outbox/internal/outboxtest"
 )
 
 // killedPublisher stands for a relay process killed while its batches were
@@ -109,11 +110,11 @@ func TestRelayDrainsTheRowsOfAKilledRelayInFullBatches(t *testing.T) {
 		claims []int
 	)
 	cfg := killConfig(t, 2, batch)
-	cfg.Hooks.BatchDone = func(r outbox.BatchResult) {
+	cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(r outbox.BatchResult) {
 		mu.Lock()
 		defer mu.Unlock()
 		claims = append(claims, r.Claimed)
-	}
+	})
 	pub := &memPublisher{}
 	startRelay(t, pool, pub, cfg)
 	waitFor(t, "the backlog drained", 60*time.Second, outboxEmpty(pool))

@@ -61,7 +61,7 @@ type RelayConfig struct {
 	// connection, that notifications arrive: once it is listening it sends
 	// one to itself through the pool, the way writers do, and waits this
 	// long for it. If it does not come, the relay logs a warning, reports
-	// Metrics.ListenFallback(true), closes that connection and relies on
+	// KindListenFallback (Observer), closes that connection and relies on
 	// its poll alone, and probes again ListenProbeRetry later. Default 2s;
 	// -1 skips the check (the relay then trusts its LISTEN). Used only with
 	// NotifyChannel.
@@ -130,25 +130,13 @@ type RelayConfig struct {
 	StrandedCheckInterval time.Duration
 	// Logger receives the relay's logs. Default slog.Default().
 	Logger *slog.Logger
-	// Metrics receives counters and timings. Default NopMetrics.
-	Metrics Metrics
-	// Hooks observe the relay's protocol, for fault injection and tests.
-	Hooks Hooks
+	// Observer receives the relay's counters, timings and protocol points
+	// (see Observer). Default nil: nothing is observed.
+	Observer Observer
 }
 
-// Hooks are called synchronously by the relay's workers: they must be safe for
-// concurrent use, and they delay the relay while they run.
-type Hooks struct {
-	// AfterPublishBeforeMark is called with the ids the broker confirmed, sorted,
-	// before they are marked published: the window where a crash makes the relay
-	// publish them again. The e2e suite kills the process here.
-	AfterPublishBeforeMark func(ids []int64)
-	// BatchDone is called after each non-empty batch, once its outcome is
-	// written (or writing it failed). Tests wait on it instead of sleeping.
-	BatchDone func(BatchResult)
-}
-
-// BatchResult is the outcome of one batch. Id slices are sorted.
+// BatchResult is the outcome of one batch (KindBatchDone). Id slices are
+// sorted.
 type BatchResult struct {
 	// Claimed is how many rows the batch leased.
 	Claimed int
@@ -177,28 +165,34 @@ type BatchResult struct {
 	Err error
 }
 
-// DefaultMaxInFlightBytes is the default of RelayConfig.MaxInFlightBytes.
-const DefaultMaxInFlightBytes = 64 << 20
+// Defaults of RelayConfig: the value a zero field means.
+const (
+	DefaultBatchSize             = 500
+	DefaultWorkers               = 2
+	DefaultMaxInFlightBytes      = 64 << 20
+	DefaultPollInterval          = time.Second
+	DefaultListenProbeTimeout    = 2 * time.Second
+	DefaultListenProbeRetry      = time.Minute
+	DefaultListenKeepalive       = 30 * time.Second
+	DefaultLease                 = 30 * time.Second
+	DefaultPublishTimeout        = 10 * time.Second // or Lease/2 when that is shorter
+	DefaultMaxAttempts           = 20
+	DefaultRetryBackoffMin       = time.Second
+	DefaultRetryBackoffMax       = 5 * time.Minute
+	DefaultPurgeInterval         = time.Minute
+	DefaultPurgeBatchSize        = 1000
+	DefaultStrandedCheckInterval = time.Minute
+)
+
+// Limits of RelayConfig: larger values are refused.
+const (
+	MaxBatchSize = 10_000
+	MaxWorkers   = 64
+)
 
 const (
-	defaultBatchSize       = 500
-	maxBatchSize           = 10_000
-	defaultWorkers         = 2
-	maxWorkers             = 64
-	defaultPollInterval    = time.Second
-	minPollInterval        = 10 * time.Millisecond
-	defaultLease           = 30 * time.Second
-	defaultPublishTimeout  = 10 * time.Second
-	defaultMaxAttempts     = 20
-	defaultBackoffMin      = time.Second
-	defaultBackoffMax      = 5 * time.Minute
-	defaultPurgeInterval   = time.Minute
-	defaultPurgeBatchSize  = 1000
-	defaultListenKeepalive = 30 * time.Second
-	defaultListenProbe     = 2 * time.Second
-	defaultListenRetry     = time.Minute
-	defaultStrandedCheck   = time.Minute
-	minListenKeepalive     = 10 * time.Millisecond
+	minPollInterval    = 10 * time.Millisecond
+	minListenKeepalive = 10 * time.Millisecond
 
 	// dbTimeout bounds each claim and mark statement. They run on a context
 	// detached from Run's, so a shutdown never abandons a confirmed batch
@@ -227,35 +221,32 @@ func (c RelayConfig) withDefaults() (RelayConfig, error) {
 		return c, fmt.Errorf("outbox relay config: MaxInFlightBytes %d: want -1 (no bound), 0 (default %d) or a number of bytes", c.MaxInFlightBytes, DefaultMaxInFlightBytes)
 	}
 	c.MaxInFlightBytes = cmp.Or(c.MaxInFlightBytes, DefaultMaxInFlightBytes)
-	c.BatchSize = cmp.Or(c.BatchSize, defaultBatchSize)
-	c.Workers = cmp.Or(c.Workers, defaultWorkers)
-	c.PollInterval = cmp.Or(c.PollInterval, defaultPollInterval)
-	c.Lease = cmp.Or(c.Lease, defaultLease)
-	c.PublishTimeout = cmp.Or(c.PublishTimeout, min(defaultPublishTimeout, c.Lease/2))
-	c.MaxAttempts = cmp.Or(c.MaxAttempts, defaultMaxAttempts)
-	c.RetryBackoffMin = cmp.Or(c.RetryBackoffMin, defaultBackoffMin)
-	c.RetryBackoffMax = cmp.Or(c.RetryBackoffMax, max(defaultBackoffMax, c.RetryBackoffMin))
-	c.PurgeInterval = cmp.Or(c.PurgeInterval, defaultPurgeInterval)
-	c.PurgeBatchSize = cmp.Or(c.PurgeBatchSize, defaultPurgeBatchSize)
-	c.ListenKeepalive = cmp.Or(c.ListenKeepalive, defaultListenKeepalive)
+	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
+	c.Workers = cmp.Or(c.Workers, DefaultWorkers)
+	c.PollInterval = cmp.Or(c.PollInterval, DefaultPollInterval)
+	c.Lease = cmp.Or(c.Lease, DefaultLease)
+	c.PublishTimeout = cmp.Or(c.PublishTimeout, min(DefaultPublishTimeout, c.Lease/2))
+	c.MaxAttempts = cmp.Or(c.MaxAttempts, DefaultMaxAttempts)
+	c.RetryBackoffMin = cmp.Or(c.RetryBackoffMin, DefaultRetryBackoffMin)
+	c.RetryBackoffMax = cmp.Or(c.RetryBackoffMax, max(DefaultRetryBackoffMax, c.RetryBackoffMin))
+	c.PurgeInterval = cmp.Or(c.PurgeInterval, DefaultPurgeInterval)
+	c.PurgeBatchSize = cmp.Or(c.PurgeBatchSize, DefaultPurgeBatchSize)
+	c.ListenKeepalive = cmp.Or(c.ListenKeepalive, DefaultListenKeepalive)
 	if c.ListenProbeTimeout < -1 {
 		return c, fmt.Errorf("outbox relay config: ListenProbeTimeout %v: want -1 (no probe), 0 (default) or a duration", c.ListenProbeTimeout)
 	}
-	c.ListenProbeTimeout = cmp.Or(c.ListenProbeTimeout, defaultListenProbe)
-	c.ListenProbeRetry = cmp.Or(c.ListenProbeRetry, defaultListenRetry)
-	c.StrandedCheckInterval = cmp.Or(c.StrandedCheckInterval, defaultStrandedCheck)
+	c.ListenProbeTimeout = cmp.Or(c.ListenProbeTimeout, DefaultListenProbeTimeout)
+	c.ListenProbeRetry = cmp.Or(c.ListenProbeRetry, DefaultListenProbeRetry)
+	c.StrandedCheckInterval = cmp.Or(c.StrandedCheckInterval, DefaultStrandedCheckInterval)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
-	if c.Metrics == nil {
-		c.Metrics = NopMetrics{}
-	}
 
 	switch {
-	case c.BatchSize > maxBatchSize:
-		return c, fmt.Errorf("outbox relay config: BatchSize %d: at most %d", c.BatchSize, maxBatchSize)
-	case c.Workers > maxWorkers:
-		return c, fmt.Errorf("outbox relay config: Workers %d: at most %d", c.Workers, maxWorkers)
+	case c.BatchSize > MaxBatchSize:
+		return c, fmt.Errorf("outbox relay config: BatchSize %d: at most %d", c.BatchSize, MaxBatchSize)
+	case c.Workers > MaxWorkers:
+		return c, fmt.Errorf("outbox relay config: Workers %d: at most %d", c.Workers, MaxWorkers)
 	case c.ListenKeepalive < minListenKeepalive:
 		return c, fmt.Errorf("outbox relay config: ListenKeepalive %v: at least %v", c.ListenKeepalive, minListenKeepalive)
 	case c.StrandedCheckInterval != -1 && c.StrandedCheckInterval < minPollInterval:
@@ -426,7 +417,7 @@ func (r *Relay) work(ctx context.Context, tick <-chan time.Time) {
 			if err != nil {
 				// Retry after a backoff rather than wait for the next tick: the
 				// wake-up that brought us here may be the only one for a while.
-				r.cfg.Metrics.ClaimFailed()
+				observe(ctx, r.cfg.Observer, Observation{Kind: KindClaimFailed})
 				dbFailures++
 				wait := retry.Jitter(retry.Backoff(dbFailures, 100*time.Millisecond, 5*time.Second))
 				r.log.ErrorContext(ctx, "outbox relay: claim failed, retrying", slog.Any("error", err), slog.Duration("retry_in", wait))
@@ -497,10 +488,10 @@ func (r *Relay) claimAndPublish(ctx context.Context, alone bool) (_ BatchResult,
 		r.log.ErrorContext(ctx, "outbox event dead-lettered at claim: its relays stopped while publishing it",
 			append(d.env.LogAttrs(), slog.String("reason", d.reason))...)
 	}
-	r.cfg.Metrics.DeadLettered(len(dead))
+	r.count(ctx, KindDeadLettered, len(dead))
 	if len(envs) == 0 {
 		if len(dead) > 0 {
-			r.batchDone(res)
+			r.batchDone(ctx, res)
 		}
 		return res, c.aloneDue, nil
 	}
@@ -511,7 +502,7 @@ func (r *Relay) claimAndPublish(ctx context.Context, alone bool) (_ BatchResult,
 	pubStart := time.Now()
 	results := r.pub.PublishBatch(pctx, envs)
 	cancel()
-	r.cfg.Metrics.ConfirmLatency(time.Since(pubStart))
+	observe(ctx, r.cfg.Observer, Observation{Kind: KindConfirmLatency, Duration: time.Since(pubStart)})
 	if len(results) != len(envs) {
 		err := fmt.Errorf("outbox relay: publisher returned %d results for %d messages", len(results), len(envs))
 		results = make([]error, len(envs))
@@ -552,15 +543,15 @@ func (r *Relay) claimAndPublish(ctx context.Context, alone bool) (_ BatchResult,
 		r.recordFailures(detached, failures, &res)
 	}
 	if len(confirmed) > 0 {
-		if h := r.cfg.Hooks.AfterPublishBeforeMark; h != nil {
-			h(ids(confirmed))
+		if r.cfg.Observer != nil {
+			r.cfg.Observer.Observe(ctx, Observation{Kind: KindConfirmed, IDs: ids(confirmed)})
 		}
 		marked, unmarked, err := r.mark(detached, confirmed, leaseEnd)
 		res.Published, res.Unmarked = marked, unmarked
-		r.cfg.Metrics.Unmarked(len(unmarked))
+		r.count(ctx, KindUnmarked, len(unmarked))
 		r.movedRows(len(marked))
 		res.Err = errors.Join(res.Err, err)
-		r.cfg.Metrics.Published(len(confirmed))
+		r.count(ctx, KindPublished, len(confirmed))
 		if r.log.Enabled(ctx, slog.LevelDebug) {
 			isMarked := make(map[int64]bool, len(marked))
 			for _, id := range marked {
@@ -574,8 +565,8 @@ func (r *Relay) claimAndPublish(ctx context.Context, alone bool) (_ BatchResult,
 		}
 	}
 
-	r.cfg.Metrics.BatchDuration(time.Since(start))
-	r.batchDone(res)
+	observe(ctx, r.cfg.Observer, Observation{Kind: KindBatchDuration, Duration: time.Since(start)})
+	r.batchDone(ctx, res)
 	return res, false, nil
 }
 
@@ -598,7 +589,7 @@ func (r *Relay) strandedLoop(ctx context.Context) {
 				r.log.WarnContext(ctx, "outbox event was blocked behind nothing (no earlier event of its aggregate is left: written by an older version of the outbox package, or a hand-made change): released",
 					e.LogAttrs()...)
 			}
-			r.cfg.Metrics.Stranded(len(released))
+			r.count(ctx, KindStranded, len(released))
 			r.Wake()
 		}
 		select {
@@ -609,12 +600,19 @@ func (r *Relay) strandedLoop(ctx context.Context) {
 	}
 }
 
-func (r *Relay) batchDone(res BatchResult) {
-	if h := r.cfg.Hooks.BatchDone; h != nil {
+func (r *Relay) batchDone(ctx context.Context, res BatchResult) {
+	if r.cfg.Observer != nil {
 		for _, s := range [][]int64{res.Published, res.Unmarked, res.Failed, res.DeadLettered, res.NotSent, res.Isolated, res.DeadLetteredAtClaim} {
 			slices.Sort(s)
 		}
-		h(res)
+		r.cfg.Observer.Observe(ctx, Observation{Kind: KindBatchDone, Batch: &res})
+	}
+}
+
+// count reports n rows of kind k, when there are any.
+func (r *Relay) count(ctx context.Context, k ObservationKind, n int) {
+	if n > 0 {
+		observe(ctx, r.cfg.Observer, Observation{Kind: k, N: n})
 	}
 }
 
@@ -629,7 +627,7 @@ func (r *Relay) mark(ctx context.Context, confirmed []Envelope, leaseEnd time.Ti
 		cancel()
 		err = merr
 		if merr != nil {
-			r.cfg.Metrics.MarkFailed()
+			observe(ctx, r.cfg.Observer, Observation{Kind: KindMarkFailed})
 			deferred = pending
 		} else {
 			left := make(map[int64]bool, len(deferred))
@@ -661,7 +659,7 @@ func (r *Relay) mark(ctx context.Context, confirmed []Envelope, leaseEnd time.Ti
 			// database is what failed, they are.
 			rctx, cancel := context.WithTimeout(ctx, dbTimeout)
 			if rerr := releaseUnmarked(rctx, r.pool, pending); rerr != nil {
-				r.cfg.Metrics.MarkFailed()
+				observe(ctx, r.cfg.Observer, Observation{Kind: KindMarkFailed})
 				err = errors.Join(err, rerr)
 				r.log.WarnContext(ctx, "outbox relay: could not record unmarked rows (they stay in flight: retried after their lease, as after a crash)",
 					slog.Any("error", rerr), slog.Int("rows", len(pending)))
@@ -684,7 +682,7 @@ func (r *Relay) recordFailures(ctx context.Context, failures []failure, res *Bat
 		// The rows stay leased: they are retried when the lease ends, with this
 		// attempt counted.
 		res.Err = errors.Join(res.Err, err)
-		r.cfg.Metrics.MarkFailed()
+		observe(ctx, r.cfg.Observer, Observation{Kind: KindMarkFailed})
 		r.log.ErrorContext(ctx, "outbox relay: could not record failed publishes", slog.Any("error", err), slog.Int("rows", len(failures)))
 	}
 	var failed, returned, dead int
@@ -715,9 +713,9 @@ func (r *Relay) recordFailures(ctx context.Context, failures []failure, res *Bat
 			returned++
 		}
 	}
-	r.cfg.Metrics.Failed(failed)
-	r.cfg.Metrics.Returned(returned)
-	r.cfg.Metrics.DeadLettered(dead)
+	r.count(ctx, KindFailed, failed)
+	r.count(ctx, KindReturned, returned)
+	r.count(ctx, KindDeadLettered, dead)
 }
 
 // errorText makes err storable as last_error.

@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/pkg/outbox/internal/outboxtest"
 )
 
 // memPublisher keeps what the relay gives it, so the relay's own logic
@@ -262,13 +263,13 @@ func TestRelayMarkWaitsForAWriterHoldingTheAggregate(t *testing.T) {
 	batches := make(chan outbox.BatchResult, 10)
 	pub := &memPublisher{}
 	cfg := fastConfig(t)
-	cfg.Hooks.AfterPublishBeforeMark = func(ids []int64) {
+	cfg.Observer = outboxtest.OnConfirmed(cfg.Observer, func(ids []int64) {
 		select {
 		case published <- ids:
 		default:
 		}
-	}
-	cfg.Hooks.BatchDone = func(r outbox.BatchResult) { batches <- r }
+	})
+	cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(r outbox.BatchResult) { batches <- r })
 	startRelay(t, pool, pub, cfg)
 
 	select {
@@ -326,11 +327,11 @@ func TestRelayFailingEventHoldsBackOnlyItsAggregateThenDeadLettersAndRetries(t *
 	deadLettered := make(chan int64, 1)
 	cfg := fastConfig(t)
 	cfg.MaxAttempts = 3
-	cfg.Hooks.BatchDone = func(r outbox.BatchResult) {
+	cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(r outbox.BatchResult) {
 		for _, id := range r.DeadLettered {
 			deadLettered <- id
 		}
-	}
+	})
 	startRelay(t, pool, pub, cfg)
 
 	select {
@@ -461,7 +462,7 @@ func TestRelayWakesOnSignalAndOnNotify(t *testing.T) {
 	cfg.PollInterval = time.Hour // only wake-ups can find new rows
 	cfg.NotifyChannel = channel
 	batches := make(chan outbox.BatchResult, 10)
-	cfg.Hooks.BatchDone = func(r outbox.BatchResult) { batches <- r }
+	cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(r outbox.BatchResult) { batches <- r })
 	relay := startRelay(t, pool, pub, cfg)
 
 	// In-process signal.
@@ -511,7 +512,7 @@ func TestRelayFindsRowsByPollingAlone(t *testing.T) {
 	pub := &memPublisher{}
 	cfg := fastConfig(t)
 	batches := make(chan outbox.BatchResult, 10)
-	cfg.Hooks.BatchDone = func(r outbox.BatchResult) { batches <- r }
+	cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(r outbox.BatchResult) { batches <- r })
 	startRelay(t, pool, pub, cfg) // never woken
 	e := enqueue(t, pool, msg("o-1", "order.created"))[0]
 	select {
@@ -575,7 +576,7 @@ func TestRelayRunTwiceIsAnError(t *testing.T) {
 	pool := newTestPool(t)
 	batches := make(chan outbox.BatchResult, 1)
 	cfg := fastConfig(t)
-	cfg.Hooks.BatchDone = func(r outbox.BatchResult) { batches <- r }
+	cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(r outbox.BatchResult) { batches <- r })
 	relay := startRelay(t, pool, &memPublisher{}, cfg)
 	enqueue(t, pool, msg("o-1", "order.created"))
 	relay.Wake()
@@ -640,7 +641,7 @@ func TestRelayPublishesAgainWhatItCouldNotMark(t *testing.T) {
 	cfg := fastConfig(t)
 	cfg.Lease = 2 * time.Second
 	cfg.PublishTimeout = time.Second
-	cfg.Hooks.BatchDone = func(r outbox.BatchResult) { batches <- r }
+	cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(r outbox.BatchResult) { batches <- r })
 	startRelay(t, pool, pub, cfg)
 
 	select {
@@ -685,7 +686,7 @@ func TestRelaySurvivesTerminatedDatabaseConnections(t *testing.T) {
 	rc.PollInterval = time.Hour // only wake-ups find rows
 	rc.NotifyChannel = channel
 	batches := make(chan outbox.BatchResult, 10)
-	rc.Hooks.BatchDone = func(r outbox.BatchResult) { batches <- r }
+	rc.Observer = outboxtest.OnBatch(rc.Observer, func(r outbox.BatchResult) { batches <- r })
 	pub := &memPublisher{}
 	relay := startRelay(t, pool, pub, rc)
 	w, err := outbox.NewWriter(outbox.WriterConfig{NotifyChannel: channel})

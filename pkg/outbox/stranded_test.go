@@ -41,18 +41,21 @@ func oldWriterEnqueue(t *testing.T, pool *pgxpool.Pool, aggregateID, eventType s
 }
 
 type strandedMetrics struct {
-	outbox.NopMetrics
 	released atomic.Int64
 }
 
-func (m *strandedMetrics) Stranded(n int) { m.released.Add(int64(n)) }
+func (m *strandedMetrics) Observe(_ context.Context, o outbox.Observation) {
+	if o.Kind == outbox.KindStranded {
+		m.released.Add(int64(o.N))
+	}
+}
 
 // A row blocked with no earlier event of its aggregate left in the outbox is
 // never claimed, and is no dead letter an operator could retry: the relay
 // must find it and release it. Two ways to get one: a writer of an older
 // version of this package beside this relay, and an earlier event deleted by
 // hand. Admin.Stranded counts them, the relay releases them on its periodic
-// check, counts them in Metrics.Stranded, and they are published in order.
+// check, reports them as KindStranded, and they are published in order.
 func TestRelayReleasesRowsBlockedBehindNothing(t *testing.T) {
 	t.Parallel()
 	pool := newTestPool(t)
@@ -88,7 +91,7 @@ func TestRelayReleasesRowsBlockedBehindNothing(t *testing.T) {
 	}
 
 	metrics := &strandedMetrics{}
-	cfg.Metrics = metrics
+	cfg.Observer = metrics
 	cfg.StrandedCheckInterval = 50 * time.Millisecond
 	startRelay(t, pool, pub, cfg)
 	waitFor(t, "the stranded rows published", 20*time.Second, func() (bool, error) {
@@ -97,7 +100,7 @@ func TestRelayReleasesRowsBlockedBehindNothing(t *testing.T) {
 		return n == 2, err
 	})
 	if got := metrics.released.Load(); got != 2 {
-		t.Fatalf("Metrics.Stranded counted %d rows, want 2", got)
+		t.Fatalf("KindStranded counted %d rows, want 2", got)
 	}
 	var stillBlocked bool
 	if err := pool.QueryRow(ctx, "SELECT blocked FROM outbox WHERE id = $1", healthy[1].ID).Scan(&stillBlocked); err != nil || !stillBlocked {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/pkg/outbox/internal/outboxtest"
 )
 
 // A row the broker confirmed but the relay could not mark (here: the writer
@@ -36,12 +37,12 @@ func TestUnmarkedRowAtItsLastAttemptIsNotDeadLettered(t *testing.T) {
 	cfg.MaxAttempts = 1
 	cfg.Lease = 600 * time.Millisecond
 	cfg.PublishTimeout = 100 * time.Millisecond
-	cfg.Hooks.BatchDone = func(r outbox.BatchResult) {
+	cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(r outbox.BatchResult) {
 		select {
 		case results <- r:
 		default:
 		}
-	}
+	})
 	startRelay(t, pool, &memPublisher{}, cfg)
 
 	deadline := time.After(10 * time.Second)

@@ -23,7 +23,7 @@ import (
 // newRelay builds the relay and its RabbitMQ publisher. The caller runs it and
 // closes the publisher after the relay returned.
 func newRelay(cfg config.Config, pool *pgxpool.Pool, reg prometheus.Registerer, crash *crashpoint.Trigger, logger *slog.Logger, tel *tracing.Telemetry) (*outbox.Relay, *outboxamqp.Publisher, error) {
-	pub, err := outboxamqp.New(outboxamqp.Config{
+	pub, err := outboxamqp.NewPublisher(outboxamqp.Config{
 		URL:            cfg.AMQPURL,
 		Exchange:       config.Exchange,
 		ConnectionName: "orders-relay",
@@ -46,10 +46,7 @@ func newRelay(cfg config.Config, pool *pgxpool.Pool, reg prometheus.Registerer, 
 		RetryBackoffMax:    cfg.BackoffMax,
 		PublishedRetention: cfg.Retention,
 		Logger:             logger,
-		Metrics:            metrics.NewRelay(reg),
-		Hooks: outbox.Hooks{
-			AfterPublishBeforeMark: func([]int64) { crash.Hit(crashpoint.RelayAfterPublishBeforeMark) },
-		},
+		Observer:           crashAfterPublish(metrics.NewRelay(reg), crash),
 	}
 	if cfg.Listen {
 		relayCfg.NotifyChannel = config.NotifyChannel
@@ -64,6 +61,19 @@ func newRelay(cfg config.Config, pool *pgxpool.Pool, reg prometheus.Registerer, 
 		return nil, nil, err
 	}
 	return relay, pub, nil
+}
+
+// crashAfterPublish hands every observation to next, and arms the crash
+// point relay.after_publish_before_mark where the relay reports the rows the
+// broker confirmed, before it marks them (the polling relay) or sweeps them
+// (the WAL relay and its hand-over relay).
+func crashAfterPublish(next outbox.Observer, crash *crashpoint.Trigger) outbox.Observer {
+	return outbox.ObserverFunc(func(ctx context.Context, o outbox.Observation) {
+		if o.Kind == outbox.KindConfirmed {
+			crash.Hit(crashpoint.RelayAfterPublishBeforeMark)
+		}
+		next.Observe(ctx, o)
+	})
 }
 
 // runRelay runs the relay alone, with /metrics, /healthz and /readyz on

@@ -53,17 +53,14 @@ func newRelayFor(cfg config.Config, pool *pgxpool.Pool, reg prometheus.Registere
 			RetryBackoffMax:    cfg.BackoffMax,
 			PublishedRetention: cfg.Retention,
 		},
-		Logger:  logger,
-		Metrics: metrics.NewRelay(reg),
-		Hooks: outboxwal.Hooks{
-			Confirmed: func([]int64) { crash.Hit(crashpoint.RelayAfterPublishBeforeMark) },
-		},
+		Logger:   logger,
+		Observer: crashAfterPublish(metrics.NewRelay(reg), crash),
 	}
-	pub, err := outboxamqp.New(outboxamqp.Config{
+	pub, err := outboxamqp.NewPublisher(outboxamqp.Config{
 		URL:            cfg.AMQPURL,
 		Exchange:       config.Exchange,
 		ConnectionName: "orders-relay-wal",
-		MaxInFlight:    4 * cfg.BatchSize, // the WAL relay's default 4 workers x RELAY_BATCH_SIZE
+		MaxInFlight:    outboxwal.DefaultWorkers * cfg.BatchSize, // one batch per worker
 		Logger:         logger,
 		CloudEvents:    cfg.CloudEvents(),
 	})
@@ -71,7 +68,7 @@ func newRelayFor(cfg config.Config, pool *pgxpool.Pool, reg prometheus.Registere
 		return nil, nil, err
 	}
 	metrics.RegisterPublisherReady(reg, pub.Ready)
-	relay, err := outboxwal.New(pool, tracedPublisher(pub, tel), walCfg)
+	relay, err := outboxwal.NewRelay(pool, tracedPublisher(pub, tel), walCfg)
 	if err != nil {
 		_ = pub.Close()
 		return nil, nil, err

@@ -15,6 +15,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/pkg/outbox/internal/outboxtest"
 )
 
 // benchPayload is about 200 bytes of JSON, like an order.created event.
@@ -65,11 +66,11 @@ func benchDrain(b *testing.B, pub outbox.Publisher, reset func()) {
 			Workers:   workers,
 			BatchSize: batch,
 			Logger:    slog.New(slog.DiscardHandler),
-			Hooks: outbox.Hooks{BatchDone: func(r outbox.BatchResult) {
+			Observer: outboxtest.OnBatch(nil, func(r outbox.BatchResult) {
 				if done.Add(int64(len(r.Published))) == benchBacklog {
 					close(finished)
 				}
-			}},
+			}),
 		})
 		if err != nil {
 			b.Fatal(err)

@@ -12,6 +12,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/pkg/outbox/internal/outboxtest"
 )
 
 // overlapping is the real publisher, with a batch holding an event of
@@ -77,12 +78,12 @@ func TestANackFailsOnlyItsOwnBatch(t *testing.T) {
 	cfg.PollInterval = 10 * time.Millisecond
 	cfg.MaxAttempts = 1_000_000 // this test is about the other batches, not dead letters
 	cfg.RetryBackoffMin, cfg.RetryBackoffMax = time.Millisecond, 5*time.Millisecond
-	cfg.Hooks.BatchDone = func(r outbox.BatchResult) {
+	cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(r outbox.BatchResult) {
 		// BatchDone runs on the workers: keep it cheap.
 		if slices.Contains(r.Failed, rejected.Load()) {
 			nacks.Add(1)
 		}
-	}
+	})
 	pub := &overlapping{Publisher: newPublisher(t, testAMQPURL(), b.exchange, testLogger(t, nil)), agg: "rejected", others: make(chan struct{}, 1)}
 	relay := startRelay(t, pool, pub, cfg)
 

@@ -18,7 +18,7 @@ import (
 
 func newCloudEventsPublisher(t *testing.T, exchange string, ce *outboxamqp.CloudEvents) *outboxamqp.Publisher {
 	t.Helper()
-	p, err := outboxamqp.New(outboxamqp.Config{
+	p, err := outboxamqp.NewPublisher(outboxamqp.Config{
 		URL: testAMQPURL(), Exchange: exchange, DialTimeout: 2 * time.Second,
 		Logger: testLogger(t, nil), CloudEvents: ce,
 	})
@@ -159,7 +159,7 @@ func TestCloudEventsRefusesWhatCannotBeAnEvent(t *testing.T) {
 		"too long":     {Source: "/" + strings.Repeat("s", 1024)},
 		"invalid utf8": {Source: "/\xff"},
 	} {
-		if _, err := outboxamqp.New(outboxamqp.Config{URL: "amqp://localhost/", Exchange: "x", CloudEvents: &ce}); err == nil {
+		if _, err := outboxamqp.NewPublisher(outboxamqp.Config{URL: "amqp://localhost/", Exchange: "x", CloudEvents: &ce}); err == nil {
 			t.Errorf("New with source %s: accepted", name)
 		}
 	}

@@ -105,7 +105,7 @@
 //
 // # Connection management
 //
-// New does not connect. WaitReady dials when there is no live connection, with
+// NewPublisher does not connect. WaitReady dials when there is no live connection, with
 // jittered exponential backoff between failures (Config.ReconnectMin to
 // ReconnectMax), and returns once connected; a broker that is down at start
 // only delays the relay, which claims nothing meanwhile. A close of the

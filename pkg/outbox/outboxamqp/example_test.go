@@ -52,7 +52,7 @@ func Example() {
 	}
 
 	// The relay's side.
-	pub, err := outboxamqp.New(outboxamqp.Config{URL: amqpURL, Exchange: exchange, Logger: slog.New(slog.DiscardHandler)})
+	pub, err := outboxamqp.NewPublisher(outboxamqp.Config{URL: amqpURL, Exchange: exchange, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		log.Fatal(err)
 	}

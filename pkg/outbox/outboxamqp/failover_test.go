@@ -43,8 +43,8 @@ func TestParseURLs(t *testing.T) {
 			t.Errorf("ParseURLs(%q) = %q, %v; want %q", tt.in, got, err, tt.want)
 		}
 	}
-	if _, err := outboxamqp.New(outboxamqp.Config{URL: "amqp://n1/,", Exchange: "x"}); err == nil {
-		t.Error("New accepted a URL list with an empty address")
+	if _, err := outboxamqp.NewPublisher(outboxamqp.Config{URL: "amqp://n1/,", Exchange: "x"}); err == nil {
+		t.Error("NewPublisher accepted a URL list with an empty address")
 	}
 }
 

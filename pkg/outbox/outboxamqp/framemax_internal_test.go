@@ -48,7 +48,7 @@ func TestPublisherWarnsOfAFrameMaxTooSmallForTheHeaders(t *testing.T) {
 		warned    int
 	}{{0, 0}, {16 << 10, 1}} {
 		w := &warnings{}
-		p, err := New(Config{URL: outboxtest.AMQPURL(), Exchange: exchange, Logger: slog.New(w)})
+		p, err := NewPublisher(Config{URL: outboxtest.AMQPURL(), Exchange: exchange, Logger: slog.New(w)})
 		if err != nil {
 			t.Fatal(err)
 		}

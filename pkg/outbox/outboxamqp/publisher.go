@@ -111,9 +111,9 @@ var _ outbox.Publisher = (*Publisher)(nil)
 // ErrClosed is returned by WaitReady after Close.
 var ErrClosed = errors.New("outboxamqp: publisher closed")
 
-// New validates cfg and returns a Publisher. It does not connect: WaitReady
+// NewPublisher validates cfg and returns a Publisher. It does not connect: WaitReady
 // does, so a broker that is down at start only delays publishing.
-func New(cfg Config) (*Publisher, error) {
+func NewPublisher(cfg Config) (*Publisher, error) {
 	if cfg.URL == "" {
 		return nil, errors.New("outboxamqp: URL is required")
 	}

@@ -108,7 +108,7 @@ func TestPublishBatchReportsReturnedAndNackedMessagesAsFailed(t *testing.T) {
 
 func TestPublishBatchWithoutConnectionIsNotSent(t *testing.T) {
 	t.Parallel()
-	p, err := outboxamqp.New(outboxamqp.Config{URL: "amqp://guest:guest@127.0.0.1:1/", Exchange: "x", Logger: testLogger(t, nil)})
+	p, err := outboxamqp.NewPublisher(outboxamqp.Config{URL: "amqp://guest:guest@127.0.0.1:1/", Exchange: "x", Logger: testLogger(t, nil)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,7 +140,7 @@ func TestNewValidatesConfig(t *testing.T) {
 		"reconnect min > max": {URL: "amqp://localhost/", Exchange: "x", ReconnectMin: time.Minute, ReconnectMax: time.Second},
 		"negative in flight":  {URL: "amqp://localhost/", Exchange: "x", MaxInFlight: -1},
 	} {
-		if _, err := outboxamqp.New(cfg); err == nil {
+		if _, err := outboxamqp.NewPublisher(cfg); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
 	}

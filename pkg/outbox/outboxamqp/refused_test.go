@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/pkg/outbox/internal/outboxtest"
 )
 
 // A row the broker refuses although Enqueue let it through (here a CC header
@@ -46,14 +47,14 @@ func TestRelayIsolatesARowTheBrokerRefuses(t *testing.T) {
 	cfg.BatchSize = 100
 	cfg.MaxAttempts = maxAttempts
 	cfg.RetryBackoffMin, cfg.RetryBackoffMax = 10*time.Millisecond, 20*time.Millisecond
-	cfg.Hooks.BatchDone = func(r outbox.BatchResult) {
+	cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(r outbox.BatchResult) {
 		mu.Lock()
 		defer mu.Unlock()
 		isolated += len(r.Isolated)
 		if r.Claimed == 1 {
 			alone = append(alone, slices.Concat(r.Published, r.Failed, r.DeadLettered, r.Isolated, r.NotSent)...)
 		}
-	}
+	})
 	startRelay(t, pool, newPublisher(t, testAMQPURL(), b.exchange, testLogger(t, nil)), cfg)
 
 	waitFor(t, "every other row published and the refused one dead-lettered", 60*time.Second, func() (bool, error) {

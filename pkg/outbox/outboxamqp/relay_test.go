@@ -109,12 +109,12 @@ func TestRelayNeverMarksAnUnroutableMessageThenRetriesADeadLetter(t *testing.T) 
 	cfg.MaxAttempts = 3
 	dead := make(chan int64, 1)
 	var published atomic.Int64
-	cfg.Hooks.BatchDone = func(r outbox.BatchResult) {
+	cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(r outbox.BatchResult) {
 		published.Add(int64(len(r.Published)))
 		for _, id := range r.DeadLettered {
 			dead <- id
 		}
-	}
+	})
 	startRelay(t, pool, pub, cfg)
 	events := enqueue(t, pool, msg("o-1", "order.created"), msg("o-1", "order.cancelled"))
 
@@ -177,7 +177,7 @@ func TestRelayDrainsAfterTheBrokerWasDownAtStart(t *testing.T) {
 	events := enqueue(t, pool, msgs...)
 	cfg := relayConfig(t)
 	var batches atomic.Int64
-	cfg.Hooks.BatchDone = func(outbox.BatchResult) { batches.Add(1) }
+	cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(outbox.BatchResult) { batches.Add(1) })
 	startRelay(t, pool, pub, cfg)
 
 	select {
@@ -275,11 +275,11 @@ func TestRelayConnectionCutMidBatchMarksNothingUnconfirmed(t *testing.T) {
 	cfg := relayConfig(t)
 	cfg.Workers = 1
 	cfg.BatchSize = 100
-	cfg.Hooks.BatchDone = func(r outbox.BatchResult) {
+	cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(r outbox.BatchResult) {
 		if len(r.Failed) > 0 && cutBatch.Load() == nil {
 			cutBatch.Store(&r)
 		}
-	}
+	})
 	relay := startRelay(t, pool, c, cfg)
 
 	var msgs []outbox.Message
@@ -478,13 +478,13 @@ func TestThreeRelaysKeepPerAggregateOrder(t *testing.T) {
 			stall = newStallOnce(f, stuck)
 			pub = stall
 		}
-		cfg.Hooks.BatchDone = func(r outbox.BatchResult) {
+		cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(r outbox.BatchResult) {
 			published[i].Add(int64(len(r.Published)))
 			// Any worker but the stalled one may re-claim the held batch
 			// (once its lease ended it goes out whole, in one claim), the
 			// stalling relay's other worker too.
 			stall.published(r.Published)
-		}
+		})
 		startRelay(t, pool, pub, cfg)
 		if i == 0 {
 			select {

@@ -70,7 +70,7 @@ func TestReturnsAreKeptWhileTheLoggerBlocks(t *testing.T) {
 	}
 
 	var records atomic.Int64
-	p, err := New(Config{URL: outboxtest.AMQPURL(), Exchange: exchange, MaxInFlight: 1,
+	p, err := NewPublisher(Config{URL: outboxtest.AMQPURL(), Exchange: exchange, MaxInFlight: 1,
 		Logger: slog.New(stuckHandler{stuck: 6 * time.Second, records: &records})})
 	if err != nil {
 		t.Fatal(err)
@@ -154,7 +154,7 @@ func TestRelayNeverMarksAReturnedEventWhileTheLoggerBlocks(t *testing.T) {
 	_, exchange := returnsExchange(t)
 
 	var records atomic.Int64
-	p, err := New(Config{URL: outboxtest.AMQPURL(), Exchange: exchange, MaxInFlight: 1,
+	p, err := NewPublisher(Config{URL: outboxtest.AMQPURL(), Exchange: exchange, MaxInFlight: 1,
 		Logger: slog.New(stuckHandler{stuck: 6 * time.Second, records: &records})})
 	if err != nil {
 		t.Fatal(err)
@@ -176,8 +176,8 @@ func TestRelayNeverMarksAReturnedEventWhileTheLoggerBlocks(t *testing.T) {
 	cfg := outbox.RelayConfig{
 		BatchSize: 100, Workers: 1, PollInterval: time.Second, Lease: 40 * time.Second, PublishTimeout: 20 * time.Second,
 		RetryBackoffMin: time.Minute, RetryBackoffMax: time.Minute,
-		Logger: slog.New(slog.DiscardHandler),
-		Hooks:  outbox.Hooks{BatchDone: func(r outbox.BatchResult) { done <- r }},
+		Logger:   slog.New(slog.DiscardHandler),
+		Observer: outboxtest.OnBatch(nil, func(r outbox.BatchResult) { done <- r }),
 	}
 	outboxtest.StartRelay(t, pool, p, cfg)
 

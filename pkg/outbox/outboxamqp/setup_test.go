@@ -163,7 +163,7 @@ func receivedIDs(ds []amqp.Delivery) map[int64]int {
 
 func newPublisher(t testing.TB, url, exchange string, log *slog.Logger) *outboxamqp.Publisher {
 	t.Helper()
-	p, err := outboxamqp.New(outboxamqp.Config{
+	p, err := outboxamqp.NewPublisher(outboxamqp.Config{
 		URL:          url,
 		Exchange:     exchange,
 		ReconnectMin: 20 * time.Millisecond,

@@ -31,7 +31,7 @@
 //
 // The relay publishes through the decorator:
 //
-//	amqpPub, _ := outboxamqp.New(...)
+//	amqpPub, _ := outboxamqp.NewPublisher(...)
 //	pub := outboxotel.NewPublisher(amqpPub, outboxotel.Config{
 //		TracerProvider: tp, Propagator: propagator,
 //	})

@@ -10,6 +10,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/pkg/outbox/internal/outboxtest"
+	"github.com/outbox-inbox/reference/pkg/outbox/outboxwal"
 )
 
 // blockingPublisher holds every batch until release is closed (or the
@@ -64,7 +66,7 @@ func TestSlotIsNotAcknowledgedPastAnUnconfirmedEvent(t *testing.T) {
 	b := newBroker(t, "#")
 	cfg := walConfig(t, pool)
 	var acks atomic.Int64
-	cfg.Hooks.Acknowledged = func(uint64) { acks.Add(1) }
+	cfg.Observer = outboxtest.On(cfg.Observer, outboxwal.KindAcknowledged, func(outbox.Observation) { acks.Add(1) })
 	blocking := newBlockingPublisher()
 	relay, stop := startWAL(t, pool, blocking, cfg)
 	waitActive(t, relay)

@@ -56,7 +56,7 @@ func TestSweepUnblocksTheNextEvent(t *testing.T) {
 	pool := walPool(t)
 	cfg := walConfig(t, pool)
 	gate := &gatePublisher{allowed: map[int64]bool{}}
-	prep, err := outboxwal.New(pool, gate, cfg)
+	prep, err := outboxwal.NewRelay(pool, gate, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -65,46 +65,52 @@ type Config struct {
 	// were dead-lettered (once an operator retries them), the later events of
 	// their aggregates, and rows the slot's stream does not cover (in the
 	// outbox when the slot was created or adopted): an
-	// outbox.NewHandOverRelay. Its Logger and Metrics default to this
+	// outbox.NewHandOverRelay. Its Logger and Observer default to this
 	// Config's, its MaxAttempts to MaxAttempts.
 	Poll outbox.RelayConfig
 	// Logger receives the relay's logs. Default slog.Default().
 	Logger *slog.Logger
-	// Metrics receives the same counters as the polling relay's: Published,
-	// Failed, Returned, DeadLettered, ConfirmLatency, BatchDuration (one
-	// batch's publish), MarkFailed (a sweep or a hand-over failed). Default
-	// outbox.NopMetrics.
-	Metrics outbox.Metrics
-	// Hooks observe the relay, for tests and fault injection.
-	Hooks Hooks
+	// Observer receives the same kinds of observation as the polling
+	// relay's: KindPublished, KindFailed, KindReturned, KindDeadLettered,
+	// KindConfirmLatency, KindBatchDuration (one batch's publish),
+	// KindMarkFailed (a sweep or a hand-over failed) and KindConfirmed
+	// (before the confirmed rows are swept), and the WAL relay's own
+	// KindSwept and KindAcknowledged. Default nil: nothing is observed.
+	Observer outbox.Observer
 }
 
-// Hooks are called synchronously by the relay's goroutines.
-type Hooks struct {
-	// Confirmed is called with the ids the broker confirmed in a batch, before
-	// their rows are swept: the window where a crash publishes them again.
-	Confirmed func(ids []int64)
-	// Swept is called with the number of rows of confirmed events just
-	// deleted (or archived) from the outbox table.
-	Swept func(n int)
-	// Acknowledged is called after each standby status update the relay sent,
-	// with the position it acknowledged.
-	Acknowledged func(lsn uint64)
-}
+// The WAL relay's own kinds of outbox.Observation.
+const (
+	// KindSwept (N): rows of confirmed events just deleted (or archived)
+	// from the outbox table.
+	KindSwept outbox.ObservationKind = "wal_swept"
+	// KindAcknowledged (LSN): the relay sent a standby status update
+	// acknowledging that position.
+	KindAcknowledged outbox.ObservationKind = "wal_acknowledged"
+)
+
+// Defaults of Config: the value a zero field means.
+const (
+	DefaultSlot             = "outbox_wal"
+	DefaultPublication      = "outbox_wal"
+	DefaultBatchSize        = 500
+	DefaultWorkers          = 4
+	DefaultMaxInMemory      = 20_000
+	DefaultPublishTimeout   = 10 * time.Second
+	DefaultMaxAttempts      = 20
+	DefaultStatusInterval   = time.Second
+	DefaultSweepInterval    = 100 * time.Millisecond
+	DefaultTakeoverInterval = time.Second
+)
+
+// Limits of Config: larger values are refused.
+const (
+	MaxBatchSize      = 10_000
+	MaxWorkers        = 64
+	MaxStatusInterval = 10 * time.Second
+)
 
 const (
-	defaultName            = "outbox_wal"
-	defaultBatchSize       = 500
-	maxBatchSize           = 10_000
-	defaultWorkers         = 4
-	maxWorkers             = 64
-	defaultMaxInMemory     = 20_000
-	defaultPublishTimeout  = 10 * time.Second
-	defaultMaxAttempts     = 20
-	defaultStatusInterval  = time.Second
-	maxStatusInterval      = 10 * time.Second
-	defaultSweepInterval   = 100 * time.Millisecond
-	defaultTakeoverEvery   = time.Second
 	dbTimeout              = 10 * time.Second
 	maxErrorText           = 2000
 	sweepChunk             = 10_000
@@ -129,27 +135,24 @@ func (c Config) withDefaults() (Config, error) {
 			return c, fmt.Errorf("outboxwal config: %s is negative", f.name)
 		}
 	}
-	c.Slot = cmp.Or(c.Slot, defaultName)
-	c.Publication = cmp.Or(c.Publication, defaultName)
-	c.BatchSize = cmp.Or(c.BatchSize, defaultBatchSize)
-	c.Workers = cmp.Or(c.Workers, defaultWorkers)
-	c.MaxInMemory = cmp.Or(c.MaxInMemory, defaultMaxInMemory)
-	c.PublishTimeout = cmp.Or(c.PublishTimeout, defaultPublishTimeout)
-	c.MaxAttempts = cmp.Or(c.MaxAttempts, defaultMaxAttempts)
-	c.StatusInterval = cmp.Or(c.StatusInterval, defaultStatusInterval)
-	c.SweepInterval = cmp.Or(c.SweepInterval, defaultSweepInterval)
-	c.TakeoverInterval = cmp.Or(c.TakeoverInterval, defaultTakeoverEvery)
+	c.Slot = cmp.Or(c.Slot, DefaultSlot)
+	c.Publication = cmp.Or(c.Publication, DefaultPublication)
+	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
+	c.Workers = cmp.Or(c.Workers, DefaultWorkers)
+	c.MaxInMemory = cmp.Or(c.MaxInMemory, DefaultMaxInMemory)
+	c.PublishTimeout = cmp.Or(c.PublishTimeout, DefaultPublishTimeout)
+	c.MaxAttempts = cmp.Or(c.MaxAttempts, DefaultMaxAttempts)
+	c.StatusInterval = cmp.Or(c.StatusInterval, DefaultStatusInterval)
+	c.SweepInterval = cmp.Or(c.SweepInterval, DefaultSweepInterval)
+	c.TakeoverInterval = cmp.Or(c.TakeoverInterval, DefaultTakeoverInterval)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
-	}
-	if c.Metrics == nil {
-		c.Metrics = outbox.NopMetrics{}
 	}
 	if c.Poll.Logger == nil {
 		c.Poll.Logger = c.Logger
 	}
-	if c.Poll.Metrics == nil {
-		c.Poll.Metrics = c.Metrics
+	if c.Poll.Observer == nil {
+		c.Poll.Observer = c.Observer
 	}
 	if c.Poll.MaxAttempts == 0 {
 		c.Poll.MaxAttempts = c.MaxAttempts
@@ -159,16 +162,16 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("outboxwal config: Slot %q: want 1 to 63 lower case letters, digits or underscores", c.Slot)
 	case !namePattern.MatchString(c.Publication):
 		return c, fmt.Errorf("outboxwal config: Publication %q: want 1 to 63 lower case letters, digits or underscores", c.Publication)
-	case c.BatchSize > maxBatchSize:
-		return c, fmt.Errorf("outboxwal config: BatchSize %d: at most %d", c.BatchSize, maxBatchSize)
-	case c.Workers > maxWorkers:
-		return c, fmt.Errorf("outboxwal config: Workers %d: at most %d", c.Workers, maxWorkers)
+	case c.BatchSize > MaxBatchSize:
+		return c, fmt.Errorf("outboxwal config: BatchSize %d: at most %d", c.BatchSize, MaxBatchSize)
+	case c.Workers > MaxWorkers:
+		return c, fmt.Errorf("outboxwal config: Workers %d: at most %d", c.Workers, MaxWorkers)
 	case c.MaxInMemory < c.BatchSize:
 		return c, fmt.Errorf("outboxwal config: MaxInMemory %d: at least BatchSize (%d)", c.MaxInMemory, c.BatchSize)
 	case c.VacuumEvery < -1:
 		return c, fmt.Errorf("outboxwal config: VacuumEvery %d: want -1 (never), 0 (auto) or a number of rows", c.VacuumEvery)
-	case c.StatusInterval > maxStatusInterval:
-		return c, fmt.Errorf("outboxwal config: StatusInterval %v: at most %v", c.StatusInterval, maxStatusInterval)
+	case c.StatusInterval > MaxStatusInterval:
+		return c, fmt.Errorf("outboxwal config: StatusInterval %v: at most %v", c.StatusInterval, MaxStatusInterval)
 	case c.StatusInterval < minInterval || c.SweepInterval < minInterval || c.TakeoverInterval < minInterval:
 		return c, fmt.Errorf("outboxwal config: StatusInterval, SweepInterval and TakeoverInterval must be at least %v", minInterval)
 	}

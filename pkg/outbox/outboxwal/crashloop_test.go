@@ -63,7 +63,7 @@ func runCrashingRelay() int {
 	}
 	defer pool.Close()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	pub, err := outboxamqp.New(outboxamqp.Config{
+	pub, err := outboxamqp.NewPublisher(outboxamqp.Config{
 		URL:      testAMQPURL(),
 		Exchange: c.Exchange,
 		RoutingKey: func(e outbox.Envelope) string {
@@ -85,7 +85,7 @@ func runCrashingRelay() int {
 		return 1
 	}
 	defer pub.Close()
-	relay, err := outboxwal.New(pool, pub, outboxwal.Config{
+	relay, err := outboxwal.NewRelay(pool, pub, outboxwal.Config{
 		Slot: c.Slot, Publication: c.Slot, MaxAttempts: c.MaxAttempts, BatchSize: 100,
 		StatusInterval: 100 * time.Millisecond, SweepInterval: 20 * time.Millisecond,
 		TakeoverInterval: 100 * time.Millisecond,
@@ -182,7 +182,7 @@ func testCrashLoop(t *testing.T, streamed bool) {
 	cfg := walConfig(t, pool)
 	if streamed {
 		// The slot first, so that every event below is in its stream.
-		prep, err := outboxwal.New(pool, newPublisherForTest(t, b), cfg)
+		prep, err := outboxwal.NewRelay(pool, newPublisherForTest(t, b), cfg)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -15,9 +15,9 @@
 //
 // # Use
 //
-//	pub, err := outboxamqp.New(outboxamqp.Config{URL: amqpURL, Exchange: "orders.events"})
+//	pub, err := outboxamqp.NewPublisher(outboxamqp.Config{URL: amqpURL, Exchange: "orders.events"})
 //	...
-//	relay, err := outboxwal.New(pool, pub, outboxwal.Config{Slot: "orders_outbox", Publication: "orders_outbox"})
+//	relay, err := outboxwal.NewRelay(pool, pub, outboxwal.Config{Slot: "orders_outbox", Publication: "orders_outbox"})
 //	...
 //	err = relay.Run(ctx) // until ctx is cancelled
 //

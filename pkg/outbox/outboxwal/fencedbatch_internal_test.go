@@ -56,7 +56,7 @@ func TestFencedSessionStartsNoBatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	pub := &countingPublisher{}
-	r, err := New(pool, pub, Config{Slot: slot, Publication: slot})
+	r, err := NewRelay(pool, pub, Config{Slot: slot, Publication: slot})
 	if err != nil {
 		t.Fatal(err)
 	}

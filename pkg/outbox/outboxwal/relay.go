@@ -42,12 +42,12 @@ type Relay struct {
 	acked   atomic.Uint64
 }
 
-// New returns a relay that publishes the outbox in pool's database (the
+// NewRelay returns a relay that publishes the outbox in pool's database (the
 // schema of its search_path) through pub. It validates cfg and touches
 // neither the database nor the broker: Run does. pool's connection settings
 // are also used for the replication connection, which needs a role with the
 // REPLICATION attribute (or a superuser).
-func New(pool *pgxpool.Pool, pub outbox.Publisher, cfg Config) (*Relay, error) {
+func NewRelay(pool *pgxpool.Pool, pub outbox.Publisher, cfg Config) (*Relay, error) {
 	if pool == nil {
 		return nil, errors.New("outboxwal: nil pool")
 	}
@@ -59,6 +59,20 @@ func New(pool *pgxpool.Pool, pub outbox.Publisher, cfg Config) (*Relay, error) {
 		return nil, err
 	}
 	return &Relay{pool: pool, pub: pub, cfg: cfg, log: cfg.Logger}, nil
+}
+
+// observe reports o to the Observer, if there is one.
+func (r *Relay) observe(ctx context.Context, o outbox.Observation) {
+	if r.cfg.Observer != nil {
+		r.cfg.Observer.Observe(ctx, o)
+	}
+}
+
+// count reports n rows of kind k, when there are any.
+func (r *Relay) count(ctx context.Context, k outbox.ObservationKind, n int) {
+	if n > 0 {
+		r.observe(ctx, outbox.Observation{Kind: k, N: n})
+	}
 }
 
 // Stats is what a relay knows about its progress.
@@ -602,9 +616,7 @@ func (r *Relay) sendStatus(ctx context.Context, conn *pgconn.PgConn, s *state) e
 		return nil
 	}
 	r.acked.Store(pos)
-	if h := r.cfg.Hooks.Acknowledged; h != nil {
-		h(pos)
-	}
+	r.observe(ctx, outbox.Observation{Kind: KindAcknowledged, LSN: pos})
 	return nil
 }
 
@@ -646,7 +658,7 @@ func (r *Relay) publish(ctx context.Context, s *state, batch []*event) error {
 	batch = slices.DeleteFunc(batch, func(ev *event) bool {
 		if ev.undecodable != "" {
 			s.handAll(ev, true, ev.undecodable, 0)
-			r.cfg.Metrics.DeadLettered(1)
+			r.count(ctx, outbox.KindDeadLettered, 1)
 		}
 		return ev.undecodable != ""
 	})
@@ -841,7 +853,7 @@ func (r *Relay) recordAttempts(ctx context.Context, s *state, batch []*event) ([
 			append(env.LogAttrs(), slog.String("error", reason))...)
 		s.handAll(ev, true, reason, 0)
 	}
-	r.cfg.Metrics.DeadLettered(dead)
+	r.count(ctx, outbox.KindDeadLettered, dead)
 	return out, nil
 }
 
@@ -855,7 +867,7 @@ func (r *Relay) send(ctx context.Context, s *state, batch []*event, start time.T
 	pctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
 	results := r.pub.PublishBatch(pctx, envs)
 	cancel()
-	r.cfg.Metrics.ConfirmLatency(time.Since(start))
+	r.observe(ctx, outbox.Observation{Kind: outbox.KindConfirmLatency, Duration: time.Since(start)})
 	if len(results) != len(envs) {
 		err := fmt.Errorf("outboxwal: publisher returned %d results for %d messages", len(results), len(envs))
 		results = make([]error, len(envs))
@@ -918,20 +930,21 @@ func (r *Relay) send(ctx context.Context, s *state, batch []*event, start time.T
 		cancel()
 	}
 	if len(confirmed) > 0 {
-		if h := r.cfg.Hooks.Confirmed; h != nil {
+		if r.cfg.Observer != nil {
 			ids := make([]int64, len(confirmed))
 			for i, ev := range confirmed {
 				ids[i] = ev.env.ID
 			}
-			h(ids)
+			slices.Sort(ids)
+			r.observe(ctx, outbox.Observation{Kind: outbox.KindConfirmed, IDs: ids})
 		}
 		s.confirmed(confirmed)
-		r.cfg.Metrics.Published(len(confirmed))
+		r.count(ctx, outbox.KindPublished, len(confirmed))
 	}
-	r.cfg.Metrics.Failed(failed)
-	r.cfg.Metrics.Returned(returned)
-	r.cfg.Metrics.DeadLettered(dead)
-	r.cfg.Metrics.BatchDuration(time.Since(start))
+	r.count(ctx, outbox.KindFailed, failed)
+	r.count(ctx, outbox.KindReturned, returned)
+	r.count(ctx, outbox.KindDeadLettered, dead)
+	r.observe(ctx, outbox.Observation{Kind: outbox.KindBatchDuration, Duration: time.Since(start)})
 }
 
 // writer sweeps confirmed rows and writes hand-overs every SweepInterval,
@@ -956,7 +969,7 @@ func (r *Relay) writer(wctx, sctx context.Context, s *state, poller *outbox.Rela
 			}
 			if err != nil {
 				s.writeFailed(sweep, hand)
-				r.cfg.Metrics.MarkFailed()
+				r.observe(ctx, outbox.Observation{Kind: outbox.KindMarkFailed})
 				failures++
 				r.log.ErrorContext(ctx, "outbox WAL relay: could not sweep or hand over rows", slog.Any("error", err),
 					slog.Int("rows", len(sweep)+len(hand)))
@@ -965,9 +978,7 @@ func (r *Relay) writer(wctx, sctx context.Context, s *state, poller *outbox.Rela
 			failures = 0
 			s.written(res)
 			vac.swept(len(res.swept))
-			if h := r.cfg.Hooks.Swept; h != nil && len(res.swept) > 0 {
-				h(len(res.swept))
-			}
+			r.count(ctx, KindSwept, len(res.swept))
 			if len(res.handed) > 0 {
 				poller.Wake()
 			}

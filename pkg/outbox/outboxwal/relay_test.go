@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -124,14 +125,14 @@ func TestReplicationCutAfterConfirmLosesNothing(t *testing.T) {
 	cfg := walConfig(t, pool)
 	var once sync.Once
 	cut := make(chan struct{})
-	cfg.Hooks.Confirmed = func([]int64) {
+	cfg.Observer = outboxtest.OnConfirmed(cfg.Observer, func([]int64) {
 		once.Do(func() {
 			if _, err := pool.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1`, cfg.Slot); err != nil {
 				t.Errorf("terminate the walsender: %v", err)
 			}
 			close(cut)
 		})
-	}
+	})
 	relay, _ := startWAL(t, pool, newPublisherForTest(t, b), cfg)
 	waitActive(t, relay)
 	var want []outbox.Enqueued
@@ -368,14 +369,14 @@ func TestConfigRejectsBadValues(t *testing.T) {
 		"status":      {StatusInterval: time.Minute},
 		"publication": {Publication: "x;drop"},
 	} {
-		if _, err := outboxwal.New(pool, pub, cfg); err == nil {
+		if _, err := outboxwal.NewRelay(pool, pub, cfg); err == nil {
 			t.Errorf("%s: no error", name)
 		}
 	}
-	if _, err := outboxwal.New(pool, pub, outboxwal.Config{}); err != nil {
+	if _, err := outboxwal.NewRelay(pool, pub, outboxwal.Config{}); err != nil {
 		t.Errorf("defaults: %v", err)
 	}
-	if _, err := outboxwal.New(nil, pub, outboxwal.Config{}); err == nil {
+	if _, err := outboxwal.NewRelay(nil, pub, outboxwal.Config{}); err == nil {
 		t.Errorf("nil pool: no error")
 	}
 }
@@ -531,7 +532,7 @@ func TestPreparedSlotIsStreamedNotHandedOver(t *testing.T) {
 	pool := walPool(t)
 	b := newBroker(t, "#")
 	cfg := walConfig(t, pool)
-	prep, err := outboxwal.New(pool, newPublisherForTest(t, b), cfg)
+	prep, err := outboxwal.NewRelay(pool, newPublisherForTest(t, b), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -539,23 +540,15 @@ func TestPreparedSlotIsStreamedNotHandedOver(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := enqueue(t, pool, msg("a", "order.created"), msg("b", "order.created"), msg("a", "order.paid"))
-	var mu sync.Mutex
-	streamed := map[int64]bool{}
-	cfg.Hooks.Confirmed = func(ids []int64) {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, id := range ids {
-			streamed[id] = true
-		}
-	}
+	// Rows the stream's events confirmed are swept by the WAL relay; rows
+	// handed over are moved by its polling relay, and not counted here.
+	var swept atomic.Int64
+	cfg.Observer = outboxtest.On(cfg.Observer, outboxwal.KindSwept, func(o outbox.Observation) { swept.Add(int64(o.N)) })
 	relay, _ := startWAL(t, pool, newPublisherForTest(t, b), cfg)
 	waitActive(t, relay)
 	checkAggregateOrder(t, b.waitIDs("the events written after Prepare", want))
-	mu.Lock()
-	defer mu.Unlock()
-	for _, e := range want {
-		if !streamed[e.ID] {
-			t.Errorf("event %d was not published from the stream (handed over to polling?)", e.ID)
-		}
+	waitFor(t, "the outbox emptied", 30*time.Second, outboxEmpty(pool))
+	if n := swept.Load(); n != int64(len(want)) {
+		t.Errorf("the WAL relay swept %d rows, want %d: the others were handed over to polling", n, len(want))
 	}
 }

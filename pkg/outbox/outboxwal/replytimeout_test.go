@@ -28,7 +28,7 @@ func TestRepliesToTheServerBeforeTheFirstAcknowledgement(t *testing.T) {
 	cfg := walConfig(t, base)
 	pub := newBlockingPublisher()
 	t.Cleanup(pub.unblock)
-	prep, err := outboxwal.New(pool, pub, cfg)
+	prep, err := outboxwal.NewRelay(pool, pub, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

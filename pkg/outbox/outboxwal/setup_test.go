@@ -150,9 +150,9 @@ func walConfig(t testing.TB, pool *pgxpool.Pool) outboxwal.Config {
 // being stopped.
 func startWAL(t testing.TB, pool *pgxpool.Pool, pub outbox.Publisher, cfg outboxwal.Config) (*outboxwal.Relay, func()) {
 	t.Helper()
-	relay, err := outboxwal.New(pool, pub, cfg)
+	relay, err := outboxwal.NewRelay(pool, pub, cfg)
 	if err != nil {
-		t.Fatalf("New: %v", err)
+		t.Fatalf("NewRelay: %v", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -333,7 +333,7 @@ func checkAggregateOrderSkipping(t testing.TB, ds []amqp.Delivery, discarded map
 
 func newPublisher(t testing.TB, url, exchange string) *outboxamqp.Publisher {
 	t.Helper()
-	p, err := outboxamqp.New(outboxamqp.Config{
+	p, err := outboxamqp.NewPublisher(outboxamqp.Config{
 		URL:          url,
 		Exchange:     exchange,
 		ReconnectMin: 20 * time.Millisecond,

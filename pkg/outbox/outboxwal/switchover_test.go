@@ -72,7 +72,7 @@ func TestSwitchToAServerWithLessWALLosesNothing(t *testing.T) {
 	br := newBroker(t, "#")
 	cfg := walFromServer(t)
 	var acks atomic.Int64
-	cfg.Hooks.Acknowledged = func(uint64) { acks.Add(1) }
+	cfg.Observer = outboxtest.On(cfg.Observer, outboxwal.KindAcknowledged, func(outbox.Observation) { acks.Add(1) })
 	relay, stop := startWAL(t, pool, newPublisherForTest(t, br), cfg)
 	waitActive(t, relay)
 	onA := enqueue(t, pool, msg("on-a", "order.created"))

@@ -13,7 +13,7 @@ import (
 	"github.com/outbox-inbox/reference/pkg/outbox"
 )
 
-// Relay implements outbox.Metrics with Prometheus collectors.
+// Relay is an outbox.Observer that feeds Prometheus collectors.
 type Relay struct {
 	published      prometheus.Counter
 	failed         prometheus.Counter
@@ -30,7 +30,7 @@ type Relay struct {
 	stranded         prometheus.Counter
 }
 
-var _ outbox.Metrics = (*Relay)(nil)
+var _ outbox.Observer = (*Relay)(nil)
 
 // NewRelay registers the relay's collectors on reg.
 func NewRelay(reg prometheus.Registerer) *Relay {
@@ -66,25 +66,39 @@ func NewRelay(reg prometheus.Registerer) *Relay {
 	return m
 }
 
-func (m *Relay) Published(n int)                { m.published.Add(float64(n)) }
-func (m *Relay) Failed(n int)                   { m.failed.Add(float64(n)) }
-func (m *Relay) Returned(n int)                 { m.returned.Add(float64(n)) }
-func (m *Relay) DeadLettered(n int)             { m.deadLettered.Add(float64(n)) }
-func (m *Relay) BatchDuration(d time.Duration)  { m.batchDuration.Observe(d.Seconds()) }
-func (m *Relay) ConfirmLatency(d time.Duration) { m.confirmLatency.Observe(d.Seconds()) }
-func (m *Relay) ClaimFailed()                   { m.claimFailures.Inc() }
-func (m *Relay) MarkFailed()                    { m.markFailures.Inc() }
-func (m *Relay) Unmarked(n int)                 { m.unmarked.Add(float64(n)) }
-func (m *Relay) ListenReconnected()             { m.listenReconnects.Inc() }
-func (m *Relay) Stranded(n int)                 { m.stranded.Add(float64(n)) }
-
-// ListenFallback sets outbox_listen_fallback to 1 or 0.
-func (m *Relay) ListenFallback(fallback bool) {
-	v := 0.0
-	if fallback {
-		v = 1
+// Observe implements outbox.Observer. Kinds it does not know (the
+// protocol points, the WAL relay's own) are ignored.
+func (m *Relay) Observe(_ context.Context, o outbox.Observation) {
+	switch o.Kind {
+	case outbox.KindPublished:
+		m.published.Add(float64(o.N))
+	case outbox.KindFailed:
+		m.failed.Add(float64(o.N))
+	case outbox.KindReturned:
+		m.returned.Add(float64(o.N))
+	case outbox.KindDeadLettered:
+		m.deadLettered.Add(float64(o.N))
+	case outbox.KindBatchDuration:
+		m.batchDuration.Observe(o.Duration.Seconds())
+	case outbox.KindConfirmLatency:
+		m.confirmLatency.Observe(o.Duration.Seconds())
+	case outbox.KindClaimFailed:
+		m.claimFailures.Inc()
+	case outbox.KindMarkFailed:
+		m.markFailures.Inc()
+	case outbox.KindUnmarked:
+		m.unmarked.Add(float64(o.N))
+	case outbox.KindListenReconnected:
+		m.listenReconnects.Inc()
+	case outbox.KindStranded:
+		m.stranded.Add(float64(o.N))
+	case outbox.KindListenFallback:
+		v := 0.0
+		if o.Fallback {
+			v = 1
+		}
+		m.listenFallback.Set(v)
 	}
-	m.listenFallback.Set(v)
 }
 
 // StatusReader reads the outbox backlog; *outbox.Admin implements it.

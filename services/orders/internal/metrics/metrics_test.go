@@ -1,24 +1,32 @@
 package metrics_test
 
 import (
+	"context"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/outbox-inbox/reference/pkg/outbox"
 	"github.com/outbox-inbox/reference/services/orders/internal/metrics"
 )
 
 // The counters operators alert on are exposed under their documented names
-// and move with the relay's calls.
+// and move with the relay's observations.
 func TestRelayExposesTheFailureCounters(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
 	m := metrics.NewRelay(reg)
-	m.ClaimFailed()
-	m.ClaimFailed()
-	m.MarkFailed()
-	m.Unmarked(3)
-	m.ListenReconnected()
-	m.ListenFallback(true)
+	ctx := context.Background()
+	for _, o := range []outbox.Observation{
+		{Kind: outbox.KindClaimFailed},
+		{Kind: outbox.KindClaimFailed},
+		{Kind: outbox.KindMarkFailed},
+		{Kind: outbox.KindUnmarked, N: 3},
+		{Kind: outbox.KindListenReconnected},
+		{Kind: outbox.KindListenFallback, Fallback: true},
+		{Kind: "a kind added later"},
+	} {
+		m.Observe(ctx, o)
+	}
 
 	families, err := reg.Gather()
 	if err != nil {

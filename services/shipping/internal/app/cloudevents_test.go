@@ -26,7 +26,7 @@ func TestCloudEventsAreAppliedOnceWhicheverEnvelope(t *testing.T) {
 	e := newEnv(t)
 	a := e.start(app.Config{})
 
-	pub, err := outboxamqp.New(outboxamqp.Config{
+	pub, err := outboxamqp.NewPublisher(outboxamqp.Config{
 		URL: e.amqpURL, Exchange: "orders.events", DialTimeout: 5 * time.Second,
 		CloudEvents: &outboxamqp.CloudEvents{Source: "/orders"}, Logger: slog.New(slog.DiscardHandler),
 	})
