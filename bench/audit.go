@@ -59,7 +59,7 @@ func (b *bench) runAudit(ctx context.Context) ([]Figure, error) {
 	db := client.Database("bench_audit")
 
 	// Shipping's inbox: consumer "shipping", records buffered every 10ms.
-	in, err := inbox.New(db, inbox.Config{Consumer: "shipping", FlushInterval: 10 * time.Millisecond})
+	in, err := inbox.New(db, inbox.Config{Consumer: "shipping", Standalone: inbox.StandaloneConfig{FlushInterval: 10 * time.Millisecond}})
 	if err != nil {
 		return nil, err
 	}

@@ -148,7 +148,7 @@ func (b *bench) runInboxThroughput(ctx context.Context) ([]Figure, error) {
 
 	// The shipping service's inbox configuration (services/shipping/internal/app):
 	// records buffered and flushed every 10ms, the default done cache.
-	inboxCfg := inbox.Config{Consumer: "bench", FlushInterval: 10 * time.Millisecond}
+	inboxCfg := inbox.Config{Consumer: "bench", Standalone: inbox.StandaloneConfig{FlushInterval: 10 * time.Millisecond}}
 
 	var plainRates, inboxRates []float64
 	var processed, duplicates, plainDup atomic.Int64
@@ -237,12 +237,12 @@ func (b *bench) runInboxThroughput(ctx context.Context) ([]Figure, error) {
 		"messages": n, "duplicate_share": dupShare, "clients": clients, "repetitions": b.cfg.reps,
 		"inbox_mode": string(mode), "plain_per_s": plainRates, "inbox_per_s": inboxRates,
 		"inbox_processed": processed.Load(), "inbox_duplicates": duplicates.Load(), "plain_duplicate_key_errors": plainDup.Load(),
-		"inbox_flush_interval_ms": ms(inboxCfg.FlushInterval), "inbox_flush_batch": 256, "inbox_done_cache_size": 10000,
+		"inbox_flush_interval_ms": ms(inboxCfg.Standalone.FlushInterval), "inbox_flush_batch": inbox.DefaultFlushBatch, "inbox_done_cache_size": inbox.DefaultDoneCacheSize,
 		"find_by_id_miss_ms": lookups,
 	}
 	return []Figure{newFigure("inbox_throughput", "messages/s", median(inboxRates), median(plainRates), Goal{RatioAtLeast, 0.5},
 		fmt.Sprintf("deliveries/s through pkg/inbox as the shipping service configures it (%s mode: done cache of 10000 ids, check, the shipping effect, record buffered and written in bulk every %v) with %.0f%% duplicates, %d messages, %d concurrent clients, embedded FerretDB (median of %d runs)",
-			mode, inboxCfg.FlushInterval, dupShare*100, n, clients, b.cfg.reps),
+			mode, inboxCfg.Standalone.FlushInterval, dupShare*100, n, clients, b.cfg.reps),
 		"plain InsertOne of the same documents (duplicates fail on the unique _id), same server, same concurrency", details)}, nil
 }
 

@@ -22,8 +22,8 @@ type RecordedMessage struct {
 // Recorded yields the messages this consumer recorded as done with a
 // processed_at at or after since (all of them when since is zero), in the
 // byte order of their ids ("10" before "9"), for a loss audit that compares
-// them with what the producer committed. Claims (Config.Lease) and records
-// still buffered in memory (Config.FlushInterval) are not done records and
+// them with what the producer committed. Claims (Config.Standalone.Lease) and
+// records still buffered in memory (Config.Standalone.FlushInterval) are not done records and
 // are not yielded.
 //
 // It reads pageSize records per query (0: DefaultRecordedPage), keyset by

@@ -31,7 +31,7 @@ func recordedIDs(t *testing.T, in *inbox.Inbox, since time.Time, pageSize int) s
 func TestRecordedYieldsDoneRecordsInIDOrder(t *testing.T) {
 	t.Parallel()
 	db := inboxtest.Database(t)
-	b := setup(t, db, inbox.Config{Consumer: "test", Lease: time.Minute})
+	b := setup(t, db, inbox.Config{Consumer: "test", Standalone: inbox.StandaloneConfig{Lease: time.Minute}})
 	// Consumers whose names extend or prefix this one share the collection.
 	for _, consumer := range []string{"test2", "tes", "test-2"} {
 		other := setup(t, db, inbox.Config{Consumer: consumer})

@@ -12,7 +12,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 )
 
-// Buffered done records (Config.FlushInterval, ModeStandalone without a
+// Buffered done records (Config.Standalone.FlushInterval, without a
 // Lease). Process buffers the record of a message whose handler succeeded
 // and returns; a flusher goroutine, started with the first buffered record
 // and stopped by Close, writes the buffer with unordered InsertMany calls of
@@ -21,7 +21,6 @@ import (
 // it, until its write was acknowledged; a failed write is kept and retried.
 
 const (
-	defaultFlushBatch = 256
 	// flushTimeout bounds one background flush.
 	flushTimeout = 30 * time.Second
 	// maxFlushBackoff caps the pause between flushes after failures.

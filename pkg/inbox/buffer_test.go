@@ -113,7 +113,7 @@ func TestBufferedRecordIsWrittenAfterProcessReturns(t *testing.T) {
 			t.Parallel()
 			db := inboxtest.Database(t)
 			// No flush within the test: only Close writes.
-			b := buffered(t, db, inbox.Config{FlushInterval: time.Hour, DoneCacheSize: cacheSize})
+			b := buffered(t, db, inbox.Config{DoneCacheSize: cacheSize, Standalone: inbox.StandaloneConfig{FlushInterval: time.Hour}})
 			other, err := inbox.New(db, inbox.Config{Consumer: "test", DoneCacheSize: -1}) // reads the database only
 			if err != nil {
 				t.Fatal(err)
@@ -156,7 +156,7 @@ func TestBufferedRecordsAreFlushedEveryIntervalAndWhenABatchIsFull(t *testing.T)
 	t.Parallel()
 	t.Run("interval", func(t *testing.T) {
 		t.Parallel()
-		b := buffered(t, inboxtest.Database(t), inbox.Config{FlushInterval: 20 * time.Millisecond})
+		b := buffered(t, inboxtest.Database(t), inbox.Config{Standalone: inbox.StandaloneConfig{FlushInterval: 20 * time.Millisecond}})
 		b.process(t, "m-1", inbox.Processed)
 		b.waitRecords(t, 1)
 		b.process(t, "m-2", inbox.Processed) // the flusher woke up again
@@ -165,7 +165,7 @@ func TestBufferedRecordsAreFlushedEveryIntervalAndWhenABatchIsFull(t *testing.T)
 	t.Run("batch", func(t *testing.T) {
 		t.Parallel()
 		const batch = 5
-		b := buffered(t, inboxtest.Database(t), inbox.Config{FlushInterval: time.Hour, FlushBatch: batch})
+		b := buffered(t, inboxtest.Database(t), inbox.Config{Standalone: inbox.StandaloneConfig{FlushInterval: time.Hour, FlushBatch: batch}})
 		for i := range batch - 1 {
 			b.process(t, fmt.Sprintf("m-%d", i), inbox.Processed)
 		}
@@ -186,7 +186,7 @@ func TestBufferedConcurrentDuplicatesEndWithOneRecordAndOneEffect(t *testing.T) 
 	)
 	db := inboxtest.Database(t)
 	logs := &logCapture{}
-	cfg := inbox.Config{FlushInterval: 5 * time.Millisecond, FlushBatch: 8, Logger: slog.New(logs)}
+	cfg := inbox.Config{Logger: slog.New(logs), Standalone: inbox.StandaloneConfig{FlushInterval: 5 * time.Millisecond, FlushBatch: 8}}
 	b := buffered(t, db, cfg)
 	// A second instance of the same consumer, on the same collection: its
 	// buffer and cache are its own, so both may run the handler and both
@@ -234,7 +234,7 @@ func TestBufferedRecordMeetingARecordOrAClaimIsSettled(t *testing.T) {
 	t.Parallel()
 	db := inboxtest.Database(t)
 	logs := &logCapture{}
-	b := buffered(t, db, inbox.Config{FlushInterval: time.Hour, Logger: slog.New(logs)})
+	b := buffered(t, db, inbox.Config{Logger: slog.New(logs), Standalone: inbox.StandaloneConfig{FlushInterval: time.Hour}})
 	for _, id := range []string{"m-1", "m-2", "m-3"} {
 		b.process(t, id, inbox.Processed)
 	}
@@ -279,7 +279,7 @@ func TestLostBufferedRecordCostsOnlyAnIdempotentRerun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dying := setup(t, client.Database(db.Name()), inbox.Config{FlushInterval: time.Hour})
+	dying := setup(t, client.Database(db.Name()), inbox.Config{Standalone: inbox.StandaloneConfig{FlushInterval: time.Hour}})
 	dying.process(t, "m-1", inbox.Processed) // acked by the consumer
 	dying.exactlyOnce(t, "m-1")
 
@@ -297,7 +297,7 @@ func TestLostBufferedRecordCostsOnlyAnIdempotentRerun(t *testing.T) {
 
 	// The message is delivered again (e.g. the relay republished it) to a new
 	// instance: no record, so the handler runs again, idempotently.
-	b := buffered(t, db, inbox.Config{FlushInterval: 10 * time.Millisecond})
+	b := buffered(t, db, inbox.Config{Standalone: inbox.StandaloneConfig{FlushInterval: 10 * time.Millisecond}})
 	if n := b.records(t); n != 0 {
 		t.Fatalf("%d records, want 0: the buffered record was lost", n)
 	}
@@ -360,7 +360,8 @@ func TestFailedFlushIsLoggedAndRetried(t *testing.T) {
 	t.Cleanup(func() { _ = client.Disconnect(context.WithoutCancel(t.Context())) })
 	logs := &logCapture{}
 	b := buffered(t, client.Database(db.Name()), inbox.Config{
-		Collection: "inbox_flaky", FlushInterval: 20 * time.Millisecond, Logger: slog.New(logs),
+		Collection: "inbox_flaky", Logger: slog.New(logs),
+		Standalone: inbox.StandaloneConfig{FlushInterval: 20 * time.Millisecond},
 	})
 
 	dialer.failInserts.Store(1) // the first flush fails; Process itself inserts nothing there
@@ -392,7 +393,7 @@ func TestCloseIsIdempotentAndANoOpWithoutBuffering(t *testing.T) {
 	}
 	b.process(t, "m-1", inbox.Processed)
 
-	c := buffered(t, inboxtest.Database(t), inbox.Config{FlushInterval: time.Hour})
+	c := buffered(t, inboxtest.Database(t), inbox.Config{Standalone: inbox.StandaloneConfig{FlushInterval: time.Hour}})
 	if err := c.in.Close(t.Context()); err != nil { // nothing buffered, no flusher
 		t.Fatalf("Close before any Process: %v", err)
 	}
@@ -409,14 +410,14 @@ func TestNewRejectsInvalidCacheAndBufferConfig(t *testing.T) {
 	t.Parallel()
 	db := inboxtest.Database(t)
 	for name, cfg := range map[string]inbox.Config{
-		"negative flush interval":             {Consumer: "c", FlushInterval: -time.Millisecond},
-		"flush in transaction mode":           {Consumer: "c", Mode: inbox.ModeTransaction, FlushInterval: time.Millisecond},
-		"flush with a lease":                  {Consumer: "c", Lease: time.Second, FlushInterval: time.Millisecond},
-		"flush with a lease (auto)":           {Consumer: "c", Mode: inbox.ModeAuto, Lease: time.Second, FlushInterval: time.Millisecond},
-		"negative flush batch":                {Consumer: "c", FlushInterval: time.Millisecond, FlushBatch: -1},
-		"flush batch without flush interval":  {Consumer: "c", FlushBatch: 10},
-		"buffer bound without flush interval": {Consumer: "c", MaxBufferedRecords: 10},
-		"negative buffer bound":               {Consumer: "c", FlushInterval: time.Millisecond, MaxBufferedRecords: -1},
+		"negative flush interval":             {Consumer: "c", Standalone: inbox.StandaloneConfig{FlushInterval: -time.Millisecond}},
+		"flush in transaction mode":           {Consumer: "c", Mode: inbox.ModeTransaction, Standalone: inbox.StandaloneConfig{FlushInterval: time.Millisecond}},
+		"flush with a lease":                  {Consumer: "c", Standalone: inbox.StandaloneConfig{Lease: time.Second, FlushInterval: time.Millisecond}},
+		"flush with a lease (auto)":           {Consumer: "c", Mode: inbox.ModeAuto, Standalone: inbox.StandaloneConfig{Lease: time.Second, FlushInterval: time.Millisecond}},
+		"negative flush batch":                {Consumer: "c", Standalone: inbox.StandaloneConfig{FlushInterval: time.Millisecond, FlushBatch: -1}},
+		"flush batch without flush interval":  {Consumer: "c", Standalone: inbox.StandaloneConfig{FlushBatch: 10}},
+		"buffer bound without flush interval": {Consumer: "c", Standalone: inbox.StandaloneConfig{MaxBufferedRecords: 10}},
+		"negative buffer bound":               {Consumer: "c", Standalone: inbox.StandaloneConfig{FlushInterval: time.Millisecond, MaxBufferedRecords: -1}},
 		"cache size below -1":                 {Consumer: "c", DoneCacheSize: -2},
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -426,8 +427,8 @@ func TestNewRejectsInvalidCacheAndBufferConfig(t *testing.T) {
 		})
 	}
 	for name, cfg := range map[string]inbox.Config{
-		"flush in auto mode":       {Consumer: "c", FlushInterval: time.Millisecond},
-		"flush in standalone mode": {Consumer: "c", Mode: inbox.ModeStandalone, FlushInterval: time.Millisecond, FlushBatch: 10},
+		"flush in auto mode":       {Consumer: "c", Standalone: inbox.StandaloneConfig{FlushInterval: time.Millisecond}},
+		"flush in standalone mode": {Consumer: "c", Mode: inbox.ModeStandalone, Standalone: inbox.StandaloneConfig{FlushInterval: time.Millisecond, FlushBatch: 10}},
 		"cache disabled":           {Consumer: "c", DoneCacheSize: -1},
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -448,7 +449,8 @@ func TestFullBufferMakesProcessWriteItsRecordAndFailWhileFlushesFail(t *testing.
 	const bound = 4
 	logs := &logCapture{}
 	b := buffered(t, db, inbox.Config{
-		FlushInterval: 5 * time.Millisecond, FlushBatch: 2, MaxBufferedRecords: bound, Logger: slog.New(logs),
+		Logger:     slog.New(logs),
+		Standalone: inbox.StandaloneConfig{FlushInterval: 5 * time.Millisecond, FlushBatch: 2, MaxBufferedRecords: bound},
 	})
 	// Every write of a record of consumer "test" fails: a unique index on
 	// consumer, and a document holding "test" there.

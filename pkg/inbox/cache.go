@@ -17,9 +17,6 @@ type doneCache struct {
 	next int      // the ring's oldest slot once it is full
 }
 
-// defaultDoneCacheSize is Config.DoneCacheSize's default.
-const defaultDoneCacheSize = 10000
-
 func newDoneCache(size int) *doneCache {
 	if size <= 0 {
 		return nil

@@ -70,7 +70,7 @@
 //   - Transient errors (label TransientTransactionError: a write conflict
 //     with a concurrent duplicate, or with the orphaned transaction of a
 //     consumer that died holding the record; a failover) are retried with
-//     backoff (10ms doubling to 1s) within Config.TransactionRetryBudget,
+//     backoff (10ms doubling to 1s) within Config.Transaction.RetryBudget,
 //     90s by default: longer than the server's
 //     transactionLifetimeLimitSeconds (60s), after which it aborts an
 //     orphan. When the budget runs out, Process returns a *TransientError
@@ -120,7 +120,7 @@
 //     handler; its idempotence keeps one effect, and both records collapse
 //     into one (the second insert's duplicate key is expected).
 //
-// With Config.Lease, ModeStandalone first claims the message: a "processing"
+// With Config.Standalone.Lease, ModeStandalone first claims the message: a "processing"
 // record with an owner and an expiry. A concurrent duplicate then gets
 // ErrInProgress instead of running the handler at the same time (retry it
 // later, e.g. through a delay queue); the handler's success turns the claim
@@ -214,8 +214,8 @@
 // looked up in the database as before. Disable it (-1) only to observe the
 // database's behaviour, e.g. in tests of retention.
 //
-// Buffered done records (Config.FlushInterval, ModeStandalone without a
-// Lease) move the record's write out of the message's path: after the
+// Buffered done records (Config.Standalone.FlushInterval, without a Lease)
+// move the record's write out of the message's path: after the
 // handler succeeded, Process puts the record in an in-memory buffer (and in
 // the cache) and returns Processed at once; a background flusher writes the
 // buffer with one unordered InsertMany every FlushInterval, or as soon as
@@ -226,7 +226,7 @@
 // is there and is turned into done); any other failure keeps the record in
 // the buffer, is logged (message_id, error, attempt) and is retried at the
 // next flush, with a growing pause while failures last. The buffer holds at
-// most Config.MaxBufferedRecords (16 × FlushBatch by default): when it is
+// most Standalone.MaxBufferedRecords (16 × FlushBatch by default): when it is
 // full, Process writes its message's record itself before returning, so
 // while the database keeps failing Process fails too (no ack) instead of
 // the buffer growing. Close stops the
@@ -246,12 +246,13 @@
 // a millisecond of server CPU).
 // Use it with an idempotent handler on a standalone server or FerretDB; a
 // small interval (10ms) keeps the window short and the batches useful. It
-// is refused with ModeTransaction (there the record commits with the effect,
-// in the same round trips) and with a Lease (a claim is turned into done
-// synchronously), and FlushBatch or MaxBufferedRecords without it are
-// refused; when ModeAuto resolves to ModeTransaction, FlushInterval is
-// ignored and records commit with the effect as usual (logged at INFO), and
-// so is a Lease (logged as a warning).
+// lives in Config.Standalone, which New refuses with ModeTransaction (there
+// the record commits with the effect, in the same round trips); it is
+// refused with a Lease (a claim is turned into done synchronously), and
+// FlushBatch or MaxBufferedRecords without it are refused. With ModeAuto,
+// Config.Standalone applies when the server has no transactions and
+// Config.Transaction when it has: a service that runs on both configures
+// both.
 //
 // # The session-context rule
 //
@@ -325,7 +326,7 @@
 //     and retries, logging each failure; Close returns an error naming the
 //     records it could not write before its deadline.
 //   - Commit outcome unknown (ModeTransaction): committed again within
-//     TransactionRetryBudget; if still unknown, a *TransientError with
+//     Transaction.RetryBudget; if still unknown, a *TransientError with
 //     CommitUnknown and no ack; the redelivery finds either the committed
 //     record (Duplicate) or nothing (processed again).
 //   - Handler error: ErrHandler; nothing recorded, nothing committed in
@@ -334,7 +335,7 @@
 //   - A consumer that dies inside a transaction (ModeTransaction) leaves it
 //     open until the server aborts it (transactionLifetimeLimitSeconds, 60s
 //     by default): a redelivery meanwhile meets write conflicts and retries
-//     them within TransactionRetryBudget (90s), so it is applied as soon as
+//     them within Transaction.RetryBudget (90s), so it is applied as soon as
 //     the orphan is gone; if the budget runs out first, ErrTransient: retry
 //     later, within the bound of such retries (see Use).
 //

@@ -94,14 +94,14 @@ func TestHooksSeeTheCheckAndTheRecordAroundTheHandler(t *testing.T) {
 		},
 		{
 			name:    "buffered records",
-			cfg:     inbox.Config{Mode: inbox.ModeStandalone, FlushInterval: 10 * time.Millisecond},
+			cfg:     inbox.Config{Mode: inbox.ModeStandalone, Standalone: inbox.StandaloneConfig{FlushInterval: 10 * time.Millisecond}},
 			first:   "check, handler, record buffered",
 			again:   "check duplicate",
 			failing: "check, handler",
 		},
 		{
 			name:    "lease",
-			cfg:     inbox.Config{Mode: inbox.ModeStandalone, Lease: time.Minute},
+			cfg:     inbox.Config{Mode: inbox.ModeStandalone, Standalone: inbox.StandaloneConfig{Lease: time.Minute}},
 			first:   "check, handler, record",
 			again:   "check duplicate",
 			failing: "check, handler",

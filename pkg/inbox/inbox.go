@@ -81,80 +81,43 @@ var (
 // only writes made with it commit together with the inbox record.
 type Handler func(ctx context.Context) error
 
-// Config configures an Inbox.
+// Config configures an Inbox. The zero value of every field but Consumer
+// means its default; New refuses values out of range and settings of the
+// other mode (Standalone with ModeTransaction, Transaction with
+// ModeStandalone).
 type Config struct {
 	// Consumer names the consumer: the same message id is deduplicated
 	// separately for each consumer name, so two services can share the
 	// collection. Required.
 	Consumer string
-	// Collection holds the inbox records. Default: "inbox".
+	// Collection holds the inbox records. Default: DefaultCollection.
 	Collection string
 	// Retention is how long a done record is kept, and so how late a
 	// redelivery of the same message is still recognised as a duplicate. It
 	// must exceed the longest delay after which the producer may deliver a
-	// message again (see the package documentation). Default: 7 days.
+	// message again (see the package documentation). Default:
+	// DefaultRetention (7 days).
 	Retention time.Duration
 	// Mode is ModeAuto, ModeTransaction or ModeStandalone. Default: ModeAuto.
 	Mode Mode
-	// Lease, in ModeStandalone, makes Process claim a message before running
-	// its handler, so a concurrent duplicate gets ErrInProgress instead of
-	// running the handler at the same time; a claim whose holder died is
-	// taken over once Lease has passed. Set it above the handler's longest
-	// run. Rejected with ModeTransaction; ignored, with a warning logged,
-	// when ModeAuto resolves to ModeTransaction. Default: 0, no claim:
-	// concurrent duplicates may both run the (idempotent) handler, and
-	// recovery after a crash is immediate.
-	Lease time.Duration
+	// Standalone configures ModeStandalone: it applies when Mode is
+	// ModeStandalone, or ModeAuto that finds no transactions. In
+	// ModeTransaction the record commits with the effect and none of it has
+	// a meaning: New refuses it with ModeTransaction.
+	Standalone StandaloneConfig
+	// Transaction configures ModeTransaction: it applies when Mode is
+	// ModeTransaction, or ModeAuto that finds a replica set or a mongos. New
+	// refuses it with ModeStandalone.
+	Transaction TransactionConfig
 	// DoneCacheSize bounds the in-process cache of message ids this Inbox
 	// knows are done (recorded, buffered, or found done by a lookup), which
 	// Process consults before anything else: a hit is a Duplicate without a
 	// database operation. When full, the oldest id is evicted. Done is final,
 	// so a hit is always right, also after retention purged the record; a
 	// miss costs the usual lookup. Each entry holds the message id (a few
-	// dozen bytes for a UUID). Default: 10000 entries; -1 disables.
+	// dozen bytes for a UUID). Default: DefaultDoneCacheSize entries; -1
+	// disables.
 	DoneCacheSize int
-	// FlushInterval, in ModeStandalone without a Lease, makes Process buffer
-	// the done record of a message whose handler succeeded and return,
-	// instead of writing the record first: a background flusher writes the
-	// buffer with one unordered InsertMany every FlushInterval, or as soon as
-	// FlushBatch records wait. IsDone and Process see buffered records. Call
-	// Close before exiting: records still buffered when the process dies are
-	// lost, which costs a rerun of the idempotent handler on a redelivery,
-	// never a lost or doubled effect (see the package documentation).
-	// Rejected with ModeTransaction or a Lease; ignored (records are written
-	// synchronously) when ModeAuto resolves to ModeTransaction. Default: 0,
-	// each record is written before Process returns.
-	FlushInterval time.Duration
-	// FlushBatch is, with FlushInterval, how many buffered records trigger a
-	// flush before FlushInterval has passed, and the most one InsertMany
-	// writes. Rejected without FlushInterval. Default: 256.
-	FlushBatch int
-	// MaxBufferedRecords bounds, with FlushInterval, how many records the
-	// buffer holds. When it is full (flushes keep failing, or fall behind),
-	// Process writes its message's record itself before it returns, as
-	// without FlushInterval: while the database fails, Process fails (do not
-	// ack), which holds the consumer back instead of growing the buffer.
-	// Default: 16 × FlushBatch.
-	MaxBufferedRecords int
-	// TransactionRetryBudget bounds, in ModeTransaction, how long Process
-	// retries a message through transient errors: write conflicts
-	// (TransientTransactionError) with a concurrent duplicate or with an
-	// orphaned transaction of a dead consumer holding the record, a
-	// failover, a commit whose outcome is unknown
-	// (UnknownTransactionCommitResult, committed again), a duplicate key on
-	// a record a majority does not have yet. Retries pause 10ms doubling to
-	// 1s. When the budget runs out, Process returns a *TransientError
-	// (errors.Is ErrTransient), which is not a handler failure: retry the
-	// message later. Keep it above the server's
-	// transactionLifetimeLimitSeconds (60s by default), after which the
-	// server aborts an orphaned transaction. Default: 90s.
-	TransactionRetryBudget time.Duration
-	// MaxTransactionAttempts, if set, also bounds how many transactions
-	// Process tries for one message in ModeTransaction before it returns a
-	// *TransientError; re-commits of a commit whose outcome is unknown are
-	// bounded by TransactionRetryBudget only. Default: 0, no bound but the
-	// budget.
-	MaxTransactionAttempts int
 	// Logger receives the inbox's logs (among them failed writes of
 	// buffered records, with "message_id", "error" and "attempt").
 	// Default: discard.
@@ -163,6 +126,75 @@ type Config struct {
 	// tracing or metrics; see Hooks. Default: none.
 	Hooks Hooks
 }
+
+// StandaloneConfig configures ModeStandalone (see Config.Standalone). Lease
+// and FlushInterval exclude each other: a claim is turned into done
+// synchronously. With neither, each record is written before Process
+// returns.
+type StandaloneConfig struct {
+	// Lease makes Process claim a message before running its handler, so a
+	// concurrent duplicate gets ErrInProgress instead of running the
+	// handler at the same time; a claim whose holder died is taken over
+	// once Lease has passed. Set it above the handler's longest run, and at
+	// most Retention. Default: 0, no claim: concurrent duplicates may both
+	// run the (idempotent) handler, and recovery after a crash is immediate.
+	Lease time.Duration
+	// FlushInterval makes Process buffer the done record of a message whose
+	// handler succeeded and return, instead of writing the record first: a
+	// background flusher writes the buffer with one unordered InsertMany
+	// every FlushInterval, or as soon as FlushBatch records wait. IsDone and
+	// Process see buffered records. Call Close before exiting: records still
+	// buffered when the process dies are lost, which costs a rerun of the
+	// idempotent handler on a redelivery, never a lost or doubled effect
+	// (see the package documentation). Default: 0, each record is written
+	// before Process returns.
+	FlushInterval time.Duration
+	// FlushBatch is, with FlushInterval, how many buffered records trigger a
+	// flush before FlushInterval has passed, and the most one InsertMany
+	// writes. Refused without FlushInterval. Default: DefaultFlushBatch.
+	FlushBatch int
+	// MaxBufferedRecords bounds, with FlushInterval, how many records the
+	// buffer holds. When it is full (flushes keep failing, or fall behind),
+	// Process writes its message's record itself before it returns, as
+	// without FlushInterval: while the database fails, Process fails (do not
+	// ack), which holds the consumer back instead of growing the buffer.
+	// Refused without FlushInterval. Default: 16 × FlushBatch.
+	MaxBufferedRecords int
+}
+
+// TransactionConfig configures ModeTransaction (see Config.Transaction).
+type TransactionConfig struct {
+	// RetryBudget bounds how long Process retries a message through
+	// transient errors: write conflicts (TransientTransactionError) with a
+	// concurrent duplicate or with an orphaned transaction of a dead
+	// consumer holding the record, a failover, a commit whose outcome is
+	// unknown (UnknownTransactionCommitResult, committed again), a duplicate
+	// key on a record a majority does not have yet. Retries pause 10ms
+	// doubling to 1s. When the budget runs out, Process returns a
+	// *TransientError (errors.Is ErrTransient), which is not a handler
+	// failure: retry the message later. Keep it above the server's
+	// transactionLifetimeLimitSeconds (60s by default), after which the
+	// server aborts an orphaned transaction. Default: DefaultRetryBudget
+	// (90s).
+	RetryBudget time.Duration
+	// MaxAttempts, if set, also bounds how many transactions Process tries
+	// for one message before it returns a *TransientError; re-commits of a
+	// commit whose outcome is unknown are bounded by RetryBudget only.
+	// Default: 0, no bound but the budget.
+	MaxAttempts int
+}
+
+// Defaults of Config: the value a zero field means.
+const (
+	DefaultCollection    = "inbox"
+	DefaultRetention     = 7 * 24 * time.Hour
+	DefaultDoneCacheSize = 10_000
+	DefaultFlushBatch    = 256
+	// DefaultRetryBudget is longer than the server's default
+	// transactionLifetimeLimitSeconds (60s), after which an orphaned
+	// transaction holding the record is aborted.
+	DefaultRetryBudget = 90 * time.Second
+)
 
 // Maximum length of a message id, in bytes.
 const maxMessageIDLen = 1024
@@ -200,42 +232,55 @@ func New(db *mongo.Database, cfg Config) (*Inbox, error) {
 	if cfg.Consumer == "" || len(cfg.Consumer) > 256 || !utf8.ValidString(cfg.Consumer) || strings.ContainsAny(cfg.Consumer, "/\x00") {
 		return nil, fmt.Errorf("inbox: Consumer %q: want 1 to 256 bytes of UTF-8 without NUL or '/'", cfg.Consumer)
 	}
-	coll := cmp.Or(cfg.Collection, "inbox")
+	coll := cmp.Or(cfg.Collection, DefaultCollection)
 	if strings.ContainsAny(coll, "$\x00") || strings.HasPrefix(coll, ".") || strings.HasPrefix(coll, "system.") || len(coll) > 200 || !utf8.ValidString(coll) {
 		return nil, fmt.Errorf("inbox: Collection %q: not a valid collection name", coll)
+	}
+	switch cfg.Mode {
+	case "", ModeAuto, ModeTransaction, ModeStandalone:
+	default:
+		return nil, fmt.Errorf("inbox: Mode %q: want %q, %q or %q", cfg.Mode, ModeAuto, ModeTransaction, ModeStandalone)
 	}
 	if cfg.Retention < 0 || cfg.Retention > 0 && cfg.Retention < time.Second {
 		return nil, fmt.Errorf("inbox: Retention %v: want at least 1s (or 0 for the default)", cfg.Retention)
 	}
-	if cfg.Lease < 0 {
-		return nil, fmt.Errorf("inbox: Lease %v: want 0 (no claim) or a positive duration", cfg.Lease)
-	}
 	if cfg.DoneCacheSize < -1 {
 		return nil, fmt.Errorf("inbox: DoneCacheSize %d: want a positive size, 0 for the default or -1 to disable", cfg.DoneCacheSize)
 	}
-	if cfg.FlushInterval < 0 {
-		return nil, fmt.Errorf("inbox: FlushInterval %v: want 0 (write records synchronously) or a positive duration", cfg.FlushInterval)
+	sa, tx := cfg.Standalone, cfg.Transaction
+	if cfg.Mode == ModeTransaction && sa != (StandaloneConfig{}) {
+		return nil, errors.New("inbox: Standalone applies to ModeStandalone only: in ModeTransaction the record commits with the effect")
 	}
-	if cfg.FlushBatch < 0 {
-		return nil, fmt.Errorf("inbox: FlushBatch %d: want a positive number (or 0 for the default)", cfg.FlushBatch)
+	if cfg.Mode == ModeStandalone && tx != (TransactionConfig{}) {
+		return nil, errors.New("inbox: Transaction applies to ModeTransaction only")
 	}
-	if cfg.MaxBufferedRecords < 0 {
-		return nil, fmt.Errorf("inbox: MaxBufferedRecords %d: want a positive number (or 0 for the default)", cfg.MaxBufferedRecords)
+	if sa.Lease < 0 {
+		return nil, fmt.Errorf("inbox: Standalone.Lease %v: want 0 (no claim) or a positive duration", sa.Lease)
 	}
-	if cfg.FlushInterval == 0 && (cfg.FlushBatch != 0 || cfg.MaxBufferedRecords != 0) {
-		return nil, errors.New("inbox: FlushBatch and MaxBufferedRecords apply only with FlushInterval (buffered records)")
+	if sa.FlushInterval < 0 {
+		return nil, fmt.Errorf("inbox: Standalone.FlushInterval %v: want 0 (write records synchronously) or a positive duration", sa.FlushInterval)
 	}
-	if cfg.FlushInterval > 0 && cfg.Mode == ModeTransaction {
-		return nil, errors.New("inbox: FlushInterval applies to ModeStandalone only: in ModeTransaction the record commits with the effect")
+	if sa.FlushBatch < 0 {
+		return nil, fmt.Errorf("inbox: Standalone.FlushBatch %d: want a positive number (or 0 for the default)", sa.FlushBatch)
 	}
-	if cfg.FlushInterval > 0 && cfg.Lease > 0 {
-		return nil, errors.New("inbox: FlushInterval and Lease exclude each other: a claim is turned into done synchronously")
+	if sa.MaxBufferedRecords < 0 {
+		return nil, fmt.Errorf("inbox: Standalone.MaxBufferedRecords %d: want a positive number (or 0 for the default)", sa.MaxBufferedRecords)
 	}
-	if cfg.TransactionRetryBudget < 0 {
-		return nil, fmt.Errorf("inbox: TransactionRetryBudget %v: want a positive duration (or 0 for the default)", cfg.TransactionRetryBudget)
+	if sa.FlushInterval == 0 && (sa.FlushBatch != 0 || sa.MaxBufferedRecords != 0) {
+		return nil, errors.New("inbox: Standalone.FlushBatch and MaxBufferedRecords apply only with FlushInterval (buffered records)")
 	}
-	if cfg.MaxTransactionAttempts < 0 {
-		return nil, fmt.Errorf("inbox: MaxTransactionAttempts %d: want a positive number (or 0 for the default)", cfg.MaxTransactionAttempts)
+	if sa.FlushInterval > 0 && sa.Lease > 0 {
+		return nil, errors.New("inbox: Standalone.FlushInterval and Lease exclude each other: a claim is turned into done synchronously")
+	}
+	if tx.RetryBudget < 0 {
+		return nil, fmt.Errorf("inbox: Transaction.RetryBudget %v: want a positive duration (or 0 for the default)", tx.RetryBudget)
+	}
+	if tx.MaxAttempts < 0 {
+		return nil, fmt.Errorf("inbox: Transaction.MaxAttempts %d: want a positive number (or 0 for the default)", tx.MaxAttempts)
+	}
+	retention := cmp.Or(cfg.Retention, DefaultRetention)
+	if sa.Lease > retention {
+		return nil, fmt.Errorf("inbox: Standalone.Lease %v exceeds Retention %v", sa.Lease, retention)
 	}
 	in := &Inbox{
 		db: db,
@@ -243,38 +288,28 @@ func New(db *mongo.Database, cfg Config) (*Inbox, error) {
 		// package documentation, "Durability".
 		coll:        db.Collection(coll, options.Collection().SetWriteConcern(writeconcern.Journaled())),
 		tx:          newMongoTxStore(db.Collection(coll)),
-		txBudget:    cmp.Or(cfg.TransactionRetryBudget, defaultTxBudget),
+		txBudget:    cmp.Or(tx.RetryBudget, DefaultRetryBudget),
 		txBackoff:   backoff,
 		detect:      detectMode,
 		consumer:    cfg.Consumer,
-		retention:   cmp.Or(cfg.Retention, 7*24*time.Hour),
-		lease:       cfg.Lease,
-		maxAttempts: cfg.MaxTransactionAttempts,
+		retention:   retention,
+		lease:       sa.Lease,
+		maxAttempts: tx.MaxAttempts,
 		log:         cfg.Logger,
 		hooks:       cfg.Hooks,
 	}
-	if cfg.DoneCacheSize != -1 {
-		in.cache = newDoneCache(cmp.Or(cfg.DoneCacheSize, defaultDoneCacheSize))
+	if cfg.Mode != ModeAuto {
+		in.mode = cfg.Mode
 	}
-	if cfg.FlushInterval > 0 {
-		batch := cmp.Or(cfg.FlushBatch, defaultFlushBatch)
-		in.buf = newRecordBuffer(cfg.FlushInterval, batch, cmp.Or(cfg.MaxBufferedRecords, 16*batch))
+	if cfg.DoneCacheSize != -1 {
+		in.cache = newDoneCache(cmp.Or(cfg.DoneCacheSize, DefaultDoneCacheSize))
+	}
+	if sa.FlushInterval > 0 {
+		batch := cmp.Or(sa.FlushBatch, DefaultFlushBatch)
+		in.buf = newRecordBuffer(sa.FlushInterval, batch, cmp.Or(sa.MaxBufferedRecords, 16*batch))
 	}
 	if in.log == nil {
 		in.log = slog.New(slog.DiscardHandler)
-	}
-	if in.lease > in.retention {
-		return nil, fmt.Errorf("inbox: Lease %v exceeds Retention %v", in.lease, in.retention)
-	}
-	switch cmp.Or(cfg.Mode, ModeAuto) {
-	case ModeAuto:
-	case ModeTransaction, ModeStandalone:
-		in.mode = cfg.Mode
-	default:
-		return nil, fmt.Errorf("inbox: Mode %q: want %q, %q or %q", cfg.Mode, ModeAuto, ModeTransaction, ModeStandalone)
-	}
-	if cfg.Mode == ModeTransaction && cfg.Lease > 0 {
-		return nil, errors.New("inbox: Lease applies to ModeStandalone only")
 	}
 	return in, nil
 }
@@ -296,13 +331,6 @@ func (in *Inbox) Mode(ctx context.Context) (Mode, error) {
 	}
 	in.mode = m
 	in.log.InfoContext(ctx, "inbox mode detected", "mode", string(m), "consumer", in.consumer)
-	if m == ModeTransaction && in.buf != nil {
-		in.log.InfoContext(ctx, "inbox: FlushInterval ignored in transaction mode: records commit with the effect", "consumer", in.consumer)
-	}
-	if m == ModeTransaction && in.lease > 0 {
-		in.log.WarnContext(ctx, "inbox: Lease ignored in transaction mode: a concurrent duplicate meets a write conflict and is retried instead of getting ErrInProgress",
-			"consumer", in.consumer, "lease", in.lease)
-	}
 	return m, nil
 }
 
@@ -357,7 +385,7 @@ func detectMode(ctx context.Context, client *mongo.Client) (Mode, error) {
 //     a write error, or outlived the transaction (see the package
 //     documentation).
 //   - ErrTransient (a *TransientError), ModeTransaction only: transient
-//     errors outlasted Config.TransactionRetryBudget (an orphaned
+//     errors outlasted Config.Transaction.RetryBudget (an orphaned
 //     transaction holds the record, a failover, a commit outcome still
 //     unknown). Not a handler failure: retry later, do not count it.
 //   - any other error: the database failed. In ModeStandalone the handler

@@ -27,7 +27,7 @@ var standaloneVariants = []struct {
 	cfg  inbox.Config
 }{
 	{"no claim", inbox.Config{}},
-	{"claim", inbox.Config{Lease: time.Minute}}, // no takeover within a test
+	{"claim", inbox.Config{Standalone: inbox.StandaloneConfig{Lease: time.Minute}}}, // no takeover within a test
 }
 
 func TestAutoModeIsStandaloneOnFerretDB(t *testing.T) {
@@ -116,7 +116,7 @@ func TestConcurrentDuplicatesProduceOneEffect(t *testing.T) {
 			if n := b.records(t); n != messages {
 				t.Errorf("%d inbox records, want %d", n, messages)
 			}
-			if v.cfg.Lease > 0 && b.runs.Load() != messages {
+			if v.cfg.Standalone.Lease > 0 && b.runs.Load() != messages {
 				t.Errorf("with a claim the handler ran %d times, want once per message (%d)", b.runs.Load(), messages)
 			}
 			t.Logf("%d deliveries, %d handler runs", messages*deliveries, b.runs.Load())
@@ -152,7 +152,7 @@ func TestCrashBetweenEffectAndRecordStillOneEffect(t *testing.T) {
 		cfg  inbox.Config
 	}{
 		{"no claim", inbox.Config{}},
-		{"claim", inbox.Config{Lease: 300 * time.Millisecond}},
+		{"claim", inbox.Config{Standalone: inbox.StandaloneConfig{Lease: 300 * time.Millisecond}}},
 	} {
 		t.Run(v.name, func(t *testing.T) {
 			t.Parallel()
@@ -183,7 +183,7 @@ func TestCrashBetweenEffectAndRecordStillOneEffect(t *testing.T) {
 
 func TestConcurrentDuplicateWaitsForALiveClaim(t *testing.T) {
 	t.Parallel()
-	b := standalone(t, inbox.Config{Lease: time.Minute})
+	b := standalone(t, inbox.Config{Standalone: inbox.StandaloneConfig{Lease: time.Minute}})
 	entered, release := make(chan struct{}), make(chan struct{})
 	first := make(chan error, 1)
 	go func() {
@@ -217,7 +217,7 @@ func TestConcurrentDuplicateWaitsForALiveClaim(t *testing.T) {
 
 func TestClaimOutlivedByItsHandlerIsTakenOverSafely(t *testing.T) {
 	t.Parallel()
-	b := standalone(t, inbox.Config{Lease: 200 * time.Millisecond})
+	b := standalone(t, inbox.Config{Standalone: inbox.StandaloneConfig{Lease: 200 * time.Millisecond}})
 	entered, release := make(chan struct{}), make(chan struct{})
 	slow := make(chan error, 1)
 	go func() {
@@ -248,7 +248,7 @@ func TestHandlerErrorLeavesNoRecord(t *testing.T) {
 	variants := append(slices.Clone(standaloneVariants), struct {
 		name string
 		cfg  inbox.Config
-	}{"buffered", inbox.Config{FlushInterval: time.Hour}})
+	}{"buffered", inbox.Config{Standalone: inbox.StandaloneConfig{FlushInterval: time.Hour}}})
 	for _, v := range variants {
 		t.Run(v.name, func(t *testing.T) {
 			t.Parallel()
@@ -340,7 +340,7 @@ func TestPurgeExpiresRecordsAfterRetention(t *testing.T) {
 	t.Parallel()
 	// Without the done cache, which would (rightly) still know m-1 is done
 	// after its record was purged: this test is about the records.
-	b := standalone(t, inbox.Config{Retention: time.Hour, Lease: time.Second, DoneCacheSize: -1})
+	b := standalone(t, inbox.Config{Retention: time.Hour, DoneCacheSize: -1, Standalone: inbox.StandaloneConfig{Lease: time.Second}})
 	for _, id := range []string{"m-1", "m-2"} {
 		if _, err := b.in.Process(t.Context(), id, b.apply(id)); err != nil {
 			t.Fatal(err)
@@ -425,11 +425,16 @@ func TestNewValidatesConfig(t *testing.T) {
 		"system collection":     {Consumer: "c", Collection: "system.x"},
 		"negative retention":    {Consumer: "c", Retention: -time.Second},
 		"sub-second retention":  {Consumer: "c", Retention: time.Millisecond},
-		"negative lease":        {Consumer: "c", Lease: -1},
-		"lease above retention": {Consumer: "c", Lease: 2 * time.Hour, Retention: time.Hour},
+		"negative lease":        {Consumer: "c", Standalone: inbox.StandaloneConfig{Lease: -1}},
+		"lease above retention": {Consumer: "c", Retention: time.Hour, Standalone: inbox.StandaloneConfig{Lease: 2 * time.Hour}},
 		"unknown mode":          {Consumer: "c", Mode: "eventual"},
-		"lease in tx mode":      {Consumer: "c", Mode: inbox.ModeTransaction, Lease: time.Second},
-		"negative attempts":     {Consumer: "c", MaxTransactionAttempts: -1},
+		"lease in tx mode":      {Consumer: "c", Mode: inbox.ModeTransaction, Standalone: inbox.StandaloneConfig{Lease: time.Second}},
+		"negative attempts":     {Consumer: "c", Transaction: inbox.TransactionConfig{MaxAttempts: -1}},
+		"negative retry budget": {Consumer: "c", Transaction: inbox.TransactionConfig{RetryBudget: -time.Second}},
+		"tx budget in standalone mode": {Consumer: "c", Mode: inbox.ModeStandalone,
+			Transaction: inbox.TransactionConfig{RetryBudget: time.Minute}},
+		"tx attempts in standalone mode": {Consumer: "c", Mode: inbox.ModeStandalone,
+			Transaction: inbox.TransactionConfig{MaxAttempts: 3}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			if _, err := inbox.New(db, cfg); err == nil {
@@ -480,7 +485,7 @@ func TestStandaloneRecordWritesWaitForTheJournal(t *testing.T) {
 	for _, v := range []struct {
 		name string
 		cfg  inbox.Config
-	}{{"plain", inbox.Config{Consumer: "plain"}}, {"claim", inbox.Config{Consumer: "claim", Lease: time.Minute}}, {"buffered", inbox.Config{Consumer: "buffered", FlushInterval: time.Hour}}} {
+	}{{"plain", inbox.Config{Consumer: "plain"}}, {"claim", inbox.Config{Consumer: "claim", Standalone: inbox.StandaloneConfig{Lease: time.Minute}}}, {"buffered", inbox.Config{Consumer: "buffered", Standalone: inbox.StandaloneConfig{FlushInterval: time.Hour}}}} {
 		b := setup(t, db, v.cfg)
 		if res, err := b.in.Process(t.Context(), "m-1", b.apply(v.name+"/m-1")); err != nil || res != inbox.Processed {
 			t.Fatalf("%s: %v, %v", v.name, res, err)

@@ -21,11 +21,6 @@ const (
 // transactionLifetimeLimitSeconds, after a failover).
 const codeNoSuchTransaction = 251
 
-// defaultTxBudget is TransactionRetryBudget's default: longer than the
-// server's default transactionLifetimeLimitSeconds (60s), after which an
-// orphaned transaction holding the record is aborted.
-const defaultTxBudget = 90 * time.Second
-
 // abortedUnderHandlerLimit is how many attempts in a row may find their
 // transaction aborted by the server under the handler (NoSuchTransaction at
 // the commit of a handler that returned nil, or from the handler's own
@@ -37,7 +32,7 @@ const abortedUnderHandlerLimit = 3
 
 // ErrTransient is matched (errors.Is) by the *TransientError Process
 // returns in ModeTransaction when transient errors outlasted
-// Config.TransactionRetryBudget. It is not a handler failure: nothing was
+// Config.Transaction.RetryBudget. It is not a handler failure: nothing was
 // committed, or (CommitUnknown) the record and the effect were committed
 // together; either way a later redelivery settles it. Retry the message
 // later (a delay queue) without counting it as a failed attempt.
@@ -100,7 +95,7 @@ type txOutcome struct {
 //
 // Transient errors (TransientTransactionError: a write conflict with a
 // concurrent duplicate or with an orphaned transaction holding the record, a
-// failover) are retried with backoff until TransactionRetryBudget has
+// failover) are retried with backoff until Transaction.RetryBudget has
 // passed, then Process returns a *TransientError (ErrTransient). A commit
 // whose outcome is unknown (UnknownTransactionCommitResult) is committed
 // again, never re-run, within the same budget. A duplicate key is answered

@@ -186,7 +186,7 @@ func TestTransactionModeOrphanedTransactionHoldingTheRecord(t *testing.T) {
 	t.Parallel()
 	t.Run("outlasting the budget: transient, not a handler failure", func(t *testing.T) {
 		t.Parallel()
-		b := replicaSet(t, inbox.Config{TransactionRetryBudget: time.Second})
+		b := replicaSet(t, inbox.Config{Transaction: inbox.TransactionConfig{RetryBudget: time.Second}})
 		abort := b.orphan(t, "m-1")
 		_, err := b.in.Process(t.Context(), "m-1", b.applyPlain("m-1"))
 		if !errors.Is(err, inbox.ErrTransient) || errors.Is(err, inbox.ErrHandler) {
@@ -205,7 +205,7 @@ func TestTransactionModeOrphanedTransactionHoldingTheRecord(t *testing.T) {
 	t.Run("ending within the budget: processed", func(t *testing.T) {
 		t.Parallel()
 		r := &retrying{c: make(chan struct{})}
-		b := replicaSet(t, inbox.Config{TransactionRetryBudget: time.Minute, Logger: slog.New(r)})
+		b := replicaSet(t, inbox.Config{Logger: slog.New(r), Transaction: inbox.TransactionConfig{RetryBudget: time.Minute}})
 		abort := b.orphan(t, "m-1")
 		go func() {
 			<-r.c // Process met the orphan's write conflict

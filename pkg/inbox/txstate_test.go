@@ -86,7 +86,7 @@ func TestTxConflictOutlastingTheBudgetIsTransientNotAHandlerFailure(t *testing.T
 	t.Parallel()
 	fake := newFakeTx()
 	fake.failAlways(opInsert, errWriteConflict)
-	in := txInbox(t, fake, Config{TransactionRetryBudget: 30 * time.Millisecond})
+	in := txInbox(t, fake, Config{Transaction: TransactionConfig{RetryBudget: 30 * time.Millisecond}})
 	var runs atomic.Int64
 	start := time.Now()
 	_, err := in.Process(t.Context(), "m-1", counting(&runs, nil))
@@ -112,7 +112,7 @@ func TestTxMaxTransactionAttemptsStillBoundsTheAttempts(t *testing.T) {
 	t.Parallel()
 	fake := newFakeTx()
 	fake.failAlways(opInsert, errWriteConflict)
-	in := txInbox(t, fake, Config{MaxTransactionAttempts: 3})
+	in := txInbox(t, fake, Config{Transaction: TransactionConfig{MaxAttempts: 3}})
 	_, err := in.Process(t.Context(), "m-1", counting(new(atomic.Int64), nil))
 	if !errors.Is(err, ErrTransient) || errors.Is(err, ErrHandler) {
 		t.Fatalf("Process: %v; want ErrTransient", err)
@@ -214,7 +214,7 @@ func TestTxUnknownCommitOutlastingTheBudgetIsTransient(t *testing.T) {
 	t.Parallel()
 	fake := newFakeTx()
 	fake.failAlways(opCommit, errUnknownCommit)
-	in := txInbox(t, fake, Config{TransactionRetryBudget: 20 * time.Millisecond})
+	in := txInbox(t, fake, Config{Transaction: TransactionConfig{RetryBudget: 20 * time.Millisecond}})
 	_, err := in.Process(t.Context(), "m-1", counting(new(atomic.Int64), nil))
 	var te *TransientError
 	if !errors.As(err, &te) || !te.CommitUnknown || !errors.Is(err, ErrTransient) || errors.Is(err, ErrHandler) {
@@ -378,7 +378,7 @@ func TestTxNoSuchTransactionReturnedByTheHandlerCountsAsAbortedUnderIt(t *testin
 	// on the server) and then returns its next operation's error:
 	// NoSuchTransaction, labelled TransientTransactionError, every time.
 	fake := newFakeTx()
-	in := txInbox(t, fake, Config{TransactionRetryBudget: 200 * time.Millisecond})
+	in := txInbox(t, fake, Config{Transaction: TransactionConfig{RetryBudget: 200 * time.Millisecond}})
 	var runs atomic.Int64
 	_, err := in.Process(t.Context(), "m-1", counting(&runs, errNoSuchTransaction))
 	if !errors.Is(err, ErrHandler) || errors.Is(err, ErrTransient) || !strings.Contains(err.Error(), "swallowed") {

@@ -106,8 +106,8 @@ type Subject struct {
 	// shows, in the order they were applied, an id as many times as its
 	// effect was applied. Required.
 	Applied func(ctx context.Context, aggregateID string) ([]string, error)
-	// Inbox configures the inboxes the messages go through (Mode, Lease,
-	// FlushInterval, Collection...); Consumer is replaced by names of the
+	// Inbox configures the inboxes the messages go through (Mode,
+	// Standalone, Collection...); Consumer is replaced by names of the
 	// check's own. Default: the zero Config (ModeAuto).
 	Inbox inbox.Config
 	// Versions is how many messages each aggregate gets. Default 2.
@@ -254,7 +254,7 @@ func (c *checker) inbox(name string) (*inbox.Inbox, error) {
 	return in, nil
 }
 
-// closing closes inboxes (those with FlushInterval write what they buffer).
+// closing closes inboxes (those with Standalone.FlushInterval write what they buffer).
 func closing(ctx context.Context, ins ...*inbox.Inbox) error {
 	var errs []error
 	for _, in := range ins {

@@ -219,9 +219,9 @@ func TestAHandlerThatFollowsTheRulesPasses(t *testing.T) {
 	t.Parallel()
 	for name, cfg := range map[string]inbox.Config{
 		"plain": {},
-		"lease": {Lease: time.Minute},
+		"lease": {Standalone: inbox.StandaloneConfig{Lease: time.Minute}},
 		"buffered records, no done cache, a collection of its own": {
-			FlushInterval: 10 * time.Millisecond, DoneCacheSize: -1, Collection: "records"},
+			DoneCacheSize: -1, Collection: "records", Standalone: inbox.StandaloneConfig{FlushInterval: 10 * time.Millisecond}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -316,7 +316,7 @@ func TestABadSubjectIsTheKitsOwnError(t *testing.T) {
 		"no handler":     {Applied: e.applied},
 		"no applied":     {Handler: e.keyed},
 		"negative":       {Handler: e.keyed, Applied: e.applied, Versions: -1},
-		"invalid config": {Handler: e.keyed, Applied: e.applied, Inbox: inbox.Config{Lease: -time.Second}},
+		"invalid config": {Handler: e.keyed, Applied: e.applied, Inbox: inbox.Config{Standalone: inbox.StandaloneConfig{Lease: -time.Second}}},
 	} {
 		if r, err := inboxcheck.Check(t.Context(), db, s); err == nil {
 			t.Errorf("%s: no error, report %v", name, r)

@@ -199,22 +199,22 @@ func FromEnv(getenv func(string) string) (Config, error) {
 	if strings.TrimSpace(getenv("OUTBOX_NOTIFY")) == "" {
 		c.Notify = !c.Relay
 	}
-	if c.PollInterval, err = durationVar(getenv, "RELAY_POLL_INTERVAL", time.Second); err != nil {
+	if c.PollInterval, err = durationVar(getenv, "RELAY_POLL_INTERVAL", outbox.DefaultPollInterval); err != nil {
 		return c, err
 	}
 	if c.Retention, err = durationVar(getenv, "OUTBOX_RETENTION", 7*24*time.Hour); err != nil {
 		return c, err
 	}
-	if c.Lease, err = durationVar(getenv, "RELAY_LEASE", 30*time.Second); err != nil {
+	if c.Lease, err = durationVar(getenv, "RELAY_LEASE", outbox.DefaultLease); err != nil {
 		return c, err
 	}
-	if c.BackoffMin, err = durationVar(getenv, "RELAY_BACKOFF_MIN", time.Second); err != nil {
+	if c.BackoffMin, err = durationVar(getenv, "RELAY_BACKOFF_MIN", outbox.DefaultRetryBackoffMin); err != nil {
 		return c, err
 	}
-	if c.BackoffMax, err = durationVar(getenv, "RELAY_BACKOFF_MAX", 5*time.Minute); err != nil {
+	if c.BackoffMax, err = durationVar(getenv, "RELAY_BACKOFF_MAX", outbox.DefaultRetryBackoffMax); err != nil {
 		return c, err
 	}
-	if c.BatchSize, err = intVar(getenv, "RELAY_BATCH_SIZE", 500); err != nil {
+	if c.BatchSize, err = intVar(getenv, "RELAY_BATCH_SIZE", outbox.DefaultBatchSize); err != nil {
 		return c, err
 	}
 	if c.MaxAttempts, err = intVar(getenv, "RELAY_MAX_ATTEMPTS", 10); err != nil {

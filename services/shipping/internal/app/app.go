@@ -70,12 +70,12 @@ type Config struct {
 	ConfirmTimeout time.Duration
 	// InboxRetention keeps inbox records (default in inbox.Config: 7 days).
 	InboxRetention time.Duration
-	// InboxFlushInterval is the inbox's inbox.Config.FlushInterval: on a
+	// InboxFlushInterval is the inbox's Standalone.FlushInterval: on a
 	// server without transactions (FerretDB, a standalone mongod) each
 	// delivery's done record is buffered and written in bulk at this
 	// interval, instead of before the ack; a crash loses at most the records
 	// of the last interval, which costs a rerun of the idempotent effect on a
-	// redelivery. Ignored on a replica set, where the record commits with the
+	// redelivery. Not used on a replica set, where the record commits with the
 	// effect. Default: 10ms; negative writes each record before the ack.
 	InboxFlushInterval time.Duration
 	// PurgeInterval is how often expired inbox records are purged where the
@@ -196,7 +196,9 @@ func New(cfg Config) (*App, error) {
 		hooks = traced.Hooks()
 	}
 	if a.inbox, err = inbox.New(db, inbox.Config{
-		Consumer: "shipping", Retention: cfg.InboxRetention, FlushInterval: flush, Logger: log, Hooks: hooks,
+		Consumer: "shipping", Retention: cfg.InboxRetention, Logger: log, Hooks: hooks,
+		// On a replica set the record commits with the effect instead.
+		Standalone: inbox.StandaloneConfig{FlushInterval: flush},
 	}); err != nil {
 		return fail(fmt.Errorf("shipping: %w", err))
 	}

@@ -66,7 +66,7 @@ func shippingSubject(t *testing.T, db *mongo.Database, cfg inbox.Config) inboxch
 func TestShippingHandlerPassesTheInboxCheck(t *testing.T) {
 	t.Parallel()
 	for name, cfg := range map[string]inbox.Config{
-		"as the service runs it":         {FlushInterval: 10 * time.Millisecond},
+		"as the service runs it":         {Standalone: inbox.StandaloneConfig{FlushInterval: 10 * time.Millisecond}},
 		"records written before the ack": {},
 	} {
 		t.Run(name, func(t *testing.T) {
