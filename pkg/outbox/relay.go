@@ -24,11 +24,11 @@ import (
 // default; NewRelay rejects negative or out-of-range values.
 type RelayConfig struct {
 	// BatchSize is how many rows one claim takes, at most one per aggregate.
-	// Default 500, at most 10,000.
+	// Default DefaultBatchSize (500), at most MaxBatchSize (10,000).
 	BatchSize int
 	// Workers is how many batches one relay keeps in flight at once: while one
-	// batch waits for its confirms, another is claimed and sent. Default 2, at
-	// most 64. Each worker uses a pool connection only while it claims or marks.
+	// batch waits for its confirms, another is claimed and sent. Default DefaultWorkers (2), at
+	// most MaxWorkers (64). Each worker uses a pool connection only while it claims or marks.
 	Workers int
 	// MaxInFlightBytes bounds the bytes of payloads and headers (as
 	// PostgreSQL prints them: what the relay reads and holds) in the batches
@@ -42,7 +42,8 @@ type RelayConfig struct {
 	// PollInterval is the fallback ticker: the relay looks for due rows at least
 	// this often, whatever the wake-ups. It alone is enough for correctness (rows
 	// committed by other processes, retries whose backoff ended, leases of a dead
-	// relay); wake-ups only cut latency. Default 1s, at least 10ms.
+	// relay); wake-ups only cut latency. Default DefaultPollInterval (1s), at
+	// least 10ms.
 	PollInterval time.Duration
 	// NotifyChannel, when set, makes the relay LISTEN on that channel and wake up
 	// on every notification: set it to the WriterConfig.NotifyChannel of the
@@ -62,27 +63,28 @@ type RelayConfig struct {
 	// one to itself through the pool, the way writers do, and waits this
 	// long for it. If it does not come, the relay logs a warning, reports
 	// KindListenFallback (Observer), closes that connection and relies on
-	// its poll alone, and probes again ListenProbeRetry later. Default 2s;
-	// -1 skips the check (the relay then trusts its LISTEN). Used only with
-	// NotifyChannel.
+	// its poll alone, and probes again ListenProbeRetry later. Default
+	// DefaultListenProbeTimeout (2s); -1 skips the check (the relay then
+	// trusts its LISTEN). Used only with NotifyChannel.
 	ListenProbeTimeout time.Duration
 	// ListenProbeRetry is how long the relay polls before it tries LISTEN
 	// again after a probe found notifications were not arriving. Default
-	// 1m.
+	// DefaultListenProbeRetry (1m).
 	ListenProbeRetry time.Duration
 	// ListenKeepalive is how long the LISTEN connection may stay silent before
 	// the relay pings it; a ping without an answer within ListenKeepalive
 	// makes the relay reconnect. It detects a connection that died without
 	// a word (a network partition, a firewall dropping idle flows), which
 	// would otherwise leave the relay deaf to notifications, falling back on
-	// its poll. Default 30s, at least 10ms. Used only with NotifyChannel.
+	// its poll. Default DefaultListenKeepalive (30s), at least 10ms. Used only with NotifyChannel.
 	ListenKeepalive time.Duration
 	// Lease is how long a claimed row is reserved for this relay. If the relay
-	// dies mid-batch, other relays retry the row when the lease ends. Default 30s.
+	// dies mid-batch, other relays retry the row when the lease ends. Default
+	// DefaultLease (30s).
 	Lease time.Duration
 	// PublishTimeout bounds one batch's publish, from the first send to the last
 	// confirm; messages without a verdict by then count as failed. It must leave
-	// room for the mark inside the lease: at most Lease/2. Default 10s, or
+	// room for the mark inside the lease: at most Lease/2. Default DefaultPublishTimeout (10s), or
 	// Lease/2 when that is shorter.
 	PublishTimeout time.Duration
 	// MaxAttempts is how many failed attempts dead-letter a row. An attempt is
@@ -92,20 +94,23 @@ type RelayConfig struct {
 	// written when its lease ended) is retried in a normal batch; one whose
 	// relays stopped so at two claims in a row is retried alone, in a batch
 	// of its own; either is dead-lettered when it is due again with
-	// MaxAttempts attempts. Default 20.
+	// MaxAttempts attempts. Default DefaultMaxAttempts (20).
 	MaxAttempts int
 	// RetryBackoffMin and RetryBackoffMax bound the exponential backoff between
 	// attempts: RetryBackoffMin after the first failure, doubling, capped at
-	// RetryBackoffMax, each with random jitter down to half. Defaults 1s and 5m.
+	// RetryBackoffMax, each with random jitter down to half. Defaults
+	// DefaultRetryBackoffMin (1s) and DefaultRetryBackoffMax (5m).
 	RetryBackoffMin time.Duration
 	RetryBackoffMax time.Duration
 	// PublishedRetention, when set, makes the relay delete rows published longer
 	// ago than that, every PurgeInterval, PurgeBatchSize rows per statement.
 	// Default 0 (off: keep published rows forever, or purge with Admin.Purge).
 	PublishedRetention time.Duration
-	// PurgeInterval is the period of the purge. Default 1m.
+	// PurgeInterval is the period of the purge. Default DefaultPurgeInterval
+	// (1m).
 	PurgeInterval time.Duration
-	// PurgeBatchSize is the size of each purge statement. Default 1,000, at most
+	// PurgeBatchSize is the size of each purge statement. Default DefaultPurgeBatchSize
+	// (1,000), at most
 	// MaxPurgeBatch.
 	PurgeBatchSize int
 	// VacuumEvery is how many rows the relay moves out of the outbox table
@@ -125,7 +130,8 @@ type RelayConfig struct {
 	// behind nothing (see Admin.Stranded: written by an older version of this
 	// package, or left by a hand-made change) and releases them, so that they
 	// are claimed in their aggregate's order; it also looks once at start.
-	// Each look reads the blocked rows only. Default 1m, at least 10ms; -1
+	// Each look reads the blocked rows only. Default DefaultStrandedCheckInterval (1m), at
+	// least 10ms; -1
 	// never looks.
 	StrandedCheckInterval time.Duration
 	// Logger receives the relay's logs. Default slog.Default().

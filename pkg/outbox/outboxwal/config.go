@@ -14,21 +14,23 @@ import (
 type Config struct {
 	// Slot is the logical replication slot the relay reads, created by Run when
 	// missing. One relay at a time streams from a slot; others wait. Lower
-	// case letters, digits and underscores, at most 63. Default "outbox_wal".
+	// case letters, digits and underscores, at most 63. Default DefaultSlot.
 	Slot string
 	// Publication is the publication of the outbox table's inserts the slot
-	// decodes, created by Run when missing. Default "outbox_wal".
+	// decodes, created by Run when missing. Default DefaultPublication.
 	Publication string
 	// BatchSize is how many events one PublishBatch carries, at most one per
-	// aggregate. Default 500, at most 10,000.
+	// aggregate. Default DefaultBatchSize (500), at most MaxBatchSize.
 	BatchSize int
-	// Workers is how many batches are in flight at once. Default 4, at most 64.
+	// Workers is how many batches are in flight at once. Default DefaultWorkers
+	// (4), at most MaxWorkers (64).
 	Workers int
 	// MaxInMemory bounds the events decoded and not yet confirmed (or handed
 	// over) that the relay holds; past it, it stops reading the stream until
-	// confirms free room. Default 20,000.
+	// confirms free room. Default DefaultMaxInMemory (20,000).
 	MaxInMemory int
-	// PublishTimeout bounds one batch's publish. Default 10s.
+	// PublishTimeout bounds one batch's publish. Default
+	// DefaultPublishTimeout (10s).
 	PublishTimeout time.Duration
 	// MaxAttempts is how many attempts without an outcome (the relay stopped
 	// while publishing the event, every time) make the relay dead-letter an
@@ -38,15 +40,15 @@ type Config struct {
 	// Poll.MaxAttempts unless that is set: an event whose publish fails is
 	// handed over to polling at once, and the polling relay retries it with
 	// Poll's backoff and dead-letters it after Poll.MaxAttempts attempts in
-	// all. Default 20.
+	// all. Default DefaultMaxAttempts (20).
 	MaxAttempts int
 	// StatusInterval is how often the relay reports its position to the slot
 	// (the standby status update, whose flush position lets PostgreSQL recycle
-	// WAL). Default 1s, at most 10s (wal_sender_timeout is 60s by default).
+	// WAL). Default DefaultStatusInterval (1s), at most MaxStatusInterval (10s) (wal_sender_timeout is 60s by default).
 	StatusInterval time.Duration
 	// SweepInterval is how often the rows of confirmed events are deleted from
 	// the outbox table (or moved to outbox_published, see Archive), in one
-	// statement. Default 100ms.
+	// statement. Default DefaultSweepInterval (100ms).
 	SweepInterval time.Duration
 	// Archive moves the rows of confirmed events to outbox_published, as the
 	// polling relay does, instead of deleting them. Default false: delete.
@@ -58,7 +60,8 @@ type Config struct {
 	// interval regardless.
 	VacuumEvery int
 	// TakeoverInterval is how often a relay that waits for the slot (another
-	// relay streams from it) tries again. Default 1s.
+	// relay streams from it) tries again. Default
+	// DefaultTakeoverInterval (1s).
 	TakeoverInterval time.Duration
 	// Poll configures the polling relay that publishes the rows this relay
 	// hands over: events whose publish failed (it retries them), events that
