@@ -9,6 +9,13 @@ import (
 	"github.com/outbox-inbox/reference/services/orders/internal/postgres"
 )
 
+// The wiring plugs the adapters into the interfaces their consumers declare:
+// the PostgreSQL store is the API's Orders.
+var (
+	_ httpapi.Orders = (*postgres.Store)(nil)
+	_ httpapi.Orders = countedOrders{}
+)
+
 // countedOrders counts the orders the API creates and cancels
 // (orders_created_total, orders_cancelled_total).
 type countedOrders struct {
@@ -16,7 +23,7 @@ type countedOrders struct {
 	m *metrics.Orders
 }
 
-func (c countedOrders) Create(ctx context.Context, n order.NewOrder, idem postgres.Idempotency, headers map[string]string) (order.Order, bool, error) {
+func (c countedOrders) Create(ctx context.Context, n order.NewOrder, idem order.Idempotency, headers map[string]string) (order.Order, bool, error) {
 	o, replayed, err := c.Orders.Create(ctx, n, idem, headers)
 	if err == nil && !replayed {
 		c.m.Created()

@@ -33,12 +33,12 @@ func TestAccountTellsWhatShippingDidWithAMessage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	created := func(msgID, orderID string) shipment.Event {
-		return shipment.Event{MessageID: msgID, Type: shipment.TypeCreated, OrderID: orderID, Version: 1,
+	created := func(orderID string) shipment.Event {
+		return shipment.Event{Type: shipment.TypeCreated, OrderID: orderID, Version: 1,
 			Created: &shipment.Created{OrderID: orderID, CustomerID: "c", Currency: "EUR", Total: 1}}
 	}
-	for _, ev := range []shipment.Event{created("1", "o-1"), created("5", "o-3")} {
-		if _, err := shipments.Apply(ctx, ev); err != nil {
+	for msgID, ev := range map[string]shipment.Event{"1": created("o-1"), "5": created("o-3")} {
+		if _, err := shipments.Apply(ctx, msgID, ev); err != nil {
 			t.Fatal(err)
 		}
 	}

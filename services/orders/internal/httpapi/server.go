@@ -24,7 +24,6 @@ import (
 
 	"github.com/outbox-inbox/reference/internal/crashpoint"
 	"github.com/outbox-inbox/reference/services/orders/internal/order"
-	"github.com/outbox-inbox/reference/services/orders/internal/postgres"
 )
 
 // MaxBodyBytes bounds a request body; a larger one gets 413.
@@ -35,13 +34,11 @@ const MaxBodyBytes = 64 << 10
 // tracing off) with the event; headers are extra event headers (the API gives
 // none).
 type Orders interface {
-	Create(ctx context.Context, n order.NewOrder, idem postgres.Idempotency, headers map[string]string) (order.Order, bool, error)
+	Create(ctx context.Context, n order.NewOrder, idem order.Idempotency, headers map[string]string) (order.Order, bool, error)
 	Get(ctx context.Context, id string) (order.Order, error)
 	Cancel(ctx context.Context, id string, headers map[string]string) (order.Order, bool, error)
 	Ping(ctx context.Context) error
 }
-
-var _ Orders = (*postgres.Store)(nil)
 
 // Config configures a Server.
 type Config struct {
@@ -156,7 +153,7 @@ func (s *Server) createOrder(w http.ResponseWriter, r *http.Request) error {
 	if err := decodeJSON(w, r, &req); err != nil {
 		return err
 	}
-	var idem postgres.Idempotency
+	var idem order.Idempotency
 	if key, ok := r.Header["Idempotency-Key"]; ok {
 		if len(key) != 1 {
 			return badRequest("invalid_header", "send one Idempotency-Key header")

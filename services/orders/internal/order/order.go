@@ -147,6 +147,15 @@ func (r CreateRequest) Validate() (NewOrder, error) {
 	return n, nil
 }
 
+// Idempotency identifies a client's request across retries: its
+// Idempotency-Key and a hash of the request it came with, so that the same
+// key sent with another request is told apart (ErrIdempotencyKeyReused).
+// The zero value means the client sent no key.
+type Idempotency struct {
+	Key         string
+	RequestHash []byte
+}
+
 // CheckIdempotencyKey validates an Idempotency-Key header value.
 func CheckIdempotencyKey(k string) error {
 	if len(k) == 0 || len(k) > MaxIdemKeySize {

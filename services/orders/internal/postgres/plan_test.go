@@ -90,7 +90,7 @@ func TestGetAndCancelUseThePrimaryKey(t *testing.T) {
 	}
 	rec := &recorder{}
 	store := postgres.NewStore(tracedPool(t, pool, rec), postgres.StoreConfig{})
-	o, _, err := store.Create(ctx, newOrder(), postgres.Idempotency{}, nil)
+	o, _, err := store.Create(ctx, newOrder(), order.Idempotency{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -173,7 +173,7 @@ func TestCreateSendsOrderAndEventInOneRoundTrip(t *testing.T) {
 	pool := pgtest.NewPool(t)
 	rec := &recorder{}
 	store := postgres.NewStore(tracedPool(t, pool, rec), postgres.StoreConfig{})
-	if _, _, err := store.Create(context.Background(), newOrder(), postgres.Idempotency{}, nil); err != nil {
+	if _, _, err := store.Create(context.Background(), newOrder(), order.Idempotency{}, nil); err != nil {
 		t.Fatal(err)
 	}
 	var alone, batched []string

@@ -27,13 +27,6 @@ import (
 	"github.com/outbox-inbox/reference/services/orders/internal/postgres/ordersdb"
 )
 
-// Idempotency identifies a client's request across retries. The zero value
-// means the client sent no Idempotency-Key.
-type Idempotency struct {
-	Key         string
-	RequestHash []byte
-}
-
 // StoreConfig configures a Store.
 type StoreConfig struct {
 	// Writer enqueues the events. Default: outbox writer without NOTIFY.
@@ -196,7 +189,7 @@ func parseID(id string) (uuid.UUID, error) {
 // With an idempotency key already used for the same request, it returns the
 // order that request created and replayed=true, writing nothing. With a key
 // used for a different request it returns order.ErrIdempotencyKeyReused.
-func (s *Store) Create(ctx context.Context, n order.NewOrder, idem Idempotency, headers map[string]string) (o order.Order, replayed bool, err error) {
+func (s *Store) Create(ctx context.Context, n order.NewOrder, idem order.Idempotency, headers map[string]string) (o order.Order, replayed bool, err error) {
 	ctx, span := s.startWrite(ctx, "orders.create")
 	defer func() {
 		if span.IsRecording() {

@@ -26,7 +26,7 @@ func TestCreateWritesOrderAndEventTogether(t *testing.T) {
 	store := postgres.NewStore(pool, postgres.StoreConfig{})
 	ctx := context.Background()
 
-	o, replayed, err := store.Create(ctx, newOrder(), postgres.Idempotency{}, map[string]string{"traceparent": "tp"})
+	o, replayed, err := store.Create(ctx, newOrder(), order.Idempotency{}, map[string]string{"traceparent": "tp"})
 	if err != nil || replayed {
 		t.Fatalf("create: %v replayed=%v", err, replayed)
 	}
@@ -79,7 +79,7 @@ func TestFailureBeforeCommitLeavesNeitherOrderNorEvent(t *testing.T) {
 	}})
 	ctx := context.Background()
 
-	if _, _, err := store.Create(ctx, newOrder(), postgres.Idempotency{Key: "k", RequestHash: []byte{1}}, nil); !errors.Is(err, injected) {
+	if _, _, err := store.Create(ctx, newOrder(), order.Idempotency{Key: "k", RequestHash: []byte{1}}, nil); !errors.Is(err, injected) {
 		t.Fatalf("create error = %v, want the injected one", err)
 	}
 	if calls != 1 || rowsInTx[0] != 1 {
@@ -93,7 +93,7 @@ func TestFailureBeforeCommitLeavesNeitherOrderNorEvent(t *testing.T) {
 
 	// Same for a cancel: the order stays created and no event is written.
 	ok := postgres.NewStore(pool, postgres.StoreConfig{})
-	o, _, err := ok.Create(ctx, newOrder(), postgres.Idempotency{}, nil)
+	o, _, err := ok.Create(ctx, newOrder(), order.Idempotency{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,7 +114,7 @@ func TestIdempotentCreate(t *testing.T) {
 	pool := pgtest.NewPool(t)
 	store := postgres.NewStore(pool, postgres.StoreConfig{})
 	ctx := context.Background()
-	idem := postgres.Idempotency{Key: "retry-1", RequestHash: []byte("hash-a")}
+	idem := order.Idempotency{Key: "retry-1", RequestHash: []byte("hash-a")}
 
 	first, replayed, err := store.Create(ctx, newOrder(), idem, nil)
 	if err != nil || replayed {
@@ -124,7 +124,7 @@ func TestIdempotentCreate(t *testing.T) {
 	if err != nil || !replayed || again.ID != first.ID {
 		t.Fatalf("retry: id %s (first %s) replayed=%v err=%v", again.ID, first.ID, replayed, err)
 	}
-	other := postgres.Idempotency{Key: "retry-1", RequestHash: []byte("hash-b")}
+	other := order.Idempotency{Key: "retry-1", RequestHash: []byte("hash-b")}
 	if _, _, err := store.Create(ctx, newOrder(), other, nil); !errors.Is(err, order.ErrIdempotencyKeyReused) {
 		t.Fatalf("reuse error = %v, want ErrIdempotencyKeyReused", err)
 	}
@@ -138,7 +138,7 @@ func TestConcurrentRetriesWithOneKeyCreateOneOrder(t *testing.T) {
 	pool := pgtest.NewPool(t)
 	store := postgres.NewStore(pool, postgres.StoreConfig{})
 	ctx := context.Background()
-	idem := postgres.Idempotency{Key: "same", RequestHash: []byte("h")}
+	idem := order.Idempotency{Key: "same", RequestHash: []byte("h")}
 
 	const n = 10
 	ids := make([]string, n)
@@ -172,7 +172,7 @@ func TestConcurrentCancelsEmitOneEvent(t *testing.T) {
 	pool := pgtest.NewPool(t)
 	store := postgres.NewStore(pool, postgres.StoreConfig{})
 	ctx := context.Background()
-	o, _, err := store.Create(ctx, newOrder(), postgres.Idempotency{}, nil)
+	o, _, err := store.Create(ctx, newOrder(), order.Idempotency{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -249,7 +249,7 @@ func TestCreateWithARejectedEventWritesNothing(t *testing.T) {
 	store := postgres.NewStore(pool, postgres.StoreConfig{})
 	ctx := context.Background()
 
-	for _, idem := range []postgres.Idempotency{{}, {Key: "k-1", RequestHash: []byte{1}}} {
+	for _, idem := range []order.Idempotency{{}, {Key: "k-1", RequestHash: []byte{1}}} {
 		o, _, err := store.Create(ctx, newOrder(), idem, badHeaders)
 		if !errors.Is(err, outbox.ErrInvalidMessage) {
 			t.Errorf("create (idempotency key %q) error = %v (order %q), want ErrInvalidMessage", idem.Key, err, o.ID)
@@ -269,7 +269,7 @@ func TestCancelWithARejectedEventWritesNothing(t *testing.T) {
 	pool := pgtest.NewPool(t)
 	store := postgres.NewStore(pool, postgres.StoreConfig{})
 	ctx := context.Background()
-	o, _, err := store.Create(ctx, newOrder(), postgres.Idempotency{}, nil)
+	o, _, err := store.Create(ctx, newOrder(), order.Idempotency{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

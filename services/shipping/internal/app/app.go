@@ -112,6 +112,10 @@ type Config struct {
 	Propagator propagation.TextMapPropagator
 }
 
+// The wiring plugs the adapters into the interfaces their consumers declare:
+// the MongoDB store is the processor's Store.
+var _ processor.Store = (*mongodb.Store)(nil)
+
 // App is a configured service; Run runs it.
 type App struct {
 	cfg      Config

@@ -18,7 +18,6 @@ import (
 
 	"github.com/outbox-inbox/reference/services/shipping/internal/app"
 	"github.com/outbox-inbox/reference/services/shipping/internal/deadletter"
-	"github.com/outbox-inbox/reference/services/shipping/internal/mongodb"
 	"github.com/outbox-inbox/reference/services/shipping/internal/processor"
 	"github.com/outbox-inbox/reference/services/shipping/internal/shipment"
 )
@@ -31,11 +30,11 @@ type brokenStore struct {
 	broken *atomic.Bool
 }
 
-func (b brokenStore) Apply(ctx context.Context, ev shipment.Event) (mongodb.Outcome, error) {
+func (b brokenStore) Apply(ctx context.Context, msgID string, ev shipment.Event) (shipment.Outcome, error) {
 	if ev.OrderID == b.order && ev.Version == 1 && b.broken.Load() {
 		return 0, errors.New("simulated bug for " + b.order)
 	}
-	return b.Store.Apply(ctx, ev)
+	return b.Store.Apply(ctx, msgID, ev)
 }
 
 func adminDo(t *testing.T, method, url, token string) (int, string) {

@@ -89,9 +89,9 @@ func TestEffectWithoutInboxRecordIsADuplicate(t *testing.T) {
 // redelivery, or written in standalone mode before a move to a replica set)
 // is recognised by its version: acked, one effect, no dead letter.
 func testEffectWithoutInboxRecordIsADuplicate(t *testing.T, e *env) {
-	ev := shipment.Event{MessageID: "1401", Type: shipment.TypeCreated, OrderID: "order-14", Version: 1,
+	ev := shipment.Event{Type: shipment.TypeCreated, OrderID: "order-14", Version: 1,
 		Created: &shipment.Created{OrderID: "order-14", CustomerID: "c-42", Currency: "EUR", Total: 2500}}
-	if _, err := e.store.Apply(t.Context(), ev); err != nil {
+	if _, err := e.store.Apply(t.Context(), "1401", ev); err != nil {
 		t.Fatal(err)
 	}
 	a := e.start(app.Config{MaxAttempts: 2})

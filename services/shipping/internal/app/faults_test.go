@@ -79,11 +79,11 @@ func TestCrashBetweenInboxRecordAndAckStillOneEffect(t *testing.T) {
 // failingStore fails every Apply for orders whose id starts with "poison".
 type failingStore struct{ processor.Store }
 
-func (f failingStore) Apply(ctx context.Context, ev shipment.Event) (mongodb.Outcome, error) {
+func (f failingStore) Apply(ctx context.Context, msgID string, ev shipment.Event) (shipment.Outcome, error) {
 	if strings.HasPrefix(ev.OrderID, "poison") {
 		return 0, errors.New("simulated handler bug")
 	}
-	return f.Store.Apply(ctx, ev)
+	return f.Store.Apply(ctx, msgID, ev)
 }
 
 func TestPoisonMessagesAreDeadLetteredWithTheirReasonWhileOthersFlow(t *testing.T) {

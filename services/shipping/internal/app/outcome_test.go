@@ -13,7 +13,6 @@ import (
 
 	"github.com/outbox-inbox/reference/pkg/inbox"
 	"github.com/outbox-inbox/reference/services/shipping/internal/app"
-	"github.com/outbox-inbox/reference/services/shipping/internal/mongodb"
 	"github.com/outbox-inbox/reference/services/shipping/internal/processor"
 	"github.com/outbox-inbox/reference/services/shipping/internal/shipment"
 )
@@ -87,7 +86,7 @@ type blockingStore struct {
 	release <-chan struct{}
 }
 
-func (b blockingStore) Apply(ctx context.Context, ev shipment.Event) (mongodb.Outcome, error) {
+func (b blockingStore) Apply(ctx context.Context, msgID string, ev shipment.Event) (shipment.Outcome, error) {
 	if ev.OrderID == b.order {
 		b.entered <- struct{}{}
 		select {
@@ -96,7 +95,7 @@ func (b blockingStore) Apply(ctx context.Context, ev shipment.Event) (mongodb.Ou
 			return 0, ctx.Err()
 		}
 	}
-	return b.Store.Apply(ctx, ev)
+	return b.Store.Apply(ctx, msgID, ev)
 }
 
 // /readyz answers 503 while every worker has been on one delivery for longer

@@ -252,9 +252,9 @@ type recordingStore struct {
 	r *applyRecorder
 }
 
-func (s recordingStore) Apply(ctx context.Context, ev shipment.Event) (mongodb.Outcome, error) {
-	o, err := s.Store.Apply(ctx, ev)
-	if err == nil && o == mongodb.Applied {
+func (s recordingStore) Apply(ctx context.Context, msgID string, ev shipment.Event) (shipment.Outcome, error) {
+	o, err := s.Store.Apply(ctx, msgID, ev)
+	if err == nil && o == shipment.OutcomeApplied {
 		s.r.mu.Lock()
 		if s.r.applied == nil {
 			s.r.applied = map[string][]int64{}

@@ -18,7 +18,6 @@ import (
 
 	"github.com/outbox-inbox/reference/internal/tracing"
 	"github.com/outbox-inbox/reference/services/shipping/internal/app"
-	"github.com/outbox-inbox/reference/services/shipping/internal/mongodb"
 	"github.com/outbox-inbox/reference/services/shipping/internal/processor"
 	"github.com/outbox-inbox/reference/services/shipping/internal/shipment"
 )
@@ -58,12 +57,12 @@ type contextLoggingStore struct {
 	l *contextLog
 }
 
-func (s contextLoggingStore) Apply(ctx context.Context, ev shipment.Event) (mongodb.Outcome, error) {
+func (s contextLoggingStore) Apply(ctx context.Context, msgID string, ev shipment.Event) (shipment.Outcome, error) {
 	s.l.mu.Lock()
 	s.l.sc[ev.OrderID] = trace.SpanContextFromContext(ctx)
 	s.l.bag[ev.OrderID] = baggage.FromContext(ctx)
 	s.l.mu.Unlock()
-	return s.Store.Apply(ctx, ev)
+	return s.Store.Apply(ctx, msgID, ev)
 }
 
 func startTraced(t *testing.T, e *env, sampler sdktrace.Sampler, cfg app.Config) *traced {

@@ -30,14 +30,14 @@ func shippingSubject(t *testing.T, db *mongo.Database, cfg inbox.Config) inboxch
 	return inboxcheck.Subject{
 		Inbox: cfg,
 		Handler: func(m inboxcheck.Message) inbox.Handler {
-			ev := shipment.Event{MessageID: m.ID, OrderID: m.AggregateID, Version: m.Version,
+			ev := shipment.Event{OrderID: m.AggregateID, Version: m.Version,
 				Type: shipment.TypeCancelled, Cancelled: &shipment.Cancelled{OrderID: m.AggregateID}}
 			if m.Version == 1 {
 				ev.Type, ev.Cancelled = shipment.TypeCreated, nil
 				ev.Created = &shipment.Created{OrderID: m.AggregateID, CustomerID: "c-1", Currency: "EUR", Total: 100}
 			}
 			return func(ctx context.Context) error {
-				_, err := s.Apply(ctx, ev)
+				_, err := s.Apply(ctx, m.ID, ev)
 				return err
 			}
 		},

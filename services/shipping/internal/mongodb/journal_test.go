@@ -21,7 +21,7 @@ func TestEffectsAreWrittenWithAJournaledWriteConcern(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Apply(t.Context(), ev("1", shipment.TypeCreated, 1)); err != nil {
+	if _, err := s.Apply(t.Context(), "1", ev(shipment.TypeCreated, 1)); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Skip(t.Context(), "o-1", 2, "2", "order.paid"); err != nil {

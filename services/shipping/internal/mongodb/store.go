@@ -33,16 +33,6 @@ const DefaultCollection = "shipment_events"
 // maxVersions bounds how many events Get reads for one order.
 const maxVersions = 10_000
 
-// Outcome of Apply.
-type Outcome int
-
-const (
-	// Applied: the event was applied now.
-	Applied Outcome = iota + 1
-	// AlreadyApplied: the same message had been applied at that version.
-	AlreadyApplied
-)
-
 // Store keeps shipments.
 type Store struct {
 	db     *mongo.Database
@@ -88,9 +78,9 @@ func key(orderID string, version int64) string {
 	return orderID + "/" + strconv.FormatInt(version, 10)
 }
 
-// Apply applies ev to its shipment. It returns shipment.ErrGap when the
-// previous version is not applied yet, and shipment.ErrVersionConflict when a
-// different message holds ev's version. Use the ctx the inbox hands the
+// Apply applies ev, carried by message messageID, to its shipment. It
+// returns shipment.ErrGap when the previous version is not applied yet, and
+// shipment.ErrVersionConflict when a different message holds ev's version. Use the ctx the inbox hands the
 // handler: in transaction mode it carries the session.
 //
 // Apply reads before it writes: first ev's own version (applied already, by
@@ -106,10 +96,10 @@ func key(orderID string, version int64) string {
 // write conflict, which the inbox retries as a whole. Outside a transaction
 // (standalone mode, FerretDB) a concurrent copy can still insert between the
 // read and the write: there the unique _id settles it, and the duplicate key
-// is read back as AlreadyApplied or a conflict.
-func (s *Store) Apply(ctx context.Context, ev shipment.Event) (Outcome, error) {
+// is read back as OutcomeAlreadyApplied or a conflict.
+func (s *Store) Apply(ctx context.Context, messageID string, ev shipment.Event) (shipment.Outcome, error) {
 	id := key(ev.OrderID, ev.Version)
-	if o, err := s.existing(ctx, ev, id); o != 0 || err != nil {
+	if o, err := s.existing(ctx, messageID, ev, id); o != 0 || err != nil {
 		return o, err
 	}
 	if ev.Version > 1 {
@@ -125,7 +115,7 @@ func (s *Store) Apply(ctx context.Context, ev shipment.Event) (Outcome, error) {
 		ID:        id,
 		OrderID:   ev.OrderID,
 		Version:   ev.Version,
-		MessageID: ev.MessageID,
+		MessageID: messageID,
 		EventType: ev.Type,
 		AppliedAt: time.Now().UTC(),
 		Created:   ev.Created,
@@ -133,22 +123,23 @@ func (s *Store) Apply(ctx context.Context, ev shipment.Event) (Outcome, error) {
 	}
 	_, err := s.events.InsertOne(ctx, rec)
 	if err == nil {
-		return Applied, nil
+		return shipment.OutcomeApplied, nil
 	}
 	if !mongo.IsDuplicateKeyError(err) || mongo.SessionFromContext(ctx) != nil {
 		return 0, fmt.Errorf("apply %s to shipment %s version %d: %w", ev.Type, ev.OrderID, ev.Version, err)
 	}
 	// A concurrent copy won the insert (no transaction: nothing aborted).
-	o, err := s.existing(ctx, ev, id)
+	o, err := s.existing(ctx, messageID, ev, id)
 	if err == nil && o == 0 {
 		err = fmt.Errorf("apply %s to shipment %s version %d: duplicate key, and no document", ev.Type, ev.OrderID, ev.Version)
 	}
 	return o, err
 }
 
-// existing reports whether ev's version is applied: AlreadyApplied by ev's
-// message, shipment.ErrVersionConflict by another, 0 when it is not.
-func (s *Store) existing(ctx context.Context, ev shipment.Event, id string) (Outcome, error) {
+// existing reports whether ev's version is applied: OutcomeAlreadyApplied by
+// message messageID, shipment.ErrVersionConflict by another, 0 when it is
+// not.
+func (s *Store) existing(ctx context.Context, messageID string, ev shipment.Event, id string) (shipment.Outcome, error) {
 	var r record
 	err := s.events.FindOne(ctx, bson.D{{Key: "_id", Value: id}}).Decode(&r)
 	switch {
@@ -156,11 +147,11 @@ func (s *Store) existing(ctx context.Context, ev shipment.Event, id string) (Out
 		return 0, nil
 	case err != nil:
 		return 0, fmt.Errorf("read shipment %s version %d: %w", ev.OrderID, ev.Version, err)
-	case r.MessageID != ev.MessageID:
+	case r.MessageID != messageID:
 		return 0, fmt.Errorf("%w: order %s version %d is message %s, not %s",
-			shipment.ErrVersionConflict, ev.OrderID, ev.Version, r.MessageID, ev.MessageID)
+			shipment.ErrVersionConflict, ev.OrderID, ev.Version, r.MessageID, messageID)
 	default:
-		return AlreadyApplied, nil
+		return shipment.OutcomeAlreadyApplied, nil
 	}
 }
 

@@ -15,8 +15,8 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(replsettest.Suite(m)) }
 
-func ev(msgID, typ string, version int64) shipment.Event {
-	e := shipment.Event{MessageID: msgID, Type: typ, OrderID: "o-1", Version: version}
+func ev(typ string, version int64) shipment.Event {
+	e := shipment.Event{Type: typ, OrderID: "o-1", Version: version}
 	if typ == shipment.TypeCreated {
 		e.Created = &shipment.Created{OrderID: "o-1", CustomerID: "c", Currency: "EUR", Total: 10}
 	} else {
@@ -35,19 +35,19 @@ func TestApplyChainsVersions(t *testing.T) {
 	if _, err := s.Get(ctx, "o-1"); !errors.Is(err, shipment.ErrNotFound) {
 		t.Fatalf("Get before any event: %v, want ErrNotFound", err)
 	}
-	if _, err := s.Apply(ctx, ev("2", shipment.TypeCancelled, 2)); !errors.Is(err, shipment.ErrGap) {
+	if _, err := s.Apply(ctx, "2", ev(shipment.TypeCancelled, 2)); !errors.Is(err, shipment.ErrGap) {
 		t.Fatalf("cancel before create: %v, want ErrGap", err)
 	}
-	if o, err := s.Apply(ctx, ev("1", shipment.TypeCreated, 1)); err != nil || o != mongodb.Applied {
+	if o, err := s.Apply(ctx, "1", ev(shipment.TypeCreated, 1)); err != nil || o != shipment.OutcomeApplied {
 		t.Fatalf("create: %v, %v", o, err)
 	}
-	if o, err := s.Apply(ctx, ev("1", shipment.TypeCreated, 1)); err != nil || o != mongodb.AlreadyApplied {
+	if o, err := s.Apply(ctx, "1", ev(shipment.TypeCreated, 1)); err != nil || o != shipment.OutcomeAlreadyApplied {
 		t.Fatalf("create again: %v, %v; want AlreadyApplied", o, err)
 	}
-	if _, err := s.Apply(ctx, ev("9", shipment.TypeCreated, 1)); !errors.Is(err, shipment.ErrVersionConflict) {
+	if _, err := s.Apply(ctx, "9", ev(shipment.TypeCreated, 1)); !errors.Is(err, shipment.ErrVersionConflict) {
 		t.Fatalf("another message at version 1: %v, want ErrVersionConflict", err)
 	}
-	if o, err := s.Apply(ctx, ev("2", shipment.TypeCancelled, 2)); err != nil || o != mongodb.Applied {
+	if o, err := s.Apply(ctx, "2", ev(shipment.TypeCancelled, 2)); err != nil || o != shipment.OutcomeApplied {
 		t.Fatalf("cancel: %v, %v", o, err)
 	}
 	sh, err := s.Get(ctx, "o-1")
@@ -76,12 +76,12 @@ func TestConcurrentCopiesOfAnEventApplyOnce(t *testing.T) {
 	)
 	for range 8 {
 		wg.Go(func() {
-			o, err := s.Apply(t.Context(), ev("1", shipment.TypeCreated, 1))
+			o, err := s.Apply(t.Context(), "1", ev(shipment.TypeCreated, 1))
 			if err != nil {
 				t.Errorf("Apply: %v", err)
 				return
 			}
-			if o == mongodb.Applied {
+			if o == shipment.OutcomeApplied {
 				mu.Lock()
 				applied++
 				mu.Unlock()

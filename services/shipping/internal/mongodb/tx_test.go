@@ -77,24 +77,24 @@ func TestApplyInATransactionNeverRecoversFromAWriteError(t *testing.T) {
 
 	// An effect without an inbox record (its record expired, or it was
 	// applied in standalone mode): a redelivery must be recognised, not fail.
-	if _, err := plain.Apply(ctx, ev("1", shipment.TypeCreated, 1)); err != nil {
+	if _, err := plain.Apply(ctx, "1", ev(shipment.TypeCreated, 1)); err != nil {
 		t.Fatal(err)
 	}
-	if o, err := tx().Apply(ctx, ev("1", shipment.TypeCreated, 1)); err != nil || o != mongodb.AlreadyApplied {
+	if o, err := tx().Apply(ctx, "1", ev(shipment.TypeCreated, 1)); err != nil || o != shipment.OutcomeAlreadyApplied {
 		t.Fatalf("effect already there: %v, %v; want AlreadyApplied", o, err)
 	}
 	// Another message at an applied version: a version conflict, not a
 	// database failure.
-	if _, err := tx().Apply(ctx, ev("9", shipment.TypeCreated, 1)); !errors.Is(err, shipment.ErrVersionConflict) {
+	if _, err := tx().Apply(ctx, "9", ev(shipment.TypeCreated, 1)); !errors.Is(err, shipment.ErrVersionConflict) {
 		t.Fatalf("another message at version 1: %v, want ErrVersionConflict", err)
 	}
-	if _, err := tx().Apply(ctx, ev("3", shipment.TypeCancelled, 3)); !errors.Is(err, shipment.ErrGap) {
+	if _, err := tx().Apply(ctx, "3", ev(shipment.TypeCancelled, 3)); !errors.Is(err, shipment.ErrGap) {
 		t.Fatalf("version 3 before 2: %v, want ErrGap", err)
 	}
-	if o, err := tx().Apply(ctx, ev("2", shipment.TypeCancelled, 2)); err != nil || o != mongodb.Applied {
+	if o, err := tx().Apply(ctx, "2", ev(shipment.TypeCancelled, 2)); err != nil || o != shipment.OutcomeApplied {
 		t.Fatalf("next version: %v, %v; want Applied", o, err)
 	}
-	if o, err := tx().Apply(ctx, ev("2", shipment.TypeCancelled, 2)); err != nil || o != mongodb.AlreadyApplied {
+	if o, err := tx().Apply(ctx, "2", ev(shipment.TypeCancelled, 2)); err != nil || o != shipment.OutcomeAlreadyApplied {
 		t.Fatalf("next version again: %v, %v; want AlreadyApplied", o, err)
 	}
 }

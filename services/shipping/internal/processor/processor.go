@@ -52,7 +52,6 @@ import (
 	"github.com/outbox-inbox/reference/pkg/inbox/inboxotel"
 	"github.com/outbox-inbox/reference/services/shipping/internal/deadletter"
 	"github.com/outbox-inbox/reference/services/shipping/internal/metrics"
-	"github.com/outbox-inbox/reference/services/shipping/internal/mongodb"
 	"github.com/outbox-inbox/reference/services/shipping/internal/rabbitmq"
 	"github.com/outbox-inbox/reference/services/shipping/internal/shipment"
 )
@@ -82,9 +81,10 @@ type Inbox interface {
 	Process(ctx context.Context, msgID string, h inbox.Handler) (inbox.Result, error)
 }
 
-// Store applies events to shipments (services/shipping/internal/mongodb).
+// Store applies events to shipments, recording which message applied each
+// version (the shipping service plugs in its MongoDB store).
 type Store interface {
-	Apply(ctx context.Context, ev shipment.Event) (mongodb.Outcome, error)
+	Apply(ctx context.Context, messageID string, ev shipment.Event) (shipment.Outcome, error)
 	Ping(ctx context.Context) error
 }
 
@@ -106,7 +106,6 @@ type Releases interface {
 var (
 	_ Releases         = (*deadletter.Manager)(nil)
 	_ Inbox            = (*inbox.Inbox)(nil)
-	_ Store            = (*mongodb.Store)(nil)
 	_ DeadLetters      = (*deadletter.Store)(nil)
 	_ rabbitmq.Handler = (*Processor)(nil)
 )
@@ -237,7 +236,12 @@ func (p *Processor) Handle(ctx context.Context, d rabbitmq.Delivery) (v rabbitmq
 		}
 	}()
 
-	ev, err := shipment.Decode(p.message(d))
+	// The message id is the inbox's key, decided once (shipment.MessageID)
+	// and handed as it is to the inbox, which alone decides whether it can
+	// be one (inbox.ErrInvalidMessageID), and to the store.
+	msg := p.message(d)
+	msgID := shipment.MessageID(msg)
+	ev, err := shipment.Decode(msg)
 	var inv *shipment.InvalidError
 	switch {
 	case errors.As(err, &inv):
@@ -245,7 +249,7 @@ func (p *Processor) Handle(ctx context.Context, d rabbitmq.Delivery) (v rabbitmq
 	case err != nil:
 		return p.deadLetter(ctx, d, ev, shipment.ReasonMalformedPayload, err)
 	}
-	log := p.log.With("event_id", ev.MessageID, "aggregate_id", ev.OrderID, "event_type", ev.Type, "version", ev.Version)
+	log := p.log.With("event_id", msgID, "aggregate_id", ev.OrderID, "event_type", ev.Type, "version", ev.Version)
 	span := trace.SpanFromContext(ctx)
 	if span.IsRecording() {
 		span.SetAttributes(
@@ -258,9 +262,9 @@ func (p *Processor) Handle(ctx context.Context, d rabbitmq.Delivery) (v rabbitmq
 		)
 	}
 
-	var outcome mongodb.Outcome
+	var outcome shipment.Outcome
 	apply := func(ctx context.Context) error {
-		o, err := p.cfg.Store.Apply(ctx, ev)
+		o, err := p.cfg.Store.Apply(ctx, msgID, ev)
 		if err != nil {
 			return err
 		}
@@ -274,7 +278,7 @@ func (p *Processor) Handle(ctx context.Context, d rabbitmq.Delivery) (v rabbitmq
 	if p.cfg.Tracing != nil {
 		apply = p.cfg.Tracing.Handler(SpanApply, apply)
 	}
-	res, err := p.cfg.Inbox.Process(ctx, ev.MessageID, apply)
+	res, err := p.cfg.Inbox.Process(ctx, msgID, apply)
 	if span.IsRecording() {
 		if err != nil {
 			span.RecordError(err)
@@ -333,7 +337,7 @@ func (p *Processor) Handle(ctx context.Context, d rabbitmq.Delivery) (v rabbitmq
 	case res == inbox.Duplicate:
 		p.cfg.Metrics.Duplicates.WithLabelValues("inbox").Inc()
 		log.DebugContext(ctx, "duplicate (inbox)")
-	case outcome == mongodb.AlreadyApplied:
+	case outcome == shipment.OutcomeAlreadyApplied:
 		p.cfg.Metrics.Duplicates.WithLabelValues("version").Inc()
 		log.DebugContext(ctx, "duplicate (already applied)")
 	case ev.Ignored:
@@ -360,9 +364,9 @@ func (p *Processor) Handle(ctx context.Context, d rabbitmq.Delivery) (v rabbitmq
 }
 
 // outcomeName is AttrOutcome's value.
-func outcomeName(o mongodb.Outcome, ev shipment.Event) string {
+func outcomeName(o shipment.Outcome, ev shipment.Event) string {
 	switch {
-	case o == mongodb.AlreadyApplied:
+	case o == shipment.OutcomeAlreadyApplied:
 		return "already_applied"
 	case ev.Ignored:
 		return "ignored"

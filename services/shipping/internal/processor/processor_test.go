@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -14,7 +15,6 @@ import (
 	"github.com/outbox-inbox/reference/pkg/inbox"
 	"github.com/outbox-inbox/reference/services/shipping/internal/deadletter"
 	"github.com/outbox-inbox/reference/services/shipping/internal/metrics"
-	"github.com/outbox-inbox/reference/services/shipping/internal/mongodb"
 	"github.com/outbox-inbox/reference/services/shipping/internal/processor"
 	"github.com/outbox-inbox/reference/services/shipping/internal/rabbitmq"
 	"github.com/outbox-inbox/reference/services/shipping/internal/shipment"
@@ -36,13 +36,13 @@ func (f fakeInbox) Process(ctx context.Context, _ string, h inbox.Handler) (inbo
 }
 
 type fakeStore struct {
-	outcome mongodb.Outcome
+	outcome shipment.Outcome
 	err     error
 	pingErr error
 	panics  bool
 }
 
-func (f fakeStore) Apply(context.Context, shipment.Event) (mongodb.Outcome, error) {
+func (f fakeStore) Apply(context.Context, string, shipment.Event) (shipment.Outcome, error) {
 	if f.panics {
 		panic("boom")
 	}
@@ -84,10 +84,10 @@ func TestVerdicts(t *testing.T) {
 		headerWant int64
 		metric     func(m *metrics.Metrics) prometheus.Counter
 	}{
-		"applied":          {store: fakeStore{outcome: mongodb.Applied}, action: rabbitmq.Ack, metric: func(m *metrics.Metrics) prometheus.Counter { return m.Processed }},
-		"already applied":  {store: fakeStore{outcome: mongodb.AlreadyApplied}, action: rabbitmq.Ack, metric: func(m *metrics.Metrics) prometheus.Counter { return m.Duplicates.WithLabelValues("version") }},
+		"applied":          {store: fakeStore{outcome: shipment.OutcomeApplied}, action: rabbitmq.Ack, metric: func(m *metrics.Metrics) prometheus.Counter { return m.Processed }},
+		"already applied":  {store: fakeStore{outcome: shipment.OutcomeAlreadyApplied}, action: rabbitmq.Ack, metric: func(m *metrics.Metrics) prometheus.Counter { return m.Duplicates.WithLabelValues("version") }},
 		"inbox duplicate":  {inbox: fakeInbox{duplicate: true}, action: rabbitmq.Ack, metric: func(m *metrics.Metrics) prometheus.Counter { return m.Duplicates.WithLabelValues("inbox") }},
-		"no message id":    {delivery: func() rabbitmq.Delivery { d := delivery(nil); d.MessageID = ""; return d }(), action: rabbitmq.DeadLetter, reason: "missing_message_id"},
+		"no message id":    {inbox: failingInbox{err: fmt.Errorf("%w: empty", inbox.ErrInvalidMessageID)}, delivery: func() rabbitmq.Delivery { d := delivery(nil); d.MessageID = ""; return d }(), action: rabbitmq.DeadLetter, reason: "missing_message_id"},
 		"unknown type":     {delivery: func() rabbitmq.Delivery { d := delivery(nil); d.Type = "order.paid"; return d }(), action: rabbitmq.Ack, metric: func(m *metrics.Metrics) prometheus.Counter { return m.UnknownType }},
 		"bad version":      {delivery: delivery(map[string]any{"aggregate_version": "x"}), action: rabbitmq.DeadLetter, reason: "invalid_version"},
 		"gap":              {store: fakeStore{err: shipment.ErrGap}, action: rabbitmq.Defer, reason: "gap", header: processor.HeaderDeferrals, headerWant: 1},
@@ -140,7 +140,7 @@ func TestCrashPointsAreHitInProtocolOrder(t *testing.T) {
 	for _, point := range []string{crashpoint.ShippingAfterEffectBeforeInbox, crashpoint.ShippingAfterInboxBeforeAck} {
 		fired := 0
 		p, err := processor.New(processor.Config{
-			Inbox: fakeInbox{}, Store: fakeStore{outcome: mongodb.Applied}, Metrics: m,
+			Inbox: fakeInbox{}, Store: fakeStore{outcome: shipment.OutcomeApplied}, Metrics: m,
 			Crash: crashpoint.New(point, 1, func() { fired++ }),
 		})
 		if err != nil {
@@ -160,11 +160,39 @@ func TestNewRequiresItsDependencies(t *testing.T) {
 }
 
 // recordingStore applies everything and remembers what it was given.
-type recordingStore struct{ applied []shipment.Event }
+type recordingStore struct {
+	applied []shipment.Event
+	ids     []string
+}
 
-func (r *recordingStore) Apply(_ context.Context, ev shipment.Event) (mongodb.Outcome, error) {
+func (r *recordingStore) Apply(_ context.Context, msgID string, ev shipment.Event) (shipment.Outcome, error) {
 	r.applied = append(r.applied, ev)
-	return mongodb.Applied, nil
+	r.ids = append(r.ids, msgID)
+	return shipment.OutcomeApplied, nil
+}
+
+// idInbox is fakeInbox keeping the message ids it is given.
+type idInbox struct{ ids []string }
+
+func (in *idInbox) Process(ctx context.Context, msgID string, h inbox.Handler) (inbox.Result, error) {
+	in.ids = append(in.ids, msgID)
+	return fakeInbox{}.Process(ctx, msgID, h)
+}
+
+// The message id is the delivery's, handed as it is to the inbox (which
+// decides whether it can be a key) and to the store: decided once, not
+// copied through the decoded message and event.
+func TestTheDeliverysMessageIDGoesToTheInboxAndTheStore(t *testing.T) {
+	in, store := &idInbox{}, &recordingStore{}
+	p, _ := newProcessor(t, in, store)
+	d := delivery(nil)
+	d.MessageID = "01JDQ7-é"
+	if v := p.Handle(t.Context(), d); v.Action != rabbitmq.Ack {
+		t.Fatalf("verdict %v %q (%s), want an ack", v.Action, v.Reason, v.Detail)
+	}
+	if !slices.Equal(in.ids, []string{d.MessageID}) || !slices.Equal(store.ids, []string{d.MessageID}) {
+		t.Fatalf("inbox got %q, store got %q; want %q for both", in.ids, store.ids, d.MessageID)
+	}
 }
 func (r *recordingStore) Ping(context.Context) error { return nil }
 
@@ -237,7 +265,7 @@ func TestInboxErrorsThatAreNotTheHandlersAreNotHandlerFailures(t *testing.T) {
 			Err: fmt.Errorf("%w: WriteConflict", inbox.ErrHandler)}, "transient"},
 	} {
 		t.Run(name, func(t *testing.T) {
-			p, m := newProcessor(t, failingInbox{err: tc.err}, fakeStore{outcome: mongodb.Applied})
+			p, m := newProcessor(t, failingInbox{err: tc.err}, fakeStore{outcome: shipment.OutcomeApplied})
 			// Even on what would be the last attempt of a failing handler.
 			d := delivery(map[string]any{"x-shipping-attempts": int64(2)})
 			v := p.Handle(t.Context(), d)
@@ -479,8 +507,8 @@ func TestAppliedMessagesReleaseTheirOrderIfHeldAtTheirVersion(t *testing.T) {
 		store fakeStore
 		ask   bool
 	}{
-		"applied":         {store: fakeStore{outcome: mongodb.Applied}, ask: true},
-		"already applied": {store: fakeStore{outcome: mongodb.AlreadyApplied}, ask: true},
+		"applied":         {store: fakeStore{outcome: shipment.OutcomeApplied}, ask: true},
+		"already applied": {store: fakeStore{outcome: shipment.OutcomeAlreadyApplied}, ask: true},
 		"inbox duplicate": {inbox: fakeInbox{duplicate: true}, ask: true},
 		"gap":             {store: fakeStore{err: shipment.ErrGap}},
 		"handler fails":   {store: fakeStore{err: errors.New("bug")}},

@@ -231,6 +231,23 @@ func fromCloudEvent(m Message) (Message, error) {
 	return m, nil
 }
 
+// MessageID is m's id, the inbox's key: the AMQP message-id property, or,
+// in a CloudEvents message that has none, its id attribute (Decode refuses
+// one where the two disagree). It does not judge whether the id can be a
+// key: the inbox does.
+func MessageID(m Message) string {
+	if m.MessageID != "" || !IsCloudEvent(m) {
+		return m.MessageID
+	}
+	for k, v := range m.Headers {
+		if name, _, ok := cloudEventsName(k); ok && name == ceID {
+			id, _ := v.(string)
+			return id
+		}
+	}
+	return ""
+}
+
 // ceVersion reads the aggregateversion attribute: an Integer, as an AMQP
 // integer of any width or its canonical string.
 func ceVersion(attrs map[string]any) (int64, error) {

@@ -45,9 +45,12 @@ func TestDecodeReadsTheBindingsBinaryExample(t *testing.T) {
 		if err != nil {
 			t.Fatalf("separator %q: %v", sep, err)
 		}
-		want := shipment.Event{MessageID: "1234-1234-1234", Type: "com.example.someevent", OrderID: "o-1", Version: 2, Ignored: true}
+		want := shipment.Event{Type: "com.example.someevent", OrderID: "o-1", Version: 2, Ignored: true}
 		if ev != want {
 			t.Errorf("separator %q: %+v, want %+v", sep, ev, want)
+		}
+		if id := shipment.MessageID(m); id != "1234-1234-1234" {
+			t.Errorf("separator %q: message id %q, want the id attribute", sep, id)
 		}
 		if created, ok := shipment.CreatedAt(m.Headers); !ok || !created.Equal(time.Date(2018, 4, 5, 3, 56, 24, 0, time.UTC)) {
 			t.Errorf("separator %q: created at %v, %v", sep, created, ok)
@@ -108,7 +111,7 @@ func TestDecodeReadsBothEnvelopesOfAnOutboxEventAlike(t *testing.T) {
 			t.Errorf("%s: %v", name, err)
 			continue
 		}
-		if ev.MessageID != plain.MessageID || ev.Type != plain.Type || ev.OrderID != plain.OrderID || ev.Version != plain.Version ||
+		if shipment.MessageID(m) != p.MessageId || ev.Type != plain.Type || ev.OrderID != plain.OrderID || ev.Version != plain.Version ||
 			ev.AggregateType != "order" || plain.AggregateType != "order" || ev.Created == nil || ev.Created.Total != plain.Created.Total {
 			t.Errorf("%s: %+v, want %+v", name, ev, plain)
 		}

@@ -18,6 +18,8 @@ type Reason string
 
 // Dead-letter reasons.
 const (
+	// ReasonMissingMessageID: the message has no id the inbox can
+	// deduplicate it by (pkg/inbox refuses it: inbox.ErrInvalidMessageID).
 	ReasonMissingMessageID Reason = "missing_message_id"
 	ReasonInvalidVersion   Reason = "invalid_version"
 	ReasonMalformedPayload Reason = "malformed_payload"
@@ -60,6 +62,11 @@ func invalid(r Reason, format string, args ...any) error {
 // Message is what the transport hands over: the AMQP properties and headers
 // that the events contract (docs/events.md) defines, and the body.
 type Message struct {
+	// MessageID is the AMQP message-id property. It is the inbox's key,
+	// which the processor takes (MessageID) and hands as it is to the inbox
+	// (the one place that decides whether an id can be a key) and to the
+	// store; Decode only refuses a CloudEvents message whose id attribute
+	// disagrees with it.
 	MessageID   string
 	Type        string // AMQP type property
 	ContentType string // AMQP content-type property
@@ -91,12 +98,6 @@ func Decode(m Message) (Event, error) {
 			return Event{}, err
 		}
 	}
-	if m.MessageID == "" {
-		return Event{}, invalid(ReasonMissingMessageID, "message has no MessageId: it cannot be deduplicated")
-	}
-	if err := text(m.MessageID, 1024); err != nil {
-		return Event{}, invalid(ReasonMissingMessageID, "MessageId: %v", err)
-	}
 	typ := m.Type
 	if typ == "" {
 		typ, _ = m.Headers[headerEventType].(string)
@@ -123,7 +124,7 @@ func Decode(m Message) (Event, error) {
 	}
 
 	aggType, _ := m.Headers[headerAggregateType].(string)
-	ev := Event{MessageID: m.MessageID, Type: typ, Version: version, AggregateType: aggType}
+	ev := Event{Type: typ, Version: version, AggregateType: aggType}
 	switch typ {
 	case TypeCreated:
 		var c Created
@@ -170,7 +171,7 @@ func decodeIgnored(m Message, typ string, version int64) (Event, error) {
 		return Event{}, invalid(ReasonMalformedPayload, "%s: no order id in the aggregate_id header nor in the payload's order_id: %v", typ, err)
 	}
 	aggType, _ := m.Headers[headerAggregateType].(string)
-	return Event{MessageID: m.MessageID, Type: typ, OrderID: orderID, Version: version, AggregateType: aggType, Ignored: true}, nil
+	return Event{Type: typ, OrderID: orderID, Version: version, AggregateType: aggType, Ignored: true}, nil
 }
 
 // Locate returns the order and version a message claims in its headers

@@ -65,12 +65,23 @@ type Cancelled struct {
 	CancelledAt time.Time `json:"cancelled_at" bson:"cancelled_at"`
 }
 
-// Event is a validated order event.
+// Outcome says what applying an event to its shipment did.
+type Outcome int
+
+const (
+	// OutcomeApplied: the event was applied now.
+	OutcomeApplied Outcome = iota + 1
+	// OutcomeAlreadyApplied: the same message had been applied at that
+	// version (a duplicate the inbox did not know).
+	OutcomeAlreadyApplied
+)
+
+// Event is a validated order event. The message that carried it is named
+// by its id beside it (Apply's messageID), not inside it.
 type Event struct {
-	MessageID string
-	Type      string
-	OrderID   string
-	Version   int64
+	Type    string
+	OrderID string
+	Version int64
 	// AggregateType is the aggregate_type header (aggregatetype attribute),
 	// or "".
 	AggregateType string

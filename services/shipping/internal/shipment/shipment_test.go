@@ -12,7 +12,7 @@ const createdBody = `{"order_id":"o-1","customer_id":"c-42","currency":"EUR","it
 
 func msg(mut func(*shipment.Message)) shipment.Message {
 	m := shipment.Message{
-		MessageID: "7", Type: shipment.TypeCreated, RoutingKey: shipment.TypeCreated,
+		Type: shipment.TypeCreated, RoutingKey: shipment.TypeCreated,
 		Headers: map[string]any{"aggregate_id": "o-1", "aggregate_version": int64(1)},
 		Body:    []byte(createdBody),
 	}
@@ -50,8 +50,6 @@ func TestDecodeRejectsPoisonWithItsReason(t *testing.T) {
 		m    shipment.Message
 		want shipment.Reason
 	}{
-		"no message id":        {msg(func(m *shipment.Message) { m.MessageID = "" }), shipment.ReasonMissingMessageID},
-		"nul in message id":    {msg(func(m *shipment.Message) { m.MessageID = "a\x00" }), shipment.ReasonMissingMessageID},
 		"no version":           {msg(func(m *shipment.Message) { delete(m.Headers, "aggregate_version") }), shipment.ReasonInvalidVersion},
 		"string version":       {msg(func(m *shipment.Message) { m.Headers["aggregate_version"] = "1" }), shipment.ReasonInvalidVersion},
 		"zero version":         {msg(func(m *shipment.Message) { m.Headers["aggregate_version"] = int64(0) }), shipment.ReasonInvalidVersion},
