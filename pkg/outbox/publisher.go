@@ -82,7 +82,10 @@ func (e Envelope) LogAttrs() []any {
 //   - Headers: a publisher sends Envelope.Headers with aggregate_type,
 //     aggregate_id, event_type (strings) and aggregate_version (a 64-bit
 //     integer) set from the envelope, over same-named entries; Enqueue's
-//     MaxHeaderBytes measures that table.
+//     MaxHeaderBytes measures that table. A publisher may send the envelope
+//     in another format instead (outboxamqp's CloudEvents option sends the
+//     attributes as cloudEvents_ headers, a few hundred bytes more than that
+//     measure); it says so, and what it adds to the table.
 //
 //   - The envelopes of one batch belong to distinct aggregates, so they may be
 //     sent concurrently; PublishBatch must return by the time ctx ends (the
