@@ -76,8 +76,8 @@ func TestChaos(t *testing.T) {
 	t.Logf("provider: %s", provider)
 	pgBinDir, pgCred, err := ownPostgresBinDir()
 	if err != nil {
-		t.Logf("postgres: the shared server (TEST_DATABASE_URL), without %s: %v", chaos.FaultPostgresRestart, err)
-		profile = profile.Without(chaos.FaultPostgresRestart)
+		t.Logf("postgres: the shared server (TEST_DATABASE_URL), without %v: %v", chaos.OwnPostgresFaultKinds, err)
+		profile = profile.Without(chaos.OwnPostgresFaultKinds...)
 	} else {
 		t.Logf("postgres: a cluster of the run's own (%s), restartable", pgBinDir)
 	}
@@ -290,6 +290,7 @@ func runScenario(t *testing.T, sc scenario) chaos.Report {
 	if err != nil {
 		t.Fatal(err)
 	}
+	in.burst = wl.Burst
 	start := time.Now()
 	loadCtx, stopLoad := context.WithCancel(ctx)
 	defer stopLoad()

@@ -48,7 +48,9 @@ type cluster struct {
 	id     string // names the database, the vhost and the Mongo database
 	runDir string // process logs and FerretDB's data
 
-	pg        *ownPostgres  // the run's own cluster, nil on the shared server
+	pg        *ownPostgres // the run's own cluster, nil on the shared server; the primary after a failover
+	standbys  []*ownPostgres
+	pgNodes   int           // servers the run made besides the first, to name them
 	dbURL     string        // the run's database, direct (the harness's reads)
 	db        *pgxpool.Pool // harness connection to the run's database
 	adminURL  string        // the server's maintenance database
@@ -184,6 +186,11 @@ func newCluster(t *testing.T, cfg clusterConfig) *cluster {
 	// Toxiproxy between the services and RabbitMQ and MongoDB.
 	c.toxi = newToxi()
 	t.Cleanup(c.toxi.close)
+	if c.pg != nil {
+		if err := c.putPostgresBehindProxy(); err != nil {
+			t.Fatal(err)
+		}
+	}
 	// On a cluster, one proxy per side and node (amqp-orders@1 ...), and
 	// the services' AMQP_URL lists the side's proxies.
 	var ordersProxies, shippingProxies []string

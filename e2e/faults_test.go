@@ -25,6 +25,9 @@ type injector struct {
 	poison *poisoner
 	logf   func(format string, args ...any)
 
+	// burst creates orders through the workload (relay_mass_kill's backlog).
+	burst func(ctx context.Context, tag string, n, concurrency int) int
+
 	mu    sync.Mutex
 	locks map[string]*sync.Mutex
 }
@@ -52,8 +55,10 @@ func resource(s chaos.Step) string {
 		chaos.FaultNodeKill, chaos.FaultNodeKillLeader, chaos.FaultNodeAppRestart, chaos.FaultNodeProxyDown:
 		// One node fault at a time: a majority stays up.
 		return "broker"
-	case chaos.FaultPostgresKillSessions, chaos.FaultPostgresRestart:
+	case chaos.FaultPostgresKillSessions, chaos.FaultPostgresRestart, chaos.FaultPostgresFailover, chaos.FaultPostgresSyncStall:
 		return "postgres"
+	case chaos.FaultMigrationUnderLoad, chaos.FaultRelayMassKill:
+		return string(s.Kind) // and relay_mass_kill takes the relays and the database (massKill)
 	case chaos.FaultMongoRestart, chaos.FaultMongoProxyDown:
 		return "mongo"
 	}
@@ -193,6 +198,14 @@ func (in *injector) inject(ctx context.Context, s chaos.Step) error {
 			return err
 		}
 		record("server killed and started again on the same data")
+	case chaos.FaultPostgresFailover:
+		return in.postgresFailover(ctx, s, &f, record)
+	case chaos.FaultPostgresSyncStall:
+		return in.postgresSyncStall(ctx, s, &f, record)
+	case chaos.FaultMigrationUnderLoad:
+		return in.migrationUnderLoad(ctx, &f, record)
+	case chaos.FaultRelayMassKill:
+		return in.relayMassKill(ctx, &f, record)
 	default:
 		return fmt.Errorf("unknown fault kind %q", s.Kind)
 	}

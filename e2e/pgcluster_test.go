@@ -26,6 +26,8 @@ type ownPostgres struct {
 	p    *proc
 	dir  string
 	port string
+	bin  string // initdb's directory
+	cred *syscall.Credential
 }
 
 // ownPostgresBinDir finds initdb and postgres, or says why the run cannot
@@ -84,13 +86,9 @@ func startOwnPostgres(ctx context.Context, binDir string, cred *syscall.Credenti
 		return nil, err
 	}
 	p, err := newProc(procSpec{
-		name: "postgres",
-		bin:  filepath.Join(binDir, "postgres"),
-		// fsync off: a process crash keeps what the OS has; only a machine
-		// crash would need the flushes, and this cluster lives for one run.
-		// wal_level=logical: the WAL relay (CHAOS_RELAY_MODE=wal) needs it.
-		args: []string{"-D", data, "-p", port, "-k", dir, "-c", "listen_addresses=127.0.0.1",
-			"-c", "fsync=off", "-c", "max_connections=200", "-c", "wal_level=logical", "-c", "log_min_messages=warning"},
+		name:       "postgres",
+		bin:        filepath.Join(binDir, "postgres"),
+		args:       ownPostgresArgs(data, port, dir),
 		cred:       cred,
 		stopSignal: syscall.SIGINT, // fast shutdown: SIGTERM would wait for clients
 	}, logDir, onExit)
@@ -98,12 +96,24 @@ func startOwnPostgres(ctx context.Context, binDir string, cred *syscall.Credenti
 		_ = os.RemoveAll(dir)
 		return nil, err
 	}
-	pg := &ownPostgres{p: p, dir: dir, port: port}
+	pg := &ownPostgres{p: p, dir: dir, port: port, bin: binDir, cred: cred}
 	if err := pg.start(ctx); err != nil {
 		_ = pg.close()
 		return nil, err
 	}
 	return pg, nil
+}
+
+// ownPostgresArgs are the postgres command line of a server of the run's own
+// (a primary or a standby) on data, port and socket directory dir.
+// fsync off: a process crash keeps what the OS has; only a machine crash
+// would need the flushes, and this cluster lives for one run.
+// wal_level=logical: the WAL relay (CHAOS_RELAY_MODE=wal) needs it; a
+// standby made from it (postgres_failover) keeps it when promoted.
+func ownPostgresArgs(data, port, dir string) []string {
+	return []string{"-D", data, "-p", port, "-k", dir, "-c", "listen_addresses=127.0.0.1",
+		"-c", "fsync=off", "-c", "max_connections=200", "-c", "wal_level=logical", "-c", "log_min_messages=warning",
+		"-c", "wal_sender_timeout=5s"}
 }
 
 // url is the connection string of database db on the cluster.
@@ -140,6 +150,9 @@ func (pg *ownPostgres) stopImmediately() *incarnation {
 }
 
 func (pg *ownPostgres) close() error {
-	err := pg.p.close()
+	var err error
+	if pg.p != nil { // nil: a standby whose pg_basebackup failed
+		err = pg.p.close()
+	}
 	return errors.Join(err, os.RemoveAll(pg.dir))
 }

@@ -142,6 +142,14 @@ type Report struct {
 	// I1
 	AcknowledgedNotCommitted int `json:"acknowledged_not_committed"`
 	FailedButCommitted       int `json:"failed_but_committed"`
+	// LostByDatabaseFailover counts acknowledged creates and cancels the
+	// database lacks after an asynchronous failover that followed the
+	// acknowledgement (postgres_failover): the loss asynchronous replication
+	// allows, reported apart from I1 and I2. FailoverOrphanEffects counts
+	// effects of events the database lost that way (published from the old
+	// primary before it died).
+	LostByDatabaseFailover int `json:"lost_by_database_failover"`
+	FailoverOrphanEffects  int `json:"failover_orphan_effects"`
 	// I2
 	Lost             int `json:"lost"`
 	DuplicateEffects int `json:"duplicate_effects"`
@@ -168,6 +176,9 @@ type Report struct {
 	FaultsTotal       int               `json:"faults_total"`
 	MissingFaultKinds []FaultKind       `json:"missing_fault_kinds,omitempty"`
 
+	// FaultMeasures: what each infrastructure fault measured.
+	FaultMeasures []FaultMeasure `json:"fault_measures,omitempty"`
+
 	ViolationCount int         `json:"violation_count"`
 	Violations     []Violation `json:"violations"`
 }
@@ -175,7 +186,7 @@ type Report struct {
 // Check verifies invariants I1-I6 (docs/guarantees.md) over a run's history and
 // final state. It is pure: same input, same report.
 func Check(h History, s FinalState, run RunInfo) Report {
-	c := checker{r: Report{
+	c := checker{h: h, r: Report{
 		Seed: run.Seed, Profile: run.Profile, Provider: run.Provider,
 		OrdersCommitted: len(s.Orders), EventsCommitted: len(s.Events),
 		DuplicatesDelivered: s.DuplicatesDelivered,
@@ -192,11 +203,16 @@ func Check(h History, s FinalState, run RunInfo) Report {
 	c.drain(run)               // I5
 	c.deadLetters(h, s)        // I6
 	c.coverage(h, run)
+	c.r.FaultMeasures = faultMeasures(h)
+	c.infraFaults(h)
 	c.r.OK = c.r.ViolationCount == 0
 	return c.r
 }
 
-type checker struct{ r Report }
+type checker struct {
+	r Report
+	h History
+}
 
 func (c *checker) violate(v Violation) {
 	c.r.ViolationCount++
@@ -265,6 +281,8 @@ func (c *checker) checkCreate(op Op, byID map[string]CommittedOrder, byKey map[s
 		c.r.OrdersAcknowledged++
 		o, ok := byID[op.OrderID]
 		switch {
+		case !ok && lostByFailover(c.h, op.End):
+			c.r.LostByDatabaseFailover++
 		case !ok:
 			c.r.AcknowledgedNotCommitted++
 			c.violate(Violation{Invariant: "I1", Kind: "acknowledged_not_committed", OrderID: op.OrderID,
@@ -291,7 +309,9 @@ func (c *checker) checkCancel(op Op, byID map[string]CommittedOrder) {
 	switch op.Outcome {
 	case OutcomeOK:
 		c.r.CancelsAcknowledged++
-		if !cancelled {
+		if !cancelled && lostByFailover(c.h, op.End) {
+			c.r.LostByDatabaseFailover++
+		} else if !cancelled {
 			c.r.AcknowledgedNotCommitted++
 			c.violate(Violation{Invariant: "I1", Kind: "acknowledged_cancel_not_committed", OrderID: op.OrderID,
 				Detail: fmt.Sprintf("cancel was answered %d but the order is %q", op.Status, o.Status)})
@@ -329,6 +349,10 @@ func (c *checker) eventsApplied(h History, s FinalState) {
 		}
 	}
 
+	orderCommitted := make(map[string]bool, len(s.Orders))
+	for _, o := range s.Orders {
+		orderCommitted[o.ID] = true
+	}
 	committed := make(map[string]CommittedEvent, len(s.Events))
 	events := slices.Clone(s.Events)
 	slices.SortFunc(events, func(a, b CommittedEvent) int {
@@ -355,6 +379,8 @@ func (c *checker) eventsApplied(h History, s FinalState) {
 	for _, a := range firsts {
 		e, ok := committed[a.event.MessageID]
 		switch {
+		case !ok && c.r.FaultsInjected[FaultPostgresFailover] > 0 && !orderCommitted[a.orderID]:
+			c.r.FailoverOrphanEffects++
 		case !ok:
 			c.r.UnknownEffects++
 			c.violate(Violation{Invariant: "I2", Kind: "unknown_effect", OrderID: a.orderID, MessageID: a.event.MessageID,

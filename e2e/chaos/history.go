@@ -57,6 +57,9 @@ type Fault struct {
 	Start  time.Time `json:"start"`
 	End    time.Time `json:"end"` // when it was healed; equal to Start for an instant fault
 	Detail string    `json:"detail,omitempty"`
+	// Measures are numbers an infrastructure fault took (see the Measure
+	// constants), for the report.
+	Measures map[string]float64 `json:"measures,omitempty"`
 }
 
 // PoisonKind is a kind of bad message published straight to the exchange.

@@ -104,7 +104,8 @@ func (k FaultKind) Instant() bool {
 	switch k {
 	case FaultBrokerProxyDown, FaultBrokerProxyResetPeer, FaultBrokerProxyLatency, FaultBrokerProxyTimeout,
 		FaultBrokerAppRestart, FaultPostgresRestart, FaultMongoRestart, FaultMongoProxyDown,
-		FaultNodeKill, FaultNodeKillLeader, FaultNodeAppRestart, FaultNodeProxyDown:
+		FaultNodeKill, FaultNodeKillLeader, FaultNodeAppRestart, FaultNodeProxyDown,
+		FaultPostgresFailover, FaultPostgresSyncStall:
 		return false
 	}
 	_, crash := k.CrashPoint()
@@ -138,11 +139,14 @@ type Profile struct {
 	DrainBudget time.Duration
 }
 
-// ShortProfile is the run inside `make test`: every kind but the broker app
-// restart (which would disturb other packages' tests running at the same
-// time against the same broker), about one and a half minutes of load.
+// ShortProfile is the run inside `make test`: every kind of AllFaultKinds but
+// the broker app restart (which would disturb other packages' tests running
+// at the same time against the same broker), the migration under load and
+// the relay mass kill, about one and a half minutes of load. The database
+// failover and the synchronous stall are the long profile's.
 func ShortProfile() Profile {
 	kinds := slices.DeleteFunc(slices.Clone(AllFaultKinds), func(k FaultKind) bool { return k == FaultBrokerAppRestart })
+	kinds = append(kinds, FaultMigrationUnderLoad, FaultRelayMassKill)
 	return Profile{
 		Name: "short", Load: 80 * time.Second, Warmup: 4 * time.Second, Cooldown: 6 * time.Second,
 		Clients: 4, Rate: 20, CancelRatio: 0.4,
@@ -153,7 +157,7 @@ func ShortProfile() Profile {
 }
 
 // LongProfile is the `make chaos` run: every kind, the broker app restart
-// included, many faults over several minutes. Its rate is lower than the
+// and the infrastructure faults (InfraFaultKinds) included, many faults over several minutes. Its rate is lower than the
 // short profile's: a 3-minute trial at 30 orders/s left shipping (on
 // FerretDB, on this shared 2-core machine) thousands of messages behind,
 // draining at 10-25 messages/s, so the drain measured that backlog rather
@@ -162,7 +166,7 @@ func LongProfile() Profile {
 	return Profile{
 		Name: "long", Load: 8 * time.Minute, Warmup: 5 * time.Second, Cooldown: 10 * time.Second,
 		Clients: 4, Rate: 12, CancelRatio: 0.4,
-		Kinds: slices.Clone(AllFaultKinds), Faults: 150,
+		Kinds: append(slices.Clone(AllFaultKinds), InfraFaultKinds...), Faults: 150,
 		HoldMin: time.Second, HoldMax: 10 * time.Second,
 		DrainBudget: 5 * time.Minute,
 	}
@@ -260,7 +264,7 @@ func (p Profile) Validate() error {
 		return fmt.Errorf("profile %s: DrainBudget must be positive", p.Name)
 	}
 	for _, k := range p.Kinds {
-		if !slices.Contains(AllFaultKinds, k) && !slices.Contains(ClusterFaultKinds, k) {
+		if !slices.Contains(AllFaultKinds, k) && !slices.Contains(ClusterFaultKinds, k) && !slices.Contains(InfraFaultKinds, k) {
 			return fmt.Errorf("profile %s: unknown fault kind %q", p.Name, k)
 		}
 	}

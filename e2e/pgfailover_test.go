@@ -1,0 +1,359 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/outbox-inbox/reference/e2e/chaos"
+)
+
+// proxyPostgres is the proxy between every client of the run's database
+// (services and harness) and the run's own PostgreSQL: a failover switches
+// it to the promoted standby, as a DNS name or a virtual IP would in
+// production.
+const proxyPostgres = "postgres"
+
+// putPostgresBehindProxy makes the run's database URL go through
+// proxyPostgres, and registers the removal of every standby the faults leave.
+func (c *cluster) putPostgresBehindProxy() error {
+	addr, err := c.toxi.add(proxyPostgres, c.pg.addr())
+	if err != nil {
+		return err
+	}
+	c.dbURL = "postgres://postgres@" + addr + "/" + c.id + "?sslmode=disable"
+	c.t.Cleanup(func() {
+		for _, st := range c.standbys {
+			if err := st.close(); err != nil {
+				c.t.Errorf("cleanup: PostgreSQL standby: %v", err)
+			}
+		}
+	})
+	return nil
+}
+
+func (pg *ownPostgres) addr() string { return net.JoinHostPort("127.0.0.1", pg.port) }
+
+// newStandby makes a streaming standby of the run's primary with
+// pg_basebackup (as the postgres user, in a data directory and on a port of
+// its own), named name for synchronous_standby_names, starts it and waits
+// until the primary streams to it.
+func (c *cluster) newStandby(ctx context.Context, name string) (*ownPostgres, error) {
+	primary := c.pg
+	dir, err := os.MkdirTemp("", "chaos-pg-standby-")
+	if err != nil {
+		return nil, fmt.Errorf("standby: %w", err)
+	}
+	st := &ownPostgres{dir: dir, bin: primary.bin, cred: primary.cred}
+	c.standbys = append(c.standbys, st)
+	if primary.cred != nil {
+		if err := os.Chown(dir, int(primary.cred.Uid), int(primary.cred.Gid)); err != nil {
+			return nil, fmt.Errorf("standby: %w", err)
+		}
+	}
+	data := filepath.Join(dir, "data")
+	conninfo := fmt.Sprintf("host=127.0.0.1 port=%s user=postgres application_name=%s", primary.port, name)
+	backup := exec.CommandContext(ctx, filepath.Join(primary.bin, "pg_basebackup"),
+		"-d", conninfo, "-D", data, "-R", "-X", "stream", "-c", "fast", "--no-sync")
+	backup.SysProcAttr = &syscall.SysProcAttr{Credential: primary.cred}
+	backup.Dir = dir
+	if out, err := backup.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("standby: pg_basebackup: %w\n%s", err, out)
+	}
+	// -R wrote a primary_conninfo without the application_name the
+	// synchronous_standby_names setting matches: a later line wins.
+	conf, err := os.OpenFile(filepath.Join(data, "postgresql.auto.conf"), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		return nil, fmt.Errorf("standby: %w", err)
+	}
+	_, werr := fmt.Fprintf(conf, "primary_conninfo = '%s'\n", conninfo)
+	if err := errors.Join(werr, conf.Close()); err != nil {
+		return nil, fmt.Errorf("standby: %w", err)
+	}
+	if st.port, err = freePort(); err != nil {
+		return nil, err
+	}
+	c.pgNodes++
+	st.p, err = newProc(procSpec{
+		name: "postgres-" + strconv.Itoa(c.pgNodes), bin: filepath.Join(primary.bin, "postgres"),
+		args: ownPostgresArgs(data, st.port, dir), cred: primary.cred, stopSignal: syscall.SIGINT,
+	}, c.runDir, c.onExit)
+	if err != nil {
+		return nil, err
+	}
+	if err := st.start(ctx); err != nil {
+		return nil, err
+	}
+	err = pollPostgres(ctx, primary.url("postgres"), time.Minute, func(conn *pgx.Conn) (bool, error) {
+		var n int
+		err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_replication WHERE application_name = $1 AND state = 'streaming'`, name).Scan(&n)
+		return n > 0, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("standby %s not streaming: %w", name, err)
+	}
+	return st, nil
+}
+
+// pollPostgres runs cond on a connection to url every 100ms until it
+// returns true, or timeout passes.
+func pollPostgres(ctx context.Context, url string, timeout time.Duration, cond func(*pgx.Conn) (bool, error)) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var last error
+	for {
+		conn, err := pgx.Connect(ctx, url)
+		if err == nil {
+			var ok bool
+			ok, err = cond(conn)
+			_ = conn.Close(ctx)
+			if err == nil && ok {
+				return nil
+			}
+		}
+		if err != nil {
+			last = err
+		}
+		select {
+		case <-ctx.Done():
+			return errors.Join(ctx.Err(), last)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// promote makes st the run's primary: pg_promote on it, the proxy switched
+// to it, the old primary's process and data removed.
+func (c *cluster) promote(ctx context.Context, st *ownPostgres) error {
+	if err := st.start(ctx); err != nil {
+		return err
+	}
+	conn, err := pgx.Connect(ctx, st.url("postgres"))
+	if err != nil {
+		return fmt.Errorf("promote: %w", err)
+	}
+	var promoted bool
+	err = conn.QueryRow(ctx, `SELECT pg_promote(true, 60)`).Scan(&promoted)
+	_ = conn.Close(ctx)
+	if err != nil || !promoted {
+		return fmt.Errorf("promote the standby on port %s: promoted=%v: %w", st.port, promoted, err)
+	}
+	if err := c.toxi.setUpstream(proxyPostgres, st.addr()); err != nil {
+		return err
+	}
+	old := c.pg
+	c.pg, c.adminURL = st, st.url("postgres")
+	c.forgetStandby(st)
+	return old.close()
+}
+
+// forgetStandby drops st from the standbys the cleanup removes.
+func (c *cluster) forgetStandby(st *ownPostgres) {
+	c.standbys = slices.DeleteFunc(c.standbys, func(o *ownPostgres) bool { return o == st })
+}
+
+// postgresFailover: an asynchronous standby streams under load for s.Hold;
+// then the primary is stopped immediately (what it had not sent is lost), the
+// standby promoted and the proxy switched to it, while every service runs.
+func (in *injector) postgresFailover(ctx context.Context, s chaos.Step, f *chaos.Fault, record func(string)) error {
+	c := in.c
+	if c.pg == nil {
+		return errors.New("the run has no PostgreSQL server of its own to fail over")
+	}
+	ctx = context.WithoutCancel(ctx) // a failover started is finished
+	st, err := c.newStandby(ctx, "chaos_async")
+	if err != nil {
+		return err
+	}
+	time.Sleep(s.Hold)
+	lag := c.standbyLag(ctx, st)
+	f.Start = time.Now()
+	if c.pg.stopImmediately() == nil {
+		return errors.New("own PostgreSQL was not running")
+	}
+	if err := c.promote(ctx, st); err != nil {
+		return err
+	}
+	f.Measures = map[string]float64{"standby_lag_bytes_before_kill": lag}
+	record(fmt.Sprintf("primary stopped immediately, asynchronous standby (about %.0f bytes behind) promoted on port %s, proxy switched", lag, st.port))
+	return nil
+}
+
+// standbyLag is how far, in WAL bytes, the standby's received position was
+// behind the primary's current one; -1 when it cannot be read.
+func (c *cluster) standbyLag(ctx context.Context, st *ownPostgres) float64 {
+	var primaryLSN, standbyLSN string
+	for _, q := range []struct {
+		url, sql string
+		dst      *string
+	}{
+		{c.pg.url("postgres"), `SELECT pg_current_wal_lsn()::text`, &primaryLSN},
+		{st.url("postgres"), `SELECT pg_last_wal_receive_lsn()::text`, &standbyLSN},
+	} {
+		conn, err := pgx.Connect(ctx, q.url)
+		if err != nil {
+			return -1
+		}
+		err = conn.QueryRow(ctx, q.sql).Scan(q.dst)
+		_ = conn.Close(ctx)
+		if err != nil {
+			return -1
+		}
+	}
+	conn, err := pgx.Connect(ctx, c.pg.url("postgres"))
+	if err != nil {
+		return -1
+	}
+	defer conn.Close(ctx)
+	var lag float64
+	if err := conn.QueryRow(ctx, `SELECT pg_wal_lsn_diff($1::pg_lsn, $2::pg_lsn)`, primaryLSN, standbyLSN).Scan(&lag); err != nil {
+		return -1
+	}
+	return lag
+}
+
+// postgresSyncStall names a fresh standby in synchronous_standby_names,
+// stops it for s.Hold (every commit waits for it, the transactions stay
+// invisible), and meanwhile looks for the phantom the WAL relay could make:
+// an effect in shipping whose order, or whose version of the order, the
+// primary does not show. Then the standby starts again, catches up, and
+// the setting and the standby go. A commit whose wait a client cancels is
+// committed locally by PostgreSQL (and may be published): that is no
+// phantom, and the check, which reads what is visible, does not count it.
+func (in *injector) postgresSyncStall(ctx context.Context, s chaos.Step, f *chaos.Fault, record func(string)) error {
+	c := in.c
+	if c.pg == nil {
+		return errors.New("the run has no PostgreSQL server of its own")
+	}
+	ctx = context.WithoutCancel(ctx) // a stall started is healed
+	const name = "chaos_sync"
+	st, err := c.newStandby(ctx, name)
+	if err != nil {
+		return err
+	}
+	setSync := func(value string) error {
+		conn, err := pgx.Connect(ctx, c.pg.url("postgres"))
+		if err != nil {
+			return fmt.Errorf("synchronous_standby_names: %w", err)
+		}
+		defer conn.Close(ctx)
+		q := `ALTER SYSTEM RESET synchronous_standby_names`
+		if value != "" {
+			q = `ALTER SYSTEM SET synchronous_standby_names = '` + value + `'` // a constant name
+		}
+		if _, err := conn.Exec(ctx, q); err != nil {
+			return fmt.Errorf("synchronous_standby_names: %w", err)
+		}
+		_, err = conn.Exec(ctx, `SELECT pg_reload_conf()`)
+		return err
+	}
+	if err := setSync(name); err != nil {
+		return err
+	}
+	err = pollPostgres(ctx, c.pg.url("postgres"), 30*time.Second, func(conn *pgx.Conn) (bool, error) {
+		var n int
+		err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_replication WHERE application_name = $1 AND sync_state = 'sync'`, name).Scan(&n)
+		return n > 0, err
+	})
+	if err != nil {
+		return errors.Join(fmt.Errorf("standby %s never synchronous: %w", name, err), setSync(""))
+	}
+	f.Start = time.Now()
+	st.p.stop()
+	time.Sleep(s.Hold)
+	phantoms, checked, perr := c.phantomEffects(ctx, f.Start)
+	// Heal: the standby back (the waiting commits complete), then the
+	// setting and the standby removed.
+	err = errors.Join(perr, st.start(ctx))
+	err = errors.Join(err, setSync(""))
+	c.forgetStandby(st)
+	err = errors.Join(err, st.close())
+	if err != nil {
+		return err
+	}
+	f.Measures = map[string]float64{chaos.MeasurePhantomEffects: float64(len(phantoms)), "effects_checked": float64(checked)}
+	detail := fmt.Sprintf("synchronous standby stopped, commits waiting; %d effects applied meanwhile, each of a visible order version", checked)
+	if len(phantoms) > 0 {
+		detail = fmt.Sprintf("synchronous standby stopped; %d of %d effects applied meanwhile were of invisible order versions: %v", len(phantoms), checked, phantoms)
+	}
+	record(detail + "; standby started again, setting removed")
+	return nil
+}
+
+// phantomEffects lists the effects shipping applied since since whose order
+// version the primary does not show (order/version), and how many effects it
+// checked. MongoDB is read first: what is visible in PostgreSQL afterwards
+// was visible before the effect only if the commit was not waiting, and
+// while the standby is stopped no waiting commit becomes visible.
+func (c *cluster) phantomEffects(ctx context.Context, since time.Time) ([]string, int, error) {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	client, err := mongo.Connect(options.Client().ApplyURI("mongodb://" + c.mongo.addr() + "/" + c.mongo.uriQuery()).
+		SetServerSelectionTimeout(30 * time.Second))
+	if err != nil {
+		return nil, 0, fmt.Errorf("phantom check: %w", err)
+	}
+	defer func() { _ = client.Disconnect(context.WithoutCancel(ctx)) }()
+	cur, err := client.Database(c.id).Collection(shipmentsCollection).Find(ctx, bson.D{
+		{Key: "applied_at", Value: bson.D{{Key: "$gte", Value: since}}},
+		{Key: "event_type", Value: bson.D{{Key: "$in", Value: bson.A{chaos.EventCreated, chaos.EventCancelled}}}},
+	})
+	if err != nil {
+		return nil, 0, fmt.Errorf("phantom check: read effects: %w", err)
+	}
+	var effects []struct {
+		OrderID string `bson:"order_id"`
+		Version int64  `bson:"version"`
+	}
+	if err := cur.All(ctx, &effects); err != nil {
+		return nil, 0, fmt.Errorf("phantom check: read effects: %w", err)
+	}
+	if len(effects) == 0 {
+		return nil, 0, nil
+	}
+	ids := make([]string, len(effects))
+	for i, e := range effects {
+		ids[i] = e.OrderID
+	}
+	conn, err := pgx.Connect(ctx, replaceDatabase(c.pg.url("postgres"), c.id))
+	if err != nil {
+		return nil, 0, fmt.Errorf("phantom check: %w", err)
+	}
+	defer conn.Close(ctx)
+	rows, err := conn.Query(ctx, `SELECT id::text, version FROM orders WHERE id = ANY($1::uuid[])`, ids)
+	if err != nil {
+		return nil, 0, fmt.Errorf("phantom check: read orders: %w", err)
+	}
+	visible := make(map[string]int64)
+	for rows.Next() {
+		var id string
+		var v int64
+		if err := rows.Scan(&id, &v); err != nil {
+			return nil, 0, fmt.Errorf("phantom check: read orders: %w", err)
+		}
+		visible[id] = v
+	}
+	if err := rows.Err(); err != nil {
+		return nil, 0, fmt.Errorf("phantom check: read orders: %w", err)
+	}
+	var phantoms []string
+	for _, e := range effects {
+		if v, ok := visible[e.OrderID]; !ok || v < e.Version {
+			phantoms = append(phantoms, e.OrderID+"/v"+strconv.FormatInt(e.Version, 10))
+		}
+	}
+	return phantoms, len(effects), nil
+}
