@@ -188,12 +188,13 @@ func (in *injector) postgresFailover(ctx context.Context, s chaos.Step, f *chaos
 		return err
 	}
 	f.Measures = map[string]float64{"standby_lag_bytes_before_kill": lag}
-	record(fmt.Sprintf("primary stopped immediately, asynchronous standby (about %.0f bytes behind) promoted on port %s, proxy switched", lag, st.port))
+	record(fmt.Sprintf("primary stopped immediately, asynchronous standby (%.0f bytes behind, read just before) promoted on port %s, proxy switched", lag, st.port))
 	return nil
 }
 
 // standbyLag is how far, in WAL bytes, the standby's received position was
-// behind the primary's current one; -1 when it cannot be read.
+// behind the primary's current one, read in that order (0 when the standby
+// caught up in between); -1 when it cannot be read.
 func (c *cluster) standbyLag(ctx context.Context, st *ownPostgres) float64 {
 	var primaryLSN, standbyLSN string
 	for _, q := range []struct {
@@ -222,7 +223,7 @@ func (c *cluster) standbyLag(ctx context.Context, st *ownPostgres) float64 {
 	if err := conn.QueryRow(ctx, `SELECT pg_wal_lsn_diff($1::pg_lsn, $2::pg_lsn)`, primaryLSN, standbyLSN).Scan(&lag); err != nil {
 		return -1
 	}
-	return lag
+	return max(lag, 0)
 }
 
 // postgresSyncStall names a fresh standby in synchronous_standby_names,
