@@ -296,7 +296,7 @@ func newCluster(t *testing.T, cfg clusterConfig) *cluster {
 		}
 		c.relays = append(c.relays, c.addProc(procSpec{
 			name: chaos.RelayName(i), bin: cfg.bins.Orders, args: []string{"relay"},
-			env:      c.ordersEnv(ordersAMQP, addr),
+			env:      append(c.ordersEnv(ordersAMQP, addr), c.relayDatabaseURL()),
 			readyURL: "http://" + addr + "/readyz",
 		}))
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -43,6 +44,23 @@ func (c *cluster) putPostgresBehindProxy() error {
 		}
 	})
 	return nil
+}
+
+// relayDatabaseURL is the relays' DATABASE_URL: the run's database, their
+// commits local (synchronous_commit=local), as docs/wal-relay.md recommends
+// under synchronous replication. What a relay records (marks, sweeps, the
+// dispatched position) is redone if a failover loses it, so it need not wait
+// for a standby; and a relay that waited could not publish during
+// postgres_sync_stall, which would hide the phantom that fault looks for.
+func (c *cluster) relayDatabaseURL() string {
+	u, err := url.Parse(c.dbURL)
+	if err != nil {
+		return "DATABASE_URL=" + c.dbURL
+	}
+	q := u.Query()
+	q.Set("synchronous_commit", "local")
+	u.RawQuery = q.Encode()
+	return "DATABASE_URL=" + u.String()
 }
 
 func (pg *ownPostgres) addr() string { return net.JoinHostPort("127.0.0.1", pg.port) }
