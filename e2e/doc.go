@@ -15,8 +15,8 @@
 //     (initdb in a temporary directory, postgres as a child process run as
 //     the postgres user) so that a fault can restart it, or on
 //     TEST_DATABASE_URL's server where that cannot be done (no initdb, no
-//     postgres user, CHAOS_OWN_POSTGRES=false; the restart fault is then
-//     left out and the log says so);
+//     postgres user, CHAOS_OWN_POSTGRES=false; the restart, failover and
+//     synchronous-stall faults are then left out and the log says so);
 //   - two shipping consumers, against the run's own MongoDB database;
 //   - MongoDB: cmd/mongolocal (embedded FerretDB, SQLite backend, no
 //     transactions: the inbox's standalone mode) as a process that a fault
@@ -25,7 +25,9 @@
 //     (testcontainers-go; the inbox's transaction mode);
 //   - an embedded toxiproxy (github.com/Shopify/toxiproxy/v2, inside the test
 //     process, on 127.0.0.1) between the orders side and RabbitMQ, between
-//     shipping and RabbitMQ, and between shipping and MongoDB.
+//     shipping and RabbitMQ, and between shipping and MongoDB; and, on the
+//     run's own PostgreSQL, between every client of the database and the
+//     server, the proxy a failover switches to the promoted standby.
 //
 // Each run has its own PostgreSQL database (and cluster), RabbitMQ vhost
 // (rabbitmqctl add_vhost and set_permissions, delete_vhost in cleanup) and
@@ -60,6 +62,17 @@
 //   - the run's PostgreSQL cluster stopped immediately (SIGQUIT to the
 //     postmaster, which is what pg_ctl -m immediate sends: no checkpoint,
 //     crash recovery at the next start) and started again;
+//   - a database failover: a standby of the run's own PostgreSQL made with
+//     pg_basebackup, streaming asynchronously, promoted after the primary is
+//     stopped immediately, the PostgreSQL proxy switched to it, the services
+//     left running (postgres_failover);
+//   - a synchronous standby stopped while named in synchronous_standby_names:
+//     commits wait, and every effect shipping applies meanwhile must be of an
+//     order version the primary shows (postgres_sync_stall);
+//   - `orders migrate` under load, and an upgrade of the previous outbox
+//     schema beside an open writer on a second database (migration_under_load);
+//   - every relay SIGKILLed at once with over 1,000 rows in flight, then the
+//     same backlog drained without a kill, for the report (relay_mass_kill);
 //   - MongoDB outage: the FerretDB process (or the container) killed and
 //     started again, and a toxiproxy cut in front of it;
 //   - poison messages published straight to the exchange: malformed JSON,
@@ -136,7 +149,7 @@
 //	CHAOS_REPORT         report path (default e2e/chaos-report.json)
 //	CHAOS_RACE_SERVICES  true builds the services with -race too
 //	CHAOS_KEEP_LOGS      true keeps the process logs (kept anyway on failure)
-//	CHAOS_OWN_POSTGRES   false runs on TEST_DATABASE_URL's server, without the restart fault
+//	CHAOS_OWN_POSTGRES   false runs on TEST_DATABASE_URL's server, without the restart, failover and stall faults
 //	TEST_DATABASE_URL, TEST_AMQP_URL   as for every test of the repository
 //
 // Requirements: RabbitMQ at TEST_AMQP_URL managed by this machine's
