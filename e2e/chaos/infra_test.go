@@ -89,3 +89,26 @@ func TestFaultMeasuresGiveTheAPIP99DuringAMigration(t *testing.T) {
 		t.Errorf("migration measures %+v; want 11 ops, p99 2000ms, calm p99 10ms", m)
 	}
 }
+
+// The mass kill adds thousands of events: the short and long profiles
+// schedule it exactly once, the other infrastructure faults as often as the
+// draw gives.
+func TestProfilesScheduleTheMassKillOnce(t *testing.T) {
+	for _, p := range []Profile{ShortProfile(), LongProfile()} {
+		for seed := range int64(10) {
+			plan, err := NewPlan(seed, p, Topology{Relays: 2, Consumers: 2})
+			if err != nil {
+				t.Fatal(err)
+			}
+			n := 0
+			for _, s := range plan {
+				if s.Kind == FaultRelayMassKill {
+					n++
+				}
+			}
+			if n != 1 || len(plan) != p.Faults {
+				t.Errorf("%s seed %d: %d mass kills in %d steps, want 1 in %d", p.Name, seed, n, len(plan), p.Faults)
+			}
+		}
+	}
+}

@@ -131,6 +131,9 @@ type Profile struct {
 	Kinds []FaultKind
 	// Faults is the number of faults to schedule, at least len(Kinds).
 	Faults int
+	// Once are kinds of Kinds scheduled exactly once, never drawn for the
+	// extra faults (relay_mass_kill: each adds thousands of events).
+	Once []FaultKind
 	// HoldMin and HoldMax bound how long an outage lasts, and how long a killed
 	// process stays down.
 	HoldMin, HoldMax time.Duration
@@ -150,7 +153,7 @@ func ShortProfile() Profile {
 	return Profile{
 		Name: "short", Load: 80 * time.Second, Warmup: 4 * time.Second, Cooldown: 6 * time.Second,
 		Clients: 4, Rate: 20, CancelRatio: 0.4,
-		Kinds: kinds, Faults: len(kinds) + 6,
+		Kinds: kinds, Faults: len(kinds) + 6, Once: []FaultKind{FaultRelayMassKill},
 		HoldMin: time.Second, HoldMax: 4 * time.Second,
 		DrainBudget: 90 * time.Second,
 	}
@@ -166,7 +169,7 @@ func LongProfile() Profile {
 	return Profile{
 		Name: "long", Load: 8 * time.Minute, Warmup: 5 * time.Second, Cooldown: 10 * time.Second,
 		Clients: 4, Rate: 12, CancelRatio: 0.4,
-		Kinds: append(slices.Clone(AllFaultKinds), InfraFaultKinds...), Faults: 150,
+		Kinds: append(slices.Clone(AllFaultKinds), InfraFaultKinds...), Faults: 150, Once: []FaultKind{FaultRelayMassKill},
 		HoldMin: time.Second, HoldMax: 10 * time.Second,
 		DrainBudget: 5 * time.Minute,
 	}
@@ -369,8 +372,9 @@ func NewPlan(seed int64, p Profile, topo Topology) ([]Step, error) {
 	}
 	rng := rand.New(rand.NewPCG(uint64(seed), 0x636861_6f73)) // "chaos"
 	kinds := slices.Clone(p.Kinds)
-	for len(kinds) < p.Faults {
-		kinds = append(kinds, p.Kinds[rng.IntN(len(p.Kinds))])
+	extra := slices.DeleteFunc(slices.Clone(p.Kinds), func(k FaultKind) bool { return slices.Contains(p.Once, k) })
+	for len(kinds) < p.Faults && len(extra) > 0 {
+		kinds = append(kinds, extra[rng.IntN(len(extra))])
 	}
 	rng.Shuffle(len(kinds), func(i, j int) { kinds[i], kinds[j] = kinds[j], kinds[i] })
 
