@@ -150,10 +150,11 @@ func (in *injector) relayMassKill(ctx context.Context, f *chaos.Fault, record fu
 	ctx = context.WithoutCancel(ctx) // relays stopped are started again
 	f.Start = time.Now()
 	m := make(map[string]float64)
-	killed, err := in.drainBacklog(ctx, "mk", true, m)
+	tag := strconv.FormatInt(f.Start.UnixNano(), 36) // keys of their own
+	killed, err := in.drainBacklog(ctx, "mk"+tag, true, m)
 	if err == nil {
 		var clean time.Duration
-		clean, err = in.drainBacklog(ctx, "mc", false, m)
+		clean, err = in.drainBacklog(ctx, "mc"+tag, false, m)
 		m[chaos.MeasureDrainClean] = clean.Seconds()
 	}
 	m[chaos.MeasureDrainAfterKill] = killed.Seconds()
@@ -169,8 +170,8 @@ func (in *injector) relayMassKill(ctx context.Context, f *chaos.Fault, record fu
 		return err
 	}
 	f.Measures = m
-	record(fmt.Sprintf("%d relays SIGKILLed with %.0f of %.0f backlog rows unpublished: drained in %.1fs (%.1fs after the restart); the same backlog (%.0f rows) drained cleanly in %.1fs",
-		len(c.relays), m[chaos.MeasureInFlightAtKill], m[chaos.MeasureBacklog],
+	record(fmt.Sprintf("%d relays SIGKILLed with %.0f of %.0f backlog rows unpublished (%.0f claimed by a polling relay): drained in %.1fs (%.1fs after the restart); the same backlog (%.0f rows) drained cleanly in %.1fs",
+		len(c.relays), m[chaos.MeasureInFlightAtKill], m[chaos.MeasureBacklog], m[chaos.MeasureClaimedAtKill],
 		m[chaos.MeasureDrainAfterKill], m[chaos.MeasureRestartToDrain], m[chaos.MeasureCleanBacklog], m[chaos.MeasureDrainClean]))
 	return nil
 }
@@ -192,13 +193,16 @@ func (in *injector) drainBacklog(ctx context.Context, tag string, kill bool, m m
 	if err := c.db.QueryRow(ctx, `SELECT coalesce(max(id), 0) FROM outbox`).Scan(&last); err != nil {
 		return 0, fmt.Errorf("backlog: %w", err)
 	}
-	// pending is the backlog still unpublished.
-	pending := func() (int, error) {
-		var n int
-		err := c.db.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE id <= $1 AND dead_lettered_at IS NULL`, last).Scan(&n)
-		return n, err
+	// pending is the backlog still unpublished, and how much of it a polling
+	// relay has claimed (a claim counts an attempt; the backlog's rows
+	// start with none). The WAL relay claims nothing in the table.
+	pending := func() (int, int, error) {
+		var n, claimed int
+		err := c.db.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE attempts > 0) FROM outbox
+			WHERE id <= $1 AND dead_lettered_at IS NULL`, last).Scan(&n, &claimed)
+		return n, claimed, err
 	}
-	backlog, err := pending()
+	backlog, _, err := pending()
 	if err != nil {
 		return 0, fmt.Errorf("backlog: %w", err)
 	}
@@ -218,24 +222,25 @@ func (in *injector) drainBacklog(ctx context.Context, tag string, kill bool, m m
 	}
 	if kill {
 		m[chaos.MeasureBacklog] = float64(backlog)
-		// As soon as the relays publish: the rest of the backlog is in
-		// their batches or on its way into them.
-		var n int
+		// As soon as the polling relays claimed a large batch, or any relay
+		// published: the rest of the backlog is in their batches or on its
+		// way into them.
+		var n, claimed int
 		for deadline := time.Now().Add(2 * time.Minute); ; {
-			if n, err = pending(); err != nil {
+			if n, claimed, err = pending(); err != nil {
 				return 0, err
 			}
-			if n < backlog || time.Now().After(deadline) {
+			if n < backlog || claimed >= massKillBatch || time.Now().After(deadline) {
 				break
 			}
-			time.Sleep(20 * time.Millisecond)
+			time.Sleep(10 * time.Millisecond)
 		}
 		var wg sync.WaitGroup
 		for _, p := range c.relays {
 			wg.Go(func() { p.kill() })
 		}
 		wg.Wait()
-		m[chaos.MeasureInFlightAtKill] = float64(n)
+		m[chaos.MeasureInFlightAtKill], m[chaos.MeasureClaimedAtKill] = float64(n), float64(claimed)
 		if err := startAll(); err != nil {
 			return 0, err
 		}
@@ -244,7 +249,7 @@ func (in *injector) drainBacklog(ctx context.Context, tag string, kill bool, m m
 	}
 	restart := time.Now()
 	for deadline := time.Now().Add(5 * time.Minute); ; {
-		n, err := pending()
+		n, _, err := pending()
 		if err != nil {
 			return 0, err
 		}

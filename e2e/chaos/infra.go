@@ -47,9 +47,10 @@ var InfraFaultKinds = []FaultKind{FaultPostgresFailover, FaultPostgresSyncStall,
 var OwnPostgresFaultKinds = []FaultKind{FaultPostgresRestart, FaultPostgresFailover, FaultPostgresSyncStall}
 
 // MassKillBacklog is the number of orders a relay_mass_kill creates while the
-// relays are stopped. The relays die as soon as they publish: their first
-// batches went out (a few hundred rows, in trial runs), more than 1,000 rows
-// are in flight.
+// relays are stopped. The relays die as soon as polling relays claimed a
+// batch of 1,000, or any relay published: with the WAL relay, after its first
+// sweep (a few hundred rows in trial runs), more than 1,000 rows are in
+// flight.
 const MassKillBacklog = 1500
 
 // Keys of Fault.Measures.
@@ -57,6 +58,7 @@ const (
 	// relay_mass_kill
 	MeasureBacklog        = "backlog_rows"           // outbox rows pending when the relays started
 	MeasureInFlightAtKill = "pending_at_kill"        // backlog rows still unpublished at the SIGKILL, the relays publishing
+	MeasureClaimedAtKill  = "claimed_at_kill"        // of those, rows a polling relay had claimed
 	MeasureDrainAfterKill = "drain_after_kill_s"     // from the relays' start to an empty outbox, across the kill
 	MeasureDrainClean     = "drain_clean_s"          // the same backlog, no kill
 	MeasureRestartToDrain = "drain_after_restart_s"  // from the restart after the kill to an empty outbox
