@@ -55,10 +55,11 @@ func resource(s chaos.Step) string {
 		chaos.FaultNodeKill, chaos.FaultNodeKillLeader, chaos.FaultNodeAppRestart, chaos.FaultNodeProxyDown:
 		// One node fault at a time: a majority stays up.
 		return "broker"
-	case chaos.FaultPostgresKillSessions, chaos.FaultPostgresRestart, chaos.FaultPostgresFailover, chaos.FaultPostgresSyncStall:
+	case chaos.FaultPostgresKillSessions, chaos.FaultPostgresRestart, chaos.FaultPostgresFailover, chaos.FaultPostgresSyncStall,
+		chaos.FaultMigrationUnderLoad: // a migration needs the server up: a restart would fail it, not the system
 		return "postgres"
-	case chaos.FaultMigrationUnderLoad, chaos.FaultRelayMassKill:
-		return string(s.Kind) // and relay_mass_kill takes the relays and the database (massKill)
+	case chaos.FaultRelayMassKill:
+		return string(s.Kind) // and it takes the relays and the database (relayMassKill)
 	case chaos.FaultMongoRestart, chaos.FaultMongoProxyDown:
 		return "mongo"
 	}
