@@ -68,9 +68,20 @@ func (pg *ownPostgres) addr() string { return net.JoinHostPort("127.0.0.1", pg.p
 // newStandby makes a streaming standby of the run's primary with
 // pg_basebackup (as the postgres user, in a data directory and on a port of
 // its own), named name for synchronous_standby_names, starts it and waits
-// until the primary streams to it.
-func (c *cluster) newStandby(ctx context.Context, name string) (*ownPostgres, error) {
+// until the primary streams to it. With stream set, the standby streams
+// through a proxy of that name, which a fault can cut.
+func (c *cluster) newStandby(ctx context.Context, name, stream string) (*ownPostgres, error) {
 	primary := c.pg
+	upstream := primary.port
+	if stream != "" {
+		addr, err := c.toxi.add(stream, primary.addr())
+		if err != nil {
+			return nil, err
+		}
+		if _, upstream, err = net.SplitHostPort(addr); err != nil {
+			return nil, err
+		}
+	}
 	dir, err := os.MkdirTemp("", "chaos-pg-standby-")
 	if err != nil {
 		return nil, fmt.Errorf("standby: %w", err)
@@ -83,7 +94,7 @@ func (c *cluster) newStandby(ctx context.Context, name string) (*ownPostgres, er
 		}
 	}
 	data := filepath.Join(dir, "data")
-	conninfo := fmt.Sprintf("host=127.0.0.1 port=%s user=postgres application_name=%s", primary.port, name)
+	conninfo := fmt.Sprintf("host=127.0.0.1 port=%s user=postgres application_name=%s", upstream, name)
 	backup := exec.CommandContext(ctx, filepath.Join(primary.bin, "pg_basebackup"),
 		"-d", conninfo, "-D", data, "-R", "-X", "stream", "-c", "fast", "--no-sync")
 	backup.SysProcAttr = &syscall.SysProcAttr{Credential: primary.cred}
@@ -169,6 +180,11 @@ func (c *cluster) promote(ctx context.Context, st *ownPostgres) error {
 	if err != nil || !promoted {
 		return fmt.Errorf("promote the standby on port %s: promoted=%v: %w", st.port, promoted, err)
 	}
+	if c.advanceIDs {
+		if err := advanceOutboxIDs(ctx, replaceDatabase(st.url("postgres"), c.id)); err != nil {
+			return err
+		}
+	}
 	if err := c.toxi.setUpstream(proxyPostgres, st.addr()); err != nil {
 		return err
 	}
@@ -178,25 +194,65 @@ func (c *cluster) promote(ctx context.Context, st *ownPostgres) error {
 	return old.close()
 }
 
+// outboxIDGap is how far advanceOutboxIDs moves the outbox's id sequence:
+// far beyond the ids an old primary can hand out in the WAL a standby
+// misses (this suite's load writes tens of rows a second).
+const outboxIDGap = 1_000_000
+
+// advanceOutboxIDs is the failover runbook's step (docs/operations.md)
+// before the services write to a promoted asynchronous standby: the
+// outbox's ids are the events' message ids, which shipping's inbox
+// deduplicates by, and the standby's sequence may be behind ids the old
+// primary handed out to events that went out and are lost with it. Without
+// the step a new event can reuse such an id and be dropped as a duplicate
+// (CHAOS_FAILOVER_ADVANCE_IDS=false shows it).
+func advanceOutboxIDs(ctx context.Context, dbURL string) error {
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		return fmt.Errorf("advance the outbox ids: %w", err)
+	}
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, `SELECT setval(s::regclass, nextval(s::regclass) + $1) FROM pg_get_serial_sequence('outbox', 'id') AS s`, outboxIDGap)
+	if err != nil {
+		return fmt.Errorf("advance the outbox ids: %w", err)
+	}
+	return nil
+}
+
 // forgetStandby drops st from the standbys the cleanup removes.
 func (c *cluster) forgetStandby(st *ownPostgres) {
 	c.standbys = slices.DeleteFunc(c.standbys, func(o *ownPostgres) bool { return o == st })
 }
 
-// postgresFailover: an asynchronous standby streams under load for s.Hold;
-// then the primary is stopped immediately (what it had not sent is lost), the
-// standby promoted and the proxy switched to it, while every service runs.
+// failoverLag is how long an asynchronous standby's stream is cut before the
+// primary it follows dies.
+const failoverLag = time.Second
+
+// postgresFailover: an asynchronous standby streams under load for s.Hold,
+// then is cut from the primary for failoverLag; then the primary is stopped
+// immediately (what it had not sent is lost: acknowledged commits among it),
+// the standby promoted and the proxy switched to it, while every service
+// runs.
 func (in *injector) postgresFailover(ctx context.Context, s chaos.Step, f *chaos.Fault, record func(string)) error {
 	c := in.c
 	if c.pg == nil {
 		return errors.New("the run has no PostgreSQL server of its own to fail over")
 	}
 	ctx = context.WithoutCancel(ctx) // a failover started is finished
-	st, err := c.newStandby(ctx, "chaos_async")
+	c.pgNodes++
+	stream := "pg-stream-" + strconv.Itoa(c.pgNodes)
+	st, err := c.newStandby(ctx, "chaos_async", stream)
 	if err != nil {
 		return err
 	}
 	time.Sleep(s.Hold)
+	// The standby falls behind, as an asynchronous one does under a burst
+	// or a slow network: its stream is cut for failoverLag before the
+	// primary dies, so the commits the API acknowledged meanwhile are lost.
+	if err := c.toxi.disable(stream); err != nil {
+		return err
+	}
+	time.Sleep(failoverLag)
 	lag := c.standbyLag(ctx, st)
 	f.Start = time.Now()
 	if c.pg.stopImmediately() == nil {
@@ -206,7 +262,7 @@ func (in *injector) postgresFailover(ctx context.Context, s chaos.Step, f *chaos
 		return err
 	}
 	f.Measures = map[string]float64{"standby_lag_bytes_before_kill": lag}
-	record(fmt.Sprintf("primary stopped immediately, asynchronous standby (%.0f bytes behind, read just before) promoted on port %s, proxy switched", lag, st.port))
+	record(fmt.Sprintf("standby's stream cut for %v, primary stopped immediately, asynchronous standby (%.0f bytes behind) promoted on port %s, proxy switched", failoverLag, lag, st.port))
 	return nil
 }
 
@@ -259,7 +315,7 @@ func (in *injector) postgresSyncStall(ctx context.Context, s chaos.Step, f *chao
 	}
 	ctx = context.WithoutCancel(ctx) // a stall started is healed
 	const name = "chaos_sync"
-	st, err := c.newStandby(ctx, name)
+	st, err := c.newStandby(ctx, name, "")
 	if err != nil {
 		return err
 	}

@@ -147,7 +147,8 @@ type Report struct {
 	// acknowledgement (postgres_failover): the loss asynchronous replication
 	// allows, reported apart from I1 and I2. FailoverOrphanEffects counts
 	// effects of events the database lost that way (published from the old
-	// primary before it died).
+	// primary before it died): of no committed event, and of an order
+	// version the database does not have.
 	LostByDatabaseFailover int `json:"lost_by_database_failover"`
 	FailoverOrphanEffects  int `json:"failover_orphan_effects"`
 	// I2
@@ -349,9 +350,12 @@ func (c *checker) eventsApplied(h History, s FinalState) {
 		}
 	}
 
-	orderCommitted := make(map[string]bool, len(s.Orders))
+	// orderVersion is each committed order's version (0 for none): an
+	// effect beyond it, of no committed event, is of a change the database
+	// lost (failover_orphan_effects after an asynchronous failover).
+	orderVersion := make(map[string]int64, len(s.Orders))
 	for _, o := range s.Orders {
-		orderCommitted[o.ID] = true
+		orderVersion[o.ID] = o.Version
 	}
 	committed := make(map[string]CommittedEvent, len(s.Events))
 	events := slices.Clone(s.Events)
@@ -379,7 +383,7 @@ func (c *checker) eventsApplied(h History, s FinalState) {
 	for _, a := range firsts {
 		e, ok := committed[a.event.MessageID]
 		switch {
-		case !ok && c.r.FaultsInjected[FaultPostgresFailover] > 0 && !orderCommitted[a.orderID]:
+		case !ok && c.r.FaultsInjected[FaultPostgresFailover] > 0 && orderVersion[a.orderID] < a.event.Version:
 			c.r.FailoverOrphanEffects++
 		case !ok:
 			c.r.UnknownEffects++

@@ -38,6 +38,20 @@ func TestCheckAccountsForTheDatabaseFailover(t *testing.T) {
 			t.Errorf("%s: ok=%v lost_by_database_failover=%d acknowledged_not_committed=%d; want a violation", name, r.OK, r.LostByDatabaseFailover, r.AcknowledgedNotCommitted)
 		}
 	}
+	// A cancel the database lost (the order stays at version 1) whose effect
+	// went out: an orphan of the failover too. The same message id applied
+	// to another event than the committed one (an id reused after the
+	// failover) stays a violation.
+	h, s, run := baseline()
+	h.Faults = append(h.Faults, Fault{Kind: FaultPostgresFailover, Start: t0, End: t0})
+	s.Shipments[0].Events = append(s.Shipments[0].Events, AppliedEvent{"8", EventCancelled, 2})
+	if r := Check(h, s, run); r.FailoverOrphanEffects != 1 || r.UnknownEffects != 0 {
+		t.Errorf("a lost cancel's effect: failover_orphan_effects=%d unknown_effects=%d %v, want 1, 0", r.FailoverOrphanEffects, r.UnknownEffects, r.Violations)
+	}
+	s.Shipments[0].Events[1] = AppliedEvent{"4", EventCancelled, 2} // message 4 is o2's cancel
+	if r := Check(h, s, run); r.OK || r.UnknownEffects != 1 {
+		t.Errorf("a message id applied to another order: ok=%v unknown_effects=%d, want a corrupted_effect violation", r.OK, r.UnknownEffects)
+	}
 	if r := lostOrder(2*time.Second, FaultPostgresSyncStall); r.UnknownEffects != 1 {
 		t.Errorf("an effect of an order lost without an asynchronous failover: unknown_effects=%d, want 1", r.UnknownEffects)
 	}
