@@ -67,9 +67,9 @@ local)
 	echo "demo: no Docker engine: running the services as local processes"
 	bash deploy/local/ensure-services.sh
 	GO=${GO:-go}
-	echo "demo: building bin/orders bin/shipping bin/mongolocal bin/loadgen bin/demo"
+	echo "demo: building bin/orders bin/shipping bin/mongolocal bin/audit bin/loadgen bin/demo"
 	mkdir -p bin
-	"$GO" build -o bin/ ./services/orders ./services/shipping ./cmd/mongolocal ./deploy/loadgen ./deploy/demo
+	"$GO" build -o bin/ ./services/orders ./services/shipping ./cmd/mongolocal ./cmd/audit ./deploy/loadgen ./deploy/demo
 	args=(-bin bin)
 	if [ "${DEMO_LOAD:-}" = 1 ]; then args+=(-load); fi
 	exec bin/demo "${args[@]}" "$@"

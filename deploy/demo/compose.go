@@ -326,6 +326,7 @@ func runCompose(ctx context.Context, cfg config, stdout io.Writer) error {
 	}
 	d.cfg.OrdersAddr, d.cfg.ShippingAddr = addrs["orders"], addrs["shipping"]
 	d.cfg.RelayAddr, d.cfg.Relay2Addr = "", "" // the relay publishes no port
+	d.cfg.AuditAddr = ""                       // the project runs no continuous audit
 	d.cfg.DatabaseURL, d.cfg.AMQPURL, d.cfg.MongoURI = composeURLs(addrs["postgres"], addrs["rabbitmq"], addrs["mongodb"])
 	if d.cfg.JaegerUI == "" {
 		// Optional: without it the journey shows trace ids, unlinked.

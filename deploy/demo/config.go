@@ -16,7 +16,7 @@ import (
 
 // config is what the demo runs and where.
 type config struct {
-	// BinDir holds the orders, shipping, mongolocal and loadgen binaries.
+	// BinDir holds the orders, shipping, mongolocal, audit and loadgen binaries.
 	// Default: the directory of the demo binary itself.
 	BinDir string
 	// StateDir keeps the embedded MongoDB's data and the processes' pid
@@ -37,6 +37,11 @@ type config struct {
 	OrdersAddr, RelayAddr, Relay2Addr, ShippingAddr string
 	// UIAddr is where the live view listens. Default: 127.0.0.1:8090.
 	UIAddr string
+	// AuditAddr is where the loss audit (cmd/audit -every) serves its last
+	// report, which the live view shows; AuditEvery is how often it runs.
+	// Defaults: 127.0.0.1:8084, 5s.
+	AuditAddr  string
+	AuditEvery time.Duration
 	// Load starts the load generator at LoadRate orders per second.
 	// Default: off, 20.
 	Load     bool
@@ -70,13 +75,15 @@ func parseConfig(args []string, getenv func(string) string, out io.Writer) (conf
 	}
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	fs.SetOutput(out)
-	fs.StringVar(&c.BinDir, "bin", "", "directory of the orders, shipping, mongolocal and loadgen binaries (default: the demo binary's)")
+	fs.StringVar(&c.BinDir, "bin", "", "directory of the orders, shipping, mongolocal, audit and loadgen binaries (default: the demo binary's)")
 	fs.StringVar(&c.StateDir, "state", "", "directory for the embedded MongoDB's data and the pid files (default: outbox-inbox/demo in the user cache dir)")
 	fs.StringVar(&c.OrdersAddr, "orders-addr", "127.0.0.1:8080", "HTTP_ADDR of the orders API")
 	fs.StringVar(&c.ShippingAddr, "shipping-addr", "127.0.0.1:8081", "HTTP_ADDR of the shipping API")
 	fs.StringVar(&c.RelayAddr, "relay-addr", "127.0.0.1:8082", "HTTP_ADDR of relay-1 (health and metrics)")
 	fs.StringVar(&c.Relay2Addr, "relay2-addr", "127.0.0.1:8083", "HTTP_ADDR of relay-2 (health and metrics)")
 	fs.StringVar(&c.UIAddr, "ui-addr", "127.0.0.1:8090", "address of the live view (the web page)")
+	fs.StringVar(&c.AuditAddr, "audit-addr", "127.0.0.1:8084", "address of the loss audit's /report and /metrics (cmd/audit -every)")
+	fs.DurationVar(&c.AuditEvery, "audit-every", 5*time.Second, "how often the loss audit runs")
 	fs.BoolVar(&c.Load, "load", false, "also run the load generator")
 	fs.Float64Var(&c.LoadRate, "load-rate", 20, "orders per second of the load generator")
 	fs.DurationVar(&c.ReadyTimeout, "ready-timeout", time.Minute, "how long each process may take to become ready")
@@ -123,7 +130,7 @@ func (c config) validate() error {
 		// from it at start.
 		return errors.Join(errs...)
 	}
-	for _, name := range []string{"orders", "shipping", "mongolocal", "loadgen"} {
+	for _, name := range []string{"orders", "shipping", "mongolocal", "audit", "loadgen"} {
 		if st, err := os.Stat(filepath.Join(c.BinDir, name)); err != nil || st.IsDir() {
 			errs = append(errs, fmt.Errorf("-bin %s: no %s binary there (deploy/demo.sh builds them)", c.BinDir, name))
 		}
@@ -131,15 +138,18 @@ func (c config) validate() error {
 	seen := map[string]bool{}
 	for _, a := range []struct{ flag, addr string }{
 		{"-orders-addr", c.OrdersAddr}, {"-shipping-addr", c.ShippingAddr}, {"-relay-addr", c.RelayAddr},
-		{"-relay2-addr", c.Relay2Addr}, {"-ui-addr", c.UIAddr},
+		{"-relay2-addr", c.Relay2Addr}, {"-ui-addr", c.UIAddr}, {"-audit-addr", c.AuditAddr},
 	} {
 		if _, _, err := net.SplitHostPort(a.addr); err != nil {
 			errs = append(errs, fmt.Errorf("%s %q: want host:port", a.flag, a.addr))
 		}
 		seen[a.addr] = true
 	}
-	if len(seen) < 5 {
-		errs = append(errs, errors.New("-orders-addr, -shipping-addr, -relay-addr, -relay2-addr and -ui-addr must differ"))
+	if len(seen) < 6 {
+		errs = append(errs, errors.New("-orders-addr, -shipping-addr, -relay-addr, -relay2-addr, -ui-addr and -audit-addr must differ"))
+	}
+	if c.AuditEvery < time.Second {
+		errs = append(errs, fmt.Errorf("-audit-every %v: want at least 1s", c.AuditEvery))
 	}
 	if u, err := url.Parse(c.DatabaseURL); err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
 		errs = append(errs, fmt.Errorf("DATABASE_URL %q: want postgres://...", redacted(c.DatabaseURL)))

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -78,7 +79,7 @@ func (d *demo) checkPortsFree() error {
 	for _, a := range []struct{ what, addr string }{
 		{"orders API", d.cfg.OrdersAddr}, {"shipping API", d.cfg.ShippingAddr},
 		{"relay-1", d.cfg.RelayAddr}, {"relay-2", d.cfg.Relay2Addr},
-		{"live view", d.cfg.UIAddr}, {"embedded MongoDB", mongo},
+		{"live view", d.cfg.UIAddr}, {"loss audit", d.cfg.AuditAddr}, {"embedded MongoDB", mongo},
 	} {
 		ln, err := net.Listen("tcp", a.addr)
 		if err != nil {
@@ -161,6 +162,22 @@ func (d *demo) startAll(ctx context.Context) error {
 			restart: true,
 		},
 	}
+	// The loss audit last, in its continuous mode: it compares the outbox
+	// with shipping's inbox every AuditEvery and serves the last report,
+	// which the live view shows. Its window runs up to now (-until 0s):
+	// an event younger than its grace and not applied yet is pending, not
+	// missing. FerretDB reads and sorts the whole inbox for each page:
+	// one page holds it all.
+	specs = append(specs, procSpec{
+		name: "audit",
+		path: bin("audit"),
+		args: []string{"-every", d.cfg.AuditEvery.String(), "-metrics-addr", d.cfg.AuditAddr,
+			"-grace", auditGrace.String(), "-until", "0s", "-inbox-page-size", "10000000"},
+		env:     []string{"DATABASE_URL=" + d.cfg.DatabaseURL, "MONGO_URI=" + d.cfg.MongoURI},
+		ready:   httpReady("http://" + d.cfg.AuditAddr + "/healthz"),
+		restart: true,
+		keep:    auditLine,
+	})
 	for _, s := range specs {
 		if err := d.startAndWait(ctx, s); err != nil {
 			return err
@@ -177,6 +194,17 @@ func (d *demo) startAll(ctx context.Context) error {
 }
 
 func slicesClone(s []string) []string { return append([]string(nil), s...) }
+
+// auditGrace is how long the demo's audit lets an event be in flight before
+// it calls it missing: the guided faults (a relay's lease of 30 s, a
+// shipping restart) delay an event by less.
+const auditGrace = time.Minute
+
+// auditLine keeps the audit's lines off the terminal while the flow is
+// whole (one every AuditEvery): the live view shows its result.
+func auditLine(line []byte) bool {
+	return !bytes.Contains(line, []byte(`"msg":"audit: the flow is whole"`))
+}
 
 // startAndWait starts a process and waits until it is ready, it dies, or
 // ReadyTimeout passes.
@@ -267,6 +295,7 @@ func (d *demo) banner() {
 		fmt.Sprintf("  relay-1       http://%s        (standalone relay, pid %d)", d.cfg.RelayAddr, pids["relay-1"]),
 		fmt.Sprintf("  relay-2       http://%s        (standalone relay, pid %d)", d.cfg.Relay2Addr, pids["relay-2"]),
 		fmt.Sprintf("  shipping API  http://%s        (pid %d)", d.cfg.ShippingAddr, pids["shipping"]),
+		fmt.Sprintf("  loss audit    http://%s/report (every %s, pid %d)", d.cfg.AuditAddr, d.cfg.AuditEvery, pids["audit"]),
 		fmt.Sprintf("  PostgreSQL    %s", redacted(d.cfg.DatabaseURL)),
 		fmt.Sprintf("  RabbitMQ      %s", redacted(d.cfg.AMQPURL)),
 		fmt.Sprintf("  MongoDB       %s  (embedded FerretDB, pid %d, data in %s)", redacted(d.cfg.MongoURI), pids["mongolocal"], filepath.Join(d.cfg.StateDir, "mongolocal")),

@@ -113,7 +113,7 @@ func demoVhost(t *testing.T) string {
 func buildBinaries(t *testing.T) string {
 	t.Helper()
 	dir := t.TempDir()
-	cmd := exec.Command("go", "build", "-o", dir+"/", "./services/orders", "./services/shipping", "./cmd/mongolocal", "./deploy/loadgen")
+	cmd := exec.Command("go", "build", "-o", dir+"/", "./services/orders", "./services/shipping", "./cmd/mongolocal", "./cmd/audit", "./deploy/loadgen")
 	cmd.Dir = filepath.Join("..", "..")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
@@ -259,7 +259,7 @@ func TestDemoRunsTheSystemLocally(t *testing.T) {
 	state := t.TempDir()
 	orders, shipping, relay, relay2, ui, mongo := freePort(t), freePort(t), freePort(t), freePort(t), freePort(t), freePort(t)
 	args := []string{"-bin", bin, "-state", state, "-orders-addr", orders, "-shipping-addr", shipping,
-		"-relay-addr", relay, "-relay2-addr", relay2, "-ui-addr", ui}
+		"-relay-addr", relay, "-relay2-addr", relay2, "-ui-addr", ui, "-audit-addr", freePort(t)}
 	env := map[string]string{"DATABASE_URL": dbURL, "AMQP_URL": amqpURL, "MONGO_URI": "mongodb://" + mongo + "/shipping"}
 
 	d := startDemo(t, args, env)

@@ -225,6 +225,7 @@ var roles = map[string]string{
 	"orders":     "orders API: writes each order and its event in one transaction",
 	"relay-1":    "relay: publishes committed outbox rows, marks them once confirmed",
 	"relay-2":    "relay: a second one, sharing the work",
+	"audit":      "loss audit: compares the outbox with shipping's inbox, again and again (cmd/audit -every)",
 	"loadgen":    "load generator",
 	// docker compose's services (compose.go)
 	"postgres": "PostgreSQL: the orders and their outbox",
@@ -259,12 +260,15 @@ func (v *liveView) actions() []action {
 type snapshot struct {
 	// At is when the sources were read; AgeSeconds how long before the
 	// answer that was (the page marks old numbers as stale).
-	At         time.Time         `json:"at"`
-	AgeSeconds float64           `json:"age_seconds"`
-	Stages     stages            `json:"stages"`
-	Processes  []processView     `json:"processes"`
-	Errors     map[string]string `json:"errors"`
-	Notes      []note            `json:"notes"`
+	At         time.Time     `json:"at"`
+	AgeSeconds float64       `json:"age_seconds"`
+	Stages     stages        `json:"stages"`
+	Processes  []processView `json:"processes"`
+	// Audit is the loss audit's last result; nil when there is none to show
+	// (Errors["audit"] says why, unless the demo runs no audit).
+	Audit  *auditResult      `json:"audit"`
+	Errors map[string]string `json:"errors"`
+	Notes  []note            `json:"notes"`
 }
 
 // stages are the pipeline's counts; a nil field could not be read (the page
@@ -373,6 +377,16 @@ func (v *liveView) collect(ctx context.Context) snapshot {
 		s.Stages.ShippingDead = m.int("shipping_dead_letters")
 		s.Stages.ParkedAggregates = m.int("shipping_parked_aggregates")
 	})
+	if v.d.cfg.AuditAddr != "" {
+		wg.Go(func() {
+			r, err := v.readAudit(ctx, "http://"+v.d.cfg.AuditAddr+"/report")
+			if err != nil {
+				fail("audit", err)
+				return
+			}
+			s.Audit = r
+		})
+	}
 	infos := v.ctl.processes()
 	statuses := v.ctl.statuses(ctx)
 	procs := make([]processView, len(statuses))

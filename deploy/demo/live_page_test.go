@@ -235,7 +235,7 @@ func TestLivePageTellsTheTruth(t *testing.T) {
 			deliveryCounts: deliveryCounts{Delivered: 3, Applied: 3},
 		},
 		Processes: []processView{running("orders", true), running("relay", false), {procStatus: procStatus{Name: "shipping", State: procStopped}}},
-		Errors:    map[string]string{"postgres": "connection refused"},
+		Errors:    map[string]string{"postgres": "connection refused", "audit": "not answering: connection refused"},
 	})
 	ctx := browser(t, chromium)
 	problems := watchConsole(t, ctx)
@@ -262,14 +262,33 @@ func TestLivePageTellsTheTruth(t *testing.T) {
 	if got := pg.eval(`document.getElementById("stage-applied").className`); strings.Contains(got, "good") {
 		t.Errorf("applied is shown caught up (%q) while events written is unknown", got)
 	}
-	if got := text("#status-line"); !strings.Contains(got, "cannot read postgres: connection refused") {
+	if got := text("#status-line"); !strings.Contains(got, "cannot read ") || !strings.Contains(got, "postgres: connection refused") {
 		t.Errorf("status line %q does not say PostgreSQL cannot be read", got)
 	}
 	if got := text("#proc-relay .badge"); got != "up, not ready" {
 		t.Errorf("relay badge %q", got)
 	}
+	// The audit cannot be read: its result is unknown, not whole, not 0.
+	if got := text("#audit-verdict"); !strings.Contains(got, "Result unknown: cannot read the audit") {
+		t.Errorf("audit verdict with the audit unreadable: %q", got)
+	}
+	for _, b := range []string{"checked", "applied", "missing", "phantom"} {
+		if got := text("#audit-" + b + " dd"); got != "unknown" {
+			t.Errorf("audit %s shows %q with the audit unreadable, want unknown", b, got)
+		}
+	}
 	axeCheck(t, pg, "counts unknown")
 
+	// The audit's last report, as cmd/audit serves it: two events missing,
+	// one phantom.
+	notWhole, err := decodeAudit([]byte(`{"since":"2026-01-01T00:00:00Z","until":"2026-01-08T00:00:00Z","grace":"1m0s",
+		"audited_at":"2026-01-08T00:00:01Z","duration_seconds":0.25,"checked":10,
+		"applied":{"count":6,"examples":[]},"unrecorded":{"count":0,"examples":[]},"missing":{"count":2,"examples":["17","21"]},
+		"phantom":{"count":1,"examples":["987654321"]},"pending":{"count":1,"examples":["30"]},"dead_lettered":{"count":1,"examples":["5"]},
+		"discarded":{"count":0,"examples":[]},"held":{"count":0,"examples":[]},"inbox_records":7}`))
+	if err != nil || notWhole.Whole {
+		t.Fatalf("decode a report with missing events: %+v, %v", notWhole, err)
+	}
 	// Everything known, every state on: pending stuck, a queue backlog,
 	// duplicates absorbed, one dead letter.
 	p.setSnapshot(snapshot{
@@ -281,6 +300,7 @@ func TestLivePageTellsTheTruth(t *testing.T) {
 			deliveryCounts: deliveryCounts{Delivered: 5, Applied: 2, DuplicatesInbox: 1, DuplicatesVersion: 1},
 		},
 		Processes: []processView{running("orders", true), {procStatus: procStatus{Name: "relay", State: procRestarting}}, {procStatus: procStatus{Name: "shipping", State: procExited, LastExit: "exit status 2"}}},
+		Audit:     notWhole,
 		Errors:    map[string]string{},
 	})
 	pg.waitUntil("the second reading", func() bool { return text("#stage-pending .count") == "4" })
@@ -304,7 +324,27 @@ func TestLivePageTellsTheTruth(t *testing.T) {
 	if got := pg.eval(`document.body.dataset.stale`); got != "false" {
 		t.Errorf("fresh numbers marked stale: %s", got)
 	}
-	axeCheck(t, pg, "every stage state")
+	// The audit's alarm: in words, with the ids, announced (role alert);
+	// the two buckets that break the flow marked.
+	if got := text("#audit-alarm"); got != "Alarm: the flow is not whole: 2 event(s) committed and never applied (missing: 17, 21); "+
+		"1 inbox record(s) of events never committed (phantom: 987654321)." {
+		t.Errorf("audit alarm %q", got)
+	}
+	if got := pg.eval(`document.getElementById("audit-alarm").hidden`); got != "false" {
+		t.Errorf("audit alarm hidden=%s with 2 missing and 1 phantom", got)
+	}
+	for b, want := range map[string]string{"checked": "10", "applied": "6", "missing": "2", "phantom": "1", "pending": "1", "dead_lettered": "1", "discarded": "0"} {
+		if got := text("#audit-" + b + " dd"); got != want {
+			t.Errorf("audit %s shows %q, want %s", b, got, want)
+		}
+	}
+	if got := pg.eval(`[...document.querySelectorAll("#audit-buckets div.bad")].map(d => d.id).join(" ")`); got != "audit-missing audit-phantom" {
+		t.Errorf("audit buckets marked bad: %q, want missing and phantom", got)
+	}
+	if got := text("#audit-when"); !strings.HasPrefix(got, "Last audit ran at 00:00:01.000 UTC") || !strings.Contains(got, "in 0.250 s") {
+		t.Errorf("audit time: %q", got)
+	}
+	axeCheck(t, pg, "every stage state, the audit's alarm")
 
 	// /api/state fails: a banner says so at once; the numbers stay, and are
 	// marked stale once they are older than a few seconds.

@@ -19,6 +19,10 @@ import (
 
 	"github.com/chromedp/chromedp"
 	"github.com/jackc/pgx/v5"
+	mongodriver "go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/outbox-inbox/reference/pkg/inbox"
 )
 
 // chromiumPath finds the browser: CHROMIUM if set, else chromium on the PATH.
@@ -139,6 +143,24 @@ func (p page) stage(id string) int64 {
 		return -1
 	}
 	return n
+}
+
+// auditCount is a loss audit bucket's count as the page shows it (-1:
+// unknown).
+func (p page) auditCount(bucket string) int64 {
+	p.t.Helper()
+	n, err := strconv.ParseInt(p.eval(`document.getElementById("audit-`+bucket+`").dataset.count`), 10, 64)
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
+// auditState is the audit panel's state: whole, not-whole, waiting,
+// unknown or none.
+func (p page) auditState() string {
+	p.t.Helper()
+	return p.eval(`document.getElementById("audit").dataset.state`)
 }
 
 func (p page) oldestAge() float64 {
@@ -377,7 +399,7 @@ func TestLiveViewInABrowser(t *testing.T) {
 	state0 := t.TempDir()
 	orders, shipping, relay, relay2, ui, mongo := freePort(t), freePort(t), freePort(t), freePort(t), freePort(t), freePort(t)
 	args := []string{"-bin", bin, "-state", state0, "-orders-addr", orders, "-shipping-addr", shipping,
-		"-relay-addr", relay, "-relay2-addr", relay2, "-ui-addr", ui}
+		"-relay-addr", relay, "-relay2-addr", relay2, "-ui-addr", ui, "-audit-addr", freePort(t)}
 	const jaeger = "http://jaeger.test:16686"
 	env := map[string]string{"DATABASE_URL": dbURL, "AMQP_URL": amqpURL, "MONGO_URI": "mongodb://" + mongo + "/shipping", "JAEGER_UI": jaeger}
 	d := startDemo(t, args, env)
@@ -422,6 +444,12 @@ func TestLiveViewInABrowser(t *testing.T) {
 	})
 	oldest := p.oldestAge()
 	p.waitUntil("the oldest pending age growing", func() bool { return p.oldestAge() > oldest })
+	// The loss audit, a process of the demo, sees the same from the stores:
+	// one event applied, one pending (younger than its grace), the flow
+	// whole.
+	p.waitUntil("the audit: one applied, one pending, whole", func() bool {
+		return p.auditState() == "whole" && p.auditCount("checked") == 2 && p.auditCount("applied") == 1 && p.auditCount("pending") == 1
+	})
 	if n := p.stage("applied"); n != 1 {
 		t.Fatalf("with both relays stopped, applied = %d, want 1", n)
 	}
@@ -520,7 +548,59 @@ func TestLiveViewInABrowser(t *testing.T) {
 		return p.stage("created") == 4 && p.stage("applied") == 4 && p.stage("published") == 4 && p.stage("pending") == 0 &&
 			p.stage("duplicates") >= 2
 	})
+	// 5. The loss audit's last result, on the page and in /api/state: every
+	// event the outbox committed (counted by the live view's own query)
+	// applied, nothing missing, no phantom.
+	p.waitUntil("the audit: all four events applied, whole", func() bool {
+		return p.auditState() == "whole" && p.auditCount("checked") == 4 && p.auditCount("applied") == 4 &&
+			p.auditCount("missing") == 0 && p.auditCount("phantom") == 0 && p.auditCount("pending") == 0
+	})
+	if s := state(t, base); s.Audit == nil || s.Stages.EventsWritten == nil || s.Audit.Checked != *s.Stages.EventsWritten ||
+		s.Audit.Applied.Count != s.Audit.Checked || !s.Audit.Whole {
+		t.Fatalf("/api/state: audit %+v, events written %v: want every event written checked and applied, whole", s.Audit, s.Stages.EventsWritten)
+	}
+	if got := p.eval(`document.getElementById("audit-verdict").textContent`); !strings.HasPrefix(got, "✓ Whole") {
+		t.Errorf("audit verdict %q, want it whole", got)
+	}
+	if got := p.eval(`document.getElementById("audit-alarm").hidden`); got != "true" {
+		t.Errorf("the audit alarm shows (hidden=%s) while the flow is whole", got)
+	}
 	p.screenshot(artifactPath("demo-live-view.png"), false)
+
+	// Tamper: an inbox record of an event the outbox never committed, as
+	// shipping's inbox writes one. The next audit finds the phantom and the
+	// page raises the alarm.
+	tamperClient, err := mongodriver.Connect(options.Client().ApplyURI(env["MONGO_URI"]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tamperClient.Disconnect(context.Background()) })
+	in, err := inbox.New(tamperClient.Database("shipping"), inbox.Config{Consumer: "shipping"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const phantom = "987654321"
+	if _, err := in.Process(t.Context(), phantom, func(context.Context) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	p.waitUntil("the audit's alarm: one phantom", func() bool {
+		return p.auditState() == "not-whole" && p.auditCount("phantom") == 1 &&
+			p.eval(`document.getElementById("audit-alarm").hidden`) == "false"
+	})
+	if got := p.eval(`document.getElementById("audit-alarm").textContent`); !strings.Contains(got, "not whole") || !strings.Contains(got, phantom) {
+		t.Errorf("audit alarm %q, want it to say the flow is not whole and name %s", got, phantom)
+	}
+	if got := p.eval(`document.getElementById("audit-alarm").getAttribute("role")`); got != "alert" {
+		t.Errorf("the audit alarm's role is %q, want alert", got)
+	}
+	if got := p.eval(`document.getElementById("audit-verdict").textContent`); !strings.Contains(got, "NOT WHOLE: 0 missing, 1 phantom") {
+		t.Errorf("audit verdict %q", got)
+	}
+	if s := state(t, base); s.Audit == nil || s.Audit.Whole || s.Audit.Phantom.Count != 1 || len(s.Audit.Phantom.Examples) != 1 || s.Audit.Phantom.Examples[0] != phantom ||
+		s.Audit.Missing.Count != 0 || s.Audit.Applied.Count != 4 {
+		t.Fatalf("/api/state after the tamper: audit %+v, want 4 applied, the phantom %s, not whole", s.Audit, phantom)
+	}
+	axeCheck(t, p, "the audit's alarm")
 	js.check()
 
 	// The page's API refuses what it does not know, with JSON errors.

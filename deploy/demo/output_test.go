@@ -53,7 +53,7 @@ func TestPrefixerWritesWholeLinesOnly(t *testing.T) {
 func TestConfigRejectsBadValues(t *testing.T) {
 	t.Parallel()
 	bin := t.TempDir()
-	for _, name := range []string{"orders", "shipping", "mongolocal", "loadgen"} {
+	for _, name := range []string{"orders", "shipping", "mongolocal", "audit", "loadgen"} {
 		if err := writeExecutable(bin + "/" + name); err != nil {
 			t.Fatal(err)
 		}
@@ -67,6 +67,8 @@ func TestConfigRejectsBadValues(t *testing.T) {
 		{[]string{"-bin", t.TempDir()}, nil, "no orders binary there"},
 		{[]string{"-orders-addr", "8080"}, nil, "-orders-addr"},
 		{[]string{"-orders-addr", "127.0.0.1:9", "-shipping-addr", "127.0.0.1:9"}, nil, "must differ"},
+		{[]string{"-audit-addr", "127.0.0.1:8080"}, nil, "must differ"},
+		{[]string{"-audit-every", "100ms"}, nil, "-audit-every"},
 		{[]string{"-load-rate", "0"}, nil, "-load-rate"},
 		{nil, map[string]string{"MONGO_URI": "mongodb://a:1,b:2/x"}, "MONGO_URI"},
 		{nil, map[string]string{"DATABASE_URL": "mysql://x"}, "DATABASE_URL"},
@@ -92,7 +94,8 @@ func TestConfigRejectsBadValues(t *testing.T) {
 		t.Fatalf("defaults: %v", err)
 	}
 	if c.DatabaseURL != defaultDatabaseURL || c.AMQPURL != defaultAMQPURL || c.MongoURI != defaultMongoURI ||
-		c.OrdersAddr != "127.0.0.1:8080" || c.ShippingAddr != "127.0.0.1:8081" || c.JaegerUI != "" {
+		c.OrdersAddr != "127.0.0.1:8080" || c.ShippingAddr != "127.0.0.1:8081" || c.JaegerUI != "" ||
+		c.AuditAddr != "127.0.0.1:8084" || c.AuditEvery != 5*time.Second {
 		t.Fatalf("defaults: %+v", c)
 	}
 	if !strings.HasSuffix(c.StateDir, "outbox-inbox/demo") {

@@ -98,6 +98,7 @@ function renderState(s) {
   setText($("#stage-dead .sub"), deadSub);
 
   for (const p of s.processes || []) renderProc(p);
+  renderAudit(s);
 
   const errs = Object.entries(s.errors || {}).map(([k, v]) => k + ": " + v);
   const line = byId("status-line");
@@ -106,6 +107,63 @@ function renderState(s) {
   setClassName(line, errs.length ? "status bad" : "status");
 
   renderNotes(s.notes || []);
+}
+
+// AUDIT_BUCKETS are the audit report's buckets the panel shows.
+const AUDIT_BUCKETS = ["applied", "unrecorded", "held", "pending", "dead_lettered", "discarded", "missing", "phantom"];
+
+// renderAudit shows the loss audit's last result: its counts, when it ran,
+// and whether the flow is whole; when something is missing or a phantom,
+// an alarm says so in words, with example ids.
+function renderAudit(s) {
+  const a = s.audit;
+  const err = (s.errors || {}).audit;
+  const panel = byId("audit");
+  const verdict = byId("audit-verdict");
+  const alarm = byId("audit-alarm");
+  const setBucket = (name, count, bad) => {
+    const box = byId("audit-" + name);
+    setText($("dd", box), num(count));
+    setData(box, "count", known(count) ? String(count) : "");
+    box.classList.toggle("bad", !!bad);
+  };
+  if (!a) {
+    let state = "none", text = "No loss audit runs in this mode.";
+    if (err === "no audit has completed yet") { state = "waiting"; text = "Waiting for the first audit to complete."; }
+    else if (err) { state = "unknown"; text = "Result unknown: cannot read the audit (" + err + ")."; }
+    setData(panel, "state", state);
+    setText(verdict, text);
+    setClassName(verdict, "audit-verdict");
+    setText(byId("audit-when"), "–");
+    setBucket("checked", null);
+    for (const b of AUDIT_BUCKETS) setBucket(b, null);
+    if (!alarm.hidden) { alarm.hidden = true; alarm.textContent = ""; }
+    return;
+  }
+  setData(panel, "state", a.whole ? "whole" : "not-whole");
+  setData(panel, "auditedAt", a.audited_at);
+  setBucket("checked", a.checked);
+  for (const b of AUDIT_BUCKETS) setBucket(b, a[b].count, (b === "missing" || b === "phantom") && a[b].count > 0);
+  setText(verdict, a.whole ? "✓ Whole: nothing missing, no phantom." : "⚠ NOT WHOLE: " + a.missing.count + " missing, " + a.phantom.count + " phantom.");
+  setClassName(verdict, "audit-verdict " + (a.whole ? "good" : "bad"));
+  const before = known(s.at) ? (new Date(s.at) - new Date(a.audited_at)) / 1000 : null;
+  setText(byId("audit-when"), "Last audit ran at " + clock(a.audited_at) + " UTC" +
+    (known(before) && before >= 0 ? " (" + age(before) + " before this reading)" : "") +
+    " in " + a.duration_seconds.toFixed(3) + " s; events created from " + clock(a.since) + " to " + clock(a.until) + " UTC (" +
+    new Date(a.since).toISOString().slice(0, 10) + "); " + a.inbox_records + " inbox records read.");
+  if (a.whole) {
+    if (!alarm.hidden) { alarm.hidden = true; alarm.textContent = ""; }
+    return;
+  }
+  const bits = [];
+  if (a.missing.count > 0) bits.push(a.missing.count + " event(s) committed and never applied (missing" + examples(a.missing) + ")");
+  if (a.phantom.count > 0) bits.push(a.phantom.count + " inbox record(s) of events never committed (phantom" + examples(a.phantom) + ")");
+  setText(alarm, "Alarm: the flow is not whole: " + bits.join("; ") + ".");
+  alarm.hidden = false;
+}
+
+function examples(b) {
+  return b.examples && b.examples.length ? ": " + b.examples.join(", ") : "";
 }
 
 function renderProc(p) {
