@@ -341,7 +341,7 @@ func TestLivePageTellsTheTruth(t *testing.T) {
 	if got := pg.eval(`[...document.querySelectorAll("#audit-buckets div.bad")].map(d => d.id).join(" ")`); got != "audit-missing audit-phantom" {
 		t.Errorf("audit buckets marked bad: %q, want missing and phantom", got)
 	}
-	if got := text("#audit-when"); !strings.HasPrefix(got, "Last audit ran at 00:00:01.000 UTC") || !strings.Contains(got, "in 0.250 s") {
+	if got := text("#audit-when"); !strings.HasPrefix(got, "Last audit ran at 00:00:01.000 UTC") || !strings.Contains(got, "in 0.250 s; it judged the events created from 2026-01-01 00:00:00 to 2026-01-08 00:00:00 UTC; 7 inbox records read") {
 		t.Errorf("audit time: %q", got)
 	}
 	axeCheck(t, pg, "every stage state, the audit's alarm")

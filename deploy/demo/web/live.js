@@ -149,8 +149,8 @@ function renderAudit(s) {
   const before = known(s.at) ? (new Date(s.at) - new Date(a.audited_at)) / 1000 : null;
   setText(byId("audit-when"), "Last audit ran at " + clock(a.audited_at) + " UTC" +
     (known(before) && before >= 0 ? " (" + age(before) + " before this reading)" : "") +
-    " in " + a.duration_seconds.toFixed(3) + " s; events created from " + clock(a.since) + " to " + clock(a.until) + " UTC (" +
-    new Date(a.since).toISOString().slice(0, 10) + "); " + a.inbox_records + " inbox records read.");
+    " in " + a.duration_seconds.toFixed(3) + " s; it judged the events created from " + dateTime(a.since) + " to " + dateTime(a.until) +
+    " UTC; " + a.inbox_records + " inbox records read.");
   if (a.whole) {
     if (!alarm.hidden) { alarm.hidden = true; alarm.textContent = ""; }
     return;
@@ -160,6 +160,11 @@ function renderAudit(s) {
   if (a.phantom.count > 0) bits.push(a.phantom.count + " inbox record(s) of events never committed (phantom" + examples(a.phantom) + ")");
   setText(alarm, "Alarm: the flow is not whole: " + bits.join("; ") + ".");
   alarm.hidden = false;
+}
+
+function dateTime(iso) {
+  const d = new Date(iso);
+  return isNaN(d) ? "unknown" : d.toISOString().slice(0, 19).replace("T", " ");
 }
 
 function examples(b) {
