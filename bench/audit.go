@@ -30,7 +30,8 @@ import (
 // of its own, so that the heap measured during the audit is the audit's.
 // The baseline is the inbox side read alone with the same query: on
 // FerretDB, which pushes neither the range nor the sort down to SQLite, it
-// bounds the audit.
+// bounds the audit. The details give the same audit without read-ahead
+// (Prefetch -1), run just before, on the same stores.
 func (b *bench) runAudit(ctx context.Context) ([]Figure, error) {
 	n := b.cfg.auditEvents
 	_, pool, err := b.env.openDatabase(ctx, "audit", migrateOutbox)
@@ -98,26 +99,43 @@ func (b *bench) runAudit(ctx context.Context) ([]Figure, error) {
 	outboxRead := rate(read, time.Since(start))
 	b.log.Info("audit: each side read alone", "inbox_per_s", int(inboxRead), "outbox_per_s", int(outboxRead))
 
+	// The audit twice: first with each stream read in the merge's
+	// goroutine, one side after the other (Prefetch -1), then as cmd/audit
+	// runs it, each stream read ahead in a goroutine of its own.
+	runOnce := func(prefetch int) (*audit.Report, error) {
+		now := time.Now()
+		r, err := audit.Run(ctx, audit.Config{
+			Producer: events, Consumer: in, Prefetch: prefetch,
+			Since: now.Add(-8 * 24 * time.Hour), Until: now, Now: now, InboxPageSize: inboxPage,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("audit: %w", err)
+		}
+		if r.Checked != int64(n) || r.Applied.Count != int64(n) || !r.Whole() {
+			return nil, fmt.Errorf("audit of %d events: checked %d, applied %d, missing %d, phantom %d", n, r.Checked, r.Applied.Count, r.Missing.Count, r.Phantom.Count)
+		}
+		return r, nil
+	}
+	seq, err := runOnce(-1)
+	if err != nil {
+		return nil, err
+	}
+	seqRate := float64(n) / seq.Seconds
+	b.log.Info("audit without read-ahead", "events", n, "seconds", seq.Seconds, "per_s", int(seqRate))
 	stopSampling := sampleHeap()
-	now := time.Now()
-	r, err := audit.Run(ctx, audit.Config{
-		Producer: events, Consumer: in,
-		Since: now.Add(-8 * 24 * time.Hour), Until: now, Now: now, InboxPageSize: inboxPage,
-	})
+	r, err := runOnce(0)
 	base, peakHeap := stopSampling()
 	if err != nil {
-		return nil, fmt.Errorf("audit: %w", err)
-	}
-	if r.Checked != int64(n) || r.Applied.Count != int64(n) || !r.Whole() {
-		return nil, fmt.Errorf("audit of %d events: checked %d, applied %d, missing %d, phantom %d", n, r.Checked, r.Applied.Count, r.Missing.Count, r.Phantom.Count)
+		return nil, err
 	}
 	auditRate := float64(n) / r.Seconds
 	b.log.Info("audit", "events", n, "seconds", r.Seconds, "per_s", int(auditRate), "heap_peak_mib", peakHeap>>20)
 	details := map[string]any{
 		"events": n, "audit_seconds": r.Seconds, "inbox_seed_per_s": int(seedRate),
 		"inbox_read_alone_per_s": int(inboxRead), "outbox_read_alone_per_s": int(outboxRead),
+		"audit_without_read_ahead_per_s": int(seqRate), "audit_without_read_ahead_seconds": seq.Seconds,
 		"heap_in_use_before_mib": base >> 20, "heap_in_use_peak_mib": peakHeap >> 20,
-		"event_log_page": outbox.DefaultEventLogPage, "inbox_page": inboxPage,
+		"event_log_page": outbox.DefaultEventLogPage, "inbox_page": inboxPage, "prefetch_batches": audit.DefaultPrefetch,
 	}
 	return []Figure{newFigure("audit", "events/s", auditRate, inboxRead, Goal{ValueAtLeast, 100_000},
 		fmt.Sprintf("events audited per second by internal/audit (cmd/audit): %d published events in PostgreSQL against as many done records in shipping's inbox on FerretDB (a process of its own), merged by id; the audit's heap peaked at %d MiB",

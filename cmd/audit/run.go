@@ -180,7 +180,9 @@ func newAuditor(ctx context.Context, o settings) (*auditor, error) {
 	if err != nil {
 		return nil, fmt.Errorf("DATABASE_URL: %w", err)
 	}
-	cfg.MaxConns = 2
+	// The outbox's streams (one per number of digits) read ahead at the
+	// same time, beside the look-ups.
+	cfg.MaxConns = 4
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("connect to PostgreSQL: %w", err)

@@ -7,7 +7,9 @@
 //
 // Both sides are read as streams, in pages, in the same order, and merged:
 // memory holds a page of each side, a batch of look-ups and a few example
-// ids, however many events the window holds. The inbox keeps message ids as
+// ids, however many events the window holds. Each stream is read ahead, a
+// few batches, in a goroutine of its own (Config.Prefetch): the two stores
+// work at the same time, and while the merge runs. The inbox keeps message ids as
 // strings and yields them in byte order ("10" before "9"); the outbox's ids
 // are the decimal message ids, whose byte order agrees with their numeric
 // order among ids of the same number of digits, so the producer side is read
@@ -99,6 +101,11 @@ const (
 	DefaultExamples  = 10
 	// DefaultLookupBatch is how many ids one look-up carries.
 	DefaultLookupBatch = 1000
+	// DefaultPrefetch is how many batches a stream reads ahead, and
+	// PrefetchBatch how many items a batch holds: the audit holds at most
+	// DefaultPrefetch+2 batches of each stream.
+	DefaultPrefetch = 4
+	PrefetchBatch   = 1000
 )
 
 // Config configures an audit.
@@ -128,6 +135,12 @@ type Config struct {
 	// Accountant.Account) carries, at most outbox.MaxEventLookup. Default
 	// DefaultLookupBatch.
 	LookupBatch int
+	// Prefetch is how many batches of PrefetchBatch items each stream (the
+	// inbox's, and the outbox's one per number of digits) reads ahead, in a
+	// goroutine of its own, so that the two stores work at the same time
+	// and while the merge runs. Default DefaultPrefetch; -1 reads each
+	// stream in the merge's goroutine, one side after the other.
+	Prefetch int
 }
 
 // Bucket counts the events of one outcome, with the first ids the audit
@@ -177,10 +190,11 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Since.IsZero() || c.Until.IsZero() || !c.Since.Before(c.Until) {
 		return c, fmt.Errorf("audit: window [%v, %v): want Since before Until", c.Since, c.Until)
 	}
-	if c.Grace < 0 || c.ClockSkew < 0 || c.Examples < -1 || c.InboxPageSize < 0 || c.LookupBatch < 0 || c.LookupBatch > outbox.MaxEventLookup {
-		return c, fmt.Errorf("audit: Grace %v, ClockSkew %v, Examples %d, InboxPageSize %d, LookupBatch %d: want Grace, ClockSkew and InboxPageSize >= 0, Examples >= -1, LookupBatch in 0..%d",
-			c.Grace, c.ClockSkew, c.Examples, c.InboxPageSize, c.LookupBatch, outbox.MaxEventLookup)
+	if c.Grace < 0 || c.ClockSkew < 0 || c.Examples < -1 || c.InboxPageSize < 0 || c.LookupBatch < 0 || c.LookupBatch > outbox.MaxEventLookup || c.Prefetch < -1 {
+		return c, fmt.Errorf("audit: Grace %v, ClockSkew %v, Examples %d, InboxPageSize %d, LookupBatch %d, Prefetch %d: want Grace, ClockSkew and InboxPageSize >= 0, Examples and Prefetch >= -1, LookupBatch in 0..%d",
+			c.Grace, c.ClockSkew, c.Examples, c.InboxPageSize, c.LookupBatch, c.Prefetch, outbox.MaxEventLookup)
 	}
+	c.Prefetch = cmp.Or(c.Prefetch, DefaultPrefetch)
 	c.Grace = cmp.Or(c.Grace, DefaultGrace)
 	c.ClockSkew = cmp.Or(c.ClockSkew, DefaultClockSkew)
 	c.LookupBatch = cmp.Or(c.LookupBatch, DefaultLookupBatch)
@@ -228,7 +242,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 func (a *auditor) merge(ctx context.Context) error {
 	events, stop := a.producer(ctx)
 	defer stop()
-	next, stopInbox := iter.Pull2(a.cfg.Consumer.Recorded(ctx, a.cfg.Since.Add(-a.cfg.ClockSkew), a.cfg.InboxPageSize))
+	next, stopInbox := pull(ctx, a.cfg, func(ctx context.Context) iter.Seq2[inbox.RecordedMessage, error] {
+		return a.cfg.Consumer.Recorded(ctx, a.cfg.Since.Add(-a.cfg.ClockSkew), a.cfg.InboxPageSize)
+	})
 	defer stopInbox()
 
 	e, ekey, eok, err := events()
@@ -269,6 +285,15 @@ func (a *auditor) merge(ctx context.Context) error {
 		return err
 	}
 	return a.account(ctx)
+}
+
+// pull opens a stream for the merge: read ahead in a goroutine of its own,
+// or, with Prefetch -1, in the merge's.
+func pull[T any](ctx context.Context, cfg Config, open func(context.Context) iter.Seq2[T, error]) (next func() (T, error, bool), stop func()) {
+	if cfg.Prefetch < 0 {
+		return iter.Pull2(open(ctx))
+	}
+	return prefetch(ctx, open, PrefetchBatch, cfg.Prefetch)
 }
 
 // digitRanges are the ranges of ids with 1, 2, ... 19 decimal digits.
@@ -321,7 +346,9 @@ func (a *auditor) producer(ctx context.Context) (next func() (e outbox.LoggedEve
 		if !started {
 			started = true
 			for _, rg := range digitRanges() {
-				n, s := iter.Pull2(a.cfg.Producer.Events(ctx, outbox.EventWindow{Since: a.cfg.Since, MinID: rg[0], MaxID: rg[1]}))
+				n, s := pull(ctx, a.cfg, func(ctx context.Context) iter.Seq2[outbox.LoggedEvent, error] {
+					return a.cfg.Producer.Events(ctx, outbox.EventWindow{Since: a.cfg.Since, MinID: rg[0], MaxID: rg[1]})
+				})
 				stops = append(stops, s)
 				ps := &producerStream{next: n}
 				ok, err := advance(ps)
