@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iter"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -122,6 +124,22 @@ func (b *bench) runAudit(ctx context.Context) ([]Figure, error) {
 	}
 	seqRate := float64(n) / seq.Seconds
 	b.log.Info("audit without read-ahead", "events", n, "seconds", seq.Seconds, "per_s", int(seqRate))
+	// The same audit with the inbox side made in memory (the same records,
+	// in the same order): what the audit does when the inbox's server keeps
+	// up, as MongoDB's range scans of the _id index would.
+	now := time.Now()
+	mem, err := audit.Run(ctx, audit.Config{
+		Producer: events, Consumer: newMemoryInbox(n),
+		Since: now.Add(-8 * 24 * time.Hour), Until: now, Now: now,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("audit against the inbox in memory: %w", err)
+	}
+	if mem.Checked != int64(n) || mem.Applied.Count != int64(n) || !mem.Whole() {
+		return nil, fmt.Errorf("audit of %d events against the inbox in memory: checked %d, applied %d", n, mem.Checked, mem.Applied.Count)
+	}
+	memRate := float64(n) / mem.Seconds
+	b.log.Info("audit against the inbox in memory", "events", n, "seconds", mem.Seconds, "per_s", int(memRate))
 	stopSampling := sampleHeap()
 	r, err := runOnce(0)
 	base, peakHeap := stopSampling()
@@ -134,13 +152,38 @@ func (b *bench) runAudit(ctx context.Context) ([]Figure, error) {
 		"events": n, "audit_seconds": r.Seconds, "inbox_seed_per_s": int(seedRate),
 		"inbox_read_alone_per_s": int(inboxRead), "outbox_read_alone_per_s": int(outboxRead),
 		"audit_without_read_ahead_per_s": int(seqRate), "audit_without_read_ahead_seconds": seq.Seconds,
-		"heap_in_use_before_mib": base >> 20, "heap_in_use_peak_mib": peakHeap >> 20,
+		"audit_inbox_in_memory_per_s": int(memRate),
+		"heap_in_use_before_mib":      base >> 20, "heap_in_use_peak_mib": peakHeap >> 20,
 		"event_log_page": outbox.DefaultEventLogPage, "inbox_page": inboxPage, "prefetch_batches": audit.DefaultPrefetch,
 	}
 	return []Figure{newFigure("audit", "events/s", auditRate, inboxRead, Goal{ValueAtLeast, 100_000},
 		fmt.Sprintf("events audited per second by internal/audit (cmd/audit): %d published events in PostgreSQL against as many done records in shipping's inbox on FerretDB (a process of its own), merged by id; the audit's heap peaked at %d MiB",
 			n, peakHeap>>20),
 		"the same inbox records read alone (Inbox.Recorded, the audit's query: one page, which FerretDB reads and sorts whole)", details)}, nil
+}
+
+// memoryInbox is an inbox that recorded the messages ids, held in memory
+// in byte order, as Inbox.Recorded yields them.
+type memoryInbox struct{ ids []string }
+
+func newMemoryInbox(n int) memoryInbox {
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = strconv.Itoa(i + 1)
+	}
+	slices.Sort(ids)
+	return memoryInbox{ids: ids}
+}
+
+func (m memoryInbox) Recorded(ctx context.Context, since time.Time, pageSize int) iter.Seq2[inbox.RecordedMessage, error] {
+	return func(yield func(inbox.RecordedMessage, error) bool) {
+		at := time.Now()
+		for _, id := range m.ids {
+			if !yield(inbox.RecordedMessage{MessageID: id, ProcessedAt: at}, nil) {
+				return
+			}
+		}
+	}
 }
 
 // recordAll records the messages "1".."n" as done in in, as the shipping
