@@ -33,7 +33,8 @@ import (
 // The baseline is the inbox side read alone with the same query: on
 // FerretDB, which pushes neither the range nor the sort down to SQLite, it
 // bounds the audit. The details give the same audit without read-ahead
-// (Prefetch -1), run just before, on the same stores.
+// (Prefetch -1), run just after, on the same stores, and against the same
+// records held in memory.
 func (b *bench) runAudit(ctx context.Context) ([]Figure, error) {
 	n := b.cfg.auditEvents
 	_, pool, err := b.env.openDatabase(ctx, "audit", migrateOutbox)
@@ -101,9 +102,9 @@ func (b *bench) runAudit(ctx context.Context) ([]Figure, error) {
 	outboxRead := rate(read, time.Since(start))
 	b.log.Info("audit: each side read alone", "inbox_per_s", int(inboxRead), "outbox_per_s", int(outboxRead))
 
-	// The audit twice: first with each stream read in the merge's
-	// goroutine, one side after the other (Prefetch -1), then as cmd/audit
-	// runs it, each stream read ahead in a goroutine of its own.
+	// The audit twice: as cmd/audit runs it, each stream read ahead in a
+	// goroutine of its own, then with each stream read in the merge's
+	// goroutine, one side after the other (Prefetch -1).
 	runOnce := func(prefetch int) (*audit.Report, error) {
 		now := time.Now()
 		r, err := audit.Run(ctx, audit.Config{
@@ -118,28 +119,34 @@ func (b *bench) runAudit(ctx context.Context) ([]Figure, error) {
 		}
 		return r, nil
 	}
-	seq, err := runOnce(-1)
-	if err != nil {
-		return nil, err
-	}
-	seqRate := float64(n) / seq.Seconds
-	b.log.Info("audit without read-ahead", "events", n, "seconds", seq.Seconds, "per_s", int(seqRate))
 	// The same audit with the inbox side made in memory (the same records,
 	// in the same order): what the audit does when the inbox's server keeps
 	// up, as MongoDB's range scans of the _id index would.
-	now := time.Now()
-	mem, err := audit.Run(ctx, audit.Config{
-		Producer: events, Consumer: newMemoryInbox(n),
-		Since: now.Add(-8 * 24 * time.Hour), Until: now, Now: now,
-	})
+	memory := newMemoryInbox(n)
+	inMemory := func(prefetch int) (float64, error) {
+		now := time.Now()
+		r, err := audit.Run(ctx, audit.Config{
+			Producer: events, Consumer: memory, Prefetch: prefetch,
+			Since: now.Add(-8 * 24 * time.Hour), Until: now, Now: now,
+		})
+		if err != nil {
+			return 0, fmt.Errorf("audit against the inbox in memory: %w", err)
+		}
+		if r.Checked != int64(n) || r.Applied.Count != int64(n) || !r.Whole() {
+			return 0, fmt.Errorf("audit of %d events against the inbox in memory: checked %d, applied %d", n, r.Checked, r.Applied.Count)
+		}
+		return float64(n) / r.Seconds, nil
+	}
+	memRate, err := inMemory(0)
 	if err != nil {
-		return nil, fmt.Errorf("audit against the inbox in memory: %w", err)
+		return nil, err
 	}
-	if mem.Checked != int64(n) || mem.Applied.Count != int64(n) || !mem.Whole() {
-		return nil, fmt.Errorf("audit of %d events against the inbox in memory: checked %d, applied %d", n, mem.Checked, mem.Applied.Count)
+	memSeqRate, err := inMemory(-1)
+	if err != nil {
+		return nil, err
 	}
-	memRate := float64(n) / mem.Seconds
-	b.log.Info("audit against the inbox in memory", "events", n, "seconds", mem.Seconds, "per_s", int(memRate))
+	memory = memoryInbox{}
+	b.log.Info("audit against the inbox in memory", "events", n, "per_s", int(memRate), "without_read_ahead_per_s", int(memSeqRate))
 	stopSampling := sampleHeap()
 	r, err := runOnce(0)
 	base, peakHeap := stopSampling()
@@ -148,12 +155,18 @@ func (b *bench) runAudit(ctx context.Context) ([]Figure, error) {
 	}
 	auditRate := float64(n) / r.Seconds
 	b.log.Info("audit", "events", n, "seconds", r.Seconds, "per_s", int(auditRate), "heap_peak_mib", peakHeap>>20)
+	seq, err := runOnce(-1)
+	if err != nil {
+		return nil, err
+	}
+	seqRate := float64(n) / seq.Seconds
+	b.log.Info("audit without read-ahead", "events", n, "seconds", seq.Seconds, "per_s", int(seqRate))
 	details := map[string]any{
 		"events": n, "audit_seconds": r.Seconds, "inbox_seed_per_s": int(seedRate),
 		"inbox_read_alone_per_s": int(inboxRead), "outbox_read_alone_per_s": int(outboxRead),
 		"audit_without_read_ahead_per_s": int(seqRate), "audit_without_read_ahead_seconds": seq.Seconds,
-		"audit_inbox_in_memory_per_s": int(memRate),
-		"heap_in_use_before_mib":      base >> 20, "heap_in_use_peak_mib": peakHeap >> 20,
+		"audit_inbox_in_memory_per_s": int(memRate), "audit_inbox_in_memory_without_read_ahead_per_s": int(memSeqRate),
+		"heap_in_use_before_mib": base >> 20, "heap_in_use_peak_mib": peakHeap >> 20,
 		"event_log_page": outbox.DefaultEventLogPage, "inbox_page": inboxPage, "prefetch_batches": audit.DefaultPrefetch,
 	}
 	return []Figure{newFigure("audit", "events/s", auditRate, inboxRead, Goal{ValueAtLeast, 100_000},
