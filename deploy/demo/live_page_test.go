@@ -346,6 +346,26 @@ func TestLivePageTellsTheTruth(t *testing.T) {
 	}
 	axeCheck(t, pg, "every stage state, the audit's alarm")
 
+	// Nothing missing, one phantom: the flow is not whole either.
+	phantomOnly, err := decodeAudit([]byte(`{"since":"2026-01-01T00:00:00Z","until":"2026-01-08T00:00:00Z","grace":"1m0s",
+		"audited_at":"2026-01-08T00:00:02Z","duration_seconds":0.5,"checked":3,
+		"applied":{"count":3,"examples":[]},"unrecorded":{"count":0,"examples":[]},"missing":{"count":0,"examples":[]},
+		"phantom":{"count":1,"examples":["987654321"]},"pending":{"count":0,"examples":[]},"dead_lettered":{"count":0,"examples":[]},
+		"discarded":{"count":0,"examples":[]},"held":{"count":0,"examples":[]},"inbox_records":4}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.v.mu.Lock()
+	p.v.snap.Audit = phantomOnly
+	p.v.mu.Unlock()
+	pg.waitUntil("the audit with one phantom", func() bool { return text("#audit-checked dd") == "3" })
+	if got := text("#audit-alarm"); got != "Alarm: the flow is not whole: 1 inbox record(s) of events never committed (phantom: 987654321)." {
+		t.Errorf("audit alarm with a phantom only: %q", got)
+	}
+	if got := text("#audit-verdict"); got != "⚠ NOT WHOLE: 0 missing, 1 phantom." {
+		t.Errorf("audit verdict with a phantom only: %q", got)
+	}
+
 	// /api/state fails: a banner says so at once; the numbers stay, and are
 	// marked stale once they are older than a few seconds.
 	mode.Store("fail")
