@@ -28,7 +28,8 @@ import (
 // scenario's faults. Its data comes from outside the services, as an
 // operator would read it: the processes' /readyz and /metrics, the orders and
 // shipping HTTP APIs, the broker (broker.go), the shipping service's log
-// (one debug line per settled delivery), and read-only queries on the two
+// (one debug line per settled delivery), the loss audit's last report
+// (liveaudit.go), and read-only queries on the two
 // stores for the counts that must be exact whatever restarts (the orders and
 // their outbox rows in PostgreSQL, as `orders outbox-status` reads them; the
 // applied effects in MongoDB). The faults are the demo's own: they stop,
