@@ -1,87 +1,488 @@
 package main
 
 import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// cpuTimes is the CPU time (user + system) spent so far by the servers and
-// by this process, read from /proc. PostgreSQL backends that exited are
-// counted through the postmaster's children times, which the kernel adds
-// when it reaps them. The servers are shared with whatever else runs on the
-// machine, so a delta is an upper bound of what a phase cost them.
-type cpuTimes struct {
-	postgres, rabbitmq, self time.Duration
-	ok                       bool
-}
+// The CPU instrument. A relay figure's events/s is bounded by CPU on a small
+// machine, and events/s moves with whatever else runs there; the CPU time
+// each party spends per event moves much less. Over a measured interval the
+// benchmark reads the CPU time (user + system) of three process groups:
+//
+//   - relay: the benchmark's own process (getrusage), where the relays under
+//     test, and the raw publisher of the baseline, run as goroutines. The
+//     process does nothing else while a drain is timed but count the hooks'
+//     callbacks and time the relay's SQL.
+//   - postgresql: the backends connected to the figure's own database, read
+//     from /proc/PID/stat; pg_stat_activity names them, and a logical WAL
+//     sender is connected to a database, so the WAL relay's is among them.
+//     Other databases' backends (other work on a shared server) are not.
+//     The server's auxiliary processes (checkpointer, WAL writer, background
+//     writer), which the whole server shares, are read apart
+//     (postgresql_background in the details).
+//   - rabbitmq: the broker's node, the process listening on the AMQP URL's
+//     port (beam.smp). It serves every vhost and connection of the node: on
+//     a shared broker the figure is an upper bound.
+//
+// A group whose server runs on another machine is not measured (its figures
+// are left out and the details say why).
 
-// clockTicks is USER_HZ, 100 on every Linux this runs on.
+// clockTicks is USER_HZ, the unit of /proc/PID/stat's times: 100 on every
+// Linux this runs on.
 const clockTicks = 100
 
-func readCPUTimes() cpuTimes {
-	var c cpuTimes
-	dirs, err := filepath.Glob("/proc/[0-9]*")
+// procStat is what the instrument reads of one process in /proc/PID/stat.
+type procStat struct {
+	comm string
+	// start is the process's start time in clock ticks after boot: a PID
+	// reused by a new process between two readings has another.
+	start uint64
+	// cpu is utime + stime.
+	cpu time.Duration
+}
+
+// parseProcStat parses the text of /proc/PID/stat. The command name is the
+// text between the first '(' and the last ')': it may hold spaces and
+// parentheses.
+func parseProcStat(s string) (procStat, error) {
+	open, end := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
+	if open < 0 || end < open {
+		return procStat{}, fmt.Errorf("no command name in %q", truncate(s, 60))
+	}
+	// After the name: state (3), ... utime (14), stime (15), ... starttime
+	// (22), numbered as proc(5) numbers them; fields[0] is the state.
+	fields := strings.Fields(s[end+1:])
+	if len(fields) < 20 {
+		return procStat{}, fmt.Errorf("%d fields after the command name, want at least 20", len(fields))
+	}
+	var n [3]uint64
+	for i, f := range []int{11, 12, 19} {
+		v, err := strconv.ParseUint(fields[f], 10, 64)
+		if err != nil {
+			return procStat{}, fmt.Errorf("field %d: %w", f+3, err)
+		}
+		n[i] = v
+	}
+	return procStat{
+		comm:  s[open+1 : end],
+		start: n[2],
+		cpu:   time.Duration(n[0]+n[1]) * time.Second / clockTicks,
+	}, nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
+}
+
+// readProcStat reads /proc/PID/stat under root (normally "/proc").
+func readProcStat(root string, pid int) (procStat, error) {
+	b, err := os.ReadFile(filepath.Join(root, strconv.Itoa(pid), "stat"))
 	if err != nil {
-		return c
+		return procStat{}, err
+	}
+	st, err := parseProcStat(string(b))
+	if err != nil {
+		return procStat{}, fmt.Errorf("pid %d: %w", pid, err)
+	}
+	return st, nil
+}
+
+// cpuDelta is the CPU time the processes of group b spent since reading a,
+// PID by PID: a process in b and not in a (or in a under the same PID with
+// another start time) started during the interval and counts whole. It also
+// returns how many processes of a are gone from b: they exited during the
+// interval, and what they spent since a is missing from the delta.
+func cpuDelta(a, b map[int]procStat) (time.Duration, int) {
+	var d time.Duration
+	for pid, end := range b {
+		if begin, ok := a[pid]; ok && begin.start == end.start {
+			d += end.cpu - begin.cpu
+		} else {
+			d += end.cpu
+		}
+	}
+	gone := 0
+	for pid, begin := range a {
+		if end, ok := b[pid]; !ok || end.start != begin.start {
+			gone++
+		}
+	}
+	return d, gone
+}
+
+// selfCPU is the CPU time (user + system) this process has spent so far.
+func selfCPU() (time.Duration, error) {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0, fmt.Errorf("getrusage: %w", err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), nil
+}
+
+// parseListeners returns the socket inodes listening on port in the text of
+// /proc/net/tcp or /proc/net/tcp6.
+func parseListeners(r io.Reader, port int) ([]uint64, error) {
+	const listen = "0A"
+	var inodes []uint64
+	sc := bufio.NewScanner(r)
+	for first := true; sc.Scan(); first = false {
+		f := strings.Fields(sc.Text())
+		if first || len(f) < 10 { // the header line
+			continue
+		}
+		colon := strings.LastIndexByte(f[1], ':')
+		if colon < 0 || f[3] != listen {
+			continue
+		}
+		p, err := strconv.ParseUint(f[1][colon+1:], 16, 16)
+		if err != nil {
+			return nil, fmt.Errorf("local address %q: %w", f[1], err)
+		}
+		if int(p) != port {
+			continue
+		}
+		inode, err := strconv.ParseUint(f[9], 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("inode %q: %w", f[9], err)
+		}
+		inodes = append(inodes, inode)
+	}
+	return inodes, sc.Err()
+}
+
+// listenerPID returns the PID of the process listening on the TCP port:
+// the socket's inode from /proc/net/tcp{,6}, then the process holding a
+// descriptor of it. Reading other processes' descriptors needs the same
+// user or root.
+func listenerPID(root string, port int) (int, error) {
+	var inodes []uint64
+	for _, name := range []string{"net/tcp", "net/tcp6"} {
+		f, err := os.Open(filepath.Join(root, name))
+		if err != nil {
+			continue // no IPv6
+		}
+		in, err := parseListeners(f, port)
+		_ = f.Close()
+		if err != nil {
+			return 0, fmt.Errorf("%s: %w", name, err)
+		}
+		inodes = append(inodes, in...)
+	}
+	if len(inodes) == 0 {
+		return 0, fmt.Errorf("no socket listens on port %d here", port)
+	}
+	want := map[string]bool{}
+	for _, in := range inodes {
+		want[fmt.Sprintf("socket:[%d]", in)] = true
+	}
+	dirs, err := filepath.Glob(filepath.Join(root, "[0-9]*"))
+	if err != nil {
+		return 0, err
 	}
 	for _, dir := range dirs {
-		b, err := os.ReadFile(filepath.Join(dir, "stat"))
+		pid, err := strconv.Atoi(filepath.Base(dir))
 		if err != nil {
-			continue // exited meanwhile
+			continue
 		}
-		comm, fields, ok := parseStat(string(b))
+		fds, err := os.ReadDir(filepath.Join(dir, "fd"))
+		if err != nil {
+			continue // exited, or not ours to read
+		}
+		for _, fd := range fds {
+			if link, err := os.Readlink(filepath.Join(dir, "fd", fd.Name())); err == nil && want[link] {
+				return pid, nil
+			}
+		}
+	}
+	return 0, fmt.Errorf("no process readable here holds the socket listening on port %d", port)
+}
+
+// cpuGroups are the process groups read from /proc, in the order figures list them.
+var cpuGroups = []string{"postgresql", "rabbitmq", "postgresql_background"}
+
+// cpuSample is one reading of every group.
+type cpuSample struct {
+	self  time.Duration
+	procs map[string]map[int]procStat // group -> PID -> its stat
+}
+
+// cpuUse is what each group spent over one measured interval.
+type cpuUse struct {
+	events int
+	relay  time.Duration
+	groups map[string]time.Duration // only the groups measured
+	// gone counts the processes that exited during the interval (their CPU
+	// since its start is missing).
+	gone int
+}
+
+// perEvent returns the microseconds per event of each group measured, and
+// their total (relay, postgresql, rabbitmq: the background processes are
+// shared with the rest of the server and left out of it).
+func (u cpuUse) perEvent() map[string]float64 {
+	if u.events <= 0 {
+		return nil
+	}
+	per := func(d time.Duration) float64 { return round(float64(d.Nanoseconds()) / 1e3 / float64(u.events)) }
+	m := map[string]float64{"relay": per(u.relay)}
+	total := u.relay
+	for g, d := range u.groups {
+		m[g] = per(d)
+		if g != "postgresql_background" {
+			total += d
+		}
+	}
+	m["total"] = per(total)
+	if u.gone > 0 {
+		m["processes_exited"] = float64(u.gone)
+	}
+	return m
+}
+
+// cpuMeter reads the groups for one figure: its database's backends, the
+// server's auxiliary processes and the broker's node.
+type cpuMeter struct {
+	pool       *pgxpool.Pool // on the figure's database
+	procRoot   string
+	rabbitPID  int
+	profileDir string // BENCH_CPUPROFILE: a CPU profile of this process per interval
+	// unmeasured says why a group is not measured.
+	unmeasured map[string]string
+}
+
+// newCPUMeter prepares the readings for a figure on pool's database and the
+// broker at amqpURL. A server on another machine leaves its groups out.
+func newCPUMeter(ctx context.Context, pool *pgxpool.Pool, amqpURL, profileDir string) *cpuMeter {
+	m := &cpuMeter{pool: pool, procRoot: "/proc", profileDir: profileDir, unmeasured: map[string]string{}}
+	var pid int
+	if err := pool.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+		m.unmeasured["postgresql"] = err.Error()
+	} else if st, err := readProcStat(m.procRoot, pid); err != nil || st.comm != "postgres" {
+		m.unmeasured["postgresql"] = fmt.Sprintf("backend %d is not a postgres process on this machine (%v)", pid, err)
+	}
+	if reason, ok := m.unmeasured["postgresql"]; ok {
+		m.unmeasured["postgresql_background"] = reason
+	}
+	if pid, err := brokerPID(m.procRoot, amqpURL); err != nil {
+		m.unmeasured["rabbitmq"] = err.Error()
+	} else {
+		m.rabbitPID = pid
+	}
+	return m
+}
+
+// brokerPID finds the node serving amqpURL when its host is this machine.
+func brokerPID(procRoot, amqpURL string) (int, error) {
+	u, err := url.Parse(amqpURL)
+	if err != nil {
+		return 0, fmt.Errorf("parse AMQP URL: %w", err)
+	}
+	host, port := u.Hostname(), 5672
+	if p := u.Port(); p != "" {
+		if port, err = strconv.Atoi(p); err != nil {
+			return 0, fmt.Errorf("AMQP port %q: %w", p, err)
+		}
+	}
+	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+		return 0, fmt.Errorf("the broker %s is not on this machine's loopback", host)
+	}
+	pid, err := listenerPID(procRoot, port)
+	if err != nil {
+		return 0, err
+	}
+	st, err := readProcStat(procRoot, pid)
+	if err != nil {
+		return 0, err
+	}
+	if st.comm != "beam.smp" {
+		return 0, fmt.Errorf("port %d is served by %q (pid %d), not a RabbitMQ node", port, st.comm, pid)
+	}
+	return pid, nil
+}
+
+// sample reads every group: the servers' processes first and this process
+// last at the start of an interval (first at its end, reverse), so that the
+// reading's own work is outside it.
+func (m *cpuMeter) sample(ctx context.Context, end bool) (cpuSample, error) {
+	s := cpuSample{procs: map[string]map[int]procStat{}}
+	var err error
+	if end {
+		if s.self, err = selfCPU(); err != nil {
+			return s, err
+		}
+	}
+	if _, skip := m.unmeasured["postgresql"]; !skip {
+		rows, err := m.pool.Query(ctx, `SELECT pid, datname IS NOT NULL FROM pg_stat_activity
+			WHERE datname = current_database() OR (datname IS NULL AND backend_type NOT IN ('client backend', 'walsender'))`)
+		if err != nil {
+			return s, fmt.Errorf("list the PostgreSQL processes: %w", err)
+		}
+		s.procs["postgresql"], s.procs["postgresql_background"] = map[int]procStat{}, map[int]procStat{}
+		for rows.Next() {
+			var pid int
+			var ours bool
+			if err := rows.Scan(&pid, &ours); err != nil {
+				rows.Close()
+				return s, err
+			}
+			g := "postgresql_background"
+			if ours {
+				g = "postgresql"
+			}
+			if st, err := readProcStat(m.procRoot, pid); err == nil {
+				s.procs[g][pid] = st
+			} // else it exited since the query: gone from this sample
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return s, fmt.Errorf("list the PostgreSQL processes: %w", err)
+		}
+	}
+	if m.rabbitPID != 0 {
+		st, err := readProcStat(m.procRoot, m.rabbitPID)
+		if err != nil {
+			return s, fmt.Errorf("read the RabbitMQ node: %w", err)
+		}
+		s.procs["rabbitmq"] = map[int]procStat{m.rabbitPID: st}
+	}
+	if !end {
+		if s.self, err = selfCPU(); err != nil {
+			return s, err
+		}
+	}
+	return s, nil
+}
+
+// cpuInterval is one measured interval in progress.
+type cpuInterval struct {
+	m       *cpuMeter
+	begin   cpuSample
+	profile *os.File
+}
+
+// start begins an interval; label names its profile file
+// (BENCH_CPUPROFILE/label.pprof).
+func (m *cpuMeter) start(ctx context.Context, label string) (*cpuInterval, error) {
+	iv := &cpuInterval{m: m}
+	if m.profileDir != "" {
+		f, err := os.Create(filepath.Join(m.profileDir, label+".pprof"))
+		if err != nil {
+			return nil, fmt.Errorf("CPU profile: %w", err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			_ = f.Close()
+			return nil, fmt.Errorf("CPU profile: %w", err)
+		}
+		iv.profile = f
+	}
+	var err error
+	if iv.begin, err = m.sample(ctx, false); err != nil {
+		iv.stopProfile()
+		return nil, err
+	}
+	return iv, nil
+}
+
+func (iv *cpuInterval) stopProfile() error {
+	if iv.profile == nil {
+		return nil
+	}
+	pprof.StopCPUProfile()
+	err := iv.profile.Close()
+	iv.profile = nil
+	return err
+}
+
+// stop ends the interval over which events events were handled.
+func (iv *cpuInterval) stop(ctx context.Context, events int) (cpuUse, error) {
+	end, err := iv.m.sample(ctx, true)
+	err = errors.Join(err, iv.stopProfile())
+	if err != nil {
+		return cpuUse{}, err
+	}
+	u := cpuUse{events: events, relay: end.self - iv.begin.self, groups: map[string]time.Duration{}}
+	for _, g := range cpuGroups {
+		b, ok := end.procs[g]
 		if !ok {
 			continue
 		}
-		own, children := ticks(fields, 11)+ticks(fields, 12), ticks(fields, 13)+ticks(fields, 14)
-		switch comm {
-		case "postgres":
-			c.postgres += own + children
-		case "beam.smp", "erl_child_setup", "epmd", "inet_gethost":
-			c.rabbitmq += own + children
+		d, gone := cpuDelta(iv.begin.procs[g], b)
+		u.groups[g] = d
+		u.gone += gone
+	}
+	return u, nil
+}
+
+// cpuFigures returns the CPU per event of a relay figure, one figure per
+// group and one for their total: the median over the repetitions of the
+// relay's side against the median of the raw publisher's (the baseline of
+// the events/s figure name), in µs per event.
+func cpuFigures(name string, relay, raw []cpuUse, relayIs, rawIs string, unmeasured map[string]string) []Figure {
+	var figs []Figure
+	for _, g := range []string{"relay", "postgresql", "rabbitmq", "total"} {
+		if _, ok := unmeasured[g]; ok {
+			continue
 		}
-		c.ok = true
+		if g == "total" && len(unmeasured) > 0 {
+			continue // a total without a group would mislead
+		}
+		values, bases := perEventOf(relay, g), perEventOf(raw, g)
+		if len(values) == 0 || len(bases) == 0 {
+			continue
+		}
+		details := map[string]any{"per_rep": values, "baseline_per_rep": bases,
+			"spread": spread(values), "baseline_spread": spread(bases)}
+		if len(figs) == 0 && len(unmeasured) > 0 {
+			details["unmeasured"] = unmeasured
+		}
+		figs = append(figs, newFigure(name+"_cpu_"+g, "us/event", median(values), median(bases), Goal{},
+			"CPU time per event of "+cpuGroupText[g]+": "+relayIs+" (median of the repetitions)",
+			"the same for "+rawIs, details))
 	}
-	if b, err := os.ReadFile("/proc/self/stat"); err == nil {
-		if _, fields, ok := parseStat(string(b)); ok {
-			c.self = ticks(fields, 11) + ticks(fields, 12)
+	return figs
+}
+
+var cpuGroupText = map[string]string{
+	"relay":      "the relay (the benchmark's process, where it runs; getrusage)",
+	"postgresql": "PostgreSQL (the backends of the figure's database, WAL sender included; /proc)",
+	"rabbitmq":   "the RabbitMQ node (beam.smp; /proc; the whole node)",
+	"total":      "the relay, PostgreSQL and RabbitMQ together",
+}
+
+// perEventOf returns group g's µs per event in each use that measured it.
+func perEventOf(uses []cpuUse, g string) []float64 {
+	var out []float64
+	for _, u := range uses {
+		if v, ok := u.perEvent()[g]; ok {
+			out = append(out, v)
 		}
 	}
-	return c
+	return out
 }
 
-// parseStat splits /proc/PID/stat into the command name and the fields
-// after it (fields[0] is the state, so utime is fields[11]).
-func parseStat(s string) (string, []string, bool) {
-	open, end := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
-	if open < 0 || end < open {
-		return "", nil, false
+// spread returns the smallest and the largest of xs.
+func spread(xs []float64) [2]float64 {
+	if len(xs) == 0 {
+		return [2]float64{}
 	}
-	fields := strings.Fields(s[end+1:])
-	if len(fields) < 15 {
-		return "", nil, false
-	}
-	return s[open+1 : end], fields, true
-}
-
-func ticks(fields []string, i int) time.Duration {
-	n, _ := strconv.ParseInt(fields[i], 10, 64)
-	return time.Duration(n) * time.Second / clockTicks
-}
-
-// cpuPerEvent returns the CPU microseconds per event that each party spent
-// between a and b.
-func cpuPerEvent(a, b cpuTimes, events int) map[string]float64 {
-	if !a.ok || !b.ok || events <= 0 {
-		return nil
-	}
-	per := func(d time.Duration) float64 { return round(float64(d.Microseconds()) / float64(events)) }
-	return map[string]float64{
-		"postgresql_us":    per(b.postgres - a.postgres),
-		"rabbitmq_us":      per(b.rabbitmq - a.rabbitmq),
-		"bench_process_us": per(b.self - a.self),
-	}
+	return [2]float64{slices.Min(xs), slices.Max(xs)}
 }

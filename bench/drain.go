@@ -143,13 +143,15 @@ type drainResult struct {
 	batches int
 	claims  []time.Duration
 	marks   []time.Duration
+	cpu     cpuUse // over the same interval, when a meter was given
 }
 
 // drainWithRelays runs relays relays (each with its own pool and broker
 // connection, as separate processes would have) against a backlog of n rows
 // and returns the time from their start until the n-th row was marked
-// published.
-func drainWithRelays(ctx context.Context, poolCfg *pgxpool.Config, url string, n, relays int, cfg outbox.RelayConfig, log *slog.Logger) (drainResult, error) {
+// published. With a meter, it also reads the CPU the parties spent over
+// that interval (label names its profile).
+func drainWithRelays(ctx context.Context, poolCfg *pgxpool.Config, url string, n, relays int, cfg outbox.RelayConfig, log *slog.Logger, meter *cpuMeter, label string) (drainResult, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
@@ -227,6 +229,13 @@ func drainWithRelays(ctx context.Context, poolCfg *pgxpool.Config, url string, n
 		}
 	}
 
+	var iv *cpuInterval
+	if meter != nil {
+		var err error
+		if iv, err = meter.start(ctx, label); err != nil {
+			return drainResult{}, err
+		}
+	}
 	timer.start()
 	start := time.Now()
 	var wg sync.WaitGroup
@@ -238,6 +247,13 @@ func drainWithRelays(ctx context.Context, poolCfg *pgxpool.Config, url string, n
 	case <-ctx.Done():
 	case <-time.After(5 * time.Minute):
 	}
+	var (
+		cpu    cpuUse
+		cpuErr error
+	)
+	if iv != nil { // before the relays stop and their connections close
+		cpu, cpuErr = iv.stop(ctx, n)
+	}
 	cancel()
 	wg.Wait()
 	recorded := timer.stop()
@@ -248,7 +264,11 @@ func drainWithRelays(ctx context.Context, poolCfg *pgxpool.Config, url string, n
 	if failure != nil {
 		return drainResult{}, failure
 	}
+	if cpuErr != nil {
+		return drainResult{}, fmt.Errorf("CPU per event: %w", cpuErr)
+	}
 	return drainResult{
+		cpu:     cpu,
 		elapsed: time.Duration(doneAt.Load() - start.UnixNano()),
 		batches: int(batches.Load()),
 		claims:  claims,
@@ -304,7 +324,9 @@ func (b *bench) runRelayDrain(ctx context.Context) ([]Figure, error) {
 		return nil
 	}
 
+	meter := newCPUMeter(ctx, pool, url, b.cfg.cpuProfileDir)
 	var raw, one, three []float64
+	var rawCPU, oneCPU, threeCPU []cpuUse
 	details := map[string]any{}
 	for rep := range b.cfg.reps {
 		// Baseline: the same messages, read back from the seeded outbox.
@@ -322,28 +344,26 @@ func (b *bench) runRelayDrain(ctx context.Context) ([]Figure, error) {
 			size += len(e.Payload)
 		}
 		details["message_body_bytes_avg"] = size / max(1, len(envs))
-		cpu0 := readCPUTimes()
-		d, err := rawPublish(ctx, url, msgs, b.cfg.rawWindow)
+		d, cpu, err := rawPublishMeasured(ctx, url, msgs, b.cfg.rawWindow, meter, fmt.Sprintf("relay_drain_raw_rep%d", rep))
 		if err != nil {
 			return nil, fmt.Errorf("baseline: %w", err)
 		}
-		details[fmt.Sprintf("baseline_rep_%d", rep)] = map[string]any{"events_per_s": int(rate(n, d)), "cpu_per_event": cpuPerEvent(cpu0, readCPUTimes(), n)}
+		details[fmt.Sprintf("baseline_rep_%d", rep)] = map[string]any{"events_per_s": int(rate(n, d)), "cpu_per_event": cpu.perEvent()}
 		if err := check("baseline"); err != nil {
 			return nil, err
 		}
 		raw = append(raw, rate(n, d))
-		b.log.Info("relay_drain baseline", "rep", rep, "events_per_s", int(rate(n, d)))
+		rawCPU = append(rawCPU, cpu)
+		b.log.Info("relay_drain baseline", "rep", rep, "events_per_s", int(rate(n, d)), "cpu_us_per_event", cpu.perEvent())
 
 		for _, relays := range []int{1, 3} {
 			if err := seed(); err != nil {
 				return nil, err
 			}
-			cpu0 := readCPUTimes()
-			res, err := drainWithRelays(ctx, poolCfg, url, n, relays, b.relayConfig(), b.quiet)
+			res, err := drainWithRelays(ctx, poolCfg, url, n, relays, b.relayConfig(), b.quiet, meter, fmt.Sprintf("relay_drain_%d_rep%d", relays, rep))
 			if err != nil {
 				return nil, fmt.Errorf("%d relay(s): %w", relays, err)
 			}
-			cpu := cpuPerEvent(cpu0, readCPUTimes(), n)
 			if err := check(fmt.Sprintf("%d relay(s)", relays)); err != nil {
 				return nil, err
 			}
@@ -355,14 +375,16 @@ func (b *bench) runRelayDrain(ctx context.Context) ([]Figure, error) {
 				"events_per_s": int(r), "batches": res.batches,
 				"claim_ms_p50": ms(claims.P50), "claim_ms_p99": ms(claims.P99),
 				"mark_ms_p50": ms(marks.P50), "mark_ms_p99": ms(marks.P99),
-				"cpu_per_event": cpu,
+				"cpu_per_event": res.cpu.perEvent(),
 			}
 			if relays == 1 {
 				one = append(one, r)
+				oneCPU = append(oneCPU, res.cpu)
 			} else {
 				three = append(three, r)
+				threeCPU = append(threeCPU, res.cpu)
 			}
-			b.log.Info("relay_drain", "relays", relays, "rep", rep, "events_per_s", int(r), "batches", res.batches)
+			b.log.Info("relay_drain", "relays", relays, "rep", rep, "events_per_s", int(r), "batches", res.batches, "cpu_us_per_event", res.cpu.perEvent())
 		}
 	}
 	details["baseline_events_per_s"] = raw
@@ -376,8 +398,29 @@ func (b *bench) runRelayDrain(ctx context.Context) ([]Figure, error) {
 	base := median(raw)
 	measures := fmt.Sprintf("events/s draining a backlog of %d order.created events (median of %d runs)", n, b.cfg.reps)
 	baseIs := fmt.Sprintf("amqp091-go alone publishing the same %d messages (persistent, mandatory, same headers) with %d confirms in flight, to the same exchange and %s queue", n, b.cfg.rawWindow, b.cfg.queueType)
-	return []Figure{
-		newFigure("relay_drain_1_relay", "events/s", median(one), base, Goal{RatioAtLeast, 0.8}, "one relay: "+measures, baseIs, details),
-		newFigure("relay_drain_3_relays", "events/s", median(three), base, Goal{RatioAtLeast, 0.8}, "three relays: "+measures, baseIs, nil),
-	}, nil
+	rawIs := "the raw publisher of the baseline (in the benchmark's process)"
+	figs := []Figure{newFigure("relay_drain_1_relay", "events/s", median(one), base, Goal{RatioAtLeast, 0.8}, "one relay: "+measures, baseIs, details)}
+	figs = append(figs, cpuFigures("relay_drain_1_relay", oneCPU, rawCPU, "one relay draining the backlog", rawIs, meter.unmeasured)...)
+	figs = append(figs, newFigure("relay_drain_3_relays", "events/s", median(three), base, Goal{RatioAtLeast, 0.8}, "three relays: "+measures, baseIs, nil))
+	figs = append(figs, cpuFigures("relay_drain_3_relays", threeCPU, rawCPU, "three relays (one process) draining the backlog", rawIs, meter.unmeasured)...)
+	return figs, nil
+}
+
+// rawPublishMeasured is rawPublish with the CPU the parties spent over it
+// (its connection's opening included: a few milliseconds of the broker's
+// CPU over the whole backlog).
+func rawPublishMeasured(ctx context.Context, url string, msgs []amqp.Publishing, window int, meter *cpuMeter, label string) (time.Duration, cpuUse, error) {
+	iv, err := meter.start(ctx, label)
+	if err != nil {
+		return 0, cpuUse{}, err
+	}
+	d, err := rawPublish(ctx, url, msgs, window)
+	cpu, cpuErr := iv.stop(ctx, len(msgs))
+	if err != nil {
+		return 0, cpuUse{}, err
+	}
+	if cpuErr != nil {
+		return 0, cpuUse{}, fmt.Errorf("CPU per event: %w", cpuErr)
+	}
+	return d, cpu, nil
 }

@@ -91,22 +91,22 @@ func (t *sweepTimer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, d pgx.Trace
 // its stream), then runs one WAL relay until every row was swept, and
 // returns the time from its start to the n-th row swept.
 //
-// cpu receives the CPU per event from the relay's start to its end (the
-// seeding and the slot's creation excluded).
-func (b *bench) drainWAL(ctx context.Context, poolCfg *pgxpool.Config, pool *pgxpool.Pool, url, slot string, n int, timer *sweepTimer, cpu *map[string]float64) (time.Duration, error) {
+// It also returns the CPU the parties spent over the same interval (the
+// seeding and the slot's creation excluded); label names its profile.
+func (b *bench) drainWAL(ctx context.Context, poolCfg *pgxpool.Config, pool *pgxpool.Pool, url, slot string, n int, timer *sweepTimer, meter *cpuMeter, label string) (time.Duration, cpuUse, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	pc := poolCfg.Copy()
 	pc.ConnConfig.Tracer = timer
 	rpool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
-		return 0, fmt.Errorf("relay pool: %w", err)
+		return 0, cpuUse{}, fmt.Errorf("relay pool: %w", err)
 	}
 	defer rpool.Close()
 	pub, err := outboxamqp.NewPublisher(outboxamqp.Config{URL: url, Exchange: exchange, ConnectionName: "bench-relay-wal",
 		MaxInFlight: 4 * b.relayConfig().BatchSize, Logger: b.quiet})
 	if err != nil {
-		return 0, err
+		return 0, cpuUse{}, err
 	}
 	defer pub.Close()
 
@@ -130,30 +130,36 @@ func (b *bench) drainWAL(ctx context.Context, poolCfg *pgxpool.Config, pool *pgx
 	})
 	relay, err := outboxwal.NewRelay(rpool, untraced(pub), cfg)
 	if err != nil {
-		return 0, err
+		return 0, cpuUse{}, err
 	}
-	pctx, pcancel := context.WithTimeout(ctx, time.Minute)
-	err = relay.Prepare(pctx)
-	pcancel()
-	if err != nil {
-		return 0, err
+	// A first session on the empty outbox makes the slot and records this
+	// server as the one its sessions stream from, as a relay that has been
+	// running has. A slot made by Prepare has no server recorded, and the
+	// first session on it hands every row in the outbox over to polling
+	// (the rows may predate the slot's stream), which this figure does not
+	// measure.
+	if err := firstSession(ctx, relay); err != nil {
+		return 0, cpuUse{}, err
 	}
 	if err := resetOutbox(ctx, pool); err != nil {
-		return 0, err
+		return 0, cpuUse{}, err
 	}
 	if err := seedBacklog(ctx, pool, n); err != nil {
-		return 0, err
+		return 0, cpuUse{}, err
 	}
 	wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
 	err = pub.WaitReady(wctx)
 	wcancel()
 	if err != nil {
-		return 0, fmt.Errorf("relay connect: %w", err)
+		return 0, cpuUse{}, fmt.Errorf("relay connect: %w", err)
 	}
 	if err := rpool.Ping(ctx); err != nil {
-		return 0, err
+		return 0, cpuUse{}, err
 	}
-	cpu0 := readCPUTimes()
+	iv, err := meter.start(ctx, label)
+	if err != nil {
+		return 0, cpuUse{}, err
+	}
 	start := time.Now()
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = relay.Run(ctx) })
@@ -162,13 +168,37 @@ func (b *bench) drainWAL(ctx context.Context, poolCfg *pgxpool.Config, pool *pgx
 	case <-ctx.Done():
 	case <-time.After(5 * time.Minute):
 	}
+	cpu, cpuErr := iv.stop(ctx, n) // before the relay stops and its WAL sender exits
 	cancel()
 	wg.Wait()
-	*cpu = cpuPerEvent(cpu0, readCPUTimes(), n)
 	if swept.Load() < int64(n) {
-		return 0, fmt.Errorf("only %d of %d events published and swept before the deadline (%v)", swept.Load(), n, ctx.Err())
+		return 0, cpuUse{}, fmt.Errorf("only %d of %d events published and swept before the deadline (%v)", swept.Load(), n, ctx.Err())
 	}
-	return time.Duration(doneAt.Load() - start.UnixNano()), nil
+	if cpuErr != nil {
+		return 0, cpuUse{}, fmt.Errorf("CPU per event: %w", cpuErr)
+	}
+	return time.Duration(doneAt.Load() - start.UnixNano()), cpu, nil
+}
+
+// firstSession runs relay until it streams, then stops it.
+func firstSession(ctx context.Context, relay *outboxwal.Relay) error {
+	rctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = relay.Run(rctx) })
+	defer wg.Wait()
+	defer cancel()
+	deadline := time.Now().Add(time.Minute)
+	for !relay.Stats().Active {
+		if time.Now().After(deadline) {
+			return errors.New("the WAL relay's first session did not stream within a minute")
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	return nil
 }
 
 // runRelayDrainWAL measures relay_drain_wal: the WAL relay (one) draining a
@@ -227,7 +257,9 @@ func (b *bench) runRelayDrainWAL(ctx context.Context) ([]Figure, error) {
 		return err
 	}
 
+	meter := newCPUMeter(ctx, pool, url, b.cfg.cpuProfileDir)
 	var raw, wal, poll []float64
+	var rawCPU, walCPUs, pollCPUs []cpuUse
 	details := map[string]any{}
 	for rep := range b.cfg.reps {
 		if err := seed(); err != nil {
@@ -241,12 +273,10 @@ func (b *bench) runRelayDrainWAL(ctx context.Context) ([]Figure, error) {
 		for i, e := range envs {
 			msgs[i] = outboxamqp.Publishing(e)
 		}
-		cpu0 := readCPUTimes()
-		d, err := rawPublish(ctx, url, msgs, b.cfg.rawWindow)
+		d, baseCPU, err := rawPublishMeasured(ctx, url, msgs, b.cfg.rawWindow, meter, fmt.Sprintf("relay_drain_wal_raw_rep%d", rep))
 		if err != nil {
 			return nil, fmt.Errorf("baseline: %w", err)
 		}
-		baseCPU := cpuPerEvent(cpu0, readCPUTimes(), n)
 		if err := check("baseline"); err != nil {
 			return nil, err
 		}
@@ -256,20 +286,17 @@ func (b *bench) runRelayDrainWAL(ctx context.Context) ([]Figure, error) {
 		if err := seed(); err != nil {
 			return nil, err
 		}
-		cpu0 = readCPUTimes()
-		res, err := drainWithRelays(ctx, poolCfg, url, n, 1, b.relayConfig(), b.quiet)
+		res, err := drainWithRelays(ctx, poolCfg, url, n, 1, b.relayConfig(), b.quiet, meter, fmt.Sprintf("relay_drain_wal_poll_rep%d", rep))
 		if err != nil {
 			return nil, fmt.Errorf("polling relay: %w", err)
 		}
-		pollCPU := cpuPerEvent(cpu0, readCPUTimes(), n)
 		if _, err := takeQueue(url, drainQueueName); err != nil {
 			return nil, err
 		}
 		poll = append(poll, rate(n, res.elapsed))
 
 		timer := &sweepTimer{}
-		var walCPU map[string]float64
-		wd, err := b.drainWAL(ctx, poolCfg, pool, url, slot, n, timer, &walCPU)
+		wd, walCPU, err := b.drainWAL(ctx, poolCfg, pool, url, slot, n, timer, meter, fmt.Sprintf("relay_drain_wal_rep%d", rep))
 		if err != nil {
 			return nil, fmt.Errorf("WAL relay: %w", err)
 		}
@@ -282,18 +309,20 @@ func (b *bench) runRelayDrainWAL(ctx context.Context) ([]Figure, error) {
 			return nil, fmt.Errorf("drop slot %s: %w", slot, err)
 		}
 		wal = append(wal, rate(n, wd))
+		rawCPU, pollCPUs, walCPUs = append(rawCPU, baseCPU), append(pollCPUs, res.cpu), append(walCPUs, walCPU)
 		sweepUS := 0.0
 		if n > 0 {
 			sweepUS = round(float64(timer.total.Microseconds()) / float64(n))
 		}
 		details[fmt.Sprintf("rep_%d", rep)] = map[string]any{
-			"baseline_events_per_s": int(rate(n, d)), "baseline_cpu_per_event": baseCPU,
-			"poll_events_per_s": int(rate(n, res.elapsed)), "poll_cpu_per_event": pollCPU,
-			"wal_events_per_s": int(rate(n, wd)), "wal_cpu_per_event": walCPU,
+			"baseline_events_per_s": int(rate(n, d)), "baseline_cpu_per_event": baseCPU.perEvent(),
+			"poll_events_per_s": int(rate(n, res.elapsed)), "poll_cpu_per_event": res.cpu.perEvent(),
+			"wal_events_per_s": int(rate(n, wd)), "wal_cpu_per_event": walCPU.perEvent(),
 			"wal_sweep_statements": timer.count, "wal_sweep_wall_us_per_event": sweepUS,
 		}
 		b.log.Info("relay_drain_wal", "rep", rep, "baseline_events_per_s", int(rate(n, d)),
-			"poll_events_per_s", int(rate(n, res.elapsed)), "wal_events_per_s", int(rate(n, wd)), "sweep_us_per_event", sweepUS)
+			"poll_events_per_s", int(rate(n, res.elapsed)), "wal_events_per_s", int(rate(n, wd)), "sweep_us_per_event", sweepUS,
+			"baseline_cpu_us_per_event", baseCPU.perEvent(), "poll_cpu_us_per_event", res.cpu.perEvent(), "wal_cpu_us_per_event", walCPU.perEvent())
 	}
 	details["baseline_events_per_s"] = raw
 	details["poll_events_per_s"] = poll
@@ -306,11 +335,14 @@ func (b *bench) runRelayDrainWAL(ctx context.Context) ([]Figure, error) {
 	base := median(raw)
 	measures := fmt.Sprintf("events/s of one WAL relay (pkg/outbox/outboxwal) draining a backlog of %d order.created events, from its start to the last row swept (median of %d runs)", n, b.cfg.reps)
 	baseIs := fmt.Sprintf("amqp091-go alone publishing the same %d messages with %d confirms in flight, to the same exchange and %s queue", n, b.cfg.rawWindow, b.cfg.queueType)
-	return []Figure{
-		newFigure("relay_drain_wal", "events/s", median(wal), base, Goal{RatioAtLeast, 0.8}, measures, baseIs, details),
-		newFigure("relay_drain_wal_vs_poll", "events/s", median(wal), median(poll), Goal{RatioAtLeast, 1},
-			"the same WAL relay figure", "one polling relay (pkg/outbox) draining the same backlog in the same repetitions", nil),
-	}, nil
+	figs := []Figure{newFigure("relay_drain_wal", "events/s", median(wal), base, Goal{RatioAtLeast, 0.8}, measures, baseIs, details)}
+	figs = append(figs, cpuFigures("relay_drain_wal", walCPUs, rawCPU, "one WAL relay draining the backlog",
+		"the raw publisher of the baseline (in the benchmark's process)", meter.unmeasured)...)
+	figs = append(figs, newFigure("relay_drain_wal_vs_poll", "events/s", median(wal), median(poll), Goal{RatioAtLeast, 1},
+		"the same WAL relay figure", "one polling relay (pkg/outbox) draining the same backlog in the same repetitions", nil))
+	figs = append(figs, cpuFigures("relay_drain_wal_vs_poll", walCPUs, pollCPUs, "one WAL relay draining the backlog",
+		"one polling relay draining the same backlog in the same repetitions", meter.unmeasured)...)
+	return figs, nil
 }
 
 // startWALRelay starts a WAL relay on a pool of its own, with a slot of its

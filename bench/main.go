@@ -23,6 +23,8 @@
 //	BENCH_RELAY_BATCH_SIZE, BENCH_RELAY_WORKERS  relay tuning (default: the orders service's)
 //	BENCH_RELAY_VACUUM_EVERY  the relays' VacuumEvery (default 0, auto, the orders service's)
 //	BENCH_AUDIT_EVENTS  the events the audit figure audits (default 1,000,000)
+//	BENCH_CPUPROFILE    a directory: a CPU profile of the benchmark's process (the relay, or the raw
+//	                    publisher) over each measured drain of the relay figures, one file per drain
 //	BENCH_KEEP=1        keep the PostgreSQL databases and vhosts for inspection
 package main
 
@@ -91,6 +93,10 @@ type config struct {
 
 	// auditEvents is how many events the audit figure audits.
 	auditEvents int
+
+	// cpuProfileDir (BENCH_CPUPROFILE), when set, receives a CPU profile of
+	// each measured drain of the relay figures.
+	cpuProfileDir string
 
 	// readOrders and readBaseOrders are the table sizes read_flat compares,
 	// readRequests the GETs it times on each.
@@ -192,6 +198,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			return fmt.Errorf("BENCH_RELAY_VACUUM_EVERY=%q: want -1 (never), 0 (auto) or a number of rows", s)
 		}
 		cfg.relayVacuumEvery = n
+	}
+	if dir := getenv("BENCH_CPUPROFILE"); dir != "" {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return fmt.Errorf("BENCH_CPUPROFILE: %w", err)
+		}
+		cfg.cpuProfileDir = dir
 	}
 	out := cmp.Or(getenv("BENCH_OUT"), "bench-results.json")
 	databaseURL := cmp.Or(getenv("BENCH_DATABASE_URL"), getenv("TEST_DATABASE_URL"), "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable")

@@ -295,27 +295,3 @@ func deref[T any](p *T) any {
 	}
 	return *p
 }
-
-func TestParseStat(t *testing.T) {
-	// The command name may hold spaces and parentheses: only the last ')' ends it.
-	line := "4242 (a (b) c) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 75 12 3 20 0 1 0 100 0 0"
-	comm, fields, ok := parseStat(line)
-	if !ok || comm != "a (b) c" || fields[0] != "S" {
-		t.Fatalf("parseStat = %q, %v, %v", comm, fields, ok)
-	}
-	if u, s, cu, cs := ticks(fields, 11), ticks(fields, 12), ticks(fields, 13), ticks(fields, 14); u != 2500*time.Millisecond || s != 750*time.Millisecond || cu != 120*time.Millisecond || cs != 30*time.Millisecond {
-		t.Fatalf("utime %v stime %v cutime %v cstime %v", u, s, cu, cs)
-	}
-	if _, _, ok := parseStat("garbage"); ok {
-		t.Fatal("parseStat accepted a line without a command name")
-	}
-	a := cpuTimes{postgres: time.Second, rabbitmq: 2 * time.Second, self: 0, ok: true}
-	b := cpuTimes{postgres: 3 * time.Second, rabbitmq: 3 * time.Second, self: time.Second, ok: true}
-	got := cpuPerEvent(a, b, 100_000)
-	if got["postgresql_us"] != 20 || got["rabbitmq_us"] != 10 || got["bench_process_us"] != 10 {
-		t.Fatalf("cpuPerEvent = %v", got)
-	}
-	if cpuPerEvent(cpuTimes{}, b, 10) != nil {
-		t.Fatal("cpuPerEvent without a reading should be nil")
-	}
-}
