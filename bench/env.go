@@ -30,6 +30,7 @@ import (
 type env struct {
 	databaseURL string // an existing database to connect to for CREATE DATABASE
 	amqpURL     string // the broker; its vhost is replaced by the run's own
+	rabbitNode  string // the broker's Erlang node name for rabbitmqctl -n ("": its default)
 	runID       string
 	root        string // module root
 	log         *slog.Logger
@@ -168,11 +169,11 @@ func (e *env) newVhost(ctx context.Context, purpose string) (string, error) {
 		user = u.User.Username()
 	}
 	vhost := "bench-" + e.runID + "-" + e.unique(purpose)
-	if err := rabbitmqctl(ctx, "add_vhost", vhost); err != nil {
+	if err := e.rabbitmqctl(ctx, "add_vhost", vhost); err != nil {
 		return "", err
 	}
-	e.onClose("vhost "+vhost, func(ctx context.Context) error { return rabbitmqctl(ctx, "delete_vhost", vhost) })
-	if err := rabbitmqctl(ctx, "set_permissions", "-p", vhost, user, ".*", ".*", ".*"); err != nil {
+	e.onClose("vhost "+vhost, func(ctx context.Context) error { return e.rabbitmqctl(ctx, "delete_vhost", vhost) })
+	if err := e.rabbitmqctl(ctx, "set_permissions", "-p", vhost, user, ".*", ".*", ".*"); err != nil {
 		return "", err
 	}
 	u.Path = "/" + vhost
@@ -180,10 +181,14 @@ func (e *env) newVhost(ctx context.Context, purpose string) (string, error) {
 	return u.String(), nil
 }
 
-func rabbitmqctl(ctx context.Context, args ...string) error {
+func (e *env) rabbitmqctl(ctx context.Context, args ...string) error {
 	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "rabbitmqctl", append([]string{"-q"}, args...)...)
+	flags := []string{"-q"}
+	if e.rabbitNode != "" {
+		flags = append(flags, "-n", e.rabbitNode)
+	}
+	cmd := exec.CommandContext(ctx, "rabbitmqctl", append(flags, args...)...)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Run(); err != nil {

@@ -18,6 +18,8 @@
 //
 //	BENCH_DATABASE_URL  any database of the server (default TEST_DATABASE_URL, else postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable)
 //	BENCH_AMQP_URL      the broker (default TEST_AMQP_URL, else amqp://guest:guest@127.0.0.1:5672/)
+//	BENCH_BROKER=private  a RabbitMQ node of the run's own instead (internal/rabbitnode, on a free
+//	                    port, stopped at the end): no other traffic on it, nothing else restarts it
 //	BENCH_OUT           where the JSON goes (default bench-results.json)
 //	BENCH_REPS          repetitions of the throughput figures (default 3)
 //	BENCH_RELAY_BATCH_SIZE, BENCH_RELAY_WORKERS  relay tuning (default: the orders service's)
@@ -44,6 +46,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/outbox-inbox/reference/internal/rabbitnode"
 	"github.com/outbox-inbox/reference/pkg/outbox"
 )
 
@@ -214,7 +217,27 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return err
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	var node *rabbitnode.Running
+	switch v := getenv("BENCH_BROKER"); v {
+	case "":
+	case "private":
+		if node, err = rabbitnode.Start(ctx, "bench"); err != nil {
+			return fmt.Errorf("BENCH_BROKER=private: %w", err)
+		}
+		defer func() {
+			if err := node.Close(); err != nil {
+				log.Warn("stop the run's RabbitMQ node", "error", err)
+			}
+		}()
+		amqpURL = node.URL()
+		log.Info("a RabbitMQ node of the run's own", "node", node.Name, "url", redact(amqpURL))
+	default:
+		return fmt.Errorf("BENCH_BROKER=%q: want private or nothing", v)
+	}
 	e := newEnv(databaseURL, amqpURL, root, log)
+	if node != nil {
+		e.rabbitNode = node.Name
+	}
 	e.keep = getenv("BENCH_KEEP") == "1"
 	b := &bench{
 		cfg:   cfg,
@@ -225,6 +248,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 
 	report := Report{StartedAt: time.Now().UTC()}
 	report.Machine = describeMachine(ctx, databaseURL, amqpURL)
+	if node != nil {
+		report.Machine.RabbitMQ += " (a node of the run's own, BENCH_BROKER=private)"
+	}
 	runErr := b.runFigures(ctx, selected, &report)
 	if err := b.env.close(); err != nil {
 		runErr = errors.Join(runErr, err)
