@@ -132,13 +132,10 @@ func (b *bench) drainWAL(ctx context.Context, poolCfg *pgxpool.Config, pool *pgx
 	if err != nil {
 		return 0, cpuUse{}, err
 	}
-	// A first session on the empty outbox makes the slot and records this
-	// server as the one its sessions stream from, as a relay that has been
-	// running has. A slot made by Prepare has no server recorded, and the
-	// first session on it hands every row in the outbox over to polling
-	// (the rows may predate the slot's stream), which this figure does not
-	// measure.
-	if err := firstSession(ctx, relay); err != nil {
+	pctx, pcancel := context.WithTimeout(ctx, time.Minute)
+	err = relay.Prepare(pctx)
+	pcancel()
+	if err != nil {
 		return 0, cpuUse{}, err
 	}
 	if err := resetOutbox(ctx, pool); err != nil {
@@ -178,27 +175,6 @@ func (b *bench) drainWAL(ctx context.Context, poolCfg *pgxpool.Config, pool *pgx
 		return 0, cpuUse{}, fmt.Errorf("CPU per event: %w", cpuErr)
 	}
 	return time.Duration(doneAt.Load() - start.UnixNano()), cpu, nil
-}
-
-// firstSession runs relay until it streams, then stops it.
-func firstSession(ctx context.Context, relay *outboxwal.Relay) error {
-	rctx, cancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	wg.Go(func() { _ = relay.Run(rctx) })
-	defer wg.Wait()
-	defer cancel()
-	deadline := time.Now().Add(time.Minute)
-	for !relay.Stats().Active {
-		if time.Now().After(deadline) {
-			return errors.New("the WAL relay's first session did not stream within a minute")
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-	return nil
 }
 
 // runRelayDrainWAL measures relay_drain_wal: the WAL relay (one) draining a
