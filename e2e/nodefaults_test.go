@@ -1,0 +1,454 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/outbox-inbox/reference/e2e/chaos"
+)
+
+// nodeFault injects a fault on nodes of the run's RabbitMQ cluster:
+//
+//   - node_kill, node_kill_leader: SIGKILL of the target (or of the node
+//     leading shipping's queue), started again after s.Hold;
+//   - node_app_restart: rabbitmqctl stop_app, start_app after s.Hold;
+//   - node_proxy_down: the node's proxies disabled, which cuts it away from
+//     every client while the nodes still see each other;
+//   - node_majority_down: the two nodes other than the target SIGKILLed at
+//     once (quorum queues lose their majority: publishing stops), started
+//     again after s.Hold;
+//   - node_wipe: the target killed, its data directory wiped, forgotten by
+//     the cluster, started empty and joined again (see wipeNode);
+//   - node_partition: the target cut from the other nodes by a network
+//     partition between their namespaces, not from its clients; with
+//     pause_minority it pauses itself, and runs again once the partition
+//     heals (see rabbitCluster.partitionNode).
+//
+// While the nodes are down, every client that was connected to one of them
+// must have left it: clientsLeft waits (up to a minute and a half past the
+// hold) until none of the run's connections is listed on a down node and
+// each client name has as many new connections on the nodes still up as it
+// had on the down ones, records where each went, and fails the fault
+// otherwise.
+func (in *injector) nodeFault(ctx context.Context, s chaos.Step, f *chaos.Fault, record func(string)) error {
+	rc := in.c.rabbit
+	if rc == nil {
+		return errors.New("the run has no RabbitMQ cluster of its own")
+	}
+	target := s.Target
+	extra := ""
+	if s.Kind == chaos.FaultNodeKillLeader {
+		leader, err := rc.leader(ctx, in.c.vhost, mainQueue)
+		if err != nil {
+			return err
+		}
+		target, extra = leader, " (leader of "+mainQueue+")"
+		f.Target = leader
+	}
+	n, err := rc.node(target)
+	if err != nil {
+		return err
+	}
+	down := []*rabbitNode{n}
+	if s.Kind == chaos.FaultNodeMajorityDown {
+		down = slices.DeleteFunc(slices.Clone(rc.nodes), func(o *rabbitNode) bool { return o == n })
+	}
+	before, err := rc.connections(ctx, in.c.vhost)
+	if err != nil {
+		in.logf("fault %v: list connections before: %v", s, err)
+	}
+	start := time.Now()
+	// A fault is always healed, whatever ctx does.
+	healCtx := context.WithoutCancel(ctx)
+	hold := func() (string, error) {
+		sleep(ctx, s.Hold)
+		return in.clientsLeft(ctx, down, start, before)
+	}
+	switch s.Kind {
+	case chaos.FaultNodeKill, chaos.FaultNodeKillLeader:
+		inc := n.p.kill()
+		if inc == nil {
+			return fmt.Errorf("node %s was not running", n.name)
+		}
+		moved, err := hold()
+		if err := errors.Join(err, n.awaitStartup(healCtx)); err != nil {
+			return err
+		}
+		record(fmt.Sprintf("%s%s SIGKILL #%d, down %v, restarted; %s", n.name, extra, inc.n, time.Since(start).Round(100*time.Millisecond), moved))
+	case chaos.FaultNodeAppRestart:
+		err := rc.stopApp(ctx, n)
+		moved, left := hold()
+		if err := errors.Join(err, left, rc.startApp(healCtx, n)); err != nil {
+			return err
+		}
+		record(n.name + " rabbitmqctl stop_app, start_app; " + moved)
+	case chaos.FaultNodeProxyDown:
+		names := []string{nodeProxy(chaos.TargetAMQPOrders, n.i), nodeProxy(chaos.TargetAMQPShipping, n.i)}
+		var errs []error
+		for _, name := range names {
+			errs = append(errs, in.c.toxi.disable(name))
+		}
+		moved, left := hold()
+		for _, name := range names {
+			errs = append(errs, in.c.toxi.enable(name))
+		}
+		if err := errors.Join(append(errs, left)...); err != nil {
+			return err
+		}
+		record(n.name + " cut away from the clients (its proxies disabled); " + moved)
+	case chaos.FaultNodeMajorityDown:
+		var killed []string
+		for _, d := range down {
+			if inc := d.p.kill(); inc != nil {
+				killed = append(killed, fmt.Sprintf("%s #%d", d.name, inc.n))
+			}
+		}
+		pending := in.c.pendingCount(ctx)
+		moved, left := hold()
+		pendingEnd := in.c.pendingCount(ctx)
+		errs := []error{left}
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		for _, d := range down {
+			wg.Go(func() {
+				err := d.awaitStartup(healCtx)
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+			})
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			return err
+		}
+		record(fmt.Sprintf("majority lost: %s SIGKILLed at once, only %s up for %v (outbox pending %s -> %s), restarted; %s",
+			strings.Join(killed, " and "), n.name, time.Since(start).Round(100*time.Millisecond), pending, pendingEnd, moved))
+	case chaos.FaultNodeWipe:
+		return in.wipeNode(ctx, s, n, start, before, record)
+	case chaos.FaultNodePartition:
+		leaderBefore, _ := rc.leader(ctx, in.c.vhost, mainQueue)
+		var moved string
+		how, err := rc.partitionNode(ctx, n, func() error {
+			sleep(ctx, s.Hold)
+			var err error
+			moved, err = in.clientsLeft(ctx, down, start, before)
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		leaderAfter, _ := rc.leader(healCtx, in.c.vhost, mainQueue)
+		record(fmt.Sprintf("%s cut from the other nodes (blackhole routes between their namespaces): %s; leader of %s %s before, %s after; %s",
+			n.name, how, mainQueue, leaderBefore, leaderAfter, moved))
+	default:
+		return fmt.Errorf("not a node fault: %s", s.Kind)
+	}
+	return nil
+}
+
+// wipeNode kills n, wipes its data directory, makes the cluster forget it
+// (forget_cluster_node, from a node still up: it also drops n from every
+// quorum queue's members), starts it empty (a cluster of its own), joins it
+// to the others again (stop_app, reset, join_cluster, start_app) and makes
+// it a member of every quorum queue of the run again (rabbitmq-queues
+// grow). Its proxies stay disabled until it has joined: a client reaching
+// the empty node would find no vhost. The run's queues must then have
+// members on all three nodes again.
+func (in *injector) wipeNode(ctx context.Context, s chaos.Step, n *rabbitNode, start time.Time, before []brokerConn, record func(string)) error {
+	rc := in.c.rabbit
+	healCtx := context.WithoutCancel(ctx)
+	proxies := []string{nodeProxy(chaos.TargetAMQPOrders, n.i), nodeProxy(chaos.TargetAMQPShipping, n.i)}
+	var errs []error
+	for _, name := range proxies {
+		errs = append(errs, in.c.toxi.disable(name))
+	}
+	defer func() {
+		for _, name := range proxies {
+			if err := in.c.toxi.enable(name); err != nil {
+				in.logf("fault %v: enable %s: %v", s, name, err)
+			}
+		}
+	}()
+	if n.p.kill() == nil {
+		return fmt.Errorf("node %s was not running", n.name)
+	}
+	moved, left := in.clientsLeft(ctx, []*rabbitNode{n}, start, before)
+	errs = append(errs, left)
+	var survivor *rabbitNode
+	for _, o := range rc.nodes {
+		if o != n && o.p.current() != nil {
+			survivor = o
+			break
+		}
+	}
+	if survivor == nil {
+		return errors.Join(append(errs, fmt.Errorf("wipe %s: no other node up", n.name))...)
+	}
+	if _, err := survivor.ctl(healCtx, "forget_cluster_node", n.name); err != nil {
+		errs = append(errs, err)
+	}
+	if err := wipeDir(filepath.Join(n.node.Dir, "data"), int(n.node.Cred.Uid), int(n.node.Cred.Gid)); err != nil {
+		errs = append(errs, err)
+	}
+	sleep(ctx, s.Hold)
+	errs = append(errs, n.awaitStartup(healCtx))
+	for _, args := range [][]string{{"stop_app"}, {"reset"}, {"join_cluster", survivor.name}, {"start_app"}} {
+		if err := errors.Join(errs...); err != nil {
+			break
+		}
+		_, err := n.ctl(healCtx, args...)
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	if err := n.awaitStartup(healCtx); err != nil {
+		return err
+	}
+	if _, err := survivor.cli(healCtx, "rabbitmq-queues", "grow", n.name, "all",
+		"--vhost-pattern", "^"+regexp.QuoteMeta(in.c.vhost)+"$", "--queue-pattern", ".*"); err != nil {
+		return err
+	}
+	members, err := rc.checkQuorumQueues(healCtx, in.c.vhost)
+	if err != nil {
+		return fmt.Errorf("after %s rejoined with a wiped data directory: %w", n.name, err)
+	}
+	record(fmt.Sprintf("%s killed, data directory wiped, forgotten by %s, started empty, joined again and grown into every quorum queue in %v; %s; %s",
+		n.name, survivor.name, time.Since(start).Round(100*time.Millisecond), moved, members))
+	return nil
+}
+
+// wipeDir empties dir and gives it back to uid:gid.
+func wipeDir(dir string, uid, gid int) error {
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("wipe %s: %w", dir, err)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("wipe %s: %w", dir, err)
+	}
+	if err := os.Chown(dir, uid, gid); err != nil {
+		return fmt.Errorf("wipe %s: %w", dir, err)
+	}
+	return nil
+}
+
+// brokerConn is one client connection of the run, as the cluster lists it.
+type brokerConn struct {
+	node        string // chaos.NodeName of the node it is on
+	name        string // the client's connection name ("" when none)
+	connectedAt time.Time
+}
+
+var (
+	// A connection's pid names its node: <name@host.N.N.N>.
+	connPidNode = regexp.MustCompile(`^<([^@<>]+@[^.<>]+)\.`)
+	// rabbitmqctl prints client properties as Erlang terms.
+	connNameProp = regexp.MustCompile(`\{"connection_name",(?:longstr,)?"([^"]*)"\}`)
+)
+
+// connections lists the run's client connections on every node that
+// answers.
+func (rc *rabbitCluster) connections(ctx context.Context, vhost string) ([]brokerConn, error) {
+	out, err := rc.ctl(ctx, "list_connections", "--no-table-headers", "pid", "vhost", "connected_at", "client_properties")
+	if err != nil {
+		return nil, err
+	}
+	byName := make(map[string]string)
+	for _, n := range rc.nodes {
+		byName[n.name] = chaos.NodeName(n.i)
+	}
+	var conns []brokerConn
+	for line := range strings.SplitSeq(out, "\n") {
+		f := strings.SplitN(line, "\t", 4)
+		if len(f) != 4 || f[1] != vhost {
+			continue
+		}
+		c := brokerConn{node: "?"}
+		if m := connPidNode.FindStringSubmatch(f[0]); m != nil {
+			c.node = byName[m[1]]
+		}
+		if ms, err := strconv.ParseInt(strings.TrimSpace(f[2]), 10, 64); err == nil {
+			c.connectedAt = time.UnixMilli(ms)
+		}
+		if m := connNameProp.FindStringSubmatch(f[3]); m != nil {
+			c.name = m[1]
+		}
+		conns = append(conns, c)
+	}
+	return conns, nil
+}
+
+// clientsLeft waits until every client that had a connection on a down node
+// (before, listed just before the fault) has left it: no connection of the
+// run listed on a down node, and each client name with at least as many
+// connections made since start on the nodes still up as it had on the down
+// ones. A shipping process's publisher connection ("…-publisher") opens
+// only when it has something to republish: it must have left, not
+// necessarily come back. It says where each client went, or why one never
+// left, after a minute and a half.
+func (in *injector) clientsLeft(ctx context.Context, down []*rabbitNode, start time.Time, before []brokerConn) (string, error) {
+	rc := in.c.rabbit
+	isDown := make(map[string]bool)
+	for _, d := range down {
+		isDown[chaos.NodeName(d.i)] = true
+	}
+	had := make(map[string]int)
+	for _, c := range before {
+		if isDown[c.node] && !strings.HasSuffix(c.name, "-publisher") {
+			had[c.name]++
+		}
+	}
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		conns, err := rc.connections(ctx, in.c.vhost)
+		var stuck []string
+		moved := make(map[string][]string)
+		for _, c := range conns {
+			switch {
+			case isDown[c.node]:
+				stuck = append(stuck, cmpName(c.name)+" on "+c.node)
+			case !c.connectedAt.Before(start.Truncate(time.Millisecond)):
+				moved[c.name] = append(moved[c.name], c.node)
+			}
+		}
+		var missing []string
+		for name, k := range had {
+			if len(moved[name]) < k {
+				missing = append(missing, fmt.Sprintf("%s (%d of %d reconnected)", cmpName(name), len(moved[name]), k))
+			}
+		}
+		if err == nil && len(stuck) == 0 && len(missing) == 0 {
+			return describeMoves(moved), nil
+		}
+		if ctx.Err() != nil {
+			return "clients not checked: the run ended", nil
+		}
+		if time.Now().After(deadline) {
+			slices.Sort(stuck)
+			slices.Sort(missing)
+			return "", fmt.Errorf("clients never left the down nodes: still there: %v; not reconnected elsewhere: %v (list error: %v)", stuck, missing, err)
+		}
+		sleep(ctx, time.Second)
+	}
+}
+
+func cmpName(name string) string {
+	if name == "" {
+		return "(unnamed)"
+	}
+	return name
+}
+
+// describeMoves says which node each client reconnected to.
+func describeMoves(moved map[string][]string) string {
+	if len(moved) == 0 {
+		return "no client had to move"
+	}
+	var parts []string
+	for name, nodes := range moved {
+		slices.Sort(nodes)
+		parts = append(parts, cmpName(name)+" -> "+strings.Join(nodes, ","))
+	}
+	slices.Sort(parts)
+	return "clients reconnected: " + strings.Join(parts, "; ")
+}
+
+// shippingQueues are the queues shipping declares, all quorum queues.
+var shippingQueues = []string{mainQueue, delayQueue, deadLetterQueue}
+
+// checkQuorumQueues asserts that each of shipping's queues in vhost is a
+// quorum queue with a member on every node of the cluster and a leader
+// among them, and says where each leader is.
+func (rc *rabbitCluster) checkQuorumQueues(ctx context.Context, vhost string) (string, error) {
+	out, err := rc.ctl(ctx, "list_queues", "-p", vhost, "--no-table-headers", "name", "type", "leader", "members")
+	if err != nil {
+		return "", err
+	}
+	seen := make(map[string]string)
+	var errs []error
+	for line := range strings.SplitSeq(out, "\n") {
+		f := strings.SplitN(strings.TrimSpace(line), "\t", 4)
+		if len(f) != 4 || !slices.Contains(shippingQueues, f[0]) {
+			continue
+		}
+		name, typ, leader, members := f[0], f[1], f[2], f[3]
+		if typ != "quorum" {
+			errs = append(errs, fmt.Errorf("queue %s is %s, want quorum", name, typ))
+		}
+		var missing []string
+		for _, n := range rc.nodes {
+			if !strings.Contains(members, n.name+",") && !strings.Contains(members, n.name+"]") {
+				missing = append(missing, n.name)
+			}
+		}
+		if len(missing) > 0 {
+			errs = append(errs, fmt.Errorf("queue %s: members %s miss %v", name, members, missing))
+		}
+		leaderNode := ""
+		for _, n := range rc.nodes {
+			if n.name == leader {
+				leaderNode = chaos.NodeName(n.i)
+			}
+		}
+		if leaderNode == "" {
+			errs = append(errs, fmt.Errorf("queue %s: leader %q is none of the nodes", name, leader))
+		}
+		seen[name] = leaderNode
+	}
+	var parts []string
+	for _, q := range shippingQueues {
+		l, ok := seen[q]
+		if !ok {
+			errs = append(errs, fmt.Errorf("queue %s not listed in vhost %s", q, vhost))
+			continue
+		}
+		parts = append(parts, fmt.Sprintf("%s leader %s", q, l))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("quorum queues with members on all %d nodes: %s", len(rc.nodes), strings.Join(parts, ", ")), nil
+}
+
+// pendingCount says how many events wait in the outbox, or why it is not
+// known.
+func (c *cluster) pendingCount(ctx context.Context) string {
+	var n int
+	if err := c.db.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE dead_lettered_at IS NULL`).Scan(&n); err != nil {
+		return "unknown"
+	}
+	return strconv.Itoa(n)
+}
+
+// execOutput runs a command to completion and returns what it printed.
+func execOutput(ctx context.Context, name string, args ...string) (string, error) {
+	out, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
+	return string(out), err
+}
+
+// assertQuorumQueues fails the test unless shipping's queues are quorum
+// queues with members on every node of the run's cluster (three nodes or
+// more), and logs where their leaders are; when says at which point of the
+// run.
+func (c *cluster) assertQuorumQueues(ctx context.Context, when string) {
+	c.t.Helper()
+	if c.rabbit == nil || len(c.rabbit.nodes) < 3 {
+		return
+	}
+	out, err := c.rabbit.checkQuorumQueues(ctx, c.vhost)
+	if err != nil {
+		c.t.Errorf("shipping's queues %s: %v", when, err)
+		return
+	}
+	c.t.Logf("shipping's queues %s: %s", when, out)
+}
