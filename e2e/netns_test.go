@@ -106,7 +106,9 @@ func (nn *nodeNet) ip(i int) string       { return nn.net + "." + strconv.Itoa(i
 
 // nodeSetup adapts a node laid out by rabbitnode.Prepare in dir to run as
 // node i of the network: its AMQP listener on its address, distribution
-// and epmd on its address too, the network's inetrc, a 10s net_ticktime so
+// and epmd on its address too, guest allowed from the bridge (the clients'
+// proxies and the harness are on this machine's side of it), the network's
+// inetrc, a 10s net_ticktime so
 // that a partition is seen in about 10s rather than a minute, and
 // pause_minority (see docs/cluster.md). It returns the node name, the
 // environment to add, and how to start it (ip netns exec, then setpriv to
@@ -117,7 +119,9 @@ func (nn *nodeNet) nodeSetup(dir, name, port string, i int, server string) (node
 		return "", nil, "", nil, fmt.Errorf("node network: %w", err)
 	}
 	conf := "listeners.tcp.local = " + nn.ip(i) + ":" + port + "\nlog.console = true\nlog.console.level = warning\nlog.file = false\n" +
-		"cluster_partition_handling = pause_minority\n"
+		"cluster_partition_handling = pause_minority\n" +
+		// The clients reach it from the bridge, not from its loopback.
+		"loopback_users = none\n"
 	files := map[string]string{
 		"rabbitmq.conf":   conf,
 		"advanced.config": "[{kernel, [{net_ticktime, 10}]}].\n",

@@ -370,6 +370,18 @@ var shippingQueues = []string{mainQueue, delayQueue, deadLetterQueue}
 // quorum queue with a member on every node of the cluster and a leader
 // among them, and says where each leader is.
 func (rc *rabbitCluster) checkQuorumQueues(ctx context.Context, vhost string) (string, error) {
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		// A queue that does not answer yet is not listed: asked again.
+		out, err := rc.checkQuorumQueuesOnce(ctx, vhost)
+		if err == nil || ctx.Err() != nil || time.Now().After(deadline) {
+			return out, err
+		}
+		sleep(ctx, 3*time.Second)
+	}
+}
+
+func (rc *rabbitCluster) checkQuorumQueuesOnce(ctx context.Context, vhost string) (string, error) {
 	out, err := rc.ctl(ctx, "list_queues", "-p", vhost, "--no-table-headers", "name", "type", "leader", "members")
 	if err != nil {
 		return "", err

@@ -225,8 +225,21 @@ func (n *rabbitNode) awaitStartup(ctx context.Context) error {
 	return fmt.Errorf("rabbitmq node %s did not start: %w; its last lines:\n%s", n.name, last, tail(n.p.log.Name(), 15))
 }
 
-// leader names the node leading queue in vhost, e.g. "node-2".
+// leader names the node leading queue in vhost, e.g. "node-2". A queue
+// that does not answer yet (just after a node's restart, it may not for a
+// minute on a loaded machine) is asked again, for up to three minutes.
 func (rc *rabbitCluster) leader(ctx context.Context, vhost, queue string) (string, error) {
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		leader, err := rc.leaderOnce(ctx, vhost, queue)
+		if err == nil || ctx.Err() != nil || time.Now().After(deadline) {
+			return leader, err
+		}
+		sleep(ctx, 3*time.Second)
+	}
+}
+
+func (rc *rabbitCluster) leaderOnce(ctx context.Context, vhost, queue string) (string, error) {
 	out, err := rc.ctl(ctx, "list_queues", "-p", vhost, "--no-table-headers", "name", "leader")
 	if err != nil {
 		return "", err
