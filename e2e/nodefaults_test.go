@@ -25,8 +25,8 @@ import (
 //   - node_proxy_down: the node's proxies disabled, which cuts it away from
 //     every client while the nodes still see each other;
 //   - node_majority_down: the two nodes other than the target SIGKILLed at
-//     once (quorum queues lose their majority: publishing stops), started
-//     again after s.Hold;
+//     once (quorum queues lose their majority: publishing stops; the target
+//     must pause itself, pause_minority), started again after s.Hold;
 //   - node_wipe: the target killed, its data directory wiped, forgotten by
 //     the cluster, started empty and joined again (see wipeNode);
 //   - node_partition: the target cut from the other nodes by a network
@@ -34,7 +34,8 @@ import (
 //     pause_minority it pauses itself, and runs again once the partition
 //     heals (see rabbitCluster.partitionNode).
 //
-// While the nodes are down, every client that was connected to one of them
+// While the nodes are down (but for the majority loss, where no node takes
+// clients), every client that was connected to one of them
 // must have left it: clientsLeft waits (up to a minute and a half past the
 // hold) until none of the run's connections is listed on a down node and
 // each client name has as many new connections on the nodes still up as it
@@ -114,9 +115,13 @@ func (in *injector) nodeFault(ctx context.Context, s chaos.Step, f *chaos.Fault,
 			}
 		}
 		pending := in.c.pendingCount(ctx)
-		moved, left := hold()
+		// The survivor sees a minority and pauses itself (pause_minority):
+		// no node accepts clients until the others are back, so there is
+		// nowhere to reconnect to, and nothing to list connections with.
+		paused := n.waitRunning(ctx, false)
+		sleep(ctx, s.Hold)
 		pendingEnd := in.c.pendingCount(ctx)
-		errs := []error{left}
+		errs := []error{paused}
 		var mu sync.Mutex
 		var wg sync.WaitGroup
 		for _, d := range down {
@@ -131,8 +136,8 @@ func (in *injector) nodeFault(ctx context.Context, s chaos.Step, f *chaos.Fault,
 		if err := errors.Join(errs...); err != nil {
 			return err
 		}
-		record(fmt.Sprintf("majority lost: %s SIGKILLed at once, only %s up for %v (outbox pending %s -> %s), restarted; %s",
-			strings.Join(killed, " and "), n.name, time.Since(start).Round(100*time.Millisecond), pending, pendingEnd, moved))
+		record(fmt.Sprintf("majority lost: %s SIGKILLed at once, %s paused itself (pause_minority) for %v (outbox pending %s -> %s), all restarted",
+			strings.Join(killed, " and "), n.name, time.Since(start).Round(100*time.Millisecond), pending, pendingEnd))
 	case chaos.FaultNodeWipe:
 		return in.wipeNode(ctx, s, n, start, before, record)
 	case chaos.FaultNodePartition:

@@ -114,7 +114,12 @@ func newRabbitNode(i int, prefix, dir, logDir string, net *nodeNet, onExit func(
 	}
 	spec := procSpec{name: chaos.NodeName(i), bin: rabbitnode.Server, env: node.Env, cred: node.Cred}
 	rn := &rabbitNode{i: i, name: node.Name, host: "127.0.0.1", port: node.Port, node: node}
-	if net != nil {
+	if net == nil {
+		// pause_minority, as on a cluster in namespaces (docs/cluster.md).
+		if err := appendFile(filepath.Join(nodeDir, "rabbitmq.conf"), "cluster_partition_handling = pause_minority\n"); err != nil {
+			return nil, err
+		}
+	} else {
 		var env []string
 		if rn.name, env, spec.bin, spec.args, err = net.nodeSetup(nodeDir, name, node.Port, i, rabbitnode.Server); err != nil {
 			return nil, err
@@ -322,4 +327,13 @@ func (rc *rabbitCluster) close(ctx context.Context) error {
 		errs = append(errs, rc.net.close(context.WithoutCancel(ctx)))
 	}
 	return errors.Join(append(errs, os.RemoveAll(rc.dir))...)
+}
+
+func appendFile(path, text string) error {
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		return fmt.Errorf("append to %s: %w", path, err)
+	}
+	_, err = f.WriteString(text)
+	return errors.Join(err, f.Close())
 }
