@@ -223,7 +223,7 @@ func waitAlarm(ctx context.Context, n *rabbitNode, on bool) error {
 // blockedConnections counts the run's connections the broker lists as
 // blocked (it published under the alarm) or blocking (it would be).
 func (c *cluster) blockedConnections(ctx context.Context, rc *rabbitCluster) (int, error) {
-	out, err := rc.ctl(ctx, "list_connections", "--no-table-headers", "vhost", "state")
+	out, err := rc.ctl(ctx, "list_connections", "--timeout", "15", "--no-table-headers", "vhost", "state")
 	if err != nil {
 		return 0, err
 	}

@@ -112,7 +112,8 @@ func (nn *nodeNet) ip(i int) string       { return nn.net + "." + strconv.Itoa(i
 // that a partition is seen in about 10s rather than a minute, and
 // pause_minority (see docs/cluster.md). It returns the node name, the
 // environment to add, and how to start it (ip netns exec, then setpriv to
-// the rabbitmq user).
+// the rabbitmq user, which sets the parent-death signal again: the change
+// of user cleared the one the harness set).
 func (nn *nodeNet) nodeSetup(dir, name, port string, i int, server string) (node string, env []string, bin string, args []string, err error) {
 	u, err := user.Lookup("rabbitmq")
 	if err != nil {
@@ -144,7 +145,7 @@ func (nn *nodeNet) nodeSetup(dir, name, port string, i int, server string) (node
 		"ERL_INETRC=" + nn.inetrc,
 		"RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS=-kernel inet_dist_use_interface {" + strings.ReplaceAll(nn.ip(i), ".", ",") + "}",
 	}
-	args = []string{"netns", "exec", nn.ns(i), "setpriv", "--reuid=" + u.Uid, "--regid=" + u.Gid, "--clear-groups", server}
+	args = []string{"netns", "exec", nn.ns(i), "setpriv", "--reuid=" + u.Uid, "--regid=" + u.Gid, "--clear-groups", "--pdeathsig", "KILL", server}
 	return node, env, "ip", args, nil
 }
 

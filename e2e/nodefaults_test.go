@@ -264,7 +264,9 @@ var (
 // connections lists the run's client connections on every node that
 // answers.
 func (rc *rabbitCluster) connections(ctx context.Context, vhost string) ([]brokerConn, error) {
-	out, err := rc.ctl(ctx, "list_connections", "--no-table-headers", "pid", "vhost", "connected_at", "client_properties")
+	// Bounded: a connection whose socket a toxic holds may not answer, and
+	// list_connections would wait for it for ever.
+	out, err := rc.ctl(ctx, "list_connections", "--timeout", "15", "--no-table-headers", "pid", "vhost", "connected_at", "client_properties")
 	if err != nil {
 		return nil, err
 	}

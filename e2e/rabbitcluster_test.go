@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/outbox-inbox/reference/e2e/chaos"
@@ -201,6 +202,10 @@ func (n *rabbitNode) cli(ctx context.Context, tool string, args ...string) (stri
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, tool, append([]string{"-q", "-n", n.name}, args...)...)
+	// The tool runs its Erlang VM under su: on ctx's end the whole group
+	// goes, not su alone.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	if n.inetrc != "" {
 		cmd.Env = append(os.Environ(), "ERL_INETRC="+n.inetrc)
 	}
