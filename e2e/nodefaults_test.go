@@ -389,49 +389,40 @@ func (rc *rabbitCluster) checkQuorumQueues(ctx context.Context, vhost string) (s
 }
 
 func (rc *rabbitCluster) checkQuorumQueuesOnce(ctx context.Context, vhost string) (string, error) {
-	out, err := rc.ctl(ctx, "list_queues", "-p", vhost, "--no-table-headers", "name", "type", "leader", "members")
+	states, err := rc.queueStates(ctx, vhost, shippingQueues...)
 	if err != nil {
 		return "", err
 	}
-	seen := make(map[string]string)
 	var errs []error
-	for line := range strings.SplitSeq(out, "\n") {
-		f := strings.SplitN(strings.TrimSpace(line), "\t", 4)
-		if len(f) != 4 || !slices.Contains(shippingQueues, f[0]) {
+	var parts []string
+	for _, q := range shippingQueues {
+		st, ok := states[q]
+		if !ok {
+			errs = append(errs, fmt.Errorf("queue %s of vhost %s not declared or not answering", q, vhost))
 			continue
 		}
-		name, typ, leader, members := f[0], f[1], f[2], f[3]
-		if typ != "quorum" {
-			errs = append(errs, fmt.Errorf("queue %s is %s, want quorum", name, typ))
+		if st.typ != "quorum" {
+			errs = append(errs, fmt.Errorf("queue %s is %s, want quorum", q, st.typ))
 		}
 		var missing []string
 		for _, n := range rc.nodes {
-			if !strings.Contains(members, n.name+",") && !strings.Contains(members, n.name+"]") {
+			if !slices.Contains(st.members, n.name) {
 				missing = append(missing, n.name)
 			}
 		}
 		if len(missing) > 0 {
-			errs = append(errs, fmt.Errorf("queue %s: members %s miss %v", name, members, missing))
+			errs = append(errs, fmt.Errorf("queue %s: members %v miss %v", q, st.members, missing))
 		}
-		leaderNode := ""
+		leader := ""
 		for _, n := range rc.nodes {
-			if n.name == leader {
-				leaderNode = chaos.NodeName(n.i)
+			if n.name == st.leader {
+				leader = chaos.NodeName(n.i)
 			}
 		}
-		if leaderNode == "" {
-			errs = append(errs, fmt.Errorf("queue %s: leader %q is none of the nodes", name, leader))
+		if leader == "" {
+			errs = append(errs, fmt.Errorf("queue %s: leader %q is none of the nodes", q, st.leader))
 		}
-		seen[name] = leaderNode
-	}
-	var parts []string
-	for _, q := range shippingQueues {
-		l, ok := seen[q]
-		if !ok {
-			errs = append(errs, fmt.Errorf("queue %s not listed in vhost %s", q, vhost))
-			continue
-		}
-		parts = append(parts, fmt.Sprintf("%s leader %s", q, l))
+		parts = append(parts, fmt.Sprintf("%s leader %s", q, leader))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return "", err
@@ -470,4 +461,51 @@ func (c *cluster) assertQuorumQueues(ctx context.Context, when string) {
 		return
 	}
 	c.t.Logf("shipping's queues %s: %s", when, out)
+}
+
+// queueState is one queue as its Raft group sees it.
+type queueState struct {
+	typ      string   // "quorum", or the queue type's module for another
+	leader   string   // Erlang node name
+	members  []string // Erlang node names
+	messages int      // ready and unacknowledged
+}
+
+// queueStates reads queues of vhost from the cluster: the type from the
+// queue's record, leader and members from its Raft group (ra:members, on the
+// node asked), the message count from the queue. rabbitmqctl list_queues
+// is not used: on these nodes it timed out ("some queue(s) are
+// unresponsive") for a busy quorum queue whose Raft group answered at once.
+// A queue missing from the answer is not declared or not answering.
+func (rc *rabbitCluster) queueStates(ctx context.Context, vhost string, queues ...string) (map[string]queueState, error) {
+	var names []string
+	for _, q := range queues {
+		names = append(names, fmt.Sprintf("<<%q>>", q))
+	}
+	expr := fmt.Sprintf(`[case rabbit_amqqueue:lookup(rabbit_misc:r(<<%q>>, queue, N)) of
+		{ok, Q} ->
+			T = case amqqueue:get_type(Q) of rabbit_quorum_queue -> quorum; Other -> Other end,
+			{R, _} = amqqueue:get_pid(Q),
+			case catch ra:members({R, node()}, 5000) of
+				{ok, Ms, {_, L}} ->
+					[{messages, C}] = rabbit_amqqueue:info(Q, [messages]),
+					io:format("~s\t~s\t~s\t~s\t~p~n", [N, T, L, string:join([atom_to_list(X) || {_, X} <- Ms], ","), C]);
+				_ -> ok
+			end;
+		_ -> ok
+	end || N <- [%s]], ok.`, vhost, strings.Join(names, ", "))
+	out, err := rc.ctl(ctx, "eval", expr)
+	if err != nil {
+		return nil, err
+	}
+	states := make(map[string]queueState)
+	for line := range strings.SplitSeq(out, "\n") {
+		f := strings.Split(strings.TrimSpace(line), "\t")
+		if len(f) != 5 {
+			continue
+		}
+		n, _ := strconv.Atoi(f[4])
+		states[f[0]] = queueState{typ: f[1], leader: f[2], members: strings.Split(f[3], ","), messages: n}
+	}
+	return states, nil
 }

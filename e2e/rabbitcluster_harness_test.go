@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"os"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -140,12 +139,12 @@ func TestRabbitCluster(t *testing.T) {
 		t.Logf("partition of %s (leader of %s): %s; leader now %s", ln.name, queue, how, after)
 		want += 5
 	}
-	out, err = rc.ctl(ctx, "list_queues", "-p", vhost, "--no-table-headers", "name", "messages")
+	states, err := rc.queueStates(ctx, vhost, queue)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if f := strings.Fields(out); len(f) != 2 || f[1] != strconv.Itoa(want) {
-		t.Errorf("after the faults: %q, want %s with %d messages", strings.TrimSpace(out), queue, want)
+	if st, ok := states[queue]; !ok || st.messages != want {
+		t.Errorf("after the faults: %+v, want %s with %d messages", states, queue, want)
 	}
 	closed = true
 	if err := rc.close(ctx); err != nil {

@@ -250,22 +250,20 @@ func (rc *rabbitCluster) leader(ctx context.Context, vhost, queue string) (strin
 }
 
 func (rc *rabbitCluster) leaderOnce(ctx context.Context, vhost, queue string) (string, error) {
-	out, err := rc.ctl(ctx, "list_queues", "-p", vhost, "--no-table-headers", "name", "leader")
+	states, err := rc.queueStates(ctx, vhost, queue)
 	if err != nil {
 		return "", err
 	}
-	for line := range strings.SplitSeq(out, "\n") {
-		f := strings.Fields(line)
-		if len(f) == 2 && f[0] == queue {
-			for _, n := range rc.nodes {
-				if n.name == f[1] {
-					return chaos.NodeName(n.i), nil
-				}
-			}
-			return "", fmt.Errorf("queue %s: leader %s is none of the run's nodes", queue, f[1])
+	st, ok := states[queue]
+	if !ok {
+		return "", fmt.Errorf("queue %s of vhost %s not declared or not answering", queue, vhost)
+	}
+	for _, n := range rc.nodes {
+		if n.name == st.leader {
+			return chaos.NodeName(n.i), nil
 		}
 	}
-	return "", fmt.Errorf("queue %s not listed in vhost %s: %q", queue, vhost, out)
+	return "", fmt.Errorf("queue %s: leader %s is none of the run's nodes", queue, st.leader)
 }
 
 // stopApp stops the node's RabbitMQ application (the VM stays up); startApp
