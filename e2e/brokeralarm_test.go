@@ -223,14 +223,13 @@ func waitAlarm(ctx context.Context, n *rabbitNode, on bool) error {
 // blockedConnections counts the run's connections the broker lists as
 // blocked (it published under the alarm) or blocking (it would be).
 func (c *cluster) blockedConnections(ctx context.Context, rc *rabbitCluster) (int, error) {
-	out, err := rc.ctl(ctx, "list_connections", "--timeout", "15", "--no-table-headers", "vhost", "state")
+	conns, err := rc.connections(ctx, c.vhost)
 	if err != nil {
 		return 0, err
 	}
 	n := 0
-	for line := range strings.SplitSeq(out, "\n") {
-		f := strings.Fields(line)
-		if len(f) == 2 && f[0] == c.vhost && (f[1] == "blocked" || f[1] == "blocking") {
+	for _, conn := range conns {
+		if conn.state == "blocked" || conn.state == "blocking" {
 			n++
 		}
 	}

@@ -247,50 +247,57 @@ func wipeDir(dir string, uid, gid int) error {
 	return nil
 }
 
-// brokerConn is one client connection of the run, as the cluster lists it.
+// brokerConn is one client connection of the run, as its node lists it.
 type brokerConn struct {
 	node        string // chaos.NodeName of the node it is on
 	name        string // the client's connection name ("" when none)
+	state       string // running, blocking, blocked, flow...
 	connectedAt time.Time
 }
 
-var (
-	// A connection's pid names its node: <name@host.N.N.N>.
-	connPidNode = regexp.MustCompile(`^<([^@<>]+@[^.<>]+)\.`)
-	// rabbitmqctl prints client properties as Erlang terms.
-	connNameProp = regexp.MustCompile(`\{"connection_name",(?:longstr,)?"([^"]*)"\}`)
-)
+// localConnectionsExpr prints the connections of one node, one a line:
+// vhost, connected_at (ms), connection name, state.
+const localConnectionsExpr = `[case catch rabbit_networking:connection_info(P, [vhost, connected_at, client_properties, state]) of
+	[{vhost, VH}, {connected_at, At}, {client_properties, CP}, {state, S}] ->
+		N = case lists:keyfind(<<"connection_name">>, 1, CP) of {_, _, Name} -> Name; false -> <<>> end,
+		io:format("~s\t~p\t~s\t~s~n", [VH, At, N, S]);
+	_ -> ok
+end || P <- rabbit_networking:local_connections()], ok.`
 
-// connections lists the run's client connections on every node that
-// answers.
+// connections lists the run's client connections, asking each node that
+// answers for its own (rabbit_networking:local_connections):
+// rabbitmqctl list_connections streams the other nodes' answers straight
+// to the CLI's Erlang node, which nodes in namespaces cannot reach, and
+// timed out. A node that does not answer (down, paused, app stopped) has
+// none listed.
 func (rc *rabbitCluster) connections(ctx context.Context, vhost string) ([]brokerConn, error) {
-	// Bounded: a connection whose socket a toxic holds may not answer, and
-	// list_connections would wait for it for ever.
-	out, err := rc.ctl(ctx, "list_connections", "--timeout", "15", "--no-table-headers", "pid", "vhost", "connected_at", "client_properties")
-	if err != nil {
-		return nil, err
-	}
-	byName := make(map[string]string)
-	for _, n := range rc.nodes {
-		byName[n.name] = chaos.NodeName(n.i)
-	}
 	var conns []brokerConn
-	for line := range strings.SplitSeq(out, "\n") {
-		f := strings.SplitN(line, "\t", 4)
-		if len(f) != 4 || f[1] != vhost {
+	answered := 0
+	for _, n := range rc.nodes {
+		if n.p.current() == nil {
 			continue
 		}
-		c := brokerConn{node: "?"}
-		if m := connPidNode.FindStringSubmatch(f[0]); m != nil {
-			c.node = byName[m[1]]
+		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		out, err := n.ctl(ctx, "eval", localConnectionsExpr)
+		cancel()
+		if err != nil {
+			continue
 		}
-		if ms, err := strconv.ParseInt(strings.TrimSpace(f[2]), 10, 64); err == nil {
-			c.connectedAt = time.UnixMilli(ms)
+		answered++
+		for line := range strings.SplitSeq(out, "\n") {
+			f := strings.Split(strings.TrimSpace(line), "\t")
+			if len(f) != 4 || f[0] != vhost {
+				continue
+			}
+			c := brokerConn{node: chaos.NodeName(n.i), name: f[2], state: f[3]}
+			if ms, err := strconv.ParseInt(f[1], 10, 64); err == nil {
+				c.connectedAt = time.UnixMilli(ms)
+			}
+			conns = append(conns, c)
 		}
-		if m := connNameProp.FindStringSubmatch(f[3]); m != nil {
-			c.name = m[1]
-		}
-		conns = append(conns, c)
+	}
+	if answered == 0 {
+		return nil, errors.New("list connections: no node answered")
 	}
 	return conns, nil
 }
