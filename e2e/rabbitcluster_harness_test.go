@@ -3,7 +3,7 @@ package e2e
 import (
 	"context"
 	"os"
-	"strings"
+	"slices"
 	"testing"
 	"time"
 
@@ -82,13 +82,13 @@ func TestRabbitCluster(t *testing.T) {
 		}
 	}
 	publish(urls[0], 5)
-	out, err := rc.ctl(ctx, "list_queues", "-p", vhost, "--no-table-headers", "name", "members")
+	states, err := rc.queueStates(ctx, vhost, queue)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, name := range rc.names() {
-		if !strings.Contains(out, name) {
-			t.Errorf("queue members %q miss %s", strings.TrimSpace(out), name)
+		if !slices.Contains(states[queue].members, name) {
+			t.Errorf("queue %s: members %v miss %s", queue, states[queue].members, name)
 		}
 	}
 	leader, err := rc.leader(ctx, vhost, queue)
@@ -139,7 +139,7 @@ func TestRabbitCluster(t *testing.T) {
 		t.Logf("partition of %s (leader of %s): %s; leader now %s", ln.name, queue, how, after)
 		want += 5
 	}
-	states, err := rc.queueStates(ctx, vhost, queue)
+	states, err = rc.queueStates(ctx, vhost, queue)
 	if err != nil {
 		t.Fatal(err)
 	}
