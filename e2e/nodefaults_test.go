@@ -481,8 +481,9 @@ type queueState struct {
 // queueStates reads queues of vhost from the cluster: the type from the
 // queue's record, leader and members from its Raft group (ra:members, on the
 // node asked), the message count from the queue. rabbitmqctl list_queues
-// is not used: on these nodes it timed out ("some queue(s) are
-// unresponsive") for a busy quorum queue whose Raft group answered at once.
+// is not used: the other nodes send their part of its answer straight to
+// the CLI's Erlang node, which nodes in namespaces cannot reach, and it
+// timed out ("some queue(s) are unresponsive").
 // A queue missing from the answer is not declared or not answering.
 func (rc *rabbitCluster) queueStates(ctx context.Context, vhost string, queues ...string) (map[string]queueState, error) {
 	var names []string
