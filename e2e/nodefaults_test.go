@@ -480,7 +480,8 @@ type queueState struct {
 
 // queueStates reads queues of vhost from the cluster: the type from the
 // queue's record, leader and members from its Raft group (ra:members, on the
-// node asked), the message count from the queue. rabbitmqctl list_queues
+// node asked), the message count from the leader's node (only there is it
+// kept). rabbitmqctl list_queues
 // is not used: the other nodes send their part of its answer straight to
 // the CLI's Erlang node, which nodes in namespaces cannot reach, and it
 // timed out ("some queue(s) are unresponsive").
@@ -496,7 +497,7 @@ func (rc *rabbitCluster) queueStates(ctx context.Context, vhost string, queues .
 			{R, _} = amqqueue:get_pid(Q),
 			case catch ra:members({R, node()}, 5000) of
 				{ok, Ms, {_, L}} ->
-					[{messages, C}] = rabbit_amqqueue:info(Q, [messages]),
+					[{messages, C}] = rpc:call(L, rabbit_amqqueue, info, [Q, [messages]], 15000),
 					io:format("~s\t~s\t~s\t~s\t~p~n", [N, T, L, string:join([atom_to_list(X) || {_, X} <- Ms], ","), C]);
 				_ -> ok
 			end;
