@@ -276,7 +276,9 @@ func (n *rabbitNode) waitRunning(ctx context.Context, on bool) error {
 	defer cancel()
 	want := strconv.FormatBool(on)
 	for {
-		out, err := n.ctl(ctx, "eval", "rabbit:is_running().")
+		callCtx, cancelCall := context.WithTimeout(ctx, 20*time.Second)
+		out, err := n.ctl(callCtx, "eval", "rabbit:is_running().")
+		cancelCall()
 		if err == nil && strings.TrimSpace(out) == want {
 			return nil
 		}
@@ -296,7 +298,11 @@ func (rc *rabbitCluster) waitWhole(ctx context.Context) error {
 	for {
 		var problems []string
 		for _, n := range rc.nodes {
-			out, err := n.ctl(ctx, "eval", "{rabbit_mnesia:cluster_nodes(running), rabbit_node_monitor:partitions()}.")
+			// Each call bounded: a CLI call to a node that has just been
+			// partitioned was seen to print its answer and hang.
+			callCtx, cancelCall := context.WithTimeout(ctx, 20*time.Second)
+			out, err := n.ctl(callCtx, "eval", "{rabbit_mnesia:cluster_nodes(running), rabbit_node_monitor:partitions()}.")
+			cancelCall()
 			switch {
 			case err != nil:
 				problems = append(problems, err.Error())
