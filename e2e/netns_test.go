@@ -298,15 +298,16 @@ func (rc *rabbitCluster) waitWhole(ctx context.Context) error {
 	for {
 		var problems []string
 		for _, n := range rc.nodes {
-			// Each call bounded: a CLI call to a node that has just been
-			// partitioned was seen to print its answer and hang.
+			// Each call bounded.
 			callCtx, cancelCall := context.WithTimeout(ctx, 20*time.Second)
 			out, err := n.ctl(callCtx, "eval", "{rabbit_mnesia:cluster_nodes(running), rabbit_node_monitor:partitions()}.")
 			cancelCall()
+			// One term, printed over several lines when long.
+			out = strings.Join(strings.Fields(out), "")
 			switch {
 			case err != nil:
 				problems = append(problems, err.Error())
-			case !strings.HasSuffix(strings.TrimSpace(out), ",[]}"):
+			case !strings.HasSuffix(out, ",[]}"):
 				problems = append(problems, n.name+": partitions "+strings.TrimSpace(out))
 			default:
 				for _, o := range rc.nodes {
