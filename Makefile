@@ -36,7 +36,7 @@ chaos: services
 ## rabbitmq user. Reports: $$CHAOS_REPORT (default e2e/chaos-report.json) and
 ## e2e/chaos-report-cluster-wal.json. See docs/cluster.md.
 chaos-cluster: services
-	CHAOS_PROFILE=cluster $(GO) test -race -count=1 -v -run '^(TestRabbitCluster|TestChaos)$$' -timeout 40m ./e2e/
+	CHAOS_PROFILE=cluster $(GO) test -race -count=1 -v -run '^(TestRabbitCluster|TestChaosClusterPartition|TestChaos)$$' -timeout 40m ./e2e/
 	CHAOS_PROFILE=cluster CHAOS_RELAY_MODE=wal CHAOS_REPORT=chaos-report-cluster-wal.json $(GO) test -race -count=1 -v -run '^TestChaos$$' -timeout 40m ./e2e/
 
 ## bench: measure the performance goals of docs/guarantees.md against their baselines

@@ -327,3 +327,50 @@ func (rc *rabbitCluster) waitWhole(ctx context.Context) error {
 		}
 	}
 }
+
+// TestChaosClusterPartition runs the flow on the run's own three-node
+// cluster, its nodes in network namespaces, for a minute of load with two
+// partitions (a node cut from the two others, which pauses itself under
+// pause_minority and comes back when the partition heals) and a relay kill:
+// the checker's invariants must hold and the clients must have left each
+// partitioned node. It runs with the cluster profile (make chaos-cluster),
+// as root with ip and setpriv.
+func TestChaosClusterPartition(t *testing.T) {
+	if os.Getenv("CHAOS_PROFILE") != "cluster" {
+		t.Skip("starts three RabbitMQ nodes in network namespaces: runs with CHAOS_PROFILE=cluster (make chaos-cluster)")
+	}
+	if err := errors.Join(rabbitClusterAvailable(), netnsAvailable()); err != nil {
+		unavailable(t, "no partitionable RabbitMQ cluster of the run's own here: %v", err)
+	}
+	seed, err := seedFromEnv(os.Getenv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	provider, err := chooseProvider(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pgBinDir, pgCred, err := ownPostgresBinDir()
+	if err != nil {
+		t.Logf("postgres: the shared server: %v", err)
+	}
+	profile := chaos.Profile{
+		Name: "cluster_partition", Load: 60 * time.Second, Warmup: 10 * time.Second, Cooldown: 8 * time.Second,
+		Clients: 3, Rate: 8, CancelRatio: 0.4,
+		Kinds: []chaos.FaultKind{chaos.FaultNodePartition, chaos.FaultKillRelay}, Faults: 3,
+		HoldMin: 3 * time.Second, HoldMax: 8 * time.Second, DrainBudget: 3 * time.Minute,
+	}
+	topo := chaos.Topology{Relays: 2, Consumers: 2, Nodes: 3}
+	plan, err := chaos.NewPlan(seed, profile, topo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range plan {
+		t.Logf("plan: %v", s)
+	}
+	report := runScenario(t, scenario{seed: seed, profile: profile, plan: plan, provider: provider, topo: topo, pgBinDir: pgBinDir, pgCred: pgCred, netns: true})
+	t.Log(report.Summary())
+	for _, v := range report.Violations {
+		t.Errorf("violation: %v", v)
+	}
+}
