@@ -331,7 +331,8 @@ func (rc *rabbitCluster) waitWhole(ctx context.Context) error {
 // TestChaosClusterPartition runs the flow on the run's own three-node
 // cluster, its nodes in network namespaces, for a minute of load with two
 // partitions (a node cut from the two others, which pauses itself under
-// pause_minority and comes back when the partition heals) and a relay kill:
+// pause_minority and comes back when the partition heals), a relay kill and
+// a shipping crash between its inbox record and its ack:
 // the checker's invariants must hold and the clients must have left each
 // partitioned node. It runs with the cluster profile (make chaos-cluster),
 // as root with ip and setpriv.
@@ -357,7 +358,9 @@ func TestChaosClusterPartition(t *testing.T) {
 	profile := chaos.Profile{
 		Name: "cluster_partition", Load: 60 * time.Second, Warmup: 10 * time.Second, Cooldown: 8 * time.Second,
 		Clients: 3, Rate: 8, CancelRatio: 0.4,
-		Kinds: []chaos.FaultKind{chaos.FaultNodePartition, chaos.FaultKillRelay}, Faults: 3,
+		// The crash point redelivers an event shipping applied: the
+		// checker wants a duplicate absorbed (I4).
+		Kinds: []chaos.FaultKind{chaos.FaultNodePartition, chaos.FaultKillRelay, chaos.FaultCrashShippingAfterInbox}, Faults: 4,
 		HoldMin: 3 * time.Second, HoldMax: 8 * time.Second, DrainBudget: 3 * time.Minute,
 	}
 	topo := chaos.Topology{Relays: 2, Consumers: 2, Nodes: 3}
