@@ -104,8 +104,9 @@
 // breaks the broker only for the run's own connections (toxiproxy, and
 // close_all_connections on its vhost). `make test` runs this package last
 // and alone, after every other package, with CHAOS_BROKER_RESTART=true, so
-// its short profile injects every fault kind; the long profile (make chaos)
-// always includes it.
+// its short profile injects every fault kind. The long profile (make chaos)
+// always includes it, on the RabbitMQ node of its own where it has one (see
+// "A broker of the run's own"), so that it stops no other user's broker.
 //
 // # The cluster profile
 //
