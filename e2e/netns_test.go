@@ -329,8 +329,8 @@ func (rc *rabbitCluster) waitWhole(ctx context.Context) error {
 }
 
 // TestChaosClusterPartition runs the flow on the run's own three-node
-// cluster, its nodes in network namespaces, for a minute of load with two
-// partitions (a node cut from the two others, which pauses itself under
+// cluster, its nodes in network namespaces, for a minute of load with one
+// or two partitions (by the plan) (a node cut from the two others, which pauses itself under
 // pause_minority and comes back when the partition heals), a relay kill and
 // a shipping crash between its inbox record and its ack:
 // the checker's invariants must hold and the clients must have left each
