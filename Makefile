@@ -27,12 +27,17 @@ chaos: services
 	CHAOS_PROFILE=long CHAOS_BROKER_RESTART=true CHAOS_RELAY_MODE=wal CHAOS_REPORT=chaos-report-wal.json $(GO) test -race -count=1 -v -run '^TestChaos$$' -timeout 60m ./e2e/
 
 ## chaos-cluster: the flow on a three-node RabbitMQ cluster of the run's own
-## (beside this machine's broker, untouched), with node faults (SIGKILL of a
-## node and of the shipping queue's leader, stop_app/start_app, a node cut
-## from the clients) and every process fault; about 8 minutes, not part of
-## test. Needs root and the rabbitmq user. Report: $$CHAOS_REPORT. See docs/cluster.md.
+## (beside this machine's broker, untouched; each node in a network namespace
+## of its own), with node faults (SIGKILL of a node, of the shipping queue's
+## leader and of two nodes at once, stop_app/start_app, a node cut from the
+## clients, a node wiped and joined again, a partition between nodes, a
+## resource alarm) and every process fault, with the polling relay, then again
+## with the WAL relay; about 40 minutes on two cores, not part of test. Needs root and the
+## rabbitmq user. Reports: $$CHAOS_REPORT (default e2e/chaos-report.json) and
+## e2e/chaos-report-cluster-wal.json. See docs/cluster.md.
 chaos-cluster: services
-	CHAOS_PROFILE=cluster $(GO) test -race -count=1 -v -run '^(TestRabbitCluster|TestChaos)$$' -timeout 40m ./e2e/
+	CHAOS_PROFILE=cluster $(GO) test -race -count=1 -v -run '^(TestRabbitCluster|TestChaosClusterPartition|TestChaos)$$' -timeout 60m ./e2e/
+	CHAOS_PROFILE=cluster CHAOS_RELAY_MODE=wal CHAOS_REPORT=chaos-report-cluster-wal.json $(GO) test -race -count=1 -v -run '^TestChaos$$' -timeout 60m ./e2e/
 
 ## bench: measure the performance goals of docs/guarantees.md against their baselines
 ## (5 to 10 minutes; not part of test). See docs/benchmarks.md.

@@ -88,6 +88,8 @@ func TestChaos(t *testing.T) {
 		}
 		topo.Nodes = 3
 	}
+	profile, topo = ownBroker(t, profile, topo)
+	profile, netns := partitionable(t, profile, topo)
 	plan, err := chaos.NewPlan(seed, profile, topo)
 	if err != nil {
 		t.Fatal(err)
@@ -96,7 +98,7 @@ func TestChaos(t *testing.T) {
 		t.Logf("plan: %v", s)
 	}
 
-	report := runScenario(t, scenario{seed: seed, profile: profile, plan: plan, provider: provider, topo: topo, pgBinDir: pgBinDir, pgCred: pgCred})
+	report := runScenario(t, scenario{seed: seed, profile: profile, plan: plan, provider: provider, topo: topo, pgBinDir: pgBinDir, pgCred: pgCred, netns: netns})
 	if c := report.FaultsInjected; topo.Nodes > 0 {
 		t.Logf("node faults: %d kill, %d kill of the queue leader, %d app restart, %d cut from the clients",
 			c[chaos.FaultNodeKill], c[chaos.FaultNodeKillLeader], c[chaos.FaultNodeAppRestart], c[chaos.FaultNodeProxyDown])
@@ -245,6 +247,7 @@ type scenario struct {
 	topo     chaos.Topology
 	pgBinDir string // see clusterConfig
 	pgCred   *syscall.Credential
+	netns    bool // see clusterConfig.rabbitNetns
 	// tamper, when set, runs after the drain and before the final state is
 	// read.
 	tamper func(ctx context.Context, c *cluster, h chaos.History) error
@@ -260,7 +263,7 @@ func runScenario(t *testing.T, sc scenario) chaos.Report {
 	bins := buildBinaries(t)
 	c := newCluster(t, clusterConfig{
 		provider: sc.provider, relays: sc.topo.Relays, consumers: sc.topo.Consumers, bins: bins,
-		pgBinDir: sc.pgBinDir, pgCred: sc.pgCred, rabbitNodes: sc.topo.Nodes,
+		pgBinDir: sc.pgBinDir, pgCred: sc.pgCred, rabbitNodes: sc.topo.Nodes, rabbitNetns: sc.netns,
 	})
 
 	// Finish well before go test's -timeout: its panic skips every cleanup,
@@ -273,6 +276,7 @@ func runScenario(t *testing.T, sc scenario) chaos.Report {
 	}
 	// Every fault is healed on the way out, whatever happened.
 	defer func() { _ = c.healAll(context.WithoutCancel(ctx)) }()
+	c.assertQuorumQueues(ctx, "before the faults")
 
 	rec := &chaos.Recorder{}
 	poison := &poisoner{amqpURL: c.amqpURL, runID: c.id, oversize: maxMessageBytes + 1024}
@@ -321,6 +325,7 @@ func runScenario(t *testing.T, sc scenario) chaos.Report {
 	drained, drainTime := c.waitDrain(ctx, since, 2*sc.profile.DrainBudget)
 	stopScrape()
 	scrapeWG.Wait()
+	c.assertQuorumQueues(ctx, "after the drain")
 
 	if sc.tamper != nil {
 		if err := sc.tamper(ctx, c, h); err != nil {

@@ -38,6 +38,9 @@ type clusterConfig struct {
 	// that many nodes (rabbitCluster) instead of TEST_AMQP_URL's broker; the
 	// services' AMQP_URL lists every node, each behind a proxy of its own.
 	rabbitNodes int
+	// rabbitNetns runs each of those nodes in a network namespace of its own
+	// (nodeNet), for the partition fault.
+	rabbitNetns bool
 }
 
 // cluster is one run's system: its own PostgreSQL database, RabbitMQ vhost
@@ -139,7 +142,7 @@ func newCluster(t *testing.T, cfg clusterConfig) *cluster {
 	brokers := []string{c.amqpAdmin}
 	if cfg.rabbitNodes > 0 {
 		startCtx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
-		c.rabbit, err = startRabbitCluster(startCtx, c.id, runDir, cfg.rabbitNodes, c.onExit, t.Logf)
+		c.rabbit, err = startRabbitCluster(startCtx, c.id, runDir, cfg.rabbitNodes, cfg.rabbitNetns, c.onExit, t.Logf)
 		cancel()
 		if err != nil {
 			t.Fatal(err)

@@ -120,8 +120,9 @@
 // breaks the broker only for the run's own connections (toxiproxy, and
 // close_all_connections on its vhost). `make test` runs this package last
 // and alone, after every other package, with CHAOS_BROKER_RESTART=true, so
-// its short profile injects every fault kind; the long profile (make chaos)
-// always includes it.
+// its short profile injects every fault kind. The long profile (make chaos)
+// always includes it, on the RabbitMQ node of its own where it has one (see
+// "A broker of the run's own"), so that it stops no other user's broker.
 //
 // # The cluster profile
 //
@@ -132,9 +133,22 @@
 // run as the rabbitmq user and joined with rabbitmqctl join_cluster). The
 // services' AMQP_URL lists one proxy per node, and the plan adds the node
 // faults, one at a time: SIGKILL of a node or of the shipping queue's leader
-// with a restart, stop_app/start_app, and a node cut away from the clients.
-// Broker proxy faults then act on the side's proxies to every node. The
-// nodes are stopped in cleanup. See docs/cluster.md.
+// with a restart, stop_app/start_app, a node cut away from the clients, two
+// nodes killed at once (the majority lost), a node whose data directory is
+// wiped before it rejoins, a network partition between nodes (each node in a
+// network namespace of its own, nodeNet) and a resource alarm. After each,
+// the clients must have left the nodes that went away (clientsLeft); before
+// the faults and after the drain, shipping's queues must be quorum queues
+// with a member on every node. Broker proxy faults then act on the side's
+// proxies to every node. The nodes and namespaces are removed in cleanup.
+// See docs/cluster.md.
+//
+// # A broker of the run's own
+//
+// A resource alarm (broker_alarm) blocks every publisher of its broker, so
+// it is set only on a node of the run's own: the long profile runs on one
+// (internal/rabbitnode, topology Nodes=1), as does TestChaosBrokerAlarm,
+// and the cluster profile on its three.
 //
 // # Running
 //
@@ -153,6 +167,8 @@
 //	CHAOS_RACE_SERVICES  true builds the services with -race too
 //	CHAOS_KEEP_LOGS      true keeps the process logs (kept anyway on failure)
 //	CHAOS_OWN_POSTGRES   false runs on TEST_DATABASE_URL's server, without the restart, failover and stall faults
+//	CHAOS_OWN_BROKER     false keeps the long profile on the machine's broker, without the broker alarm
+//	CHAOS_NETNS          false puts the cluster profile's nodes on loopback, without the partition fault
 //	TEST_DATABASE_URL, TEST_AMQP_URL   as for every test of the repository
 //
 // Requirements: RabbitMQ at TEST_AMQP_URL managed by this machine's

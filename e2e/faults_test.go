@@ -52,8 +52,10 @@ func (in *injector) lock(resource string) func() {
 func resource(s chaos.Step) string {
 	switch s.Kind {
 	case chaos.FaultBrokerCloseConnections, chaos.FaultBrokerAppRestart,
-		chaos.FaultNodeKill, chaos.FaultNodeKillLeader, chaos.FaultNodeAppRestart, chaos.FaultNodeProxyDown:
-		// One node fault at a time: a majority stays up.
+		chaos.FaultNodeKill, chaos.FaultNodeKillLeader, chaos.FaultNodeAppRestart, chaos.FaultNodeProxyDown,
+		chaos.FaultNodeMajorityDown, chaos.FaultNodeWipe, chaos.FaultNodePartition, chaos.FaultBrokerAlarm:
+		// One node fault at a time: a majority stays up (but in the fault
+		// that takes it away on purpose).
 		return "broker"
 	case chaos.FaultPostgresKillSessions, chaos.FaultPostgresRestart, chaos.FaultPostgresFailover, chaos.FaultPostgresSyncStall,
 		chaos.FaultMigrationUnderLoad: // a migration needs the server up: a restart would fail it, not the system
@@ -162,8 +164,11 @@ func (in *injector) inject(ctx context.Context, s chaos.Step) error {
 		record("every connection of vhost " + in.c.vhost + " closed by the broker")
 	case chaos.FaultBrokerAppRestart:
 		return in.brokerAppRestart(ctx, s, record)
-	case chaos.FaultNodeKill, chaos.FaultNodeKillLeader, chaos.FaultNodeAppRestart, chaos.FaultNodeProxyDown:
+	case chaos.FaultNodeKill, chaos.FaultNodeKillLeader, chaos.FaultNodeAppRestart, chaos.FaultNodeProxyDown,
+		chaos.FaultNodeMajorityDown, chaos.FaultNodeWipe, chaos.FaultNodePartition:
 		return in.nodeFault(ctx, s, &f, record)
+	case chaos.FaultBrokerAlarm:
+		return in.brokerAlarm(ctx, s, record)
 	case chaos.FaultPostgresKillSessions:
 		n, err := in.killSessions(ctx)
 		if err != nil {
@@ -258,56 +263,6 @@ func (in *injector) proxiesDown(ctx context.Context, names []string, hold time.D
 	return errors.Join(errs...)
 }
 
-// nodeFault injects a fault on one node of the run's RabbitMQ cluster: a
-// SIGKILL (of the target, or of the node leading shipping's queue) with a
-// restart after s.Hold, a stop_app/start_app, or the node's proxies disabled,
-// which cuts it away from every client while the nodes still see each other.
-// The other nodes, a majority, stay up.
-func (in *injector) nodeFault(ctx context.Context, s chaos.Step, f *chaos.Fault, record func(string)) error {
-	rc := in.c.rabbit
-	if rc == nil {
-		return errors.New("the run has no RabbitMQ cluster of its own")
-	}
-	target := s.Target
-	extra := ""
-	if s.Kind == chaos.FaultNodeKillLeader {
-		leader, err := rc.leader(ctx, in.c.vhost, mainQueue)
-		if err != nil {
-			return err
-		}
-		target, extra = leader, " (leader of "+mainQueue+")"
-		f.Target = leader
-	}
-	n, err := rc.node(target)
-	if err != nil {
-		return err
-	}
-	// A fault is always healed, whatever ctx does.
-	healCtx := context.WithoutCancel(ctx)
-	switch s.Kind {
-	case chaos.FaultNodeKill, chaos.FaultNodeKillLeader:
-		inc, err := rc.kill(ctx, n, s.Hold)
-		if err != nil {
-			return err
-		}
-		record(fmt.Sprintf("%s%s SIGKILL #%d, down %v, restarted", n.name, extra, inc, s.Hold.Round(time.Millisecond)))
-	case chaos.FaultNodeAppRestart:
-		err := rc.stopApp(ctx, n)
-		sleep(ctx, s.Hold)
-		if err := errors.Join(err, rc.startApp(healCtx, n)); err != nil {
-			return err
-		}
-		record(n.name + " rabbitmqctl stop_app, start_app")
-	case chaos.FaultNodeProxyDown:
-		names := []string{nodeProxy(chaos.TargetAMQPOrders, n.i), nodeProxy(chaos.TargetAMQPShipping, n.i)}
-		if err := in.proxiesDown(healCtx, names, s.Hold); err != nil {
-			return err
-		}
-		record(n.name + " cut away from the clients (its proxies disabled)")
-	}
-	return nil
-}
-
 // crashPoint restarts the target with CRASH_POINT armed and waits for it to
 // die there; the supervisor then restarts it unarmed. A point not reached in
 // time is disarmed and reported, not recorded.
@@ -389,6 +344,9 @@ func (in *injector) crashPoint(ctx context.Context, s chaos.Step, point string, 
 // The restoration is deferred and also in the cluster's cleanup.
 func (in *injector) brokerAppRestart(ctx context.Context, s chaos.Step, record func(string)) error {
 	c := in.c
+	if c.rabbit != nil {
+		return in.ownBrokerAppRestart(ctx, s, record)
+	}
 	// An interrupt (Ctrl-C, go test's own signal) would end the test binary
 	// without any cleanup while the broker is down: while it is, the signal
 	// starts the broker app first, then exits.

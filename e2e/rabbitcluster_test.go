@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/outbox-inbox/reference/e2e/chaos"
@@ -26,17 +28,20 @@ import (
 type rabbitCluster struct {
 	dir   string // the nodes' directories, removed by close
 	nodes []*rabbitNode
+	net   *nodeNet // the nodes' network namespaces, nil when they share loopback
 
 	mu      sync.Mutex
 	stopped map[int]bool // app stopped by a fault, not started since
 }
 
 type rabbitNode struct {
-	i    int    // from 1
-	name string // Erlang node name
-	port string // AMQP, on 127.0.0.1
-	node *rabbitnode.Node
-	p    *proc
+	i      int    // from 1
+	name   string // Erlang node name
+	host   string // its AMQP listener's address: 127.0.0.1, or its namespace's
+	port   string // AMQP
+	inetrc string // ERL_INETRC for rabbitmqctl, "" on loopback
+	node   *rabbitnode.Node
+	p      *proc
 }
 
 // rabbitClusterAvailable says why this machine cannot run a cluster of the
@@ -45,8 +50,10 @@ func rabbitClusterAvailable() error { return rabbitnode.Available() }
 
 // startRabbitCluster starts n nodes named <prefix>-<i>@localhost and
 // clusters them. Their logs go to logDir; their data to a temporary
-// directory that the rabbitmq user can reach, removed by close.
-func startRabbitCluster(ctx context.Context, prefix, logDir string, n int, onExit func(exitEvent), logf func(string, ...any)) (*rabbitCluster, error) {
+// directory that the rabbitmq user can reach, removed by close. With netns,
+// each node runs in a network namespace of its own (nodeNet), named
+// <prefix>-<i>@<its namespace>, so that they can be partitioned.
+func startRabbitCluster(ctx context.Context, prefix, logDir string, n int, netns bool, onExit func(exitEvent), logf func(string, ...any)) (*rabbitCluster, error) {
 	dir, err := os.MkdirTemp("", prefix+"-rabbit-")
 	if err != nil {
 		return nil, fmt.Errorf("rabbitmq cluster: %w", err)
@@ -58,8 +65,14 @@ func startRabbitCluster(ctx context.Context, prefix, logDir string, n int, onExi
 		return nil, fmt.Errorf("rabbitmq cluster: %w", err)
 	}
 	rc := &rabbitCluster{dir: dir, stopped: make(map[int]bool)}
+	if netns {
+		if rc.net, err = newNodeNet(ctx, dir, n); err != nil {
+			_ = os.RemoveAll(dir)
+			return nil, err
+		}
+	}
 	for i := 1; i <= n; i++ {
-		node, err := newRabbitNode(i, prefix, dir, logDir, onExit)
+		node, err := newRabbitNode(i, prefix, dir, logDir, rc.net, onExit)
 		if err != nil {
 			_ = rc.close(ctx)
 			return nil, err
@@ -85,23 +98,48 @@ func startRabbitCluster(ctx context.Context, prefix, logDir string, n int, onExi
 			}
 		}
 	}
-	logf("rabbitmq cluster: %s up and clustered in %v", strings.Join(rc.names(), ", "), time.Since(start).Round(100*time.Millisecond))
+	where := "on loopback"
+	if rc.net != nil {
+		where = "each in a network namespace of its own on " + rc.net.net + ".0/24, pause_minority"
+	}
+	logf("rabbitmq cluster: %s up and clustered in %v (%s)", strings.Join(rc.names(), ", "), time.Since(start).Round(100*time.Millisecond), where)
 	return rc, nil
 }
 
-func newRabbitNode(i int, prefix, dir, logDir string, onExit func(exitEvent)) (*rabbitNode, error) {
-	node, err := rabbitnode.Prepare(filepath.Join(dir, "rabbit-"+strconv.Itoa(i)), prefix+"-"+strconv.Itoa(i))
+func newRabbitNode(i int, prefix, dir, logDir string, net *nodeNet, onExit func(exitEvent)) (*rabbitNode, error) {
+	name := prefix + "-" + strconv.Itoa(i)
+	nodeDir := filepath.Join(dir, "rabbit-"+strconv.Itoa(i))
+	node, err := rabbitnode.Prepare(nodeDir, name)
 	if err != nil {
 		return nil, err
 	}
-	p, err := newProc(procSpec{name: chaos.NodeName(i), bin: rabbitnode.Server, env: node.Env, cred: node.Cred}, logDir, onExit)
+	spec := procSpec{name: chaos.NodeName(i), bin: rabbitnode.Server, env: node.Env, cred: node.Cred}
+	rn := &rabbitNode{i: i, name: node.Name, host: "127.0.0.1", port: node.Port, node: node}
+	if net == nil {
+		// pause_minority, as on a cluster in namespaces (docs/cluster.md).
+		if err := appendFile(filepath.Join(nodeDir, "rabbitmq.conf"), "cluster_partition_handling = pause_minority\n"); err != nil {
+			return nil, err
+		}
+	} else {
+		var env []string
+		if rn.name, env, spec.bin, spec.args, err = net.nodeSetup(nodeDir, name, node.Port, i, rabbitnode.Server); err != nil {
+			return nil, err
+		}
+		// Later entries win: the node's name, addresses and inetrc.
+		spec.env = append(append([]string{}, node.Env...), env...)
+		spec.cred = nil // ip netns exec runs as root, setpriv then drops to rabbitmq
+		node.Name = rn.name
+		rn.host, rn.inetrc = net.ip(i), net.inetrc
+	}
+	p, err := newProc(spec, logDir, onExit)
 	if err != nil {
 		return nil, err
 	}
 	// A node that died on its own comes back after a pause, like under an
 	// init system.
 	p.restart = time.Second
-	return &rabbitNode{i: i, name: node.Name, port: node.Port, node: node, p: p}, nil
+	rn.p = p
+	return rn, nil
 }
 
 func (rc *rabbitCluster) names() []string {
@@ -116,7 +154,7 @@ func (rc *rabbitCluster) names() []string {
 func (rc *rabbitCluster) addrs() []string {
 	var out []string
 	for _, n := range rc.nodes {
-		out = append(out, net.JoinHostPort("127.0.0.1", n.port))
+		out = append(out, net.JoinHostPort(n.host, n.port))
 	}
 	return out
 }
@@ -151,7 +189,31 @@ func (rc *rabbitCluster) ctl(ctx context.Context, args ...string) (string, error
 }
 
 func (n *rabbitNode) ctl(ctx context.Context, args ...string) (string, error) {
-	return n.node.Ctl(ctx, args...)
+	if n.inetrc == "" {
+		return n.node.Ctl(ctx, args...)
+	}
+	return n.cli(ctx, "rabbitmqctl", args...)
+}
+
+// cli runs a RabbitMQ command line tool (rabbitmqctl, rabbitmq-queues)
+// against the node, at most two minutes, with the network's inetrc when it
+// has one.
+func (n *rabbitNode) cli(ctx context.Context, tool string, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, tool, append([]string{"-q", "-n", n.name}, args...)...)
+	// The tool runs its Erlang VM under su: on ctx's end the whole group
+	// goes, not su alone.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	if n.inetrc != "" {
+		cmd.Env = append(os.Environ(), "ERL_INETRC="+n.inetrc)
+	}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("%s -n %s %s: %w: %s", tool, n.name, strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return string(out), nil
 }
 
 // awaitStartup waits until the node's app runs, starting its process if it is
@@ -173,34 +235,35 @@ func (n *rabbitNode) awaitStartup(ctx context.Context) error {
 	return fmt.Errorf("rabbitmq node %s did not start: %w; its last lines:\n%s", n.name, last, tail(n.p.log.Name(), 15))
 }
 
-// leader names the node leading queue in vhost, e.g. "node-2".
+// leader names the node leading queue in vhost, e.g. "node-2". A queue
+// that does not answer yet (just after a node's restart, it may not for a
+// minute on a loaded machine) is asked again, for up to three minutes.
 func (rc *rabbitCluster) leader(ctx context.Context, vhost, queue string) (string, error) {
-	out, err := rc.ctl(ctx, "list_queues", "-p", vhost, "--no-table-headers", "name", "leader")
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		leader, err := rc.leaderOnce(ctx, vhost, queue)
+		if err == nil || ctx.Err() != nil || time.Now().After(deadline) {
+			return leader, err
+		}
+		sleep(ctx, 3*time.Second)
+	}
+}
+
+func (rc *rabbitCluster) leaderOnce(ctx context.Context, vhost, queue string) (string, error) {
+	states, err := rc.queueStates(ctx, vhost, queue)
 	if err != nil {
 		return "", err
 	}
-	for line := range strings.SplitSeq(out, "\n") {
-		f := strings.Fields(line)
-		if len(f) == 2 && f[0] == queue {
-			for _, n := range rc.nodes {
-				if n.name == f[1] {
-					return chaos.NodeName(n.i), nil
-				}
-			}
-			return "", fmt.Errorf("queue %s: leader %s is none of the run's nodes", queue, f[1])
+	st, ok := states[queue]
+	if !ok {
+		return "", fmt.Errorf("queue %s of vhost %s not declared or not answering", queue, vhost)
+	}
+	for _, n := range rc.nodes {
+		if n.name == st.leader {
+			return chaos.NodeName(n.i), nil
 		}
 	}
-	return "", fmt.Errorf("queue %s not listed in vhost %s: %q", queue, vhost, out)
-}
-
-// kill SIGKILLs the node, waits for hold, and starts it again.
-func (rc *rabbitCluster) kill(ctx context.Context, n *rabbitNode, hold time.Duration) (int, error) {
-	inc := n.p.kill()
-	if inc == nil {
-		return 0, fmt.Errorf("node %s was not running", n.name)
-	}
-	sleep(ctx, hold)
-	return inc.n, n.awaitStartup(context.WithoutCancel(ctx))
+	return "", fmt.Errorf("queue %s: leader %s is none of the run's nodes", queue, st.leader)
 }
 
 // stopApp stops the node's RabbitMQ application (the VM stays up); startApp
@@ -226,9 +289,13 @@ func (rc *rabbitCluster) startApp(ctx context.Context, n *rabbitNode) error {
 	return nil
 }
 
-// heal starts every node that is down and every app a fault stopped.
+// heal ends every partition, starts every node that is down and every app
+// a fault stopped.
 func (rc *rabbitCluster) heal(ctx context.Context) error {
 	var errs []error
+	if rc.net != nil {
+		errs = append(errs, rc.net.heal(ctx))
+	}
 	for _, n := range rc.nodes {
 		rc.mu.Lock()
 		stopped := rc.stopped[n.i]
@@ -245,7 +312,7 @@ func (rc *rabbitCluster) heal(ctx context.Context) error {
 }
 
 // close stops every node (SIGTERM, a graceful stop; SIGKILL after 15s).
-func (rc *rabbitCluster) close(context.Context) error {
+func (rc *rabbitCluster) close(ctx context.Context) error {
 	var errs []error
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -259,5 +326,17 @@ func (rc *rabbitCluster) close(context.Context) error {
 		})
 	}
 	wg.Wait()
+	if rc.net != nil {
+		errs = append(errs, rc.net.close(context.WithoutCancel(ctx)))
+	}
 	return errors.Join(append(errs, os.RemoveAll(rc.dir))...)
+}
+
+func appendFile(path, text string) error {
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		return fmt.Errorf("append to %s: %w", path, err)
+	}
+	_, err = f.WriteString(text)
+	return errors.Join(err, f.Close())
 }

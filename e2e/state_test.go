@@ -171,11 +171,21 @@ func (c *cluster) queueDepths(ctx context.Context) (map[string]int, error) {
 	args := []string{"list_queues", "-p", c.vhost, "--no-table-headers", "name", "messages"}
 	var out []byte
 	if c.rabbit != nil {
-		s, err := c.rabbit.ctl(ctx, args...)
+		// shipping's queues, from their Raft groups (queueStates: list_queues
+		// timed out on a busy quorum queue there).
+		states, err := c.rabbit.queueStates(ctx, c.vhost, shippingQueues...)
 		if err != nil {
 			return nil, err
 		}
-		out = []byte(s)
+		depths := make(map[string]int)
+		for _, q := range shippingQueues {
+			st, ok := states[q]
+			if !ok {
+				return nil, fmt.Errorf("queue %s of vhost %s not declared or not answering", q, c.vhost)
+			}
+			depths[q] = st.messages
+		}
+		return depths, nil
 	} else {
 		var err error
 		if out, err = exec.CommandContext(ctx, "rabbitmqctl", append([]string{"-q"}, args...)...).Output(); err != nil {

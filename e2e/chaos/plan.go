@@ -68,10 +68,31 @@ const (
 	FaultNodeKillLeader FaultKind = "node_kill_leader"
 	FaultNodeAppRestart FaultKind = "node_app_restart"
 	FaultNodeProxyDown  FaultKind = "node_proxy_down"
+	// Two nodes of three SIGKILLed at once (the majority lost: quorum
+	// queues stop), restarted after a pause; the target is the survivor.
+	FaultNodeMajorityDown FaultKind = "node_majority_down"
+	// A node killed, its data directory wiped, forgotten by the cluster
+	// (forget_cluster_node), started empty, joined again and made a member
+	// of every quorum queue again (rabbitmq-queues grow).
+	FaultNodeWipe FaultKind = "node_wipe"
+	// The target cut from the other nodes (not from the clients) by a
+	// network partition between their namespaces: with pause_minority it
+	// pauses itself until the partition heals.
+	FaultNodePartition FaultKind = "node_partition"
+
+	// A resource alarm on a node of the run's own broker (memory watermark
+	// or disk free limit crossed): the broker blocks every publishing
+	// connection until it clears. Never on the machine's broker.
+	FaultBrokerAlarm FaultKind = "broker_alarm"
 )
 
+// OwnBrokerFaultKinds need a broker of the run's own (one node or the
+// cluster): they would block every user of the machine's broker.
+var OwnBrokerFaultKinds = []FaultKind{FaultBrokerAlarm}
+
 // ClusterFaultKinds are the node faults, which only the cluster profile has.
-var ClusterFaultKinds = []FaultKind{FaultNodeKill, FaultNodeKillLeader, FaultNodeAppRestart, FaultNodeProxyDown}
+var ClusterFaultKinds = []FaultKind{FaultNodeKill, FaultNodeKillLeader, FaultNodeAppRestart, FaultNodeProxyDown,
+	FaultNodeMajorityDown, FaultNodeWipe, FaultNodePartition}
 
 // AllFaultKinds lists every kind, in a stable order.
 var AllFaultKinds = []FaultKind{
@@ -105,7 +126,8 @@ func (k FaultKind) Instant() bool {
 	case FaultBrokerProxyDown, FaultBrokerProxyResetPeer, FaultBrokerProxyLatency, FaultBrokerProxyTimeout,
 		FaultBrokerAppRestart, FaultPostgresRestart, FaultMongoRestart, FaultMongoProxyDown,
 		FaultNodeKill, FaultNodeKillLeader, FaultNodeAppRestart, FaultNodeProxyDown,
-		FaultPostgresFailover, FaultPostgresSyncStall:
+		FaultPostgresFailover, FaultPostgresSyncStall,
+		FaultNodeMajorityDown, FaultNodeWipe, FaultNodePartition, FaultBrokerAlarm:
 		return false
 	}
 	_, crash := k.CrashPoint()
@@ -160,7 +182,9 @@ func ShortProfile() Profile {
 }
 
 // LongProfile is the `make chaos` run: every kind, the broker app restart
-// and the infrastructure faults (InfraFaultKinds) included, many faults over several minutes. Its rate is lower than the
+// and the infrastructure faults (InfraFaultKinds, and the broker alarm on a
+// broker node of the run's own, see OwnBrokerFaultKinds) included, many
+// faults over several minutes. Its rate is lower than the
 // short profile's: a 3-minute trial at 30 orders/s left shipping (on
 // FerretDB, on this shared 2-core machine) thousands of messages behind,
 // draining at 10-25 messages/s, so the drain measured that backlog rather
@@ -169,7 +193,8 @@ func LongProfile() Profile {
 	return Profile{
 		Name: "long", Load: 8 * time.Minute, Warmup: 5 * time.Second, Cooldown: 10 * time.Second,
 		Clients: 4, Rate: 12, CancelRatio: 0.4,
-		Kinds: append(slices.Clone(AllFaultKinds), InfraFaultKinds...), Faults: 150, Once: []FaultKind{FaultRelayMassKill},
+		Kinds: append(append(slices.Clone(AllFaultKinds), InfraFaultKinds...), OwnBrokerFaultKinds...), Faults: 150,
+		Once:    []FaultKind{FaultRelayMassKill},
 		HoldMin: time.Second, HoldMax: 10 * time.Second,
 		DrainBudget: 5 * time.Minute,
 	}
@@ -183,6 +208,7 @@ func LongProfile() Profile {
 func ClusterProfile() Profile {
 	kinds := slices.DeleteFunc(slices.Clone(AllFaultKinds), func(k FaultKind) bool { return k == FaultBrokerAppRestart })
 	kinds = append(kinds, ClusterFaultKinds...)
+	kinds = append(kinds, OwnBrokerFaultKinds...)
 	return Profile{
 		Name: "cluster", Load: 5 * time.Minute, Warmup: 10 * time.Second, Cooldown: 10 * time.Second,
 		Clients: 4, Rate: 8, CancelRatio: 0.4,
@@ -267,7 +293,8 @@ func (p Profile) Validate() error {
 		return fmt.Errorf("profile %s: DrainBudget must be positive", p.Name)
 	}
 	for _, k := range p.Kinds {
-		if !slices.Contains(AllFaultKinds, k) && !slices.Contains(ClusterFaultKinds, k) && !slices.Contains(InfraFaultKinds, k) {
+		if !slices.Contains(AllFaultKinds, k) && !slices.Contains(ClusterFaultKinds, k) &&
+			!slices.Contains(InfraFaultKinds, k) && !slices.Contains(OwnBrokerFaultKinds, k) {
 			return fmt.Errorf("profile %s: unknown fault kind %q", p.Name, k)
 		}
 	}
@@ -278,7 +305,7 @@ func (p Profile) Validate() error {
 type Topology struct {
 	Relays    int // standalone relay processes, "relay-1" ...
 	Consumers int // shipping processes, "shipping-1" ...
-	Nodes     int // RabbitMQ nodes of the run's own cluster, "node-1" ...; 0 for the machine's broker
+	Nodes     int // RabbitMQ nodes of the run's own cluster, "node-1" ...; 1 for a single node of its own, 0 for the machine's broker
 }
 
 // Process and proxy names used as fault targets.
@@ -317,7 +344,7 @@ func (t Topology) targets(k FaultKind) []string {
 		return []string{TargetAMQPOrders, TargetAMQPShipping}
 	case FaultMongoRestart, FaultMongoProxyDown:
 		return []string{TargetMongo}
-	case FaultNodeKill, FaultNodeAppRestart, FaultNodeProxyDown:
+	case FaultNodeKill, FaultNodeAppRestart, FaultNodeProxyDown, FaultNodeMajorityDown, FaultNodeWipe, FaultNodePartition, FaultBrokerAlarm:
 		var nodes []string
 		for i := 1; i <= t.Nodes; i++ {
 			nodes = append(nodes, NodeName(i))
@@ -368,6 +395,9 @@ func NewPlan(seed int64, p Profile, topo Topology) ([]Step, error) {
 	for _, k := range p.Kinds {
 		if slices.Contains(ClusterFaultKinds, k) && topo.Nodes < 3 {
 			return nil, fmt.Errorf("plan: %s needs a cluster of at least 3 nodes, topology has %d", k, topo.Nodes)
+		}
+		if slices.Contains(OwnBrokerFaultKinds, k) && topo.Nodes < 1 {
+			return nil, fmt.Errorf("plan: %s needs a broker of the run's own (Topology.Nodes >= 1): never on the machine's broker", k)
 		}
 	}
 	rng := rand.New(rand.NewPCG(uint64(seed), 0x636861_6f73)) // "chaos"

@@ -12,6 +12,10 @@ var topo = Topology{Relays: 2, Consumers: 2}
 
 func TestNewPlanCoversEveryKindInTheWindow(t *testing.T) {
 	for _, p := range []Profile{ShortProfile(), LongProfile()} {
+		topo := topo
+		if p.Name == "long" {
+			topo.Nodes = 1 // its broker alarm needs a broker node of the run's own
+		}
 		for seed := range int64(20) {
 			plan, err := NewPlan(seed, p, topo)
 			if err != nil {
@@ -66,6 +70,30 @@ func TestShortProfileSparesTheSharedBroker(t *testing.T) {
 	}
 	if !slices.Contains(LongProfile().Kinds, FaultBrokerAppRestart) {
 		t.Error("the long profile lacks the broker app restart")
+	}
+}
+
+// The broker alarm blocks every publisher of the broker it is set on: a
+// plan never sets it on the machine's broker (a topology without a node of
+// the run's own), and the short profile, which runs on that broker, has none.
+func TestBrokerAlarmNeedsABrokerOfTheRunsOwn(t *testing.T) {
+	if slices.Contains(ShortProfile().Kinds, FaultBrokerAlarm) {
+		t.Error("the short profile sets an alarm on the shared broker")
+	}
+	if !slices.Contains(LongProfile().Kinds, FaultBrokerAlarm) {
+		t.Error("the long profile lacks the broker alarm")
+	}
+	if _, err := NewPlan(1, LongProfile(), Topology{Relays: 2, Consumers: 2}); err == nil {
+		t.Error("a plan with a broker alarm was made for the machine's broker")
+	}
+	plan, err := NewPlan(1, LongProfile(), Topology{Relays: 2, Consumers: 2, Nodes: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range plan {
+		if s.Kind == FaultBrokerAlarm && s.Target != "node-1" {
+			t.Errorf("%v: want the run's node-1", s)
+		}
 	}
 }
 

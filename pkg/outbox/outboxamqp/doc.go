@@ -134,10 +134,15 @@
 //
 // RabbitMQ blocks publishers (connection.blocked) when it runs low on memory
 // or disk. WaitReady then waits for connection.unblocked, and a batch being
-// sent pauses between messages. If a deadline passes while a write is stuck on
-// a broker that stopped reading, the connection is closed (with a deadline of
-// its own) so PublishBatch returns on time and nothing more is written after
-// the relay gave up on the batch.
+// sent pauses between messages. A batch whose confirms time out while the
+// broker blocks the connection keeps the connection (its channel takes no
+// other batch and is closed once the broker unblocks): a new connection would
+// not be known blocked until it published, so each batch claimed on it would
+// time out too and cost its events an attempt for as long as the alarm lasts.
+// If a deadline passes while a write is stuck on a broker that stopped
+// reading, the connection is closed (with a deadline of its own) so
+// PublishBatch returns on time and nothing more is written after the relay
+// gave up on the batch.
 //
 // The connection's frame_max bounds a message's content header frame, which
 // carries its headers: WaitReady warns when the negotiated frame_max is smaller

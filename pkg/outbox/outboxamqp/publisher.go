@@ -447,7 +447,18 @@ func (p *Publisher) PublishBatchTimed(ctx context.Context, msgs []outbox.Envelop
 			timedOut = true
 		}
 	}
-	if timedOut {
+	if _, blocked := s.blockedBy(); timedOut && blocked {
+		// The broker blocks publishing (a resource alarm) and reads nothing
+		// more: the close of the channel would go unanswered and take the
+		// connection with it, and a new connection is not known to be
+		// blocked until it publishes, so every batch claimed meanwhile would
+		// time out too and cost each of its events an attempt, until the
+		// alarm clears or MaxAttempts dead-letters them. The connection stays:
+		// WaitReady waits on it for connection.unblocked. The channel takes
+		// no other batch, and is closed once the broker unblocks.
+		p.log.WarnContext(ctx, "outboxamqp: confirms timed out while the broker blocks publishing; the batch's channel is closed once it unblocks", slog.Any("error", ctx.Err()))
+		c.retireUntilUnblocked()
+	} else if timedOut {
 		// Confirms stuck past the deadline: this channel is not trustworthy.
 		// Closing it fails its other pending confirms; other batches' channels
 		// go on.

@@ -289,6 +289,16 @@ func (c *channel) closeCause() (error, bool) {
 // close closes the channel without waiting for the broker's answer. If that
 // answer does not come within a second (a broker that stopped answering), the
 // connection is closed: nothing on it can be trusted.
+// retireUntilUnblocked takes c out of use at once (no batch takes it) and
+// closes it once the broker accepts publishes again, or with the session.
+func (c *channel) retireUntilUnblocked() {
+	c.closing.Store(true)
+	c.s.wg.Go(func() {
+		_ = c.s.waitUnblocked(context.Background())
+		c.close()
+	})
+}
+
 func (c *channel) close() {
 	c.closeOnce.Do(func() {
 		c.closing.Store(true)
