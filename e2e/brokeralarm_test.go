@@ -77,6 +77,9 @@ func (in *injector) brokerAlarm(ctx context.Context, s chaos.Step, record func(s
 	// that are not the alarm's.
 	defer in.lock(chaos.TargetAMQPOrders)()
 	defer in.lock(chaos.TargetAMQPShipping)()
+	// Nor a database fault: the fault reads the outbox's attempts through
+	// the run's PostgreSQL, which a restart or a failover would cut.
+	defer in.lock("postgres")()
 	healCtx := context.WithoutCancel(ctx)
 
 	disk := (s.At/(100*time.Millisecond))%2 == 1
