@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bufio"
+	"context"
 	"io"
 	"net"
 	"os/exec"
@@ -269,5 +270,74 @@ func TestOwnPostgresRestart(t *testing.T) {
 	var n int
 	if err := conn.QueryRow(t.Context(), `SELECT n FROM kept`).Scan(&n); err != nil || n != 42 {
 		t.Fatalf("after the restart: n=%d, %v; want 42", n, err)
+	}
+}
+
+// TestToxicRemovedWhileAConnectionCloses reproduces the toxiproxy deadlock
+// removeToxic works around: a latency toxic removed from a busy connection
+// whose client has just reset it. Toxiproxy then spends 5 s per chunk still
+// queued, holding the lock every new connection needs. removeToxic must
+// return promptly and the proxy must carry new connections right after.
+func TestToxicRemovedWhileAConnectionCloses(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() { // a server that streams to each client until it goes away
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				chunk := make([]byte, 4096)
+				for {
+					if _, err := c.Write(chunk); err != nil {
+						return
+					}
+					time.Sleep(time.Millisecond)
+				}
+			}()
+		}
+	}()
+	x := newToxi()
+	t.Cleanup(x.close)
+	addr, err := x.add("stream", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := x.addToxic("stream", "slow", "latency", "downstream", map[string]any{"latency": 300}); err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(c, make([]byte, 4096)); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.(*net.TCPConn).SetLinger(0)
+	_ = c.Close() // a reset, with chunks still delayed in the toxic
+
+	removed := make(chan error, 1)
+	go func() { removed <- x.removeToxic(context.WithoutCancel(t.Context()), "stream", "slow") }()
+	select {
+	case err := <-removed:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(4 * time.Second):
+		t.Fatal("removing the toxic hangs (toxiproxy's lock held while it flushes a closed connection)")
+	}
+	c, err = net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		t.Fatalf("a new connection after the removal: %v", err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	if _, err := io.ReadFull(c, make([]byte, 4096)); err != nil {
+		t.Fatalf("a new connection after the removal carries nothing: %v", err)
 	}
 }

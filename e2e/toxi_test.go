@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"time"
 
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
 	"github.com/rs/zerolog"
@@ -136,10 +137,35 @@ func (x *toxi) removeToxic(ctx context.Context, name, toxic string) error {
 	if p.Toxics.GetToxic(toxic) == nil {
 		return nil
 	}
-	if err := p.Toxics.RemoveToxic(ctx, toxic); err != nil {
-		return fmt.Errorf("toxiproxy: remove toxic %s from %s: %w", toxic, name, err)
+	return x.withoutConnections(name, p, func() error {
+		if err := p.Toxics.RemoveToxic(ctx, toxic); err != nil {
+			return fmt.Errorf("toxiproxy: remove toxic %s from %s: %w", toxic, name, err)
+		}
+		return nil
+	})
+}
+
+// withoutConnections runs change (a toxic removed) on proxy p with no
+// connection through it: it cuts them first, and lets clients in again after.
+// Toxiproxy removes a toxic from each live connection under the lock that new
+// connections also take, and deadlocks when one of them closes at that moment
+// (a broker restart during a latency toxic: Shopify/toxiproxy#558); the proxy
+// then accepts nobody for minutes. So a toxic ends with a cut.
+func (x *toxi) withoutConnections(name string, p *toxiproxy.Proxy, change func() error) error {
+	p.Lock()
+	enabled := p.Enabled
+	p.Unlock()
+	if enabled {
+		p.Stop()
+		// Each connection's writer leaves the proxy's lists once its
+		// sockets are closed, which takes well under this.
+		time.Sleep(250 * time.Millisecond)
 	}
-	return nil
+	err := change()
+	if enabled {
+		err = errors.Join(err, x.enable(name))
+	}
+	return err
 }
 
 // heal removes every toxic and enables every proxy.
@@ -153,7 +179,12 @@ func (x *toxi) heal(ctx context.Context) error {
 	var errs []error
 	for _, n := range names {
 		p, _ := x.proxy(n)
-		p.Toxics.ResetToxics(ctx)
+		if len(p.Toxics.GetToxicArray()) > 0 {
+			errs = append(errs, x.withoutConnections(n, p, func() error {
+				p.Toxics.ResetToxics(ctx)
+				return nil
+			}))
+		}
 		x.mu.Lock()
 		x.toxics[n] = nil
 		x.mu.Unlock()
