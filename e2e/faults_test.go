@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"sync"
 	"syscall"
@@ -71,6 +72,23 @@ func resource(s chaos.Step) string {
 	return s.Target
 }
 
+// resources is what step s locks, in the order every step takes them: its
+// resource, or, for a crash point on a WAL relay, every relay (the step stops
+// the others for its length, walHoldOtherRelays, and a kill of one of them
+// must not start it again under the step).
+func (in *injector) resources(s chaos.Step) []string {
+	if _, ok := s.Kind.CrashPoint(); ok && os.Getenv("CHAOS_RELAY_MODE") == "wal" {
+		var names []string
+		for _, p := range in.c.relays {
+			names = append(names, p.spec.name)
+		}
+		if slices.Contains(names, s.Target) {
+			return names // in the cluster's order, as relayMassKill takes them
+		}
+	}
+	return []string{resource(s)}
+}
+
 // run carries out plan, each step at start+At, and returns when all are done
 // (or ctx ended). Errors are logged and returned joined: a fault that could
 // not be injected is a harness failure, not a system one.
@@ -86,8 +104,9 @@ func (in *injector) run(ctx context.Context, start time.Time, plan []chaos.Step)
 				return
 			case <-t.C:
 			}
-			unlock := in.lock(resource(s))
-			defer unlock()
+			for _, r := range in.resources(s) {
+				defer in.lock(r)()
+			}
 			if ctx.Err() != nil {
 				return
 			}
