@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net/url"
 	"os"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -211,38 +210,75 @@ func waitFor(t *testing.T, limit time.Duration, what string, cond func() bool) {
 	}
 }
 
-// applyRecorder records, per order, the versions applied, in the order
-// Store.Apply applied them. Unlike Store.Get, which stops at the first
+// applyRecorder records, per order, the versions Store.Apply applied, in
+// the order its calls returned. Unlike Store.Get, which stops at the first
 // missing version, it sees a version applied before the one it follows.
+//
+// Two consumers can apply version 1 and then version 2 of an order and
+// return in the other order: each call is recorded with a step taken before
+// it and one after, and a version counts as applied before its predecessor
+// only when its call returned before the predecessor's call began.
 type applyRecorder struct {
 	mu      sync.Mutex
-	applied map[string][]int64
+	step    int64
+	applied map[string][]appliedVersion
+}
+
+// appliedVersion is one call of Store.Apply that applied version: began
+// and ended are steps of the recorder.
+type appliedVersion struct {
+	version      int64
+	began, ended int64
 }
 
 func (r *applyRecorder) wrap(s processor.Store) processor.Store { return recordingStore{s, r} }
 
-// versions returns the versions applied to orderID, in application order.
+func (r *applyRecorder) next() int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.step++
+	return r.step
+}
+
+// versions returns the versions applied to orderID, in the order their
+// calls returned.
 func (r *applyRecorder) versions(orderID string) []int64 {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return slices.Clone(r.applied[orderID])
+	var out []int64
+	for _, a := range r.applied[orderID] {
+		out = append(out, a.version)
+	}
+	return out
 }
 
 // wantInOrder fails unless every order's versions were applied in the order
-// 1, 2, 3, ... (in transaction mode an attempt that was rolled back may be
-// seen again: a version may repeat, never come before its predecessor).
+// 1, 2, 3, ...: no version's call returned before its predecessor's call
+// began (in transaction mode an attempt that was rolled back may be seen
+// again: a version may repeat).
 func (r *applyRecorder) wantInOrder(t *testing.T) {
 	t.Helper()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for order, vs := range r.applied {
-		var top int64
-		for _, v := range vs {
-			if v > top+1 {
-				t.Errorf("order %s: version %d applied before version %d (application order %v)", order, v, top+1, vs)
+	for order, as := range r.applied {
+		began := map[int64]int64{} // each version's first call
+		for _, a := range as {
+			if b, ok := began[a.version]; !ok || a.began < b {
+				began[a.version] = a.began
+			}
+		}
+		var vs []int64
+		for _, a := range as {
+			vs = append(vs, a.version)
+		}
+		for _, a := range as {
+			if a.version == 1 {
+				continue
+			}
+			if b, ok := began[a.version-1]; !ok || b > a.ended {
+				t.Errorf("order %s: version %d applied before version %d (application order %v)", order, a.version, a.version-1, vs)
 				break
 			}
-			top = max(top, v)
 		}
 	}
 }
@@ -253,13 +289,15 @@ type recordingStore struct {
 }
 
 func (s recordingStore) Apply(ctx context.Context, msgID string, ev shipment.Event) (shipment.Outcome, error) {
+	began := s.r.next()
 	o, err := s.Store.Apply(ctx, msgID, ev)
 	if err == nil && o == shipment.OutcomeApplied {
+		ended := s.r.next()
 		s.r.mu.Lock()
 		if s.r.applied == nil {
-			s.r.applied = map[string][]int64{}
+			s.r.applied = map[string][]appliedVersion{}
 		}
-		s.r.applied[ev.OrderID] = append(s.r.applied[ev.OrderID], ev.Version)
+		s.r.applied[ev.OrderID] = append(s.r.applied[ev.OrderID], appliedVersion{version: ev.Version, began: began, ended: ended})
 		s.r.mu.Unlock()
 	}
 	return o, err
