@@ -51,22 +51,19 @@ type cluster struct {
 	id     string // names the database, the vhost and the Mongo database
 	runDir string // process logs and FerretDB's data
 
-	pg       *ownPostgres // the run's own cluster, nil on the shared server; the primary after a failover
-	standbys []*ownPostgres
-	pgNodes  int // servers the run made besides the first, to name them
-	// advanceIDs: a failover advances the outbox ids on the new primary
-	// (advanceOutboxIDs) unless CHAOS_FAILOVER_ADVANCE_IDS=false.
-	advanceIDs bool
-	dbURL      string        // the run's database, direct (the harness's reads)
-	db         *pgxpool.Pool // harness connection to the run's database
-	adminURL   string        // the server's maintenance database
-	vhost      string
-	amqpURL    string // the run's vhost, direct (poison publisher, queue checks)
-	amqpAdmin  string // TEST_AMQP_URL's host:port
-	toxi       *toxi
-	rabbit     *rabbitCluster // the run's own RabbitMQ cluster, nil on the machine's broker
-	mongo      mongoServer
-	mongoURI   string // through the proxy, as shipping sees it
+	pg        *ownPostgres // the run's own cluster, nil on the shared server; the primary after a failover
+	standbys  []*ownPostgres
+	pgNodes   int           // servers the run made besides the first, to name them
+	dbURL     string        // the run's database, direct (the harness's reads)
+	db        *pgxpool.Pool // harness connection to the run's database
+	adminURL  string        // the server's maintenance database
+	vhost     string
+	amqpURL   string // the run's vhost, direct (poison publisher, queue checks)
+	amqpAdmin string // TEST_AMQP_URL's host:port
+	toxi      *toxi
+	rabbit    *rabbitCluster // the run's own RabbitMQ cluster, nil on the machine's broker
+	mongo     mongoServer
+	mongoURI  string // through the proxy, as shipping sees it
 
 	orders    *proc
 	ordersURL string
@@ -97,8 +94,7 @@ func newCluster(t *testing.T, cfg clusterConfig) *cluster {
 
 	b := make([]byte, 5)
 	_, _ = rand.Read(b)
-	c := &cluster{t: t, id: "chaos_" + hex.EncodeToString(b), procs: make(map[string]*proc),
-		advanceIDs: os.Getenv("CHAOS_FAILOVER_ADVANCE_IDS") != "false"}
+	c := &cluster{t: t, id: "chaos_" + hex.EncodeToString(b), procs: make(map[string]*proc)}
 	c.amqpAdmin = requireServices(t, cfg.pgBinDir == "")
 	amqpU, err := url.Parse(testAMQPURL())
 	if err != nil {

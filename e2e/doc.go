@@ -65,9 +65,9 @@
 //   - a database failover: a standby of the run's own PostgreSQL made with
 //     pg_basebackup, streaming asynchronously, cut from the primary for a
 //     second (what the API acknowledged meanwhile is lost), promoted after
-//     the primary is stopped immediately, its outbox ids advanced (the
-//     runbook's step; CHAOS_FAILOVER_ADVANCE_IDS=false leaves it out), the
-//     PostgreSQL proxy switched to it, the services left running
+//     the primary is stopped immediately, the PostgreSQL proxy switched to
+//     it, the services left running: nothing is done by hand, and the new
+//     primary hands out again outbox ids the old one published under
 //     (postgres_failover);
 //   - a synchronous standby stopped while named in synchronous_standby_names:
 //     commits wait, and every effect shipping applies meanwhile must be of an

@@ -180,11 +180,6 @@ func (c *cluster) promote(ctx context.Context, st *ownPostgres) error {
 	if err != nil || !promoted {
 		return fmt.Errorf("promote the standby on port %s: promoted=%v: %w", st.port, promoted, err)
 	}
-	if c.advanceIDs {
-		if err := advanceOutboxIDs(ctx, replaceDatabase(st.url("postgres"), c.id)); err != nil {
-			return err
-		}
-	}
 	if err := c.toxi.setUpstream(proxyPostgres, st.addr()); err != nil {
 		return err
 	}
@@ -192,31 +187,6 @@ func (c *cluster) promote(ctx context.Context, st *ownPostgres) error {
 	c.pg, c.adminURL = st, st.url("postgres")
 	c.forgetStandby(st)
 	return old.close()
-}
-
-// outboxIDGap is how far advanceOutboxIDs moves the outbox's id sequence:
-// far beyond the ids an old primary can hand out in the WAL a standby
-// misses (this suite's load writes tens of rows a second).
-const outboxIDGap = 1_000_000
-
-// advanceOutboxIDs is the failover runbook's step (docs/operations.md)
-// before the services write to a promoted asynchronous standby: the
-// outbox's ids are the events' message ids, which shipping's inbox
-// deduplicates by, and the standby's sequence may be behind ids the old
-// primary handed out to events that went out and are lost with it. Without
-// the step a new event can reuse such an id and be dropped as a duplicate
-// (CHAOS_FAILOVER_ADVANCE_IDS=false shows it).
-func advanceOutboxIDs(ctx context.Context, dbURL string) error {
-	conn, err := pgx.Connect(ctx, dbURL)
-	if err != nil {
-		return fmt.Errorf("advance the outbox ids: %w", err)
-	}
-	defer conn.Close(ctx)
-	_, err = conn.Exec(ctx, `SELECT setval(s::regclass, nextval(s::regclass) + $1) FROM pg_get_serial_sequence('outbox', 'id') AS s`, outboxIDGap)
-	if err != nil {
-		return fmt.Errorf("advance the outbox ids: %w", err)
-	}
-	return nil
 }
 
 // forgetStandby drops st from the standbys the cleanup removes.

@@ -23,6 +23,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/outbox-inbox/reference/e2e/chaos"
+	"github.com/outbox-inbox/reference/pkg/outbox"
 )
 
 // readOrders returns every order row of the run's database.
@@ -50,9 +51,9 @@ func readOrders(ctx context.Context, db *pgxpool.Pool) ([]chaos.CommittedOrder, 
 // still waiting for the relay (pending, not dead-lettered).
 func readEvents(ctx context.Context, db *pgxpool.Pool) ([]chaos.CommittedEvent, int, error) {
 	rows, err := db.Query(ctx, `
-		SELECT id, aggregate_id, aggregate_version, event_type, dead_lettered_at IS NOT NULL, true FROM outbox
+		SELECT id, created_at, aggregate_id, aggregate_version, event_type, dead_lettered_at IS NOT NULL, true FROM outbox
 		UNION ALL
-		SELECT id, aggregate_id, aggregate_version, event_type, false, false FROM outbox_published`)
+		SELECT id, created_at, aggregate_id, aggregate_version, event_type, false, false FROM outbox_published`)
 	if err != nil {
 		return nil, 0, fmt.Errorf("read outbox: %w", err)
 	}
@@ -62,15 +63,16 @@ func readEvents(ctx context.Context, db *pgxpool.Pool) ([]chaos.CommittedEvent, 
 	)
 	for rows.Next() {
 		var (
-			e        chaos.CommittedEvent
-			id       int64
-			unmarked bool
+			e         chaos.CommittedEvent
+			id        int64
+			createdAt time.Time
+			unmarked  bool
 		)
-		if err := rows.Scan(&id, &e.OrderID, &e.Version, &e.Type, &e.DeadLettered, &unmarked); err != nil {
+		if err := rows.Scan(&id, &createdAt, &e.OrderID, &e.Version, &e.Type, &e.DeadLettered, &unmarked); err != nil {
 			rows.Close()
 			return nil, 0, fmt.Errorf("read outbox: %w", err)
 		}
-		e.MessageID = strconv.FormatInt(id, 10)
+		e.MessageID = outbox.MessageID(id, createdAt)
 		if unmarked && !e.DeadLettered {
 			pending++
 		}

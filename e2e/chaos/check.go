@@ -35,7 +35,8 @@ type CommittedOrder struct {
 // CommittedEvent is an outbox row (pending, published or dead-lettered)
 // found in PostgreSQL after the run.
 type CommittedEvent struct {
-	// MessageID is the outbox id in decimal, the message's AMQP MessageId.
+	// MessageID is the message id the row is published under (its outbox id
+	// and creation time, outbox.MessageID), the AMQP MessageId.
 	MessageID string `json:"message_id"`
 	OrderID   string `json:"order_id"`
 	Version   int64  `json:"version"`

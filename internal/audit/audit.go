@@ -10,10 +10,13 @@
 // ids, however many events the window holds. Each stream is read ahead, a
 // few batches, in a goroutine of its own (Config.Prefetch): the two stores
 // work at the same time, and while the merge runs. The inbox keeps message ids as
-// strings and yields them in byte order ("10" before "9"); the outbox's ids
-// are the decimal message ids, whose byte order agrees with their numeric
-// order among ids of the same number of digits, so the producer side is read
-// as one stream per number of digits, merged by byte order.
+// strings and yields them in byte order ("10-..." before "9-..."); an event's
+// message id is its outbox id in decimal, a '-' and its creation time
+// (outbox.MessageID), whose byte order agrees with the ids' numeric order
+// among ids of the same number of digits, so the producer side is read as
+// one stream per number of digits, merged by byte order. A record under the
+// id alone (the message id of earlier versions) sorts just before its event
+// and matches it.
 //
 // What each bucket means, for an event created in [Since, Until):
 //
@@ -35,7 +38,8 @@
 //   - phantom: an inbox record, processed at or after Since - ClockSkew,
 //     whose message id is no event the outbox holds at all: never
 //     committed (or published and purged since: keep Since inside the
-//     outbox's retention, with a margin).
+//     outbox's retention, with a margin), or committed on a primary that a
+//     failover lost, its outbox id handed out again since to another event.
 //
 // An event is judged by the snapshot each page was read in: one that
 // commits, or whose record is written, after the scan went past its id is
@@ -49,7 +53,6 @@ import (
 	"fmt"
 	"iter"
 	"math"
-	"strconv"
 	"time"
 
 	"github.com/outbox-inbox/reference/pkg/inbox"
@@ -262,7 +265,9 @@ func (a *auditor) merge(ctx context.Context) error {
 			if err == nil {
 				e, ekey, eok, err = events()
 			}
-		case !eok || rec.MessageID < ekey:
+		case !eok || rec.MessageID < ekey && !e.SentAs(rec.MessageID):
+			// (A record under the id alone, from before message ids
+			// carried the creation time, sorts just before its event.)
 			a.r.InboxRecords++
 			err = a.notCommitted(ctx, rec.MessageID)
 			if err == nil {
@@ -339,7 +344,7 @@ func (a *auditor) producer(ctx context.Context) (next func() (e outbox.LoggedEve
 		if err != nil || !ok {
 			return false, err
 		}
-		s.head, s.key = e, strconv.FormatInt(e.ID, 10)
+		s.head, s.key = e, e.MessageID()
 		return true, nil
 	}
 	next = func() (outbox.LoggedEvent, string, bool, error) {
@@ -468,9 +473,8 @@ func (a *auditor) account(ctx context.Context) error {
 // notCommitted handles an inbox record that matches no event of the
 // producer side: an event created before Since, or a phantom.
 func (a *auditor) notCommitted(ctx context.Context, msgID string) error {
-	id, err := strconv.ParseInt(msgID, 10, 64)
-	if err != nil || id <= 0 || strconv.FormatInt(id, 10) != msgID {
-		a.add(&a.r.Phantom, msgID) // no outbox id is written so
+	if _, _, err := outbox.ParseMessageID(msgID); err != nil {
+		a.add(&a.r.Phantom, msgID) // no outbox event has such an id
 		return nil
 	}
 	a.unmatched = append(a.unmatched, msgID)
@@ -488,18 +492,21 @@ func (a *auditor) lookUp(ctx context.Context) error {
 	}
 	ids := make([]int64, len(a.unmatched))
 	for i, s := range a.unmatched {
-		ids[i], _ = strconv.ParseInt(s, 10, 64)
+		ids[i], _, _ = outbox.ParseMessageID(s)
 	}
 	found, err := a.cfg.Producer.Lookup(ctx, ids)
 	if err != nil {
 		return fmt.Errorf("audit: look up %d inbox ids in the outbox: %w", len(ids), err)
 	}
-	known := make(map[int64]bool, len(found))
+	known := make(map[int64]outbox.LoggedEvent, len(found))
 	for _, e := range found {
-		known[e.ID] = true
+		known[e.ID] = e
 	}
+	// An event of the same outbox id but another creation time is not the
+	// one recorded: the database lost that one (a failover) and handed its
+	// id out again.
 	for i, id := range ids {
-		if !known[id] {
+		if e, ok := known[id]; !ok || !e.SentAs(a.unmatched[i]) {
 			a.add(&a.r.Phantom, a.unmatched[i])
 		}
 	}

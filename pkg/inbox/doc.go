@@ -15,8 +15,8 @@
 // message it has seen.
 //
 // The message id must identify the message, not the delivery: the outbox
-// sends the outbox row's id as the AMQP MessageId, the same for every
-// redelivery and republish of that row. A message without an id cannot be
+// sends the outbox row's id and creation time as the AMQP MessageId, the
+// same for every redelivery and republish of that row. A message without an id cannot be
 // deduplicated and must not be processed: Process refuses it
 // (ErrInvalidMessageID); dead-letter it with the reason.
 //

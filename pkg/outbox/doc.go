@@ -26,8 +26,10 @@
 // published only after the broker confirmed it (for RabbitMQ: a positive
 // publisher confirm and no basic.return), so a crash, a lost connection or a
 // timeout can only cause a second publish, never a loss. Consumers must
-// therefore deduplicate; the message id is the outbox row's id, stable across
-// every retry, and is the key to deduplicate on.
+// therefore deduplicate; the message id (MessageID: the outbox row's id and
+// its creation time) is the same at every retry, and is the key to
+// deduplicate on. It stays unique when a failover to an asynchronous standby
+// hands out again ids the lost primary had published under.
 //
 // Events of one aggregate (an AggregateType and AggregateID pair, e.g. one
 // order) are published in the order they were written, with any number of

@@ -123,13 +123,18 @@ type Message struct {
 
 // Enqueued describes a message Enqueue wrote.
 type Enqueued struct {
-	// ID is the outbox row's id. Publishers send it as the message id, so it is
-	// the consumer's deduplication key.
+	// ID is the outbox row's id.
 	ID int64
 	// AggregateVersion is the message's position among its aggregate's events:
 	// 1 for the first, then without gaps.
 	AggregateVersion int64
+	// CreatedAt is the row's created_at: the start of the transaction.
+	CreatedAt time.Time
 }
+
+// MessageID is the message id publishers send the message under, the
+// consumer's deduplication key (MessageID, the function).
+func (e Enqueued) MessageID() string { return MessageID(e.ID, e.CreatedAt) }
 
 // WriterConfig configures a Writer.
 type WriterConfig struct {
@@ -212,7 +217,7 @@ SELECT $1, $2, a.version, $3, $4, $5,
             ELSE false END
 FROM outbox_aggregates a
 WHERE a.aggregate_type = $1 AND a.aggregate_id = $2
-RETURNING id, aggregate_version`
+RETURNING id, aggregate_version, created_at`
 
 // Enqueue writes msgs inside tx. They become visible to relays when tx commits,
 // and disappear with it if it rolls back: the business change and its events
@@ -296,7 +301,7 @@ func (w *Writer) Queue(b *pgx.Batch, msgs ...Message) (*Queued, error) {
 		b.Queue(versionSQL, m.AggregateType, m.AggregateID)
 		b.Queue(insertSQL, m.AggregateType, m.AggregateID, m.EventType, string(m.Payload), string(headers[i])).
 			QueryRow(func(row pgx.Row) error {
-				if err := row.Scan(&q.out[i].ID, &q.out[i].AggregateVersion); err != nil {
+				if err := row.Scan(&q.out[i].ID, &q.out[i].AggregateVersion, &q.out[i].CreatedAt); err != nil {
 					return fmt.Errorf("insert outbox message %d: %w", i, err)
 				}
 				q.read++

@@ -3,14 +3,17 @@ package outbox
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"strconv"
+	"strings"
 	"time"
 )
 
 // Envelope is an outbox row as the relay hands it to a Publisher.
 type Envelope struct {
-	// ID is the outbox row's id. Publishers send it as the message id (in
-	// decimal): it is the consumer's deduplication key, stable across retries.
+	// ID is the outbox row's id. Publishers send MessageID, built from it
+	// and CreatedAt, as the message id.
 	ID int64
 	// AggregateType and AggregateID name the entity the event is about.
 	AggregateType string
@@ -28,6 +31,51 @@ type Envelope struct {
 	CreatedAt time.Time
 	// Attempt is 1 for the first publish attempt of this row, then 2, 3...
 	Attempt int
+}
+
+// MessageID is the id a Publisher sends e under: the consumer's
+// deduplication key, the same at every attempt. See MessageID (the function).
+func (e Envelope) MessageID() string { return MessageID(e.ID, e.CreatedAt) }
+
+// MessageID is the message id of the outbox row id written at createdAt:
+// "<id>-<createdAt in microseconds since the Unix epoch>", both in decimal,
+// e.g. "42-1764662400123456"; a zero createdAt gives the id alone.
+//
+// The id alone is not enough. After a failover to an asynchronous standby,
+// the standby's id sequence can be behind ids the old primary handed out to
+// events that were published and then lost with it, and the next events get
+// those ids again: a consumer deduplicating by the id would drop them as
+// duplicates of events it applied before the failover. The row's creation
+// time, which a later transaction on the new primary cannot share to the
+// microsecond, tells them apart; and both are stored in the row, so every
+// attempt, by any relay, sends the same id.
+//
+// Within one database, ordering message ids as byte strings orders them as
+// their outbox ids' decimal forms (the '-' sorts before every digit).
+func MessageID(id int64, createdAt time.Time) string {
+	if createdAt.IsZero() {
+		return strconv.FormatInt(id, 10)
+	}
+	return strconv.FormatInt(id, 10) + "-" + strconv.FormatInt(createdAt.UnixMicro(), 10)
+}
+
+// ParseMessageID reads a message id made by MessageID: the outbox id, and
+// its creation time, zero when the id has none (the form of earlier
+// versions of this package, the id alone, reads as such).
+func ParseMessageID(s string) (id int64, createdAt time.Time, err error) {
+	idPart, micros, hasTime := strings.Cut(s, "-")
+	id, err = strconv.ParseInt(idPart, 10, 64)
+	if err != nil || id <= 0 || strconv.FormatInt(id, 10) != idPart {
+		return 0, time.Time{}, fmt.Errorf("outbox: message id %q: no outbox id in decimal", s)
+	}
+	if !hasTime {
+		return id, time.Time{}, nil
+	}
+	us, err := strconv.ParseInt(micros, 10, 64)
+	if err != nil || strconv.FormatInt(us, 10) != micros {
+		return 0, time.Time{}, fmt.Errorf("outbox: message id %q: no creation time in microseconds", s)
+	}
+	return id, time.UnixMicro(us).UTC(), nil
 }
 
 // LogAttrs returns the attributes the relays log an event with, for

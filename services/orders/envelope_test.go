@@ -1,10 +1,10 @@
 package main
 
 import (
-	"strconv"
 	"testing"
 	"time"
 
+	"github.com/outbox-inbox/reference/pkg/outbox"
 	"github.com/outbox-inbox/reference/services/orders/internal/config"
 )
 
@@ -35,7 +35,7 @@ func TestServePublishesCloudEventsWithRelayEnvelope(t *testing.T) {
 	for i, want := range []string{"order.created", "order.cancelled"} {
 		m := receive(t, deliveries)
 		h := m.Headers
-		if _, err := strconv.ParseInt(m.MessageId, 10, 64); err != nil || h["cloudEvents_id"] != m.MessageId {
+		if _, _, err := outbox.ParseMessageID(m.MessageId); err != nil || h["cloudEvents_id"] != m.MessageId {
 			t.Errorf("message %d: id %v, MessageId %q", i, h["cloudEvents_id"], m.MessageId)
 		}
 		if h["cloudEvents_specversion"] != "1.0" || h["cloudEvents_source"] != "urn:example:orders" || h["cloudEvents_type"] != want ||

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math"
 	"net/url"
-	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -23,8 +22,9 @@ type CloudEvents struct {
 	// Source is every event's source attribute: a non-empty URI-reference
 	// naming the context the events come from, e.g. "/orders" or
 	// "urn:example:orders". CloudEvents asks that source and id together be
-	// unique for each distinct event; the id is the outbox row's id, unique
-	// within one outbox table, so give each outbox table a source of its own.
+	// unique for each distinct event; the id is the message id (the outbox
+	// row's id and creation time, outbox.MessageID), unique within one outbox
+	// table, so give each outbox table a source of its own.
 	// Required, at most 1024 bytes.
 	Source string
 }
@@ -119,7 +119,7 @@ func (ce *CloudEvents) publishing(e outbox.Envelope) (amqp.Publishing, error) {
 		// distributed tracing extension does not replace them.
 		h[k] = v
 	}
-	id := strconv.FormatInt(e.ID, 10)
+	id := e.MessageID()
 	h[HeaderCESpecVersion] = CloudEventsSpecVersion
 	h[HeaderCEID] = id
 	h[HeaderCESource] = ce.Source

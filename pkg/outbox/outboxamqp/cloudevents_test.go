@@ -52,7 +52,7 @@ func TestCloudEventsEnvelopeReachesTheConsumerAttributeByAttribute(t *testing.T)
 
 	want := amqp.Table{
 		"cloudEvents_specversion":      "1.0",
-		"cloudEvents_id":               "42",
+		"cloudEvents_id":               e.MessageID(),
 		"cloudEvents_source":           "/orders",
 		"cloudEvents_type":             "order.cancelled",
 		"cloudEvents_subject":          "o-1",
@@ -79,7 +79,7 @@ func TestCloudEventsEnvelopeReachesTheConsumerAttributeByAttribute(t *testing.T)
 	if d.ContentType != "application/json" {
 		t.Errorf("content type (datacontenttype) %q", d.ContentType)
 	}
-	if d.MessageId != "42" || d.Type != "order.cancelled" || d.DeliveryMode != amqp.Persistent || !d.Timestamp.Equal(e.CreatedAt.Truncate(time.Second)) {
+	if d.MessageId != e.MessageID() || d.Type != "order.cancelled" || d.DeliveryMode != amqp.Persistent || !d.Timestamp.Equal(e.CreatedAt.Truncate(time.Second)) {
 		t.Errorf("properties: message id %q, type %q, delivery mode %d, timestamp %v", d.MessageId, d.Type, d.DeliveryMode, d.Timestamp)
 	}
 	if string(d.Body) != string(e.Payload) {
@@ -118,7 +118,7 @@ func TestCloudEventsPublishingFollowsTheBindingsExample(t *testing.T) {
 			t.Errorf("%s = %#v, want %q", k, m.Headers[k], v)
 		}
 	}
-	if m.Headers["cloudEvents_id"] != "1234" {
+	if m.Headers["cloudEvents_id"] != "1234-1522900584000000" || m.MessageId != m.Headers["cloudEvents_id"] {
 		t.Errorf("id %#v", m.Headers["cloudEvents_id"])
 	}
 	if !strings.HasPrefix(m.ContentType, "application/json") {
@@ -182,7 +182,7 @@ func TestCloudEventsRefusesWhatCannotBeAnEvent(t *testing.T) {
 		t.Fatalf("the valid message: %v", errs[3])
 	}
 	ds := b.waitDeliveries("the valid message", 10*time.Second, func(ds []amqp.Delivery) bool { return len(ds) >= 1 })
-	if len(ds) != 1 || ds[0].MessageId != "4" {
+	if len(ds) != 1 || ds[0].MessageId != good.MessageID() {
 		t.Fatalf("delivered %d messages, first %q; want only message 4", len(ds), ds[0].MessageId)
 	}
 	// The largest version a CloudEvents Integer holds goes out.

@@ -8,7 +8,7 @@
 // topic by default, declared on every connection), with the event type as
 // routing key unless Config.RoutingKey says otherwise:
 //
-//	MessageId     the outbox row id, in decimal: the consumer's deduplication key
+//	MessageId     outbox.MessageID: the row's id and creation time, the consumer's deduplication key
 //	Type          the event type
 //	ContentType   application/json
 //	DeliveryMode  2 (persistent)
@@ -31,7 +31,7 @@
 // "cloudEvents_":
 //
 //	cloudEvents_specversion       "1.0"
-//	cloudEvents_id                the outbox row id, in decimal (also MessageId)
+//	cloudEvents_id                the message id, outbox.MessageID (also MessageId)
 //	cloudEvents_source            CloudEvents.Source
 //	cloudEvents_type              the event type
 //	cloudEvents_subject           the aggregate id

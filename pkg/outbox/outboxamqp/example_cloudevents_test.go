@@ -33,7 +33,7 @@ func ExampleCloudEventsPublishing() {
 	// content-type: application/json
 	// cloudEvents_aggregatetype: order
 	// cloudEvents_aggregateversion: 2
-	// cloudEvents_id: 42
+	// cloudEvents_id: 42-1795989660500000
 	// cloudEvents_source: /orders
 	// cloudEvents_specversion: 1.0
 	// cloudEvents_subject: o-1

@@ -80,7 +80,13 @@ func Example() {
 
 	for range 2 {
 		d := <-deliveries
-		fmt.Printf("%s message_id=%s %s/%s v%d %s %s\n", d.RoutingKey, d.MessageId,
+		// The message id is the outbox id and the row's creation time,
+		// in microseconds: "1-1764662400123456".
+		id, _, err := outbox.ParseMessageID(d.MessageId)
+		if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Printf("%s outbox_id=%d %s/%s v%d %s %s\n", d.RoutingKey, id,
 			d.Headers["aggregate_type"], d.Headers["aggregate_id"], d.Headers["aggregate_version"], d.ContentType, d.Body)
 	}
 	stop()
@@ -88,6 +94,6 @@ func Example() {
 		log.Fatal(err)
 	}
 	// Output:
-	// order.created message_id=1 order/o-1 v1 application/json {"order_id": "o-1"}
-	// order.cancelled message_id=2 order/o-1 v2 application/json {"order_id": "o-1"}
+	// order.created outbox_id=1 order/o-1 v1 application/json {"order_id": "o-1"}
+	// order.cancelled outbox_id=2 order/o-1 v2 application/json {"order_id": "o-1"}
 }

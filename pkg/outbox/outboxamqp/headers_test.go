@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"maps"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -103,7 +102,7 @@ func TestEveryAcceptedEdgeCaseReachesTheBroker(t *testing.T) {
 	startRelay(t, pool, newPublisher(t, testAMQPURL(), b.exchange, testLogger(t, nil)), relayConfig(t))
 	ds := b.waitDeliveries("every edge case", 60*time.Second, func(ds []amqp.Delivery) bool { return len(receivedIDs(ds)) == len(cases) })
 	for _, d := range ds {
-		id, _ := strconv.ParseInt(d.MessageId, 10, 64)
+		id, _, _ := outbox.ParseMessageID(d.MessageId)
 		name, ok := byID[id]
 		if !ok {
 			t.Fatalf("delivery %q is no message of the test", d.MessageId)

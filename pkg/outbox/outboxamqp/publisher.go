@@ -419,7 +419,7 @@ func (p *Publisher) PublishBatchTimed(ctx context.Context, msgs []outbox.Envelop
 
 	flights := make([]*flight, len(msgs))
 	for i, m := range msgs {
-		flights[i] = &flight{id: strconv.FormatInt(m.ID, 10)}
+		flights[i] = &flight{id: m.MessageID()}
 	}
 	c.track(flights)
 	defer c.untrack(flights)
@@ -596,7 +596,7 @@ func (p *Publisher) publishing(e outbox.Envelope) (amqp.Publishing, error) {
 const HeaderCreatedAt = "outbox_created_at"
 
 // Publishing returns the AMQP message the Publisher sends for e: persistent,
-// JSON, MessageId the outbox id, Type the event type, Timestamp the outbox
+// JSON, MessageId e.MessageID(), Type the event type, Timestamp the outbox
 // row's creation, and the headers aggregate_type, aggregate_id, event_type,
 // aggregate_version and outbox_created_at over e's own headers. Use it to publish an envelope by
 // other means (a replay tool, a benchmark's baseline) in exactly the same form.
@@ -617,7 +617,7 @@ func Publishing(e outbox.Envelope) amqp.Publishing {
 		Headers:      h,
 		ContentType:  "application/json",
 		DeliveryMode: amqp.Persistent,
-		MessageId:    strconv.FormatInt(e.ID, 10),
+		MessageId:    e.MessageID(),
 		Timestamp:    e.CreatedAt,
 		Type:         e.EventType,
 		Body:         e.Payload,

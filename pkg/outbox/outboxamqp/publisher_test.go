@@ -3,7 +3,6 @@ package outboxamqp_test
 import (
 	"context"
 	"errors"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -57,7 +56,7 @@ func TestPublishBatchSendsTheContractedMessage(t *testing.T) {
 	ds := b.waitDeliveries("two messages", 10*time.Second, func(ds []amqp.Delivery) bool { return len(ds) == 2 })
 	for i, d := range ds {
 		wantID, wantVersion, wantType := int64(41+i), int64(1+i), []string{"order.created", "order.cancelled"}[i]
-		if d.MessageId != strconv.FormatInt(wantID, 10) || d.Type != wantType || d.RoutingKey != wantType ||
+		if d.MessageId != outbox.MessageID(wantID, time.Date(2026, 11, 29, 22, 0, 0, 0, time.UTC)) || d.Type != wantType || d.RoutingKey != wantType ||
 			d.ContentType != "application/json" || d.DeliveryMode != amqp.Persistent ||
 			!d.Timestamp.Equal(time.Date(2026, 11, 29, 22, 0, 0, 0, time.UTC)) || string(d.Body) != `{"order_id":"o-1"}` {
 			t.Errorf("delivery %d properties: id %q type %q key %q content %q mode %d ts %v body %s",

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -234,7 +233,7 @@ func (c *cutter) PublishBatch(ctx context.Context, msgs []outbox.Envelope) []err
 		defer close(routed)
 		want := map[string]bool{}
 		for _, m := range msgs {
-			want[strconv.FormatInt(m.ID, 10)] = true
+			want[m.MessageID()] = true
 		}
 		c.b.waitDeliveries("the cut batch routed", 10*time.Second, func(ds []amqp.Delivery) bool {
 			n := 0

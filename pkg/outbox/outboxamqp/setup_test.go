@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -155,7 +154,7 @@ func (b *broker) waitDeliveries(what string, timeout time.Duration, cond func([]
 func receivedIDs(ds []amqp.Delivery) map[int64]int {
 	out := map[int64]int{}
 	for _, d := range ds {
-		id, _ := strconv.ParseInt(d.MessageId, 10, 64)
+		id, _, _ := outbox.ParseMessageID(d.MessageId)
 		out[id]++
 	}
 	return out

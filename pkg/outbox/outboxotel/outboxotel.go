@@ -62,7 +62,6 @@ package outboxotel
 import (
 	"context"
 	"errors"
-	"strconv"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -310,7 +309,7 @@ func (p *Publisher) start(ctx context.Context, m outbox.Envelope, now time.Time,
 		semconv.MessagingOperationTypeSend,
 		semconv.MessagingOperationName("publish"),
 		semconv.MessagingDestinationName(dest),
-		semconv.MessagingMessageID(strconv.FormatInt(m.ID, 10)),
+		semconv.MessagingMessageID(m.MessageID()),
 		semconv.MessagingMessageBodySize(len(m.Payload)),
 	)
 	if p.routingKey != nil {

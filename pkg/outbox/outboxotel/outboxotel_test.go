@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -78,6 +79,13 @@ func attrs(s tracetest.SpanStub) map[attribute.Key]attribute.Value {
 	return m
 }
 
+// outboxID is the outbox id of the message s published, in decimal, read
+// from its message id.
+func outboxID(s tracetest.SpanStub) string {
+	id, _, _ := outbox.ParseMessageID(attrs(s)["messaging.message.id"].AsString())
+	return strconv.FormatInt(id, 10)
+}
+
 // now is the tests' clock; envelopes are written a second before it.
 var now = time.Date(2026, 11, 29, 22, 0, 1, 0, time.UTC)
 
@@ -132,7 +140,7 @@ func TestPublishSpanIsAChildOfAYoungCreationContextAndLinksToIt(t *testing.T) {
 		"messaging.operation.type":                   "send",
 		"messaging.operation.name":                   "publish",
 		"messaging.destination.name":                 "orders.events",
-		"messaging.message.id":                       "42",
+		"messaging.message.id":                       envelope(42, nil).MessageID(),
 		"messaging.rabbitmq.destination.routing_key": "rk.order.created",
 		"messaging.message.body.size":                int64(7),
 		"outbox.aggregate.type":                      "order",
@@ -231,7 +239,7 @@ func TestOutcomesAndRetries(t *testing.T) {
 		if s.SpanContext.TraceID().String() != traceID || s.Parent.SpanID().String() != parentID {
 			t.Fatalf("span %s not under the creation context: %v", s.Name, s.Parent)
 		}
-		id := attrs(s)["messaging.message.id"].AsString()
+		id := outboxID(s)
 		byID[id] = append(byID[id], s)
 	}
 	if s := byID["1"][0]; s.Status.Code != codes.Unset {
@@ -279,7 +287,7 @@ func TestEachSpanEndsAtItsOwnConfirm(t *testing.T) {
 	pub.PublishBatch(context.Background(), []outbox.Envelope{envelope(1, h), envelope(2, h), envelope(3, h)})
 	ends := map[string]time.Time{}
 	for _, s := range exp.GetSpans() {
-		ends[attrs(s)["messaging.message.id"].AsString()] = s.EndTime
+		ends[outboxID(s)] = s.EndTime
 		if a := attrs(s); a["server.address"].AsString() != "rabbit-2.example" || a["server.port"].AsInt64() != 5671 {
 			t.Errorf("span %s: server.address %v, server.port %v", s.Name, a["server.address"], a["server.port"])
 		}

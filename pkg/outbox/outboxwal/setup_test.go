@@ -294,7 +294,7 @@ func (b *broker) waitIDs(what string, want []outbox.Enqueued) []amqp.Delivery {
 func receivedIDs(ds []amqp.Delivery) map[int64]int {
 	out := map[int64]int{}
 	for _, d := range ds {
-		id, _ := strconv.ParseInt(d.MessageId, 10, 64)
+		id, _, _ := outbox.ParseMessageID(d.MessageId)
 		out[id]++
 	}
 	return out

@@ -15,7 +15,9 @@
 // The answers come from the stores that own those collections
 // (internal/mongodb, internal/deadletter), looked up by order and version
 // (the event's aggregate id and version), and count only when the message
-// kept there is the event itself: its message id is the outbox id.
+// kept there is the event itself: its message id is the event's
+// (outbox.LoggedEvent.SentAs), not that of an event the database lost in a
+// failover whose outbox id the new primary handed out again.
 //
 // It is the one package of the service outside internal/: cmd/audit, a
 // command of its own, needs it.
@@ -24,7 +26,6 @@ package accounting
 import (
 	"context"
 	"fmt"
-	"strconv"
 
 	"go.mongodb.org/mongo-driver/v2/mongo"
 
@@ -80,15 +81,14 @@ func (b *Books) Account(ctx context.Context, events []outbox.LoggedEvent) (map[i
 	}
 	out := make(map[int64]audit.Kept)
 	for i, e := range events {
-		msgID := strconv.FormatInt(e.ID, 10)
-		if a, ok := applied[refs[i]]; ok && a.MessageID == msgID {
+		if a, ok := applied[refs[i]]; ok && e.SentAs(a.MessageID) {
 			out[e.ID] = audit.KeptEffect
 			if a.Discarded {
 				out[e.ID] = audit.KeptHeld
 			}
 			continue
 		}
-		if k, ok := kept[refs[i]]; ok && k.MessageID == msgID {
+		if k, ok := kept[refs[i]]; ok && e.SentAs(k.MessageID) {
 			out[e.ID] = audit.KeptHeld
 		}
 	}

@@ -3,7 +3,6 @@ package app_test
 import (
 	"context"
 	"log/slog"
-	"strconv"
 	"testing"
 	"time"
 
@@ -38,13 +37,14 @@ func TestCloudEventsAreAppliedOnceWhicheverEnvelope(t *testing.T) {
 		t.Helper()
 		envs := make([]outbox.Envelope, len(evs))
 		for i, ev := range evs {
-			id, err := strconv.ParseInt(ev.MessageID, 10, 64)
+			// The same message id as the outbox envelope of the event.
+			id, createdAt, err := outbox.ParseMessageID(ev.MessageID)
 			if err != nil {
 				t.Fatal(err)
 			}
 			envs[i] = outbox.Envelope{
 				ID: id, AggregateType: "order", AggregateID: ev.OrderID, AggregateVersion: ev.Version.(int64),
-				EventType: ev.Type, Payload: ev.Body, Headers: map[string]string{}, CreatedAt: time.Now(),
+				EventType: ev.Type, Payload: ev.Body, Headers: map[string]string{}, CreatedAt: createdAt,
 			}
 		}
 		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
