@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"syscall"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -48,7 +51,12 @@ func migrate(ctx context.Context, getenv func(string) string, stdout, logOut io.
 
 // serveDatabase opens the database for `orders serve`: it must exist and hold
 // both schemas, unless MIGRATE=true, which creates and migrates it first.
+// It waits for a server it cannot reach yet (awaitDatabase).
 func serveDatabase(ctx context.Context, cfg config.Config, tp trace.TracerProvider, logger *slog.Logger) (*pgxpool.Pool, error) {
+	return awaitDatabase(ctx, logger, func() (*pgxpool.Pool, error) { return openServeDatabase(ctx, cfg, tp, logger) })
+}
+
+func openServeDatabase(ctx context.Context, cfg config.Config, tp trace.TracerProvider, logger *slog.Logger) (*pgxpool.Pool, error) {
 	if cfg.Migrate {
 		pcfg, err := postgres.PoolConfig(cfg.DatabaseURL, cfg.DatabasePooler)
 		if err != nil {
@@ -61,6 +69,55 @@ func serveDatabase(ctx context.Context, cfg config.Config, tp trace.TracerProvid
 		pool.Close()
 	}
 	return connect(ctx, cfg, true, tp)
+}
+
+// awaitDatabase calls open until it succeeds, fails for a reason waiting
+// cannot fix, or ctx ends. A long-running command (serve, relay) started
+// while PostgreSQL is down, restarting or refusing connections during its
+// start-up waits for it, with backoff (100ms doubling to 5s), instead of
+// exiting: an orchestrator restarting a command that exits at once backs off
+// for minutes, far longer than a database restart. A database that does not
+// exist, a failed authentication or a schema to migrate are errors at once.
+// The operator's commands do not wait.
+func awaitDatabase(ctx context.Context, logger *slog.Logger, open func() (*pgxpool.Pool, error)) (*pgxpool.Pool, error) {
+	wait := 100 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		pool, err := open()
+		if err == nil {
+			if attempt > 1 {
+				logger.InfoContext(ctx, "database reached", "attempt", attempt)
+			}
+			return pool, nil
+		}
+		if !unreachable(err) {
+			return nil, err
+		}
+		logger.WarnContext(ctx, "database unreachable, waiting for the database", "error", err, "attempt", attempt, "retry_in", wait)
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%w (given up waiting: %w)", err, context.Cause(ctx))
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 5*time.Second)
+	}
+}
+
+// unreachable reports whether err says the server could not be reached or
+// would not take a connection yet, which waiting may fix: no answer, a
+// connection cut, or a server starting up, shutting down, or full.
+func unreachable(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "57P01", "57P02", "57P03", "53300": // admin_shutdown, crash_shutdown, cannot_connect_now, too_many_connections
+			return true
+		}
+		return false
+	}
+	var connectErr *pgconn.ConnectError
+	var netErr net.Error
+	return errors.As(err, &connectErr) || errors.As(err, &netErr) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET)
 }
 
 // openDatabase opens the database of DATABASE_URL for the operator's commands:

@@ -93,7 +93,9 @@ func runRelay(ctx context.Context, getenv func(string) string, logOut io.Writer,
 	if err != nil {
 		return err
 	}
-	pool, err := connect(ctx, cfg, false, tel.TracerProvider)
+	pool, err := awaitDatabase(ctx, logger, func() (*pgxpool.Pool, error) {
+		return connect(ctx, cfg, false, tel.TracerProvider)
+	})
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,91 @@
+package main
+
+import (
+	"io"
+	"net"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-inbox/reference/pkg/outbox"
+)
+
+// A relay (or an API) started while PostgreSQL is down, restarting or not
+// accepting connections yet waits for it instead of exiting: an exit at start
+// during a short database outage would put it in a restart loop whose backoff
+// (an orchestrator's) outlasts the outage by minutes. Errors no wait can fix
+// (a database that does not exist, a schema to migrate) still stop it at once.
+func TestRelayWaitsForADatabaseThatIsNotUpYet(t *testing.T) {
+	t.Parallel()
+	amqpURL := newVhost(t)
+	dbURL := migratedDatabaseURL(t)
+	deliveries := bindQueue(t, amqpURL)
+
+	// The database's address, through a port nothing listens on yet.
+	gate := freeAddr(t)
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	target := u.Host
+	u.Host = gate
+	httpAddr := freeAddr(t)
+	p := start(t, map[string]string{
+		"DATABASE_URL": u.String(), "AMQP_URL": amqpURL, "HTTP_ADDR": httpAddr, "RELAY_POLL_INTERVAL": "50ms",
+	}, "relay")
+
+	select {
+	case err := <-p.done:
+		t.Fatalf("the relay exited while the database was unreachable: %v", err)
+	case <-time.After(1500 * time.Millisecond):
+	}
+	if !strings.Contains(p.logs.String(), "waiting for the database") {
+		t.Errorf("the relay did not say it waits for the database:\n%s", p.logs.String())
+	}
+
+	// The database comes up.
+	ln, err := net.Listen("tcp", gate)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	go forward(ln, target)
+	waitReady(t, "http://"+httpAddr)
+
+	// And the relay publishes.
+	pool := connectPool(t, dbURL)
+	err = pgx.BeginFunc(t.Context(), pool, func(tx pgx.Tx) error {
+		_, err := outbox.Enqueue(t.Context(), tx, outbox.Message{
+			AggregateType: "order", AggregateID: "o-late", EventType: "order.created", Payload: []byte(`{}`)})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := receive(t, deliveries); m.Headers["aggregate_id"] != "o-late" {
+		t.Fatalf("published %v, want the event of o-late", m.Headers)
+	}
+}
+
+// forward copies each connection accepted on ln to target and back.
+func forward(ln net.Listener, target string) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			defer c.Close()
+			up, err := net.Dial("tcp", target)
+			if err != nil {
+				return
+			}
+			defer up.Close()
+			go func() { _, _ = io.Copy(up, c); _ = up.(*net.TCPConn).CloseWrite() }()
+			_, _ = io.Copy(c, up)
+		}()
+	}
+}
