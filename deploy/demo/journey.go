@@ -6,11 +6,12 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/outbox-inbox/reference/pkg/outbox"
 )
 
 // journey is one order's way through the system, for /api/journey.
@@ -107,7 +108,7 @@ func (v *liveView) journey(ctx context.Context, id string) (journey, int, error)
 	}
 	for rows.Next() {
 		var e journeyEvent
-		var msgID int64
+		var msgID int64 // the outbox id
 		var lastErr, traceparent *string
 		if err := rows.Scan(&msgID, &e.EventType, &e.Version, &e.WrittenAt, &e.Attempts, &e.State,
 			&lastErr, &e.NextAttemptAt, &e.PublishedAt, &e.DeadLetteredAt, &traceparent); err != nil {
@@ -123,7 +124,7 @@ func (v *liveView) journey(ctx context.Context, id string) (journey, int, error)
 		if e.TraceID != "" && v.d.cfg.JaegerUI != "" {
 			e.TraceURL = strings.TrimRight(v.d.cfg.JaegerUI, "/") + "/trace/" + e.TraceID
 		}
-		e.MessageID = strconv.FormatInt(msgID, 10)
+		e.MessageID = outbox.MessageID(msgID, e.WrittenAt) // as the relay publishes it
 		e.Deliveries = v.d.deliveries.of(e.MessageID)
 		if e.Deliveries == nil {
 			e.Deliveries = []delivery{}

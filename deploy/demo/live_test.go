@@ -23,6 +23,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/outbox-inbox/reference/pkg/inbox"
+	"github.com/outbox-inbox/reference/pkg/outbox"
 )
 
 // chromiumPath finds the browser: CHROMIUM if set, else chromium on the PATH.
@@ -465,8 +466,8 @@ func TestLiveViewInABrowser(t *testing.T) {
 		getSelection().addRange(r);
 		return getSelection().toString();
 	})()`)
-	if _, err := strconv.Atoi(msgID); err != nil {
-		t.Fatalf("selected %q, want a message id", msgID)
+	if _, _, err := outbox.ParseMessageID(msgID); err != nil {
+		t.Fatalf("selected %q, want a message id: %v", msgID, err)
 	}
 
 	// The relays come back (a click that does not move the selection); the
