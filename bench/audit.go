@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -62,13 +61,26 @@ func (b *bench) runAudit(ctx context.Context) ([]Figure, error) {
 	defer func() { _ = client.Disconnect(context.WithoutCancel(ctx)) }()
 	db := client.Database("bench_audit")
 
+	// The message ids the relay publishes the events under.
+	events, err := outbox.NewEventLog(pool, 0)
+	if err != nil {
+		return nil, err
+	}
+	msgIDs := make([]string, 0, n)
+	for e, err := range events.Events(ctx, outbox.EventWindow{}) {
+		if err != nil {
+			return nil, fmt.Errorf("read the outbox: %w", err)
+		}
+		msgIDs = append(msgIDs, e.MessageID())
+	}
+
 	// Shipping's inbox: consumer "shipping", records buffered every 10ms.
 	in, err := inbox.New(db, inbox.Config{Consumer: "shipping", Standalone: inbox.StandaloneConfig{FlushInterval: 10 * time.Millisecond}})
 	if err != nil {
 		return nil, err
 	}
 	start = time.Now()
-	if err := recordAll(ctx, in, n, 16); err != nil {
+	if err := recordAll(ctx, in, msgIDs, 16); err != nil {
 		return nil, fmt.Errorf("record the events in the inbox: %w", err)
 	}
 	seedRate := rate(n, time.Since(start))
@@ -87,10 +99,6 @@ func (b *bench) runAudit(ctx context.Context) ([]Figure, error) {
 		read++
 	}
 	inboxRead := rate(read, time.Since(start))
-	events, err := outbox.NewEventLog(pool, 0)
-	if err != nil {
-		return nil, err
-	}
 	start = time.Now()
 	read = 0
 	for _, err := range events.Events(ctx, outbox.EventWindow{}) {
@@ -122,7 +130,7 @@ func (b *bench) runAudit(ctx context.Context) ([]Figure, error) {
 	// The same audit with the inbox side made in memory (the same records,
 	// in the same order): what the audit does when the inbox's server keeps
 	// up, as MongoDB's range scans of the _id index would.
-	memory := newMemoryInbox(n)
+	memory := newMemoryInbox(msgIDs)
 	inMemory := func(prefetch int) (float64, error) {
 		now := time.Now()
 		r, err := audit.Run(ctx, audit.Config{
@@ -179,11 +187,8 @@ func (b *bench) runAudit(ctx context.Context) ([]Figure, error) {
 // in byte order, as Inbox.Recorded yields them.
 type memoryInbox struct{ ids []string }
 
-func newMemoryInbox(n int) memoryInbox {
-	ids := make([]string, n)
-	for i := range ids {
-		ids[i] = strconv.Itoa(i + 1)
-	}
+func newMemoryInbox(msgIDs []string) memoryInbox {
+	ids := slices.Clone(msgIDs)
 	slices.Sort(ids)
 	return memoryInbox{ids: ids}
 }
@@ -199,9 +204,9 @@ func (m memoryInbox) Recorded(ctx context.Context, since time.Time, pageSize int
 	}
 }
 
-// recordAll records the messages "1".."n" as done in in, as the shipping
-// service does for each event it applies, from clients goroutines.
-func recordAll(ctx context.Context, in *inbox.Inbox, n, clients int) error {
+// recordAll records msgIDs as done in in, as the shipping service does for
+// each event it applies, from clients goroutines.
+func recordAll(ctx context.Context, in *inbox.Inbox, msgIDs []string, clients int) error {
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	errs := make([]error, clients)
@@ -210,11 +215,11 @@ func recordAll(ctx context.Context, in *inbox.Inbox, n, clients int) error {
 		go func() {
 			defer wg.Done()
 			for {
-				id := next.Add(1)
-				if id > int64(n) || ctx.Err() != nil {
+				i := next.Add(1) - 1
+				if i >= int64(len(msgIDs)) || ctx.Err() != nil {
 					return
 				}
-				if _, err := in.Process(ctx, strconv.FormatInt(id, 10), func(context.Context) error { return nil }); err != nil {
+				if _, err := in.Process(ctx, msgIDs[i], func(context.Context) error { return nil }); err != nil {
 					errs[c] = err
 					return
 				}
