@@ -40,6 +40,7 @@ func TestPublishesConfirmsSweepsAndAcknowledges(t *testing.T) {
 			}
 			got := b.waitIDs("every event", want)
 			checkAggregateOrder(t, got)
+			checkMessageIDs(t, want, got)
 			for _, d := range got {
 				if d.Headers["traceparent"] == nil || len(d.Body) == 0 {
 					t.Fatalf("delivery %s lacks its header or payload: %v %q", d.MessageId, d.Headers, d.Body)
@@ -86,6 +87,7 @@ func TestRowsOlderThanTheSlotArePublishedFirst(t *testing.T) {
 	later := enqueue(t, pool, msg("a", "order.paid"), msg("c", "order.created"))
 	got := b.waitIDs("old and new events", append(old, later...))
 	checkAggregateOrder(t, got)
+	checkMessageIDs(t, append(old, later...), got) // handed over, then streamed
 	waitFor(t, "the outbox swept", 30*time.Second, outboxEmpty(pool))
 }
 

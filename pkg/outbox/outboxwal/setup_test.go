@@ -291,6 +291,28 @@ func (b *broker) waitIDs(what string, want []outbox.Enqueued) []amqp.Delivery {
 	}
 }
 
+// checkMessageIDs fails the test unless every delivery of an event of want
+// carries the message id Enqueue's answer gives (outbox.MessageID of the id
+// and created_at): the WAL stream's decoding, the hand-over relay's reading
+// and the writer agree to the microsecond, so a copy from either is the same
+// message to an inbox.
+func checkMessageIDs(t testing.TB, want []outbox.Enqueued, got []amqp.Delivery) {
+	t.Helper()
+	byID := make(map[int64]string, len(want))
+	for _, e := range want {
+		byID[e.ID] = e.MessageID()
+	}
+	for _, d := range got {
+		id, _, err := outbox.ParseMessageID(d.MessageId)
+		if err != nil {
+			t.Fatalf("delivery %q: %v", d.MessageId, err)
+		}
+		if w, ok := byID[id]; ok && d.MessageId != w {
+			t.Fatalf("event %d published as %q, want %q", id, d.MessageId, w)
+		}
+	}
+}
+
 func receivedIDs(ds []amqp.Delivery) map[int64]int {
 	out := map[int64]int{}
 	for _, d := range ds {
