@@ -7,8 +7,9 @@
 //	go run ./bench -only relay_drain   some figures, comma-separated
 //	go run ./bench -quick              smaller sizes, to check the harness
 //
-// Figures: relay_drain, relay_drain_wal, relay_recovery, write_overhead,
-// read_flat, e2e_latency, claim_flat, status_scrape, inbox_throughput, audit.
+// Figures: relay_drain, relay_drain_wal, hot_aggregate, relay_recovery,
+// write_overhead, read_flat, e2e_latency, claim_flat, status_scrape,
+// inbox_throughput, audit.
 // See docs/benchmarks.md for what each
 // measures and the latest numbers.
 //
@@ -68,7 +69,7 @@ func main() {
 
 // figureOrder is the order figures run in: those that need the shipping
 // service and pkg/inbox last.
-var figureOrder = []string{"relay_drain", "relay_drain_wal", "relay_recovery", "write_overhead", "read_flat", "claim_flat", "status_scrape", "inbox_throughput", "audit", "e2e_latency", "e2e_latency_wal"}
+var figureOrder = []string{"relay_drain", "relay_drain_wal", "hot_aggregate", "relay_recovery", "write_overhead", "read_flat", "claim_flat", "status_scrape", "inbox_throughput", "audit", "e2e_latency", "e2e_latency_wal"}
 
 // config holds the sizes of one run.
 type config struct {
@@ -277,6 +278,7 @@ func (b *bench) runFigures(ctx context.Context, selected []string, report *Repor
 	runners := map[string]func(context.Context) ([]Figure, error){
 		"relay_drain":      b.runRelayDrain,
 		"relay_drain_wal":  b.runRelayDrainWAL,
+		"hot_aggregate":    b.runHotAggregate,
 		"relay_recovery":   b.runRelayRecovery,
 		"write_overhead":   b.runWriteOverhead,
 		"read_flat":        b.runReadFlat,
