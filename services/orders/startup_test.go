@@ -1,14 +1,17 @@
 package main
 
 import (
+	"fmt"
 	"io"
 	"net"
 	"net/url"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outbox-inbox/reference/pkg/outbox"
 )
@@ -87,5 +90,29 @@ func forward(ln net.Listener, target string) {
 			go func() { _, _ = io.Copy(up, c); _ = up.(*net.TCPConn).CloseWrite() }()
 			_, _ = io.Copy(c, up)
 		}()
+	}
+}
+
+// What the start waits out, and what stops it at once.
+func TestUnreachableTellsAnOutageFromAMistake(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"connection refused", &pgconn.ConnectError{}, true},
+		{"a connection cut mid-query", fmt.Errorf("outbox check schema: %w", io.ErrUnexpectedEOF), true},
+		{"a network error", &net.OpError{Op: "read", Err: syscall.ECONNRESET}, true},
+		{"the server starting up", &pgconn.PgError{Code: "57P03"}, true},
+		{"the server shutting down", &pgconn.PgError{Code: "57P01"}, true},
+		{"too many connections", &pgconn.PgError{Code: "53300"}, true},
+		{"no such database", fmt.Errorf("database %q does not exist: %w", "x", &pgconn.PgError{Code: "3D000"}), false},
+		{"a wrong password", &pgconn.PgError{Code: "28P01"}, false},
+		{"the schema to migrate", fmt.Errorf("database x: %w", outbox.ErrSchemaMissing), false},
+		{"a schema too new", outbox.ErrSchemaTooNew, false},
+	} {
+		if got := unreachable(c.err); got != c.want {
+			t.Errorf("%s (%v): unreachable = %v, want %v", c.name, c.err, got, c.want)
+		}
 	}
 }
