@@ -114,10 +114,12 @@ func unreachable(err error) bool {
 		}
 		return false
 	}
-	var connectErr *pgconn.ConnectError
+	// A connection attempt that failed for another reason (the server
+	// refusing TLS, an unknown authentication method) is a mistake of the
+	// configuration: waiting would not fix it.
 	var netErr net.Error
-	return errors.As(err, &connectErr) || errors.As(err, &netErr) ||
-		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET)
+	return errors.As(err, &netErr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET)
 }
 
 // openDatabase opens the database of DATABASE_URL for the operator's commands:

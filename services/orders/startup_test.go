@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -95,12 +96,37 @@ func forward(ln net.Listener, target string) {
 
 // What the start waits out, and what stops it at once.
 func TestUnreachableTellsAnOutageFromAMistake(t *testing.T) {
+	_, refused := pgconn.Connect(t.Context(), "postgres://postgres@"+freeAddr(t)+"/x?sslmode=disable&connect_timeout=5")
+	if refused == nil {
+		t.Fatal("connected to a port nothing listens on")
+	}
+	// A server that hangs up at once, as one stopping does.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			_ = c.Close()
+		}
+	}()
+	_, hungUp := pgconn.Connect(t.Context(), "postgres://postgres@"+ln.Addr().String()+"/x?sslmode=disable&connect_timeout=5")
+	if hungUp == nil {
+		t.Fatal("connected to a server that hangs up")
+	}
 	for _, c := range []struct {
 		name string
 		err  error
 		want bool
 	}{
-		{"connection refused", &pgconn.ConnectError{}, true},
+		{"connection refused", refused, true},
+		{"a server hanging up", hungUp, true},
+		{"a refused TLS handshake", fmt.Errorf("failed to connect: %w", errors.New("server refused TLS connection")), false},
 		{"a connection cut mid-query", fmt.Errorf("outbox check schema: %w", io.ErrUnexpectedEOF), true},
 		{"a network error", &net.OpError{Op: "read", Err: syscall.ECONNRESET}, true},
 		{"the server starting up", &pgconn.PgError{Code: "57P03"}, true},
