@@ -348,11 +348,13 @@
 // any time later: retrying one older than the consumers' window may deliver a
 // duplicate they no longer recognise.
 //
-// The message id is the row's identity value, unique within one outbox table
-// only. Consumers that read events from several outboxes must deduplicate on
-// the source and the id together, and an outbox recreated from scratch starts
-// its ids again at 1: reset the consumers' deduplication records with it, or
-// they take the new events for duplicates of the old ones.
+// The message id (MessageID) is the row's identity value and its creation
+// time to the microsecond, unique within one outbox table only: consumers that
+// read events from several outboxes must deduplicate on the source and the id
+// together. The creation time keeps it unique when the identity values are
+// handed out again: after a failover to an asynchronous standby (whose
+// sequence is behind ids the lost primary published under), a restore, or an
+// outbox recreated from scratch, which starts its ids again at 1.
 //
 // # Operating it
 //
