@@ -1,9 +1,11 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/url"
 	"strings"
@@ -13,6 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-inbox/reference/pkg/outbox"
 )
@@ -140,5 +143,22 @@ func TestUnreachableTellsAnOutageFromAMistake(t *testing.T) {
 		if got := unreachable(c.err); got != c.want {
 			t.Errorf("%s (%v): unreachable = %v, want %v", c.name, c.err, got, c.want)
 		}
+	}
+}
+
+// SIGTERM while waiting for the database ends the wait at once, with an
+// error main takes for a clean stop (it wraps context.Canceled).
+func TestAwaitDatabaseStopsWithItsContext(t *testing.T) {
+	ctx, cancel := context.WithCancel(t.Context())
+	time.AfterFunc(300*time.Millisecond, cancel)
+	start := time.Now()
+	_, err := awaitDatabase(ctx, slog.New(slog.DiscardHandler), func() (*pgxpool.Pool, error) {
+		return nil, &net.OpError{Op: "dial", Err: syscall.ECONNREFUSED}
+	})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("err %v, want one wrapping context.Canceled", err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("the wait ended %v after the start, long after its context", d)
 	}
 }
