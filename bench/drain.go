@@ -41,6 +41,16 @@ func declareDrainTopology(url, queueType string) error {
 	return nil
 }
 
+// pendingAndQueued returns, after a drain, the rows left in the outbox and
+// the messages the drain queue holds (which it then purges).
+func pendingAndQueued(ctx context.Context, pool *pgxpool.Pool, url string) (pending, queued int, err error) {
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM outbox").Scan(&pending); err != nil {
+		return 0, 0, err
+	}
+	queued, err = takeQueue(url, drainQueueName)
+	return pending, queued, err
+}
+
 // takeQueue returns how many messages the queue holds, then purges it.
 func takeQueue(url, queue string) (int, error) {
 	conn, err := amqp.Dial(url)

@@ -205,11 +205,7 @@ func (b *bench) runRelayDrainWAL(ctx context.Context) ([]Figure, error) {
 
 	n := b.cfg.drainBacklog
 	check := func(what string) error {
-		var pending int
-		if err := pool.QueryRow(ctx, "SELECT count(*) FROM outbox").Scan(&pending); err != nil {
-			return err
-		}
-		inQueue, err := takeQueue(url, drainQueueName)
+		pending, inQueue, err := pendingAndQueued(ctx, pool, url)
 		if err != nil {
 			return err
 		}

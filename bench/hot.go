@@ -36,24 +36,25 @@ func (b *bench) runHotAggregate(ctx context.Context) ([]Figure, error) {
 		return nil, err
 	}
 	n := hotBacklog
-	check := func(what string) error {
-		var pending int
-		if err := pool.QueryRow(ctx, "SELECT count(*) FROM outbox").Scan(&pending); err != nil {
-			return err
+	// drain seeds the backlog, drains it with one relay and checks that
+	// every event went out once.
+	drain := func(what string, seed func(context.Context, *pgxpool.Pool, int) error) (float64, error) {
+		if err := resetOutbox(ctx, pool); err != nil {
+			return 0, err
 		}
-		inQueue, err := takeQueue(url, drainQueueName)
+		if err := seed(ctx, pool, n); err != nil {
+			return 0, err
+		}
+		res, err := drainWithRelays(ctx, poolCfg, url, n, 1, b.relayConfig(), b.quiet, nil, "hot_aggregate_"+what)
 		if err != nil {
-			return err
+			return 0, fmt.Errorf("%s: %w", what, err)
 		}
-		if pending != 0 || inQueue != n {
-			return fmt.Errorf("%s: after the drain outbox=%d queue=%d, want 0, %d", what, pending, inQueue, n)
-		}
-		return nil
-	}
-	drain := func(label string) (float64, error) {
-		res, err := drainWithRelays(ctx, poolCfg, url, n, 1, b.relayConfig(), b.quiet, nil, label)
+		pending, inQueue, err := pendingAndQueued(ctx, pool, url)
 		if err != nil {
 			return 0, err
+		}
+		if pending != 0 || inQueue != n {
+			return 0, fmt.Errorf("%s: after the drain outbox=%d queue=%d, want 0, %d", what, pending, inQueue, n)
 		}
 		return rate(n, res.elapsed), nil
 	}
@@ -61,35 +62,15 @@ func (b *bench) runHotAggregate(ctx context.Context) ([]Figure, error) {
 	var many, hot []float64
 	details := map[string]any{}
 	for rep := range b.cfg.reps {
-		if err := resetOutbox(ctx, pool); err != nil {
-			return nil, err
-		}
-		if err := seedBacklog(ctx, pool, n); err != nil {
-			return nil, err
-		}
-		r, err := drain(fmt.Sprintf("hot_aggregate_many_rep%d", rep))
+		r, err := drain(fmt.Sprintf("many_rep%d", rep), seedBacklog)
 		if err != nil {
-			return nil, fmt.Errorf("baseline: %w", err)
-		}
-		if err := check("baseline"); err != nil {
 			return nil, err
 		}
-		many = append(many, r)
-
-		if err := resetOutbox(ctx, pool); err != nil {
-			return nil, err
-		}
-		if err := seedHotAggregate(ctx, pool, n); err != nil {
-			return nil, err
-		}
-		h, err := drain(fmt.Sprintf("hot_aggregate_one_rep%d", rep))
+		h, err := drain(fmt.Sprintf("one_rep%d", rep), seedHotAggregate)
 		if err != nil {
-			return nil, fmt.Errorf("one aggregate: %w", err)
-		}
-		if err := check("one aggregate"); err != nil {
 			return nil, err
 		}
-		hot = append(hot, h)
+		many, hot = append(many, r), append(hot, h)
 		b.log.Info("hot_aggregate", "rep", rep, "one_aggregate_events_per_s", int(h), "many_aggregates_events_per_s", int(r))
 	}
 	details["one_aggregate_events_per_s"] = hot

@@ -56,6 +56,13 @@ func serveDatabase(ctx context.Context, cfg config.Config, tp trace.TracerProvid
 	return awaitDatabase(ctx, logger, func() (*pgxpool.Pool, error) { return openServeDatabase(ctx, cfg, tp, logger) })
 }
 
+// relayDatabase opens the database for `orders relay`: it must exist and
+// hold the outbox schema. It waits for a server it cannot reach yet
+// (awaitDatabase).
+func relayDatabase(ctx context.Context, cfg config.Config, tp trace.TracerProvider, logger *slog.Logger) (*pgxpool.Pool, error) {
+	return awaitDatabase(ctx, logger, func() (*pgxpool.Pool, error) { return connect(ctx, cfg, false, tp) })
+}
+
 func openServeDatabase(ctx context.Context, cfg config.Config, tp trace.TracerProvider, logger *slog.Logger) (*pgxpool.Pool, error) {
 	if cfg.Migrate {
 		pcfg, err := postgres.PoolConfig(cfg.DatabaseURL, cfg.DatabasePooler)

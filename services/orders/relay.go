@@ -93,9 +93,7 @@ func runRelay(ctx context.Context, getenv func(string) string, logOut io.Writer,
 	if err != nil {
 		return err
 	}
-	pool, err := awaitDatabase(ctx, logger, func() (*pgxpool.Pool, error) {
-		return connect(ctx, cfg, false, tel.TracerProvider)
-	})
+	pool, err := relayDatabase(ctx, cfg, tel.TracerProvider, logger)
 	if err != nil {
 		return err
 	}
