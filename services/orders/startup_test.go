@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -31,17 +32,23 @@ func TestRelayWaitsForADatabaseThatIsNotUpYet(t *testing.T) {
 	dbURL := migratedDatabaseURL(t)
 	deliveries := bindQueue(t, amqpURL)
 
-	// The database's address, through a port nothing listens on yet.
-	gate := freeAddr(t)
+	// The database's address, through a listener that hangs up on every
+	// connection until the database "comes up". It stays bound all along, so
+	// no other test can be handed its port meanwhile.
+	gate, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = gate.Close() })
 	u, err := url.Parse(dbURL)
 	if err != nil {
 		t.Fatal(err)
 	}
-	target := u.Host
-	u.Host = gate
-	httpAddr := freeAddr(t)
+	var up atomic.Bool
+	go forward(gate, u.Host, &up)
+	u.Host = gate.Addr().String()
 	p := start(t, map[string]string{
-		"DATABASE_URL": u.String(), "AMQP_URL": amqpURL, "HTTP_ADDR": httpAddr, "RELAY_POLL_INTERVAL": "50ms",
+		"DATABASE_URL": u.String(), "AMQP_URL": amqpURL, "RELAY_POLL_INTERVAL": "50ms",
 	}, "relay")
 
 	select {
@@ -53,15 +60,7 @@ func TestRelayWaitsForADatabaseThatIsNotUpYet(t *testing.T) {
 		t.Errorf("the relay did not say it waits for the database:\n%s", p.logs.String())
 	}
 
-	// The database comes up.
-	ln, err := net.Listen("tcp", gate)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = ln.Close() })
-	go forward(ln, target)
-	waitReady(t, "http://"+httpAddr)
-
+	up.Store(true) // the database comes up
 	// And the relay publishes.
 	pool := connectPool(t, dbURL)
 	err = pgx.BeginFunc(t.Context(), pool, func(tx pgx.Tx) error {
@@ -77,8 +76,9 @@ func TestRelayWaitsForADatabaseThatIsNotUpYet(t *testing.T) {
 	}
 }
 
-// forward copies each connection accepted on ln to target and back.
-func forward(ln net.Listener, target string) {
+// forward copies each connection accepted on ln to target and back once up
+// holds, and hangs up on it before.
+func forward(ln net.Listener, target string, up *atomic.Bool) {
 	for {
 		c, err := ln.Accept()
 		if err != nil {
@@ -86,6 +86,9 @@ func forward(ln net.Listener, target string) {
 		}
 		go func() {
 			defer c.Close()
+			if !up.Load() {
+				return
+			}
 			up, err := net.Dial("tcp", target)
 			if err != nil {
 				return
