@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -73,6 +75,10 @@ func (b *bench) runHotAggregate(ctx context.Context) ([]Figure, error) {
 		many, hot = append(many, r), append(hot, h)
 		b.log.Info("hot_aggregate", "rep", rep, "one_aggregate_events_per_s", int(h), "many_aggregates_events_per_s", int(r))
 	}
+	writers, err := b.hotWriters(ctx, poolCfg, pool, url)
+	if err != nil {
+		return nil, err
+	}
 	details["one_aggregate_events_per_s"] = hot
 	details["many_aggregates_events_per_s"] = many
 	details["backlog"] = n
@@ -80,7 +86,92 @@ func (b *bench) runHotAggregate(ctx context.Context) ([]Figure, error) {
 	details["relay_config"] = b.relayConfigText()
 	return []Figure{newFigure("hot_aggregate", "events/s", median(hot), median(many), Goal{RatioAtLeast, 0.25},
 		fmt.Sprintf("events/s of one relay draining a backlog of %d events of one aggregate (versions 1 to %d; median of %d runs)", n, n, b.cfg.reps),
-		fmt.Sprintf("the same relay draining %d events of %d aggregates, one each, in the same run", n, n), details)}, nil
+		fmt.Sprintf("the same relay draining %d events of %d aggregates, one each, in the same run", n, n), details), writers}, nil
+}
+
+// Writers of hot_aggregate_writers: back to back on one aggregate, each
+// pausing between its transactions.
+const (
+	hotWriters      = 8
+	hotWritersPause = 5 * time.Millisecond
+	hotWritersFor   = 10 * time.Second
+)
+
+// hotWriters measures hot_aggregate_writers: the events of one aggregate
+// the relay published (confirmed and marked) while hotWriters writers wrote
+// it back to back for hotWritersFor, per second, against the events they
+// wrote per second. Then the rest drains, and the queue must hold every
+// event once.
+func (b *bench) hotWriters(ctx context.Context, poolCfg *pgxpool.Config, pool *pgxpool.Pool, url string) (Figure, error) {
+	if err := resetOutbox(ctx, pool); err != nil {
+		return Figure{}, err
+	}
+	if _, err := takeQueue(url, drainQueueName); err != nil {
+		return Figure{}, err
+	}
+	relay, err := startRelay(ctx, poolCfg, url, b.relayConfig(), nil)
+	if err != nil {
+		return Figure{}, err
+	}
+	defer relay.stop()
+
+	id := newUUID()
+	var written atomic.Int64
+	stop := time.Now().Add(hotWritersFor)
+	start := time.Now()
+	var wg sync.WaitGroup
+	errs := make(chan error, hotWriters)
+	for range hotWriters {
+		wg.Go(func() {
+			for i := 0; time.Now().Before(stop); i++ {
+				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+					_, err := outbox.Enqueue(ctx, tx, outbox.Message{AggregateType: aggregateType, AggregateID: id,
+						EventType: "order.updated", Payload: createdEvent(id, i, time.Now()), Headers: traceHeaders()})
+					return err
+				})
+				if err != nil {
+					errs <- fmt.Errorf("hot writer: %w", err)
+					return
+				}
+				written.Add(1)
+				relay.relay.Wake()
+				time.Sleep(hotWritersPause)
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		return Figure{}, err
+	}
+	elapsed := time.Since(start)
+	var published, pending int
+	if err := pool.QueryRow(ctx, "SELECT (SELECT count(*) FROM outbox_published), (SELECT count(*) FROM outbox)").Scan(&published, &pending); err != nil {
+		return Figure{}, fmt.Errorf("count published events: %w", err)
+	}
+	drainStart := time.Now()
+	if err := waitDrained(ctx, pool, 2*time.Minute); err != nil {
+		return Figure{}, err
+	}
+	drained := time.Since(drainStart)
+	n := int(written.Load())
+	_, inQueue, err := pendingAndQueued(ctx, pool, url)
+	if err != nil {
+		return Figure{}, err
+	}
+	if inQueue < n {
+		return Figure{}, fmt.Errorf("hot_aggregate_writers: %d events written, %d in the queue", n, inQueue)
+	}
+	b.log.Info("hot_aggregate_writers", "written", n, "published_while_writing", published, "pending_when_writers_stopped", pending, "drained_in", drained.Round(time.Millisecond))
+	details := map[string]any{
+		"writers": hotWriters, "pause_ms": hotWritersPause.Milliseconds(), "seconds": elapsed.Seconds(),
+		"written": n, "published_while_writing": published, "pending_when_writers_stopped": pending,
+		"rest_drained_in_ms": drained.Milliseconds(), "messages_in_queue": inQueue,
+		"relay_config": b.relayConfigText(),
+	}
+	return newFigure("hot_aggregate_writers", "events/s", rate(published, elapsed), rate(n, elapsed), Goal{RatioAtLeast, 0.9},
+		fmt.Sprintf("events of one aggregate published (confirmed and marked) per second while %d writers wrote it back to back (%v pause between a writer's transactions) for %v", hotWriters, hotWritersPause, hotWritersFor),
+		"the events per second they wrote, in the same run", details), nil
 }
 
 // seedHotAggregate writes n pending events of one order with Enqueue, in one

@@ -238,6 +238,9 @@ func TestDiscardUnblocksTheAggregatesNextEvent(t *testing.T) {
 		t.Fatalf("%d events blocked behind the dead letter, want 2", blocked)
 	}
 
+	// The first attempt of the event took the next ones along (a run): the
+	// broker took them, and they were not marked, as the event failed.
+	sentBefore := len(pub.snapshot())
 	admin := outbox.NewAdmin(pool)
 	const reason = "payload rejected by the schema registry; order o-1 re-sent by hand"
 	if err := admin.Discard(ctx, first.ID, reason); err != nil {
@@ -246,7 +249,7 @@ func TestDiscardUnblocksTheAggregatesNextEvent(t *testing.T) {
 	relay.Wake()
 	waitFor(t, "the aggregate's next events published", 10*time.Second, outboxEmpty(pool))
 	var got []int64
-	for _, e := range pub.snapshot() {
+	for _, e := range pub.snapshot()[sentBefore:] {
 		got = append(got, e.ID)
 	}
 	if want := []int64{rest[0].ID, rest[1].ID}; !slices.Equal(got, want) {

@@ -185,9 +185,13 @@
 //
 // Claim. One short statement leases up to BatchSize due rows: it sets their
 // next_attempt_at to now + Lease, increments attempts, marks them in flight, and
-// commits. Only the head event of each aggregate can be claimed (see the schema
-// below), SKIP LOCKED keeps concurrent relays off each other's rows, and no
-// transaction stays open while talking to the broker. There is no id cursor: ids
+// commits. An event is claimed only as the head event of its aggregate (the
+// oldest one left, see the schema below) or behind it, in the same claim: the
+// room the heads leave in the batch is shared among them, and each takes
+// the next events of its aggregate in version order (a run), so that a hot
+// aggregate drains a batch at a time. SKIP LOCKED keeps concurrent relays
+// off each other's rows, and no transaction stays open while talking to the
+// broker. There is no id cursor: ids
 // are allocated at insert and rows commit in another order, so "id > last seen"
 // would skip rows that commit late. Pending is a state of the row, not a range
 // of ids.
@@ -212,7 +216,15 @@
 // any dead letter.
 //
 // Publish. The whole batch goes to Publisher.PublishBatch, which pipelines it
-// and returns one verdict per message within PublishTimeout.
+// and returns one verdict per message within PublishTimeout. The events of a
+// run are sent in version order on one channel, so the broker keeps their
+// order without waiting for one confirm before the next send. When one of
+// them fails, the later ones are not marked, whatever the broker said of
+// them: they go out again after it, their attempt given back (a consumer
+// that checks versions, as inbox users should, sees them early once and
+// drops that copy). An event that failed before gets no run behind it until
+// it is published, so a failing event costs its run one early copy, not one
+// per retry. The crash rules below hold for each event of a run.
 //
 // Record. Confirmed rows are moved to outbox_published in one transaction per
 // batch (two statements, one round trip), which also unblocks the next event of

@@ -89,6 +89,7 @@ func (p *schemaRegistry) PublishBatch(ctx context.Context, msgs []outbox.Envelop
 	for i, m := range msgs {
 		if m.EventType == p.rejects {
 			errs[i] = errors.New("schema registry rejected the payload")
+			fmt.Printf("rejected %s/%s v%d %s\n", m.AggregateType, m.AggregateID, m.AggregateVersion, m.EventType)
 			continue
 		}
 		fmt.Printf("published %s/%s v%d %s\n", m.AggregateType, m.AggregateID, m.AggregateVersion, m.EventType)
@@ -99,6 +100,12 @@ func (p *schemaRegistry) PublishBatch(ctx context.Context, msgs []outbox.Envelop
 // An event that can never be published holds back the later events of its
 // aggregate until an operator discards it: it is kept in outbox_discarded
 // with the reason, and the aggregate's next events go out.
+//
+// The event's first attempt takes the next one along, in the same batch
+// (a run): the broker takes it, but it is not marked, because the event
+// before it failed. Its retries go alone. Once it is discarded, the next
+// event goes out again, now in its turn; a consumer that checks versions
+// dropped the early copy.
 func ExampleAdmin_Discard() {
 	ctx := context.Background()
 	pool, dropSchema := exampleDB()
@@ -135,6 +142,9 @@ func ExampleAdmin_Discard() {
 	}
 	fmt.Printf("discarded %s: %s\n", event, reason)
 	// Output:
+	// rejected order/o-7 v1 order.created
+	// published order/o-7 v2 order.paid
+	// rejected order/o-7 v1 order.created
 	// published order/o-7 v2 order.paid
 	// discarded order.created: payload v0 is no longer accepted; the order was re-sent by hand
 }

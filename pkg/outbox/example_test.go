@@ -88,7 +88,7 @@ func Example() {
 	fmt.Printf("pending=%d dead_lettered=%d\n", status.Pending, status.DeadLettered)
 	// Output:
 	// publish id=1 order/o-1 v1 order.created {"order_id": "o-1"}
-	// publish id=2 order/o-2 v1 order.created {"order_id": "o-2"}
 	// publish id=3 order/o-1 v2 order.cancelled {"order_id": "o-1"}
+	// publish id=2 order/o-2 v1 order.created {"order_id": "o-2"}
 	// pending=0 dead_lettered=0
 }

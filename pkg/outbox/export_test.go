@@ -5,6 +5,9 @@ import "time"
 // ClaimSQL lets the external tests EXPLAIN the claim.
 const ClaimSQL = claimSQL
 
+// ClaimHandedOverSQL is the hand-over relay's claim.
+var ClaimHandedOverSQL = claimHandedOverSQL
+
 // ClaimArgs are the arguments of ClaimSQL for a claim of up to limit rows,
 // with the default MaxAttempts, that may take a suspect row alone.
 func ClaimArgs(limit int, lease time.Duration) []any {

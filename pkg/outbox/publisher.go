@@ -135,9 +135,16 @@ func (e Envelope) LogAttrs() []any {
 //     attributes as cloudEvents_ headers, a few hundred bytes more than that
 //     measure); it says so, and what it adds to the table.
 //
-//   - The envelopes of one batch belong to distinct aggregates, so they may be
-//     sent concurrently; PublishBatch must return by the time ctx ends (the
-//     relay's PublishTimeout), and must be safe for concurrent use: a relay runs
+//   - Order: a batch may hold several envelopes of one aggregate (a run of
+//     consecutive versions, see RelayConfig.BatchSize), in version order in
+//     msgs. The publisher sends them in that order on one ordered path to
+//     the broker (for AMQP, one channel), so that the broker keeps their
+//     order; envelopes of distinct aggregates may be sent concurrently. The
+//     relay marks an envelope only if every earlier one of its aggregate in
+//     the batch got nil, so a verdict per envelope is all it needs.
+//
+//   - PublishBatch must return by the time ctx ends (the relay's
+//     PublishTimeout), and must be safe for concurrent use: a relay runs
 //     several batches at once.
 type Publisher interface {
 	WaitReady(ctx context.Context) error

@@ -23,7 +23,15 @@ import (
 // RelayConfig configures a Relay. The zero value of every field means its
 // default; NewRelay rejects negative or out-of-range values.
 type RelayConfig struct {
-	// BatchSize is how many rows one claim takes, at most one per aggregate.
+	// BatchSize is how many rows one claim takes. A claim takes the head
+	// event (the oldest one left) of up to BatchSize aggregates, and shares
+	// the room left among them: behind each head, the aggregate's next
+	// events, in version order (a run), so that one aggregate's backlog
+	// drains a batch at a time, not one event per claim, confirm and mark.
+	// The events of a run after one that fails are not marked, whatever the
+	// broker said of them: they go out again after it (consumers that check
+	// versions drop the early copies), and an event that failed before goes
+	// out without a run behind it until it succeeds.
 	// Default DefaultBatchSize (500), at most MaxBatchSize (10,000).
 	BatchSize int
 	// Workers is how many batches one relay keeps in flight at once: while one
@@ -163,6 +171,11 @@ type BatchResult struct {
 	// message it refused (ErrBatchRefused): each goes out alone next time,
 	// at once, its attempt given back.
 	Isolated []int64
+	// Behind are rows sent after an earlier event of their aggregate in the
+	// same batch that failed (a run, see RelayConfig.BatchSize): whatever
+	// the broker said of them, they are not marked, and go out again after
+	// that event, their attempt given back.
+	Behind []int64
 	// DeadLetteredAtClaim are due rows the claim dead-lettered instead of
 	// handing them out, because they had MaxAttempts attempts already: their
 	// relays stopped while publishing them, every time.
@@ -501,7 +514,7 @@ func (r *Relay) claimAndPublish(ctx context.Context, alone bool) (_ BatchResult,
 		}
 		return res, c.aloneDue, nil
 	}
-	slices.SortFunc(envs, func(a, b Envelope) int { return cmp.Compare(a.ID, b.ID) })
+	sortRuns(envs)
 	leaseEnd := start.Add(r.cfg.Lease)
 
 	pctx, cancel := context.WithTimeout(detached, r.cfg.PublishTimeout)
@@ -519,11 +532,28 @@ func (r *Relay) claimAndPublish(ctx context.Context, alone bool) (_ BatchResult,
 
 	var confirmed []Envelope
 	var failures []failure
+	// failedBefore holds, per aggregate, the first of its events in this
+	// batch without a confirm: the ones after it are not marked.
+	var failedBefore map[aggregateKey]Envelope
 	for i, e := range envs {
 		perr := results[i]
+		if first, ok := failedBefore[keyOf(e)]; ok && !errors.Is(perr, ErrBatchRefused) {
+			// An earlier event of its run failed: whatever the broker said of
+			// this one, marking it would put it before that event. It goes
+			// again after it, its attempt given back (it did nothing wrong).
+			failures = append(failures, failure{env: e, refund: true, behind: true,
+				err: errorText(fmt.Errorf("sent after event %d of its aggregate (version %d), which failed: %w", first.ID, first.AggregateVersion, cmp.Or(perr, errConfirmedBehind)))})
+			continue
+		}
 		if perr == nil {
 			confirmed = append(confirmed, e)
 			continue
+		}
+		if failedBefore == nil {
+			failedBefore = map[aggregateKey]Envelope{}
+		}
+		if _, ok := failedBefore[keyOf(e)]; !ok {
+			failedBefore[keyOf(e)] = e
 		}
 		f := failure{env: e, err: errorText(perr), unroutable: errors.Is(perr, ErrUnroutable)}
 		refused := errors.Is(perr, ErrBatchRefused)
@@ -608,7 +638,7 @@ func (r *Relay) strandedLoop(ctx context.Context) {
 
 func (r *Relay) batchDone(ctx context.Context, res BatchResult) {
 	if r.cfg.Observer != nil {
-		for _, s := range [][]int64{res.Published, res.Unmarked, res.Failed, res.DeadLettered, res.NotSent, res.Isolated, res.DeadLetteredAtClaim} {
+		for _, s := range [][]int64{res.Published, res.Unmarked, res.Failed, res.DeadLettered, res.NotSent, res.Isolated, res.Behind, res.DeadLetteredAtClaim} {
 			slices.Sort(s)
 		}
 		r.cfg.Observer.Observe(ctx, Observation{Kind: KindBatchDone, Batch: &res})
@@ -695,6 +725,9 @@ func (r *Relay) recordFailures(ctx context.Context, failures []failure, res *Bat
 	for _, f := range failures {
 		attrs := append(f.env.LogAttrs(), slog.String("error", f.err))
 		switch {
+		case f.behind:
+			res.Behind = append(res.Behind, f.env.ID)
+			r.log.DebugContext(ctx, "outbox event not marked: an earlier event of its aggregate in the batch failed; it goes again after it", attrs...)
 		case f.isolate:
 			res.Isolated = append(res.Isolated, f.env.ID)
 			r.log.WarnContext(ctx, "outbox event in a batch the broker refused (it did not say which message): retrying it alone", attrs...)
@@ -722,6 +755,32 @@ func (r *Relay) recordFailures(ctx context.Context, failures []failure, res *Bat
 	r.count(ctx, KindFailed, failed)
 	r.count(ctx, KindReturned, returned)
 	r.count(ctx, KindDeadLettered, dead)
+}
+
+// errConfirmedBehind is the outcome of a confirmed event that is not marked
+// because an earlier event of its aggregate in the batch failed.
+var errConfirmedBehind = errors.New("confirmed, not marked")
+
+// aggregateKey names an aggregate.
+type aggregateKey struct{ typ, id string }
+
+func keyOf(e Envelope) aggregateKey { return aggregateKey{e.AggregateType, e.AggregateID} }
+
+// sortRuns orders a claimed batch for the publisher: the events of one
+// aggregate in version order (a run, see claimSQL), the aggregates by their
+// first event's id.
+func sortRuns(envs []Envelope) {
+	first := make(map[aggregateKey]int64, len(envs))
+	for _, e := range envs {
+		if id, ok := first[keyOf(e)]; !ok || e.ID < id {
+			first[keyOf(e)] = e.ID
+		}
+	}
+	slices.SortFunc(envs, func(a, b Envelope) int {
+		return cmp.Or(cmp.Compare(first[keyOf(a)], first[keyOf(b)]),
+			cmp.Compare(a.AggregateType, b.AggregateType), cmp.Compare(a.AggregateID, b.AggregateID),
+			cmp.Compare(a.AggregateVersion, b.AggregateVersion))
+	})
 }
 
 // errorText makes err storable as last_error.

@@ -62,11 +62,26 @@ import (
 // ones (kind 'dead'), then, for a claim that may not take a suspect row
 // while one is due, a row of kind 'alone_due' and no data.
 //
+// Runs. The heads leave room in the batch ($1 minus their number), shared
+// among them (share): behind each head that never failed (last_error is
+// NULL: a head that failed is likely to fail again, and each failure sends
+// the run behind it once more), the claim takes the next events of its
+// aggregate that are due, not dead-lettered, not suspect and not spent, in
+// version order, and keeps the consecutive ones (runs: a row it skips, or
+// could not lock, ends the run). Those rows are blocked, so they are not in
+// outbox_due; each head costs one index probe of outbox_aggregate_version,
+// and none when heads fill the batch (LIMIT 0). The relay sends a run in
+// version order and marks an event only if every earlier one of its run was
+// confirmed (see Relay.claimAndPublish); the claim's updates below apply to
+// each row of a run as to a head: a row in flight at a stop becomes suspect,
+// and a suspect row only ever goes alone, as a head.
+//
 // There is no id cursor: ids are allocated at insert, not at commit, so a
 // cursor would skip rows that commit late. A row is pending until it is moved.
 const claimSQL = `
 WITH due AS (
-    SELECT o.id, o.attempts, o.in_flight, o.suspect, o.in_flight AND o.attempts >= $3::int AS spent,
+    SELECT o.id, o.aggregate_type, o.aggregate_id, o.aggregate_version, o.last_error IS NULL AS clean, o.attempts, o.in_flight, o.suspect,
+           o.in_flight AND o.attempts >= $3::int AS spent,
            o.next_attempt_at, octet_length(o.payload::text) + octet_length(o.headers::text) AS bytes
     FROM outbox o
     WHERE o.dead_lettered_at IS NULL
@@ -92,14 +107,46 @@ WITH due AS (
               o.payload, o.headers, o.created_at, o.attempts, o.last_error
 ), alone AS (
     SELECT id FROM due WHERE suspect AND NOT spent AND $5::bool ORDER BY id LIMIT 1
+), heads AS (
+    SELECT * FROM due
+    WHERE NOT suspect AND NOT spent AND NOT EXISTS (SELECT FROM due WHERE suspect AND NOT spent)
+), share AS (
+    SELECT CASE WHEN count(*) = 0 THEN 0 ELSE ceil(greatest($1::int - count(*), 0)::numeric / count(*))::int END AS n
+    FROM heads
+), followers AS (
+    SELECT f.id, h.id AS head, f.aggregate_version - h.aggregate_version AS rank, f.bytes
+    FROM heads h
+    CROSS JOIN LATERAL (
+        SELECT s.id, s.aggregate_version, octet_length(s.payload::text) + octet_length(s.headers::text) AS bytes
+        FROM outbox s
+        WHERE s.aggregate_type = h.aggregate_type
+          AND s.aggregate_id = h.aggregate_id
+          AND s.aggregate_version > h.aggregate_version
+          AND h.clean
+          AND s.dead_lettered_at IS NULL
+          AND NOT s.suspect
+          AND NOT (s.in_flight AND s.attempts >= $3::int)
+          AND s.next_attempt_at <= now()
+        ORDER BY s.aggregate_version
+        LIMIT (SELECT n FROM share)
+        FOR NO KEY UPDATE SKIP LOCKED
+    ) f
+), runs AS (
+    SELECT id, head, rank, bytes
+    FROM (SELECT *, row_number() OVER (PARTITION BY head ORDER BY rank) AS n FROM followers) r
+    WHERE rank = n
+), members AS (
+    SELECT id, 0::bigint AS rank, next_attempt_at AS due_at, id AS head, bytes FROM heads
+    UNION ALL
+    SELECT r.id, r.rank, h.next_attempt_at, r.head, r.bytes FROM runs r JOIN heads h ON h.id = r.head
 ), batch AS (
     SELECT id, row_number() OVER w AS n, sum(bytes) OVER w AS running
-    FROM due WHERE NOT suspect AND NOT spent AND NOT EXISTS (SELECT FROM due WHERE suspect AND NOT spent)
-    WINDOW w AS (ORDER BY next_attempt_at, id)
+    FROM members
+    WINDOW w AS (ORDER BY rank, due_at, head)
 ), pick AS (
     SELECT id FROM alone
     UNION ALL
-    SELECT id FROM batch WHERE n = 1 OR running <= $4::bigint
+    SELECT id FROM batch WHERE n = 1 OR (n <= $1::int AND running <= $4::bigint)
 ), claimed AS (
     UPDATE outbox o
     SET attempts = o.attempts + 1,
@@ -130,9 +177,11 @@ type deadAtClaim struct {
 // claimHandedOverSQL is claimSQL restricted to the rows a WAL relay handed
 // over to polling (NewHandOverRelay). Rows keep handed_over until they leave
 // the table.
-var claimHandedOverSQL = strings.Replace(claimSQL,
+var claimHandedOverSQL = strings.NewReplacer(
 	"WHERE o.dead_lettered_at IS NULL\n      AND NOT o.blocked",
-	"WHERE o.dead_lettered_at IS NULL\n      AND NOT o.blocked\n      AND o.handed_over", 1)
+	"WHERE o.dead_lettered_at IS NULL\n      AND NOT o.blocked\n      AND o.handed_over",
+	"          AND s.dead_lettered_at IS NULL\n",
+	"          AND s.dead_lettered_at IS NULL\n          AND s.handed_over\n").Replace(claimSQL)
 
 // claimed is what a claim returned.
 type claimed struct {
@@ -183,24 +232,42 @@ func claim(ctx context.Context, db DB, limit int, maxBytes int64, lease time.Dur
 }
 
 // moveSQL is the first statement of a mark: it moves the confirmed rows it
-// can lock at once to outbox_published, and returns the ids of those it could
-// not lock. Rows already gone (moved by another relay after this relay's lease
+// can lock at once to outbox_published, and returns the ids of those it did
+// not move. Rows already gone (moved by another relay after this relay's lease
 // ended) are in neither and count as marked.
 //
-// The lock a row cannot get is a writer's KEY SHARE: the writer of the
-// aggregate's next version holds it on this row until its transaction ends
+// The lock a row cannot get is most often a writer's KEY SHARE: the writer of
+// the aggregate's next version holds it on this row until its transaction ends
 // (see insertSQL), and its row is not visible yet. Skipping instead of waiting
 // means a relay never waits on a business transaction; the row is marked again
 // a moment later, once that one writer committed. Writers of later versions
-// lock later rows, so no stream of writers can keep a row locked.
+// lock later rows, so no stream of writers can keep a row locked. Another
+// relay's claim may also hold a row for an instant (a claim locks the rows its
+// snapshot found due, and a row the relay claimed since is no longer due).
+//
+// A row of a run is moved only with every earlier row of its aggregate in
+// this mark (held): the statement that moves an event unblocks the one after
+// it (see outboxsql.UnblockNextSQL), so moving version v+1 while v stays
+// would leave the event after v+1, which its writer blocked behind v+1,
+// blocked behind nothing once v moves.
 const moveSQL = `
 WITH locked AS (
-    SELECT id FROM outbox WHERE id = ANY($1::bigint[])
+    SELECT id, aggregate_type, aggregate_id, aggregate_version FROM outbox WHERE id = ANY($1::bigint[])
     FOR UPDATE SKIP LOCKED
+), held AS (
+    SELECT o.aggregate_type, o.aggregate_id, min(o.aggregate_version) AS aggregate_version
+    FROM outbox o
+    WHERE o.id = ANY($1::bigint[]) AND o.id NOT IN (SELECT id FROM locked)
+    GROUP BY o.aggregate_type, o.aggregate_id
+), movable AS (
+    SELECT l.id FROM locked l
+    WHERE NOT EXISTS (SELECT 1 FROM held h
+                      WHERE h.aggregate_type = l.aggregate_type AND h.aggregate_id = l.aggregate_id
+                        AND h.aggregate_version < l.aggregate_version)
 ), moved AS (
     DELETE FROM outbox o
-    USING locked l
-    WHERE o.id = l.id
+    USING movable m
+    WHERE o.id = m.id
     RETURNING o.id, o.aggregate_type, o.aggregate_id, o.aggregate_version, o.event_type,
               o.payload, o.headers, o.created_at, o.attempts
 ), archived AS (
@@ -210,7 +277,7 @@ WITH locked AS (
     FROM moved
     ON CONFLICT (id) DO NOTHING
 )
-SELECT o.id FROM outbox o WHERE o.id = ANY($1::bigint[]) AND o.id NOT IN (SELECT id FROM locked)`
+SELECT o.id FROM outbox o WHERE o.id = ANY($1::bigint[]) AND o.id NOT IN (SELECT id FROM movable)`
 
 // markPublished moves confirmed rows to outbox_published, in one transaction of
 // two statements sent in one round trip. It returns the rows it could not mark
@@ -281,6 +348,7 @@ type failure struct {
 	refund  bool          // not counted: give the attempt back
 	suspect bool          // publish it alone from now on (see claimSQL)
 	isolate bool          // its batch was refused by the broker (refund and suspect)
+	behind  bool          // sent after a failed event of its aggregate (refund)
 
 	unroutable bool // returned by the broker, for metrics
 }

@@ -113,7 +113,9 @@
 // WaitReady dials again.
 //
 // Each batch publishes on a confirm-mode channel of its own (taken from the
-// connection's idle channels, or opened), so a fault on one batch's channel
+// connection's idle channels, or opened), its messages one after the other
+// in the batch's order, so the events of one aggregate in a batch (a run,
+// see outbox.Publisher) reach their queues in version order. A fault on one batch's channel
 // fails that batch only: after a nack (on RabbitMQ 3.10 a channel that got a
 // quorum queue's nack during a leader election went on nacking), confirms
 // still missing at the deadline, or the broker closing it, the channel is
