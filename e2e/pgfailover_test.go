@@ -274,8 +274,8 @@ func (c *cluster) standbyLag(ctx context.Context, st *ownPostgres) float64 {
 // stops it for s.Hold (every commit waits for it, the transactions stay
 // invisible), and meanwhile looks for the phantom the WAL relay could make:
 // an effect in shipping whose order, or whose version of the order, the
-// primary does not show. Then the standby starts again, catches up, and
-// the setting and the standby go. A commit whose wait a client cancels is
+// primary does not show, and shows once the wait ends. Then the standby
+// starts again, catches up, and the setting and the standby go. A commit whose wait a client cancels is
 // committed locally by PostgreSQL (and may be published): that is no
 // phantom, and the check, which reads what is visible, does not count it.
 func (in *injector) postgresSyncStall(ctx context.Context, s chaos.Step, f *chaos.Fault, record func(string)) error {
@@ -319,7 +319,7 @@ func (in *injector) postgresSyncStall(ctx context.Context, s chaos.Step, f *chao
 	f.Start = time.Now()
 	st.p.stop()
 	time.Sleep(s.Hold)
-	phantoms, checked, perr := c.phantomEffects(ctx, f.Start)
+	unseen, checked, perr := c.invisibleEffects(ctx, f.Start)
 	// Heal: the standby back (the waiting commits complete), then the
 	// setting and the standby removed.
 	err = errors.Join(perr, st.start(ctx))
@@ -329,21 +329,101 @@ func (in *injector) postgresSyncStall(ctx context.Context, s chaos.Step, f *chao
 	if err != nil {
 		return err
 	}
-	f.Measures = map[string]float64{chaos.MeasurePhantomEffects: float64(len(phantoms)), "effects_checked": float64(checked)}
+	// A phantom is of a commit that was waiting: it shows once the wait
+	// ends. An effect whose order version still does not show is of an
+	// event the database never committed, or lost in an earlier
+	// asynchronous failover and published from the old primary before it
+	// died, applied late: the final check classifies it (failover orphan,
+	// or unknown effect), it is no phantom of this stall.
+	phantoms, orphans, err := c.shownAfterTheWait(ctx, unseen)
+	if err != nil {
+		return err
+	}
+	f.Measures = map[string]float64{chaos.MeasurePhantomEffects: float64(len(phantoms)), "effects_checked": float64(checked), "effects_never_shown": float64(len(orphans))}
 	detail := fmt.Sprintf("synchronous standby stopped, commits waiting; %d effects applied meanwhile, each of a visible order version", checked)
 	if len(phantoms) > 0 {
-		detail = fmt.Sprintf("synchronous standby stopped; %d of %d effects applied meanwhile were of invisible order versions: %v", len(phantoms), checked, phantoms)
+		detail = fmt.Sprintf("synchronous standby stopped; %d of %d effects applied meanwhile were of order versions that showed only once the wait ended: %v", len(phantoms), checked, phantoms)
+	}
+	if len(orphans) > 0 {
+		detail += fmt.Sprintf("; %d of no order version the database shows even after the wait (left to the final check): %v", len(orphans), orphans)
 	}
 	record(detail + "; standby started again, setting removed")
 	return nil
 }
 
-// phantomEffects lists the effects shipping applied since since whose order
-// version the primary does not show (order/version), and how many effects it
+// effectKey is an effect's order and version.
+type effectKey struct {
+	OrderID string
+	Version int64
+}
+
+func (k effectKey) String() string { return k.OrderID + "/v" + strconv.FormatInt(k.Version, 10) }
+
+// shownAfterTheWait splits effects whose order version the primary did not
+// show during a stall into phantoms (the version shows within 30 s of the
+// wait's end: its commit was waiting) and the others.
+func (c *cluster) shownAfterTheWait(ctx context.Context, unseen []effectKey) (phantoms, never []string, err error) {
+	if len(unseen) == 0 {
+		return nil, nil, nil
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		visible, err := c.orderVersions(ctx, unseen)
+		if err != nil {
+			return nil, nil, err
+		}
+		phantoms, never = nil, nil
+		for _, e := range unseen {
+			if visible[e.OrderID] >= e.Version {
+				phantoms = append(phantoms, e.String())
+			} else {
+				never = append(never, e.String())
+			}
+		}
+		if len(never) == 0 || time.Now().After(deadline) {
+			return phantoms, never, nil
+		}
+		time.Sleep(time.Second)
+	}
+}
+
+// orderVersions returns the version the primary shows of each order of
+// effects (absent: no such order).
+func (c *cluster) orderVersions(ctx context.Context, effects []effectKey) (map[string]int64, error) {
+	ids := make([]string, len(effects))
+	for i, e := range effects {
+		ids[i] = e.OrderID
+	}
+	conn, err := pgx.Connect(ctx, replaceDatabase(c.pg.url("postgres"), c.id))
+	if err != nil {
+		return nil, fmt.Errorf("phantom check: %w", err)
+	}
+	defer conn.Close(ctx)
+	rows, err := conn.Query(ctx, `SELECT id::text, version FROM orders WHERE id = ANY($1::uuid[])`, ids)
+	if err != nil {
+		return nil, fmt.Errorf("phantom check: read orders: %w", err)
+	}
+	visible := make(map[string]int64)
+	for rows.Next() {
+		var id string
+		var v int64
+		if err := rows.Scan(&id, &v); err != nil {
+			return nil, fmt.Errorf("phantom check: read orders: %w", err)
+		}
+		visible[id] = v
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("phantom check: read orders: %w", err)
+	}
+	return visible, nil
+}
+
+// invisibleEffects lists the effects shipping applied since since whose
+// order version the primary does not show, and how many effects it
 // checked. MongoDB is read first: what is visible in PostgreSQL afterwards
 // was visible before the effect only if the commit was not waiting, and
 // while the standby is stopped no waiting commit becomes visible.
-func (c *cluster) phantomEffects(ctx context.Context, since time.Time) ([]string, int, error) {
+func (c *cluster) invisibleEffects(ctx context.Context, since time.Time) ([]effectKey, int, error) {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	client, err := mongo.Connect(options.Client().ApplyURI("mongodb://" + c.mongo.addr() + "/" + c.mongo.uriQuery()).
@@ -369,36 +449,19 @@ func (c *cluster) phantomEffects(ctx context.Context, since time.Time) ([]string
 	if len(effects) == 0 {
 		return nil, 0, nil
 	}
-	ids := make([]string, len(effects))
+	keys := make([]effectKey, len(effects))
 	for i, e := range effects {
-		ids[i] = e.OrderID
+		keys[i] = effectKey{e.OrderID, e.Version}
 	}
-	conn, err := pgx.Connect(ctx, replaceDatabase(c.pg.url("postgres"), c.id))
+	visible, err := c.orderVersions(ctx, keys)
 	if err != nil {
-		return nil, 0, fmt.Errorf("phantom check: %w", err)
+		return nil, 0, err
 	}
-	defer conn.Close(ctx)
-	rows, err := conn.Query(ctx, `SELECT id::text, version FROM orders WHERE id = ANY($1::uuid[])`, ids)
-	if err != nil {
-		return nil, 0, fmt.Errorf("phantom check: read orders: %w", err)
-	}
-	visible := make(map[string]int64)
-	for rows.Next() {
-		var id string
-		var v int64
-		if err := rows.Scan(&id, &v); err != nil {
-			return nil, 0, fmt.Errorf("phantom check: read orders: %w", err)
-		}
-		visible[id] = v
-	}
-	if err := rows.Err(); err != nil {
-		return nil, 0, fmt.Errorf("phantom check: read orders: %w", err)
-	}
-	var phantoms []string
-	for _, e := range effects {
-		if v, ok := visible[e.OrderID]; !ok || v < e.Version {
-			phantoms = append(phantoms, e.OrderID+"/v"+strconv.FormatInt(e.Version, 10))
+	var unseen []effectKey
+	for _, e := range keys {
+		if visible[e.OrderID] < e.Version {
+			unseen = append(unseen, e)
 		}
 	}
-	return phantoms, len(effects), nil
+	return unseen, len(effects), nil
 }
