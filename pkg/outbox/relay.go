@@ -768,7 +768,8 @@ func keyOf(e Envelope) aggregateKey { return aggregateKey{e.AggregateType, e.Agg
 
 // sortRuns orders a claimed batch for the publisher: the events of one
 // aggregate in version order (a run, see claimSQL), the aggregates by their
-// first event's id.
+// first event's id. Each envelope's key is computed once: the comparisons
+// of a sort must not hash strings.
 func sortRuns(envs []Envelope) {
 	first := make(map[aggregateKey]int64, len(envs))
 	for _, e := range envs {
@@ -776,11 +777,20 @@ func sortRuns(envs []Envelope) {
 			first[keyOf(e)] = e.ID
 		}
 	}
-	slices.SortFunc(envs, func(a, b Envelope) int {
-		return cmp.Or(cmp.Compare(first[keyOf(a)], first[keyOf(b)]),
-			cmp.Compare(a.AggregateType, b.AggregateType), cmp.Compare(a.AggregateID, b.AggregateID),
-			cmp.Compare(a.AggregateVersion, b.AggregateVersion))
+	type keyed struct {
+		first, version int64
+		e              Envelope
+	}
+	ks := make([]keyed, len(envs))
+	for i, e := range envs {
+		ks[i] = keyed{first[keyOf(e)], e.AggregateVersion, e}
+	}
+	slices.SortFunc(ks, func(a, b keyed) int {
+		return cmp.Or(cmp.Compare(a.first, b.first), cmp.Compare(a.version, b.version))
 	})
+	for i, k := range ks {
+		envs[i] = k.e
+	}
 }
 
 // errorText makes err storable as last_error.

@@ -70,7 +70,7 @@ import (
 // version order, and keeps the consecutive ones (runs: a row it skips, or
 // could not lock, ends the run). Those rows are blocked, so they are not in
 // outbox_due; each head costs one index probe of outbox_aggregate_version,
-// and none when heads fill the batch (LIMIT 0). The relay sends a run in
+// and none when heads fill the batch (share is 0: the lateral is not run). The relay sends a run in
 // version order and marks an event only if every earlier one of its run was
 // confirmed (see Relay.claimAndPublish); the claim's updates below apply to
 // each row of a run as to a head: a row in flight at a stop becomes suspect,
@@ -115,14 +115,13 @@ WITH due AS (
     FROM heads
 ), followers AS (
     SELECT f.id, h.id AS head, f.aggregate_version - h.aggregate_version AS rank, f.bytes
-    FROM heads h
+    FROM (SELECT * FROM heads WHERE clean AND (SELECT n FROM share) > 0) h
     CROSS JOIN LATERAL (
         SELECT s.id, s.aggregate_version, octet_length(s.payload::text) + octet_length(s.headers::text) AS bytes
         FROM outbox s
         WHERE s.aggregate_type = h.aggregate_type
           AND s.aggregate_id = h.aggregate_id
           AND s.aggregate_version > h.aggregate_version
-          AND h.clean
           AND s.dead_lettered_at IS NULL
           AND NOT s.suspect
           AND NOT (s.in_flight AND s.attempts >= $3::int)
