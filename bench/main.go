@@ -7,7 +7,7 @@
 //	go run ./bench -only relay_drain   some figures, comma-separated
 //	go run ./bench -quick              smaller sizes, to check the harness
 //
-// Figures: relay_drain, relay_drain_wal, hot_aggregate, relay_recovery,
+// Figures: relay_drain, relay_drain_wal, hot_aggregate (with hot_aggregate_writers), relay_recovery,
 // write_overhead, read_flat, e2e_latency, claim_flat, status_scrape,
 // inbox_throughput, audit.
 // See docs/benchmarks.md for what each
