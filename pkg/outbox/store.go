@@ -70,9 +70,9 @@ import (
 // version order, and keeps the consecutive ones (runs: a row it skips, or
 // could not lock, ends the run). Those rows are blocked, so they are not in
 // outbox_due; each head costs one index probe of outbox_aggregate_version,
-// and none when heads fill the batch (share is 0: the lateral is not run). The relay sends a run in
-// version order and marks an event only if every earlier one of its run was
-// confirmed (see Relay.claimAndPublish); the claim's updates below apply to
+// and none when heads fill the batch (share is 0: the lateral is not run).
+// The relay sends a run in version order and marks an event only if every
+// earlier one of its run was confirmed (see Relay.claimAndPublish); the claim's updates below apply to
 // each row of a run as to a head: a row in flight at a stop becomes suspect,
 // and a suspect row only ever goes alone, as a head.
 //
@@ -253,11 +253,14 @@ const moveSQL = `
 WITH locked AS (
     SELECT id, aggregate_type, aggregate_id, aggregate_version FROM outbox WHERE id = ANY($1::bigint[])
     FOR UPDATE SKIP LOCKED
-), held AS (
-    SELECT o.aggregate_type, o.aggregate_id, min(o.aggregate_version) AS aggregate_version
+), unlocked AS (
+    SELECT o.id, o.aggregate_type, o.aggregate_id, o.aggregate_version
     FROM outbox o
     WHERE o.id = ANY($1::bigint[]) AND o.id NOT IN (SELECT id FROM locked)
-    GROUP BY o.aggregate_type, o.aggregate_id
+), held AS (
+    SELECT aggregate_type, aggregate_id, min(aggregate_version) AS aggregate_version
+    FROM unlocked
+    GROUP BY aggregate_type, aggregate_id
 ), movable AS (
     SELECT l.id FROM locked l
     WHERE NOT EXISTS (SELECT 1 FROM held h
@@ -276,7 +279,9 @@ WITH locked AS (
     FROM moved
     ON CONFLICT (id) DO NOTHING
 )
-SELECT o.id FROM outbox o WHERE o.id = ANY($1::bigint[]) AND o.id NOT IN (SELECT id FROM movable)`
+SELECT id FROM unlocked
+UNION ALL
+SELECT id FROM locked WHERE id NOT IN (SELECT id FROM movable)`
 
 // markPublished moves confirmed rows to outbox_published, in one transaction of
 // two statements sent in one round trip. It returns the rows it could not mark
