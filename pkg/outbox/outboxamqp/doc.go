@@ -125,6 +125,16 @@
 // (a broken socket, a connection-level error, a write stuck on a broker that
 // stopped reading) still fails every batch in flight on it.
 //
+// A batch reaches the socket in a few writes, not one per message: amqp091-go
+// writes each publish on its own, and the publisher's connection gathers the
+// frames of a batch while it is being framed and writes them when it has
+// been, or every 64 KiB, or before the batch waits for a blocked broker.
+// That saves a system call per message on each side of the connection; a
+// batch of one is written at once, as before. It changes no outcome: a
+// message counts as published only on its confirm, and a write of gathered
+// frames that fails closes the connection, so the batch's confirms end as
+// not acked, outcome unknown.
+//
 // On a RabbitMQ cluster, Config.URL lists the nodes, separated by commas. A
 // connection attempt tries them in turn (each within DialTimeout), starting
 // after the node of the last connection, and backs off only when every node

@@ -317,6 +317,7 @@ func (p *Publisher) dialNode(ctx context.Context, i int) (*session, error) {
 	props := amqp.NewConnectionProperties()
 	props.SetClientConnectionName(p.cfg.ConnectionName)
 	dialer := &net.Dialer{Timeout: p.cfg.DialTimeout}
+	var w *wire
 	conn, err := amqp.DialConfig(p.urls[i], amqp.Config{
 		FrameSize:       p.frameSize,
 		Heartbeat:       p.cfg.Heartbeat,
@@ -332,7 +333,8 @@ func (p *Publisher) dialNode(ctx context.Context, i int) (*session, error) {
 				_ = c.Close()
 				return nil, err
 			}
-			return c, nil
+			w = &wire{Conn: c}
+			return w, nil
 		},
 	})
 	if err != nil {
@@ -346,7 +348,7 @@ func (p *Publisher) dialNode(ctx context.Context, i int) (*session, error) {
 		log.WarnContext(ctx, "outboxamqp: the connection's frame_max is smaller than what a message whose headers fill outbox.MaxHeaderBytes needs: the broker will refuse such messages, and the relay will isolate and dead-letter them; raise the broker's frame_max",
 			slog.Int("frame_max", fs), slog.Int("needed", minFrameMax))
 	}
-	s := newSession(conn, log, p.cfg.MaxInFlight)
+	s := newSession(conn, w, log, p.cfg.MaxInFlight)
 	c, err := s.openChannel()
 	if err != nil {
 		s.close()

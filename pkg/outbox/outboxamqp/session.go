@@ -37,6 +37,7 @@ type flight struct {
 // goroutine of the session, which ends when the client closes that channel.
 type session struct {
 	conn         *amqp.Connection
+	wire         *wire // the connection's socket: a batch corks it while it sends
 	log          *slog.Logger
 	returnBuffer int
 	node         string // host:port of the node connected to
@@ -56,9 +57,10 @@ type session struct {
 
 var errClosedByPublisher = errors.New("closed by the publisher")
 
-func newSession(conn *amqp.Connection, log *slog.Logger, returnBuffer int) *session {
+func newSession(conn *amqp.Connection, w *wire, log *slog.Logger, returnBuffer int) *session {
 	s := &session{
 		conn:         conn,
+		wire:         w,
 		log:          log,
 		returnBuffer: returnBuffer,
 		dead:         make(chan struct{}),
@@ -422,7 +424,28 @@ func (c *channel) send(ctx context.Context, exchange string, msgs []outbox.Envel
 	})
 	defer stop()
 
+	// One write for many messages (see wire). The last of them leave when
+	// the batch has been framed, before any confirm is awaited.
+	c.s.wire.cork()
+	defer func() {
+		c.writing.Store(true)
+		var bound time.Time
+		if ctx.Err() != nil {
+			// The deadline has passed: stop above may have found no write
+			// to end, so this one is bounded by itself.
+			bound = time.Now().Add(time.Second)
+		}
+		_ = c.s.wire.uncork(bound) // a failure ends the connection: the confirms say so
+		c.writing.Store(false)
+	}()
+
 	for i, m := range msgs {
+		if _, blocked := c.s.blockedBy(); blocked {
+			// What was framed before the block goes out before the wait.
+			c.writing.Store(true)
+			_ = c.s.wire.flush()
+			c.writing.Store(false)
+		}
 		if err := c.s.waitUnblocked(ctx); err != nil {
 			fill(errs, i, fmt.Errorf("outboxamqp: %w: %w", err, outbox.ErrNotSent))
 			return i

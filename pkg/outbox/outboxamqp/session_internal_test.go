@@ -21,6 +21,7 @@ func TestBlockedConnectionPausesPublishingUntilUnblocked(t *testing.T) {
 	s := &session{
 		log:  slog.New(slog.NewTextHandler(io.Discard, nil)),
 		dead: make(chan struct{}),
+		wire: &wire{}, // nothing reaches it: send writes nothing while blocked
 	}
 	// notify hands b to the session as the client would, and returns once the
 	// session has acted on it: blocks is unbuffered, so the repeated send is
