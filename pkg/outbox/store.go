@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-inbox/reference/pkg/outbox/internal/headerjson"
 	"github.com/outbox-inbox/reference/pkg/outbox/internal/outboxsql"
 )
 
@@ -204,13 +205,20 @@ func claim(ctx context.Context, db DB, limit int, maxBytes int64, lease time.Dur
 	var c claimed
 	for rows.Next() {
 		var (
-			e      Envelope
-			kind   string
-			reason *string
+			e       Envelope
+			headers []byte
+			kind    string
+			reason  *string
 		)
 		if err := rows.Scan(&e.ID, &e.AggregateType, &e.AggregateID, &e.AggregateVersion, &e.EventType,
-			&e.Payload, &e.Headers, &e.CreatedAt, &e.Attempt, &kind, &reason); err != nil {
+			&e.Payload, &headers, &e.CreatedAt, &e.Attempt, &kind, &reason); err != nil {
 			return claimed{}, fmt.Errorf("claim outbox batch: %w", err)
+		}
+		if headers != nil {
+			var err error
+			if e.Headers, err = headerjson.Decode(headers); err != nil {
+				return claimed{}, fmt.Errorf("claim outbox batch: headers of event %d: %w", e.ID, err)
+			}
 		}
 		if e.Headers == nil {
 			e.Headers = map[string]string{}

@@ -2,7 +2,6 @@ package outboxwal
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -22,6 +21,7 @@ import (
 
 	"github.com/outbox-inbox/reference/pkg/outbox"
 
+	"github.com/outbox-inbox/reference/pkg/outbox/internal/headerjson"
 	"github.com/outbox-inbox/reference/pkg/outbox/internal/outboxsql"
 	"github.com/outbox-inbox/reference/pkg/outbox/internal/retry"
 )
@@ -1095,7 +1095,7 @@ func (rel *relation) decode(types *pgtype.Map, t *pglogrepl.TupleData) (outbox.E
 	})
 	field("event_type", func(b []byte) error { e.EventType = string(b); return nil })
 	field("payload", func(b []byte) error { e.Payload = b; return nil })
-	field("headers", func(b []byte) error { return json.Unmarshal(b, &e.Headers) })
+	field("headers", func(b []byte) (err error) { e.Headers, err = headerjson.Decode(b); return })
 	field("created_at", func(b []byte) error {
 		var ts pgtype.Timestamptz
 		if err := types.Scan(pgtype.TimestamptzOID, pgtype.TextFormatCode, b, &ts); err != nil {
