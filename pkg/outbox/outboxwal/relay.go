@@ -499,6 +499,20 @@ func (r *Relay) stream(ctx context.Context, conn *pgconn.PgConn, s *state, bound
 	var cur *txn
 	var curCheck bool
 	nextStatus := time.Now()
+
+	// The reads are bounded by the socket's read deadline, set once per status
+	// interval, not by a context per message: a context with a deadline, and
+	// the client's watch of it, cost a timer and an AfterFunc for every
+	// message of the stream. The end of ctx moves the deadline to now; the
+	// check of ctx after each setting of the deadline closes the race with it.
+	sock := conn.Conn()
+	stopWatch := context.AfterFunc(ctx, func() { _ = sock.SetReadDeadline(time.Now()) })
+	defer func() {
+		if stopWatch() {
+			_ = sock.SetReadDeadline(time.Time{})
+		}
+	}()
+	var readDeadline time.Time
 	for {
 		if time.Now().After(nextStatus) {
 			if err := r.sendStatus(ctx, conn, s); err != nil {
@@ -513,9 +527,16 @@ func (r *Relay) stream(ctx context.Context, conn *pgconn.PgConn, s *state, bound
 			}
 			continue
 		}
-		rctx, cancel := context.WithDeadline(ctx, nextStatus)
-		msg, err := conn.ReceiveMessage(rctx)
-		cancel()
+		if !readDeadline.Equal(nextStatus) {
+			if err := sock.SetReadDeadline(nextStatus); err != nil {
+				return fmt.Errorf("receive: %w", err)
+			}
+			readDeadline = nextStatus
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		msg, err := conn.ReceiveMessage(context.Background())
 		if ctx.Err() != nil {
 			return nil
 		}

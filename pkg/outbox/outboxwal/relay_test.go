@@ -554,3 +554,40 @@ func TestPreparedSlotIsStreamedNotHandedOver(t *testing.T) {
 		t.Errorf("the WAL relay swept %d rows, want %d: the others were handed over to polling", n, len(want))
 	}
 }
+
+// The stream's reads are bounded by the socket's deadline, set once per
+// status interval, not by a context per message: the end of Run's context
+// must still end a read at once, not at the next status report.
+func TestStopsAtOnceWhileWaitingOnItsStream(t *testing.T) {
+	t.Parallel()
+	pool := walPool(t)
+	b := newBroker(t, "#")
+	cfg := walConfig(t, pool)
+	cfg.StatusInterval = outboxwal.MaxStatusInterval
+	relay, err := outboxwal.NewRelay(pool, newPublisherForTest(t, b), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- relay.Run(ctx) }()
+	waitActive(t, relay)
+	want := enqueue(t, pool, msg("o-1", "order.created"))
+	b.waitIDs("the event", want)
+	time.Sleep(500 * time.Millisecond) // the stream idle, a read pending until the next status
+
+	cancel()
+	start := time.Now()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+		if took := time.Since(start); took > 3*time.Second {
+			t.Fatalf("Run returned %v after its context ended: the read waited for the status interval", took)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not return within 30s of its context ending")
+	}
+}
