@@ -61,13 +61,7 @@ func strayReturn(t *testing.T, ctx context.Context, p *Publisher, exchange strin
 func TestReturnsAreKeptWhileTheLoggerBlocks(t *testing.T) {
 	t.Parallel()
 	ch, exchange := returnsExchange(t)
-	q, err := ch.QueueDeclare("", false, true, true, false, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ch.QueueBind(q.Name, "routed", exchange, false, nil); err != nil {
-		t.Fatal(err)
-	}
+	boundQueue(t, ch, exchange, "routed")
 
 	var records atomic.Int64
 	p, err := NewPublisher(Config{URL: outboxtest.AMQPURL(), Exchange: exchange, MaxInFlight: 1,
@@ -219,4 +213,18 @@ func returnsExchange(t *testing.T) (*amqp.Channel, string) {
 	}
 	t.Cleanup(func() { _ = ch.ExchangeDelete(exchange, false, false) })
 	return ch, exchange
+}
+
+// boundQueue declares a server-named, exclusive queue bound to exchange
+// with key, and returns its name.
+func boundQueue(t *testing.T, ch *amqp.Channel, exchange, key string) string {
+	t.Helper()
+	q, err := ch.QueueDeclare("", false, true, true, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.QueueBind(q.Name, key, exchange, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	return q.Name
 }

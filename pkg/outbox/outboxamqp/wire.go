@@ -49,7 +49,7 @@ func (w *wire) Write(p []byte) (int, error) {
 	if w.err != nil {
 		return 0, w.err
 	}
-	if w.corks == 0 && len(w.buf) == 0 {
+	if w.corks == 0 { // nothing is gathered then: every uncork writes it all
 		w.writes++
 		n, err := w.Conn.Write(p)
 		if err != nil {
@@ -58,7 +58,7 @@ func (w *wire) Write(p []byte) (int, error) {
 		return n, err
 	}
 	w.buf = append(w.buf, p...)
-	if w.corks == 0 || len(w.buf) >= wireFlushAt {
+	if len(w.buf) >= wireFlushAt {
 		if err := w.flushLocked(); err != nil {
 			return 0, err
 		}

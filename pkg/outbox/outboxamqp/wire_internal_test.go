@@ -171,13 +171,7 @@ func TestWireFailedWriteEndsTheConnection(t *testing.T) {
 func TestABatchLeavesInAFewWrites(t *testing.T) {
 	t.Parallel()
 	ch, exchange := returnsExchange(t)
-	q, err := ch.QueueDeclare("", false, true, true, false, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ch.QueueBind(q.Name, "#", exchange, false, nil); err != nil {
-		t.Fatal(err)
-	}
+	queue := boundQueue(t, ch, exchange, "#")
 	p, err := NewPublisher(Config{URL: outboxtest.AMQPURL(), Exchange: exchange})
 	if err != nil {
 		t.Fatal(err)
@@ -210,7 +204,7 @@ func TestABatchLeavesInAFewWrites(t *testing.T) {
 		t.Fatalf("%d messages took %d socket writes, want at most %d", n, writes, limit)
 	}
 
-	deliveries, err := ch.Consume(q.Name, "", true, true, false, false, nil)
+	deliveries, err := ch.Consume(queue, "", true, true, false, false, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
