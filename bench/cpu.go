@@ -217,7 +217,7 @@ func listenerPID(root string, port int) (int, error) {
 }
 
 // cpuGroups are the process groups read from /proc, in the order figures list them.
-var cpuGroups = []string{"postgresql", "rabbitmq", "postgresql_background"}
+var cpuGroups = []string{"postgresql", "rabbitmq", "shipping", "postgresql_background"}
 
 // cpuSample is one reading of every group.
 type cpuSample struct {
@@ -261,10 +261,13 @@ func (u cpuUse) perEvent() map[string]float64 {
 // cpuMeter reads the groups for one figure: its database's backends, the
 // server's auxiliary processes and the broker's node.
 type cpuMeter struct {
-	pool       *pgxpool.Pool // on the figure's database
-	procRoot   string
-	rabbitPID  int
-	profileDir string // BENCH_CPUPROFILE: a CPU profile of this process per interval
+	pool      *pgxpool.Pool // on the figure's database
+	procRoot  string
+	rabbitPID int
+	// shippingPID is the shipping service's process when the figure runs
+	// one (e2e_latency): its own group, "shipping".
+	shippingPID int
+	profileDir  string // BENCH_CPUPROFILE: a CPU profile of this process per interval
 	// unmeasured says why a group is not measured.
 	unmeasured map[string]string
 }
@@ -363,6 +366,13 @@ func (m *cpuMeter) sample(ctx context.Context, end bool) (cpuSample, error) {
 			return s, fmt.Errorf("read the RabbitMQ node: %w", err)
 		}
 		s.procs["rabbitmq"] = map[int]procStat{m.rabbitPID: st}
+	}
+	if m.shippingPID != 0 {
+		st, err := readProcStat(m.procRoot, m.shippingPID)
+		if err != nil {
+			return s, fmt.Errorf("read the shipping process: %w", err)
+		}
+		s.procs["shipping"] = map[int]procStat{m.shippingPID: st}
 	}
 	if !end {
 		if s.self, err = selfCPU(); err != nil {
@@ -485,4 +495,44 @@ func spread(xs []float64) [2]float64 {
 		return [2]float64{}
 	}
 	return [2]float64{slices.Min(xs), slices.Max(xs)}
+}
+
+// schedStat is what /proc/PID/schedstat says of one process's main thread:
+// the time it ran on a CPU and the time it waited on a run queue, both in
+// nanoseconds. Unlike /proc/PID/stat's ticks of 10 ms it is exact, so it can
+// tell apart blocks of a few milliseconds of one PostgreSQL backend (which
+// has a single thread).
+type schedStat struct {
+	run, wait time.Duration
+}
+
+// parseSchedstat parses the text of /proc/PID/schedstat: three numbers, the
+// time on a CPU (ns), the time waiting to run (ns), and the time slices run.
+func parseSchedstat(s string) (schedStat, error) {
+	f := strings.Fields(s)
+	if len(f) < 2 {
+		return schedStat{}, fmt.Errorf("schedstat %q: want at least two fields", truncate(s, 60))
+	}
+	var n [2]int64
+	for i := range n {
+		v, err := strconv.ParseInt(f[i], 10, 64)
+		if err != nil || v < 0 {
+			return schedStat{}, fmt.Errorf("schedstat field %d %q: not a count of nanoseconds", i+1, f[i])
+		}
+		n[i] = v
+	}
+	return schedStat{run: time.Duration(n[0]), wait: time.Duration(n[1])}, nil
+}
+
+// readSchedstat reads /proc/PID/schedstat under root (normally "/proc").
+func readSchedstat(root string, pid int) (schedStat, error) {
+	b, err := os.ReadFile(filepath.Join(root, strconv.Itoa(pid), "schedstat"))
+	if err != nil {
+		return schedStat{}, err
+	}
+	st, err := parseSchedstat(string(b))
+	if err != nil {
+		return schedStat{}, fmt.Errorf("pid %d: %w", pid, err)
+	}
+	return st, nil
 }

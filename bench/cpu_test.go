@@ -266,3 +266,62 @@ func TestCPUPerEventAndFigures(t *testing.T) {
 		t.Fatalf("figures without the broker: %+v", figs)
 	}
 }
+
+func TestParseSchedstat(t *testing.T) {
+	st, err := parseSchedstat("1339784 73860 2\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.run != 1339784*time.Nanosecond || st.wait != 73860*time.Nanosecond {
+		t.Fatalf("got %+v", st)
+	}
+	for _, bad := range []string{"", "12", "x 1 2", "1 -5 2"} {
+		if _, err := parseSchedstat(bad); err == nil {
+			t.Errorf("parseSchedstat(%q) accepted it", bad)
+		}
+	}
+}
+
+// TestReadSchedstatOfABusyChild reads the real schedstat of a
+// single-threaded child (a shell's busy loop, as a PostgreSQL backend has one
+// thread) after it spent some CPU: its time on a CPU agrees with what
+// /proc/PID/stat counts in ticks.
+func TestReadSchedstatOfABusyChild(t *testing.T) {
+	cmd := exec.Command("sh", "-c", `i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done; echo burnt; read x || true`)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = stdin.Close()
+		if err := cmd.Wait(); err != nil {
+			t.Errorf("child: %v", err)
+		}
+	}()
+	if line, err := bufio.NewReader(stdout).ReadString('\n'); err != nil || !strings.HasPrefix(line, "burnt") {
+		t.Fatalf("child said %q, %v", line, err)
+	}
+	st, err := readSchedstat("/proc", cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps, err := readProcStat("/proc", cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ps.cpu < 100*time.Millisecond {
+		t.Fatalf("the child spent only %v: too little to compare with ticks of 10 ms", ps.cpu)
+	}
+	// Ticks are sampled: allow a few of them either way.
+	if diff := (st.run - ps.cpu).Abs(); diff > 5*time.Second/clockTicks {
+		t.Fatalf("schedstat says the child ran %v, /proc/PID/stat %v", st.run, ps.cpu)
+	}
+}

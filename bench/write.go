@@ -29,15 +29,20 @@ const insertOrderSQL = `
 	INSERT INTO orders (id, customer_id, currency, items, total, status, version, created_at, updated_at)
 	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8)`
 
+// beginner starts a transaction: a pool, or one of its connections.
+type beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
 // createOrder runs Store.Create's transaction for an order without an
 // Idempotency-Key: the order built by the client, then one batch with its
 // INSERT and, when w is not nil, its order.created event queued by w, then the
 // commit. It returns the order id and the commit time.
-func createOrder(ctx context.Context, pool *pgxpool.Pool, w *outbox.Writer, n int) (string, time.Time, error) {
+func createOrder(ctx context.Context, db beginner, w *outbox.Writer, n int) (string, time.Time, error) {
 	id := newUUID()
 	customer := fmt.Sprintf("c-%d", n%1000)
 	now := time.Now().UTC().Truncate(time.Microsecond)
-	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		b := &pgx.Batch{}
 		b.Queue(insertOrderSQL, id, customer, "EUR", benchItems, int64(2500), "created", int64(1), now)
 		if w != nil {
@@ -72,16 +77,94 @@ func (b *bench) migrateOrders(ctx context.Context, pool *pgxpool.Pool) error {
 	return outbox.Migrate(ctx, pool)
 }
 
+// writeCost is what one arm of write_overhead spent, summed over its blocks:
+// the CPU of the PostgreSQL backend that ran its transactions and the time it
+// waited for a CPU (/proc/PID/schedstat, exact), the benchmark's own CPU (the
+// client: pgx, JSON, the writer), the WAL its transactions generated, and the
+// wall time of the transactions.
+type writeCost struct {
+	orders                  int
+	backendRun, backendWait time.Duration
+	client, wall            time.Duration
+	walBytes                int64
+}
+
+func (c writeCost) perOrder() map[string]float64 {
+	if c.orders == 0 {
+		return nil
+	}
+	us := func(d time.Duration) float64 { return round(float64(d.Nanoseconds()) / 1e3 / float64(c.orders)) }
+	return map[string]float64{
+		"backend_cpu_us": us(c.backendRun), "backend_runqueue_us": us(c.backendWait),
+		"client_cpu_us": us(c.client), "mean_us": us(c.wall),
+		"wal_bytes": round(float64(c.walBytes) / float64(c.orders)),
+	}
+}
+
+// writeMeter reads a writeCost's parts around one block of transactions.
+type writeMeter struct {
+	pool *pgxpool.Pool // another connection, for the WAL position
+	pid  int           // the backend of the measured connection
+}
+
+type writeReading struct {
+	sched schedStat
+	self  time.Duration
+	lsn   int64
+	at    time.Time
+}
+
+func (m writeMeter) read(ctx context.Context) (writeReading, error) {
+	var r writeReading
+	if err := m.pool.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn() - '0/0'").Scan(&r.lsn); err != nil {
+		return r, fmt.Errorf("WAL position: %w", err)
+	}
+	var err error
+	if r.sched, err = readSchedstat("/proc", m.pid); err != nil {
+		return r, fmt.Errorf("backend %d: %w", m.pid, err)
+	}
+	if r.self, err = selfCPU(); err != nil {
+		return r, err
+	}
+	r.at = time.Now()
+	return r, nil
+}
+
+func (c *writeCost) add(a, b writeReading, orders int) {
+	c.orders += orders
+	c.backendRun += b.sched.run - a.sched.run
+	c.backendWait += b.sched.wait - a.sched.wait
+	c.client += b.self - a.self
+	c.wall += b.at.Sub(a.at)
+	c.walBytes += b.lsn - a.lsn
+}
+
 // runWriteOverhead measures write_overhead: the latency of creating an order
 // with its outbox row, against the same transaction without it. One client,
-// sequential transactions; the arms alternate in small blocks so background
-// noise lands on all of them alike.
+// sequential transactions on one connection; the arms alternate in small
+// blocks so background noise lands on all of them alike. Around each block
+// the instrument reads the connection's backend's CPU, the benchmark's own
+// and the WAL written (writeCost).
 func (b *bench) runWriteOverhead(ctx context.Context) ([]Figure, error) {
 	_, pool, err := b.env.openDatabase(ctx, "write", b.migrateOrders)
 	if err != nil {
 		return nil, err
 	}
 	defer pool.Close()
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Release()
+	meter := writeMeter{pool: pool}
+	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&meter.pid); err != nil {
+		return nil, err
+	}
+	measured := true
+	if _, err := readSchedstat("/proc", meter.pid); err != nil {
+		measured = false // the server is on another machine: latencies only
+		b.log.Warn("write_overhead: the backend's CPU is not measured", "error", err)
+	}
 	plainWriter, err := outbox.NewWriter(outbox.WriterConfig{})
 	if err != nil {
 		return nil, err
@@ -95,10 +178,11 @@ func (b *bench) runWriteOverhead(ctx context.Context) ([]Figure, error) {
 		name   string
 		create func(n int) error
 		lat    []time.Duration
+		cost   writeCost
 	}
 	withWriter := func(w *outbox.Writer) func(int) error {
 		return func(n int) error {
-			_, _, err := createOrder(ctx, pool, w, n)
+			_, _, err := createOrder(ctx, conn, w, n)
 			return err
 		}
 	}
@@ -112,6 +196,12 @@ func (b *bench) runWriteOverhead(ctx context.Context) ([]Figure, error) {
 	n := 0
 	for done := -warmup; done < b.cfg.writeOrders; done += block {
 		for i := range arms {
+			var before writeReading
+			if measured && done >= 0 {
+				if before, err = meter.read(ctx); err != nil {
+					return nil, err
+				}
+			}
 			for range block {
 				n++
 				start := time.Now()
@@ -122,10 +212,18 @@ func (b *bench) runWriteOverhead(ctx context.Context) ([]Figure, error) {
 					arms[i].lat = append(arms[i].lat, time.Since(start))
 				}
 			}
+			if measured && done >= 0 {
+				after, err := meter.read(ctx)
+				if err != nil {
+					return nil, err
+				}
+				arms[i].cost.add(before, after, block)
+			}
 		}
 	}
 
 	sums := map[string]Latencies{}
+	costs := map[string]map[string]float64{}
 	details := map[string]any{"orders_per_arm": b.cfg.writeOrders, "clients": 1, "block": block}
 	for _, a := range arms {
 		s, err := summarize(a.lat)
@@ -133,13 +231,18 @@ func (b *bench) runWriteOverhead(ctx context.Context) ([]Figure, error) {
 			return nil, fmt.Errorf("%s: %w", a.name, err)
 		}
 		sums[a.name] = s
-		details[a.name] = map[string]float64{"p50_ms": ms(s.P50), "p90_ms": ms(s.P90), "p99_ms": ms(s.P99), "max_ms": ms(s.Max)}
+		d := map[string]any{"p50_ms": ms(s.P50), "p90_ms": ms(s.P90), "p99_ms": ms(s.P99), "max_ms": ms(s.Max)}
+		if per := a.cost.perOrder(); per != nil {
+			costs[a.name] = per
+			d["per_order"] = per
+		}
+		details[a.name] = d
 	}
 	base := sums["no_outbox"]
 	baseIs := "the same transaction (BEGIN, one batch with the order's INSERT, COMMIT) without the event"
 	measuresFmt := "%s latency of Store.Create's transaction (BEGIN, one batch with the order's INSERT and its order.created event%s, COMMIT), one client, %d orders"
 	notify, plain := sums["outbox_notify"], sums["outbox"]
-	return []Figure{
+	figs := []Figure{
 		newFigure("write_overhead_p50", "ms", ms(plain.P50), ms(base.P50), Goal{RatioAtMost, 1.15},
 			fmt.Sprintf(measuresFmt, "p50", ", no NOTIFY: the service's default with its in-process relay", b.cfg.writeOrders), baseIs, details),
 		newFigure("write_overhead_p99", "ms", ms(plain.P99), ms(base.P99), Goal{RatioAtMost, 1.15},
@@ -148,5 +251,19 @@ func (b *bench) runWriteOverhead(ctx context.Context) ([]Figure, error) {
 			fmt.Sprintf(measuresFmt, "p50", " and a NOTIFY: the service's default with RELAY=false, relays in other processes", b.cfg.writeOrders), baseIs, nil),
 		newFigure("write_overhead_notify_p99", "ms", ms(notify.P99), ms(base.P99), Goal{RatioAtMost, 1.15},
 			fmt.Sprintf(measuresFmt, "p99", " and a NOTIFY: the service's default with RELAY=false, relays in other processes", b.cfg.writeOrders), baseIs, nil),
-	}, nil
+	}
+	if with, without := costs["outbox"], costs["no_outbox"]; with != nil && without != nil {
+		figs = append(figs,
+			newFigure("write_overhead_cpu_postgresql", "us/order", with["backend_cpu_us"], without["backend_cpu_us"], Goal{},
+				"CPU time per order of the PostgreSQL backend running Store.Create's transaction with its event, no NOTIFY (/proc/PID/schedstat, mean over the blocks)",
+				"the same without the event", nil),
+			newFigure("write_overhead_cpu_client", "us/order", with["client_cpu_us"], without["client_cpu_us"], Goal{},
+				"CPU time per order of the client (the benchmark's process: pgx, the payload's JSON, outbox.Writer) creating an order with its event",
+				"the same without the event", nil),
+			newFigure("write_overhead_wal", "bytes/order", with["wal_bytes"], without["wal_bytes"], Goal{},
+				"WAL written per order created with its event (pg_current_wal_insert_lsn around each block)",
+				"the same without the event", nil),
+		)
+	}
+	return figs, nil
 }
