@@ -380,7 +380,7 @@ func (b *bench) runE2ELatencyWAL(ctx context.Context) ([]Figure, error) {
 	}
 	defer pool.Close()
 	details := map[string]any{"rate_per_s": b.cfg.e2eRate, "seconds": b.cfg.e2eDuration.Seconds(),
-		"drain_wait_seconds": b.cfg.e2eDrainWait.Seconds()}
+		"drain_wait_seconds": b.cfg.e2eDrainWait.Seconds(), "instrument": instrumentText}
 	applied := map[string]Latencies{}
 	for _, v := range []e2eVariant{{name: "wal", wal: true}, {name: "wake", wake: true}} {
 		res, err := b.measureE2E(ctx, bin, tmp, poolCfg, pool, v)
@@ -393,8 +393,9 @@ func (b *bench) runE2ELatencyWAL(ctx context.Context) ([]Figure, error) {
 		}
 		applied[v.name] = a
 		details[v.name] = map[string]any{"orders": a.N, "not_applied_within_wait": res.late,
-			"applied_p50_ms": ms(a.P50), "applied_p90_ms": ms(a.P90), "applied_p99_ms": ms(a.P99), "applied_max_ms": ms(a.Max)}
-		b.log.Info("e2e_latency_wal", "variant", v.name, "applied_p50_ms", ms(a.P50), "applied_p99_ms", ms(a.P99), "late", res.late)
+			"applied_p50_ms": ms(a.P50), "applied_p90_ms": ms(a.P90), "applied_p99_ms": ms(a.P99), "applied_max_ms": ms(a.Max),
+			"instrument": res.instrument()}
+		b.log.Info("e2e_latency_wal", "variant", v.name, "tail", res.tail, "applied_p50_ms", ms(a.P50), "applied_p99_ms", ms(a.P99), "late", res.late)
 	}
 	what := fmt.Sprintf("latency from an order's commit to its shipment applied by the shipping service, %d orders/s for %v, WAL relay (pkg/outbox/outboxwal)", b.cfg.e2eRate, b.cfg.e2eDuration)
 	baseIs := "the same with the polling relay woken in-process after each commit (e2e_latency_wake)"

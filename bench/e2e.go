@@ -63,14 +63,19 @@ func freeAddr() (string, error) {
 
 // startShipping runs the shipping binary against url and mongoURI, logging to
 // logPath, and waits until its /readyz answers 200. It returns a function
-// that stops the process; the run's close calls it too.
-func (b *bench) startShipping(ctx context.Context, bin, url, mongoURI, logPath string) (func() error, error) {
+// that stops the process, and its PID; the run's close stops it too.
+func (b *bench) startShipping(ctx context.Context, bin, url, mongoURI, logPath string) (func() error, int, error) {
 	addr, err := freeAddr()
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	env := append(os.Environ(), "AMQP_URL="+url, "MONGO_URI="+mongoURI, "HTTP_ADDR="+addr, "LOG_LEVEL=warn")
-	return b.startProcess(ctx, "shipping", exec.Command(bin), env, addr, logPath)
+	cmd := exec.Command(bin)
+	stop, err := b.startProcess(ctx, "shipping", cmd, env, addr, logPath)
+	if err != nil {
+		return nil, 0, err
+	}
+	return stop, cmd.Process.Pid, nil
 }
 
 // startProcess starts cmd with env, logging to logPath, and waits until
@@ -126,7 +131,7 @@ func (b *bench) startProcess(ctx context.Context, name string, cmd *exec.Cmd, en
 			return nil, fmt.Errorf("%s exited before it was ready (%v); see %s", name, waitErr, logPath)
 		case <-ctx.Done():
 			return nil, ctx.Err()
-		case <-time.After(100 * time.Millisecond):
+		case <-time.After(500 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
 			return nil, fmt.Errorf("%s not ready after 90s; see %s", name, logPath)
@@ -228,7 +233,19 @@ type e2eResult struct {
 	applied   []time.Duration // commit to shipment applied
 	delivered []time.Duration // commit to first delivery to a consumer
 	late      int             // orders not applied by the deadline
+	// cpu is what each process group spent during the measured load.
+	cpu    cpuUse
+	tail   tailReport
+	window time.Duration // the interval cpu covers
 }
+
+// instrumentText says what the e2e figures' cpu_per_order and tail details
+// hold.
+const instrumentText = "cpu_per_order: CPU time per measured order, in µs, over the measured load, " +
+	"by group: relay is the benchmark's process (the relay, the writer, the tap and the embedded FerretDB), shipping the shipping process; " +
+	"cores_busy: that CPU over the interval's wall time, in cores. tail: the orders at or above the p99, where their time went " +
+	"(median relay and shipping shares), in how many separate seconds they were committed, and the machine's CPU (/proc/stat: busy, " +
+	"iowait, steal) while they waited and over the whole window"
 
 // measureE2E runs one variant in resources of its own (vhost, Mongo
 // database, shipping process): it writes orders at b.cfg.e2eRate for the
@@ -255,13 +272,15 @@ func (b *bench) measureE2E(ctx context.Context, bin, tmp string, poolCfg *pgxpoo
 			tp.stop()
 		}
 	}()
+	meter := newCPUMeter(ctx, pool, url, "")
 	if !v.noShipping {
-		stopShipping, err := b.startShipping(ctx, bin, url, strings.TrimSuffix(mongoURI, "/")+"/"+db.Name(),
+		stopShipping, pid, err := b.startShipping(ctx, bin, url, strings.TrimSuffix(mongoURI, "/")+"/"+db.Name(),
 			filepath.Join(tmp, "shipping-"+v.name+".log"))
 		if err != nil {
 			return e2eResult{}, err
 		}
 		defer stopShipping() //nolint:errcheck // also stopped, and reported, by the run's close
+		meter.shippingPID = pid
 	}
 	events := db.Collection(shippingEventsCollection)
 
@@ -309,8 +328,32 @@ func (b *bench) measureE2E(ctx context.Context, bin, tmp string, poolCfg *pgxpoo
 	if _, err := paced(ctx, b.cfg.e2eRate, b.cfg.e2eWarmup, 32, write(false)); err != nil {
 		return e2eResult{}, fmt.Errorf("warm-up: %w", err)
 	}
+	sampler, err := startMachineSampler(ctx, 100*time.Millisecond)
+	if err != nil {
+		return e2eResult{}, fmt.Errorf("machine CPU: %w", err)
+	}
+	defer sampler.finish()
+	iv, err := meter.start(ctx, "e2e_"+v.name)
+	if err != nil {
+		return e2eResult{}, err
+	}
+	loadStart := time.Now()
 	if _, err := paced(ctx, b.cfg.e2eRate, b.cfg.e2eDuration, 32, write(true)); err != nil {
 		return e2eResult{}, fmt.Errorf("load: %w", err)
+	}
+	// The CPU interval is the measured load's: at a steady rate after the
+	// warm-up, the orders still in flight at its end weigh what those in
+	// flight at its start did.
+	use, err := iv.stop(ctx, len(commits))
+	if err != nil {
+		return e2eResult{}, fmt.Errorf("CPU per order: %w", err)
+	}
+	window := time.Since(loadStart)
+	// measured adds the instrument's readings to res once every order
+	// arrived (or the wait ended).
+	measured := func(res *e2eResult, trips []orderTrip) {
+		res.cpu, res.window = use, window
+		res.tail = tailOf(trips, sampler.finish())
 	}
 
 	if v.noShipping {
@@ -322,13 +365,16 @@ func (b *bench) measureE2E(ctx context.Context, bin, tmp string, poolCfg *pgxpoo
 		arrived := tp.stop()
 		tapStopped = true
 		var res e2eResult
+		var trips []orderTrip
 		for _, c := range commits {
 			if at, ok := arrived[c.orderID]; ok {
 				res.delivered = append(res.delivered, at.Sub(c.at))
+				trips = append(trips, orderTrip{committed: c.at, delivered: at, latency: at.Sub(c.at)})
 			} else {
 				res.late++
 			}
 		}
+		measured(&res, trips)
 		return res, nil
 	}
 
@@ -369,18 +415,43 @@ func (b *bench) measureE2E(ctx context.Context, bin, tmp string, poolCfg *pgxpoo
 	// applied_at is a BSON date: milliseconds, truncated. Rounding it up to
 	// the next millisecond makes each latency an upper bound.
 	var res e2eResult
+	trips := make([]orderTrip, 0, len(commits))
 	for _, c := range commits {
+		trip := orderTrip{committed: c.at}
 		if at, ok := applied[c.orderID+"/1"]; ok {
-			res.applied = append(res.applied, at.Add(time.Millisecond).Sub(c.at))
+			trip.latency = at.Add(time.Millisecond).Sub(c.at)
 		} else {
 			res.late++
-			res.applied = append(res.applied, gaveUp.Sub(c.at))
+			trip.latency = gaveUp.Sub(c.at)
 		}
+		res.applied = append(res.applied, trip.latency)
 		if at, ok := arrived[c.orderID]; ok {
 			res.delivered = append(res.delivered, at.Sub(c.at))
+			trip.delivered = at
+		}
+		trips = append(trips, trip)
+	}
+	measured(&res, trips)
+	return res, nil
+}
+
+// instrument returns what the instrument read of a variant, for its
+// details (see instrumentText).
+func (r e2eResult) instrument() map[string]any {
+	m := map[string]any{"tail": r.tail}
+	if per := r.cpu.perEvent(); per != nil {
+		m["cpu_per_order"] = per
+		total := r.cpu.relay
+		for g, d := range r.cpu.groups {
+			if g != "postgresql_background" {
+				total += d
+			}
+		}
+		if r.window > 0 {
+			m["cores_busy"] = round(total.Seconds() / r.window.Seconds())
 		}
 	}
-	return res, nil
+	return m
 }
 
 // runE2ELatency measures e2e_latency: from an order's commit (the orders
@@ -416,7 +487,7 @@ func (b *bench) runE2ELatency(ctx context.Context) ([]Figure, error) {
 	applied := map[string]Latencies{}
 	delivered := map[string]Latencies{}
 	details := map[string]any{"rate_per_s": b.cfg.e2eRate, "seconds": b.cfg.e2eDuration.Seconds(),
-		"drain_wait_seconds": b.cfg.e2eDrainWait.Seconds(), "relay_config": b.relayConfigText()}
+		"drain_wait_seconds": b.cfg.e2eDrainWait.Seconds(), "relay_config": b.relayConfigText(), "instrument": instrumentText}
 	for _, v := range variants {
 		res, err := b.measureE2E(ctx, bin, tmp, poolCfg, pool, v)
 		if err != nil {
@@ -441,8 +512,9 @@ func (b *bench) runE2ELatency(ctx context.Context) ([]Figure, error) {
 			vd["orders"], vd["not_applied_within_wait"] = a.N, res.late
 			vd["applied_p50_ms"], vd["applied_p90_ms"], vd["applied_p99_ms"], vd["applied_max_ms"] = ms(a.P50), ms(a.P90), ms(a.P99), ms(a.Max)
 		}
+		vd["instrument"] = res.instrument()
 		details[v.name] = vd
-		b.log.Info("e2e_latency", "variant", v.name, "applied_p50_ms", ms(a.P50), "applied_p99_ms", ms(a.P99),
+		b.log.Info("e2e_latency", "variant", v.name, "tail", res.tail, "applied_p50_ms", ms(a.P50), "applied_p99_ms", ms(a.P99),
 			"delivered_p50_ms", ms(d.P50), "delivered_p99_ms", ms(d.P99), "late", res.late)
 	}
 
