@@ -375,7 +375,11 @@
 // and purges published rows. Status runs on every metrics scrape, so its cost
 // is bounded, the same with a million pending rows as with none: counts are
 // exact up to StatusCountLimit, and above it Pending is PostgreSQL's running
-// estimate of the table's rows (Status.PendingEstimated says so). An Observer receives counters,
+// estimate of the table's rows (Status.PendingEstimated says so).
+// Admin.History answers an operator's question about one aggregate: each of
+// its events with its state, attempts, last error and headers, across the
+// three tables; EventLog.Counts counts every state exactly, reading the
+// tables in full (for audits and demos, not scrapes). An Observer receives counters,
 // timings and the protocol's points (one method, so new kinds break no
 // implementation); alert on KindClaimFailed, KindMarkFailed and KindUnmarked
 // growing (database trouble: nothing or not everything is being marked) and

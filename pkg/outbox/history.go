@@ -1,0 +1,115 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgtype"
+)
+
+// MaxHistory bounds the events Admin.History returns: an aggregate's most
+// recent MaxHistory events.
+const MaxHistory = 1000
+
+// HistoryEvent is one event of an aggregate as Admin.History reads it: where
+// it is in its life and what the relays did with it so far.
+type HistoryEvent struct {
+	ID               int64
+	AggregateVersion int64
+	EventType        string
+	// CreatedAt is its writer's transaction start: with ID, the message id
+	// it is published under (MessageID).
+	CreatedAt time.Time
+	State     EventState
+	// InFlight says a relay claimed the pending event and has not written
+	// the outcome yet: it is being published, or its relay stopped while
+	// publishing it and its lease has not expired.
+	InFlight bool
+	// Attempts counts the claims that handed the event to a relay.
+	Attempts int
+	// LastError is the last refusal or failure of its publishing; "" when
+	// none was recorded. A published event no longer carries it.
+	LastError string
+	// NextAttemptAt is when a pending event is due (again); zero for the
+	// other states.
+	NextAttemptAt time.Time
+	// Since is when the event reached State: published_at, dead_lettered_at
+	// or discarded_at; zero while pending.
+	Since time.Time
+	// DeadLetteredAt is when it was dead-lettered, for a dead letter and a
+	// discarded event; zero otherwise.
+	DeadLetteredAt time.Time
+	// Headers are the headers it is published with (the writer's, such as
+	// a W3C traceparent).
+	Headers map[string]string
+}
+
+// MessageID is the message id e is published under (MessageID, the function).
+func (e HistoryEvent) MessageID() string { return MessageID(e.ID, e.CreatedAt) }
+
+// historySQL reads one aggregate's most recent events from the three tables.
+// outbox is read through its (aggregate_type, aggregate_id, aggregate_version)
+// index; outbox_published and outbox_discarded have no index by aggregate
+// (every published event would pay for one), so they are scanned.
+var historySQL = fmt.Sprintf(`
+SELECT * FROM (
+    SELECT id, aggregate_version, event_type, created_at,
+           CASE WHEN dead_lettered_at IS NULL THEN 'pending' ELSE 'dead_lettered' END,
+           in_flight AND dead_lettered_at IS NULL, attempts, last_error,
+           CASE WHEN dead_lettered_at IS NULL THEN next_attempt_at END,
+           dead_lettered_at, dead_lettered_at, headers
+    FROM outbox WHERE aggregate_type = $1 AND aggregate_id = $2
+    UNION ALL
+    SELECT id, aggregate_version, event_type, created_at, 'published', false, attempts, NULL,
+           NULL, published_at, NULL, headers
+    FROM outbox_published WHERE aggregate_type = $1 AND aggregate_id = $2
+    UNION ALL
+    SELECT id, aggregate_version, event_type, created_at, 'discarded', false, attempts, last_error,
+           NULL, discarded_at, dead_lettered_at, headers
+    FROM outbox_discarded WHERE aggregate_type = $1 AND aggregate_id = $2
+) h
+ORDER BY 2 DESC
+LIMIT %d`, MaxHistory)
+
+// History returns the events of one aggregate in version order, each in its
+// state, the most recent MaxHistory of them; published events purged by
+// retention (Admin.Purge, the relay's) are gone from it. It scans the
+// published events' table: it is meant for an operator's question about one
+// aggregate, not for a request path.
+func (a *Admin) History(ctx context.Context, aggregateType, aggregateID string) ([]HistoryEvent, error) {
+	rows, err := a.db.Query(ctx, historySQL, aggregateType, aggregateID)
+	if err != nil {
+		return nil, fmt.Errorf("outbox history of %s %s: %w", aggregateType, aggregateID, err)
+	}
+	defer rows.Close()
+	var out []HistoryEvent
+	for rows.Next() {
+		var (
+			e                   HistoryEvent
+			state               string
+			lastError           *string
+			next, since, deadAt pgtype.Timestamptz
+			headers             []byte
+		)
+		if err := rows.Scan(&e.ID, &e.AggregateVersion, &e.EventType, &e.CreatedAt, &state, &e.InFlight,
+			&e.Attempts, &lastError, &next, &since, &deadAt, &headers); err != nil {
+			return nil, fmt.Errorf("outbox history of %s %s: %w", aggregateType, aggregateID, err)
+		}
+		e.State, e.NextAttemptAt, e.Since, e.DeadLetteredAt = EventState(state), next.Time, since.Time, deadAt.Time
+		if lastError != nil {
+			e.LastError = *lastError
+		}
+		if err := json.Unmarshal(headers, &e.Headers); err != nil {
+			return nil, fmt.Errorf("outbox history of %s %s: event %d's headers: %w", aggregateType, aggregateID, e.ID, err)
+		}
+		out = append(out, e)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("outbox history of %s %s: %w", aggregateType, aggregateID, err)
+	}
+	slices.Reverse(out)
+	return out, nil
+}

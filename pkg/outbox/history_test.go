@@ -1,0 +1,132 @@
+package outbox_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/outbox-inbox/reference/pkg/outbox"
+)
+
+func historyOf(events []outbox.HistoryEvent) string {
+	var b strings.Builder
+	for _, e := range events {
+		fmt.Fprintf(&b, "v%d:%d:%s:%s ", e.AggregateVersion, e.ID, e.EventType, e.State)
+	}
+	return strings.TrimSpace(b.String())
+}
+
+// History reads an aggregate's events from the three tables, in version
+// order, each with its state and what its state says of it.
+func TestAdminHistory(t *testing.T) {
+	t.Parallel()
+	pool := eventLogFixture(t)
+	ctx := context.Background()
+	admin := outbox.NewAdmin(pool)
+
+	h, err := admin.History(ctx, "order", "o-6")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := historyOf(h), "v1:6:order.created:dead_lettered v2:8:order.cancelled:pending"; got != want {
+		t.Fatalf("o-6: %q, want %q", got, want)
+	}
+	dead, pending := h[0], h[1]
+	if dead.Attempts != 1 || !strings.Contains(dead.LastError, "refused") || dead.DeadLetteredAt.IsZero() ||
+		!dead.Since.Equal(dead.DeadLetteredAt) || !dead.NextAttemptAt.IsZero() || dead.InFlight {
+		t.Errorf("dead letter: %+v", dead)
+	}
+	if pending.Attempts != 0 || pending.LastError != "" || pending.NextAttemptAt.IsZero() || !pending.Since.IsZero() ||
+		!pending.DeadLetteredAt.IsZero() || pending.InFlight {
+		t.Errorf("pending event blocked behind the dead letter: %+v", pending)
+	}
+	if got := pending.Headers["traceparent"]; !strings.HasPrefix(got, "00-0af7651916cd43dd8448eb211c80319c-") {
+		t.Errorf("headers %v: want the writer's traceparent", pending.Headers)
+	}
+
+	h, err = admin.History(ctx, "order", "o-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := historyOf(h), "v1:1:order.created:published"; got != want {
+		t.Fatalf("o-1: %q, want %q", got, want)
+	}
+	if e := h[0]; e.Since.IsZero() || e.Attempts != 1 || e.LastError != "" || !e.DeadLetteredAt.IsZero() {
+		t.Errorf("published event: %+v", e)
+	}
+	logged, err := outbox.NewEventLog(pool, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found, err := logged.Lookup(ctx, []int64{1})
+	if err != nil || len(found) != 1 {
+		t.Fatalf("Lookup(1) = %v, %v", found, err)
+	}
+	if h[0].MessageID() != found[0].MessageID() {
+		t.Errorf("message id %q, the event log's %q", h[0].MessageID(), found[0].MessageID())
+	}
+
+	h, err = admin.History(ctx, "order", "o-7")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := historyOf(h), "v1:7:order.created:discarded"; got != want {
+		t.Fatalf("o-7: %q, want %q", got, want)
+	}
+	if e := h[0]; e.DeadLetteredAt.IsZero() || e.Since.Before(e.DeadLetteredAt) || !strings.Contains(e.LastError, "refused") {
+		t.Errorf("discarded event: %+v", e)
+	}
+
+	for _, other := range [][2]string{{"order", "o-404"}, {"invoice", "o-1"}} {
+		if h, err := admin.History(ctx, other[0], other[1]); err != nil || len(h) != 0 {
+			t.Errorf("History(%s %s) = %v, %v; want nothing", other[0], other[1], h, err)
+		}
+	}
+	if _, err := outbox.NewAdmin(newSchemaPool(t)).History(ctx, "order", "o-1"); err == nil || !strings.Contains(err.Error(), "outbox history") {
+		t.Errorf("History without the tables: %v, want an error naming the operation", err)
+	}
+}
+
+// History keeps an aggregate's most recent MaxHistory events.
+func TestAdminHistoryKeepsTheMostRecent(t *testing.T) {
+	t.Parallel()
+	pool := newTestPool(t)
+	msgs := make([]outbox.Message, outbox.MaxHistory+2)
+	for i := range msgs {
+		msgs[i] = msg("hot", "order.updated")
+	}
+	enqueue(t, pool, msgs...)
+	h, err := outbox.NewAdmin(pool).History(context.Background(), "order", "hot")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(h) != outbox.MaxHistory || h[0].AggregateVersion != 3 || h[len(h)-1].AggregateVersion != outbox.MaxHistory+2 {
+		t.Fatalf("%d events, versions %d to %d; want %d, 3 to %d", len(h), h[0].AggregateVersion, h[len(h)-1].AggregateVersion,
+			outbox.MaxHistory, outbox.MaxHistory+2)
+	}
+}
+
+// Counts counts each state in full, in one snapshot.
+func TestEventLogCounts(t *testing.T) {
+	t.Parallel()
+	pool := eventLogFixture(t)
+	log, err := outbox.NewEventLog(pool, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := log.Counts(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Pending != 1 || c.DeadLettered != 1 || c.Published != 5 || c.Discarded != 1 || c.OldestPendingAge <= 0 {
+		t.Fatalf("counts %+v: want 1 pending (with an age), 1 dead letter, 5 published, 1 discarded", c)
+	}
+	empty, err := outbox.NewEventLog(newTestPool(t), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c, err := empty.Counts(context.Background()); err != nil || c != (outbox.EventCounts{}) {
+		t.Fatalf("an empty outbox: %+v, %v", c, err)
+	}
+}
