@@ -22,6 +22,10 @@ type toxi struct {
 	mu      sync.Mutex
 	proxies map[string]*toxiproxy.Proxy
 	toxics  map[string][]string // proxy name -> toxic names
+	// down counts, per proxy, the faults holding it disabled: faults drawn
+	// independently may overlap on one proxy, and it comes back when the
+	// last of them heals.
+	down map[string]int
 }
 
 func newToxi() *toxi {
@@ -29,6 +33,7 @@ func newToxi() *toxi {
 		srv:     toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop()),
 		proxies: make(map[string]*toxiproxy.Proxy),
 		toxics:  make(map[string][]string),
+		down:    make(map[string]int),
 	}
 }
 
@@ -55,21 +60,33 @@ func (x *toxi) proxy(name string) (*toxiproxy.Proxy, error) {
 	return p, nil
 }
 
-// disable closes every connection through the proxy and refuses new ones.
+// disable closes every connection through the proxy and refuses new ones,
+// until every disable is matched by an enable.
 func (x *toxi) disable(name string) error {
 	p, err := x.proxy(name)
 	if err != nil {
 		return err
 	}
+	x.mu.Lock()
+	x.down[name]++
+	x.mu.Unlock()
 	p.Stop()
 	return nil
 }
 
-// enable lets connections through again, on the same port.
+// enable lets connections through again, on the same port, once no other
+// fault holds the proxy disabled.
 func (x *toxi) enable(name string) error {
 	p, err := x.proxy(name)
 	if err != nil {
 		return err
+	}
+	x.mu.Lock()
+	x.down[name] = max(x.down[name]-1, 0)
+	held := x.down[name] > 0
+	x.mu.Unlock()
+	if held {
+		return nil
 	}
 	p.Lock()
 	enabled := p.Enabled
