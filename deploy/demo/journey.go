@@ -53,20 +53,6 @@ type journeyEvent struct {
 	TraceURL string `json:"trace_url,omitempty"`
 }
 
-const journeySQL = `
-SELECT id, event_type, aggregate_version, created_at, attempts,
-       CASE WHEN dead_lettered_at IS NOT NULL THEN 'dead_lettered'
-            WHEN in_flight THEN 'in_flight' ELSE 'pending' END,
-       last_error, next_attempt_at, NULL::timestamptz, dead_lettered_at, headers->>'traceparent'
-FROM outbox WHERE aggregate_type = 'order' AND aggregate_id = $1
-UNION ALL
-SELECT id, event_type, aggregate_version, created_at, attempts, 'published', NULL, NULL, published_at, NULL, headers->>'traceparent'
-FROM outbox_published WHERE aggregate_type = 'order' AND aggregate_id = $1
-UNION ALL
-SELECT id, event_type, aggregate_version, created_at, attempts, 'discarded', last_error, NULL, NULL, dead_lettered_at, headers->>'traceparent'
-FROM outbox_discarded WHERE aggregate_type = 'order' AND aggregate_id = $1
-ORDER BY 3`
-
 func (v *liveView) serveJourney(w http.ResponseWriter, r *http.Request) {
 	id := r.URL.Query().Get("order")
 	if _, err := uuid.Parse(id); err != nil || len(id) != 36 {
@@ -102,37 +88,32 @@ func (v *liveView) journey(ctx context.Context, id string) (journey, int, error)
 	}
 	j = journey{OrderID: order.ID, Status: order.Status, Version: order.Version, CreatedAt: order.CreatedAt, Events: []journeyEvent{}}
 
-	rows, err := v.pool.Query(ctx, journeySQL, id)
+	history, err := outbox.NewAdmin(v.pool).History(ctx, "order", id)
 	if err != nil {
-		return j, http.StatusBadGateway, fmt.Errorf("outbox rows: %w", err)
+		return j, http.StatusBadGateway, err
 	}
-	for rows.Next() {
-		var e journeyEvent
-		var msgID int64 // the outbox id
-		var lastErr, traceparent *string
-		if err := rows.Scan(&msgID, &e.EventType, &e.Version, &e.WrittenAt, &e.Attempts, &e.State,
-			&lastErr, &e.NextAttemptAt, &e.PublishedAt, &e.DeadLetteredAt, &traceparent); err != nil {
-			rows.Close()
-			return j, http.StatusBadGateway, fmt.Errorf("outbox rows: %w", err)
+	for _, h := range history {
+		e := journeyEvent{
+			MessageID: h.MessageID(), // as the relay publishes it
+			EventType: h.EventType, Version: h.AggregateVersion, WrittenAt: h.CreatedAt,
+			State: string(h.State), Attempts: int64(h.Attempts), LastError: h.LastError,
+			NextAttemptAt: timeOrNil(h.NextAttemptAt), DeadLetteredAt: timeOrNil(h.DeadLetteredAt),
+			TraceID: traceID(h.Headers["traceparent"]),
 		}
-		if lastErr != nil {
-			e.LastError = *lastErr
+		if h.InFlight {
+			e.State = "in_flight"
 		}
-		if traceparent != nil {
-			e.TraceID = traceID(*traceparent)
+		if h.State == outbox.EventPublished {
+			e.PublishedAt = timeOrNil(h.Since)
 		}
 		if e.TraceID != "" && v.d.cfg.JaegerUI != "" {
 			e.TraceURL = strings.TrimRight(v.d.cfg.JaegerUI, "/") + "/trace/" + e.TraceID
 		}
-		e.MessageID = outbox.MessageID(msgID, e.WrittenAt) // as the relay publishes it
 		e.Deliveries = v.d.deliveries.of(e.MessageID)
 		if e.Deliveries == nil {
 			e.Deliveries = []delivery{}
 		}
 		j.Events = append(j.Events, e)
-	}
-	if err := rows.Err(); err != nil {
-		return j, http.StatusBadGateway, fmt.Errorf("outbox rows: %w", err)
 	}
 
 	var shipment struct {
@@ -158,6 +139,14 @@ func (v *liveView) journey(ctx context.Context, id string) (journey, int, error)
 		}
 	}
 	return j, http.StatusOK, nil
+}
+
+// timeOrNil is t, or nil for the zero time (a field the JSON leaves out).
+func timeOrNil(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
 }
 
 // traceID is the trace id of a W3C traceparent (version-traceid-parentid-

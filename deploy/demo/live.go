@@ -21,6 +21,8 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/outbox-inbox/reference/pkg/outbox"
 )
 
 // The live view is a web page the demo serves: the pipeline's counts, the
@@ -467,21 +469,24 @@ func (v *liveView) httpAddr(name string) string {
 	return ""
 }
 
-const statsSQL = `
-SELECT (SELECT count(*) FROM orders),
-       (SELECT count(*) FROM outbox WHERE dead_lettered_at IS NULL),
-       (SELECT count(*) FROM outbox WHERE dead_lettered_at IS NOT NULL),
-       coalesce((SELECT extract(epoch FROM now() - min(created_at)) FROM outbox WHERE dead_lettered_at IS NULL), 0)::float8,
-       (SELECT count(*) FROM outbox_published),
-       (SELECT count(*) FROM outbox_discarded)`
-
+// readPostgres reads the stages' database side: the orders written (the
+// orders service's table, counted here for the demo's display) and the
+// outbox's events by state (pkg/outbox's EventLog.Counts, exact).
 func (v *liveView) readPostgres(ctx context.Context, st *stages) error {
-	var orders, pending, dead, published, discarded int64
-	var age float64
-	err := v.pool.QueryRow(ctx, statsSQL).Scan(&orders, &pending, &dead, &age, &published, &discarded)
+	var orders int64
+	if err := v.pool.QueryRow(ctx, "SELECT count(*) FROM orders").Scan(&orders); err != nil {
+		return err
+	}
+	log, err := outbox.NewEventLog(v.pool, 0)
 	if err != nil {
 		return err
 	}
+	c, err := log.Counts(ctx)
+	if err != nil {
+		return err
+	}
+	pending, dead, published, discarded := c.Pending, c.DeadLettered, c.Published, c.Discarded
+	age := c.OldestPendingAge.Seconds()
 	written := pending + dead + published + discarded
 	st.OrdersCreated, st.Pending, st.OutboxDeadLetters = &orders, &pending, &dead
 	st.OldestPendingAge, st.Published, st.Discarded, st.EventsWritten = &age, &published, &discarded, &written
