@@ -237,6 +237,29 @@ type e2eResult struct {
 	cpu    cpuUse
 	tail   tailReport
 	window time.Duration // the interval cpu covers
+	// statements are the polling relay's claims and batches (marks, outcomes)
+	// during the measured load, per order, and their mean time.
+	statements map[string]float64
+}
+
+// statementsPerOrder summarises a sqlTimer's recording over orders: for each
+// kind of statement, how many per order and their mean latency in ms.
+func statementsPerOrder(byKind map[string][]time.Duration, orders int) map[string]float64 {
+	if len(byKind) == 0 || orders == 0 {
+		return nil
+	}
+	out := map[string]float64{}
+	for kind, ds := range byKind {
+		var sum time.Duration
+		for _, d := range ds {
+			sum += d
+		}
+		out[kind+"_per_order"] = round(float64(len(ds)) / float64(orders))
+		if len(ds) > 0 {
+			out[kind+"_mean_ms"] = round(ms(sum) / float64(len(ds)))
+		}
+	}
+	return out
 }
 
 // instrumentText says what the e2e figures' cpu_per_order and tail details
@@ -245,7 +268,8 @@ const instrumentText = "cpu_per_order: CPU time per measured order, in µs, over
 	"by group: relay is the benchmark's process (the relay, the writer, the tap and the embedded FerretDB), shipping the shipping process; " +
 	"cores_busy: that CPU over the interval's wall time, in cores. tail: the orders at or above the p99, where their time went " +
 	"(median relay and shipping shares), in how many separate seconds they were committed, and the machine's CPU (/proc/stat: busy, " +
-	"iowait, steal) while they waited and over the whole window"
+	"iowait, steal) while they waited and over the whole window. relay_statements: the polling relay's claims (claim: it found rows; claim_empty: " +
+	"none) and batches (its marks and outcomes) per order over the measured load, and their mean latency"
 
 // measureE2E runs one variant in resources of its own (vhost, Mongo
 // database, shipping process): it writes orders at b.cfg.e2eRate for the
@@ -295,10 +319,12 @@ func (b *bench) measureE2E(ctx context.Context, bin, tmp string, poolCfg *pgxpoo
 		return e2eResult{}, err
 	}
 	var relay *runningRelay
+	var timer *sqlTimer // the polling relay's statements (the WAL relay claims nothing)
 	if v.wal {
 		relay, err = b.startWALRelay(ctx, poolCfg, url, b.walSlotName("e2e_"+v.name))
 	} else {
-		relay, err = startRelay(ctx, poolCfg, url, cfg, nil)
+		timer = newSQLTimer()
+		relay, err = startRelay(ctx, poolCfg, url, cfg, timer)
 	}
 	if err != nil {
 		return e2eResult{}, err
@@ -337,9 +363,16 @@ func (b *bench) measureE2E(ctx context.Context, bin, tmp string, poolCfg *pgxpoo
 	if err != nil {
 		return e2eResult{}, err
 	}
+	if timer != nil {
+		timer.start()
+	}
 	loadStart := time.Now()
 	if _, err := paced(ctx, b.cfg.e2eRate, b.cfg.e2eDuration, 32, write(true)); err != nil {
 		return e2eResult{}, fmt.Errorf("load: %w", err)
+	}
+	var statements map[string][]time.Duration
+	if timer != nil {
+		statements = timer.stop()
 	}
 	// The CPU interval is the measured load's: at a steady rate after the
 	// warm-up, the orders still in flight at its end weigh what those in
@@ -354,6 +387,7 @@ func (b *bench) measureE2E(ctx context.Context, bin, tmp string, poolCfg *pgxpoo
 	measured := func(res *e2eResult, trips []orderTrip) {
 		res.cpu, res.window = use, window
 		res.tail = tailOf(trips, sampler.finish())
+		res.statements = statementsPerOrder(statements, len(commits))
 	}
 
 	if v.noShipping {
@@ -439,6 +473,9 @@ func (b *bench) measureE2E(ctx context.Context, bin, tmp string, poolCfg *pgxpoo
 // details (see instrumentText).
 func (r e2eResult) instrument() map[string]any {
 	m := map[string]any{"tail": r.tail}
+	if r.statements != nil {
+		m["relay_statements"] = r.statements
+	}
 	if per := r.cpu.perEvent(); per != nil {
 		m["cpu_per_order"] = per
 		total := r.cpu.relay

@@ -105,3 +105,22 @@ func TestTailOf(t *testing.T) {
 		t.Error("a tail of no orders")
 	}
 }
+
+func TestStatementsPerOrder(t *testing.T) {
+	got := statementsPerOrder(map[string][]time.Duration{
+		"claim":       {time.Millisecond, 3 * time.Millisecond},
+		"claim_empty": {500 * time.Microsecond, 500 * time.Microsecond, 500 * time.Microsecond, 500 * time.Microsecond},
+	}, 4)
+	want := map[string]float64{"claim_per_order": 0.5, "claim_mean_ms": 2, "claim_empty_per_order": 1, "claim_empty_mean_ms": 0.5}
+	if len(got) != len(want) {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s = %v, want %v", k, got[k], v)
+		}
+	}
+	if statementsPerOrder(nil, 4) != nil || statementsPerOrder(map[string][]time.Duration{"claim": {1}}, 0) != nil {
+		t.Error("nothing recorded, or no order: want nil")
+	}
+}
