@@ -72,14 +72,8 @@ func (in *injector) brokerAlarm(ctx context.Context, s chaos.Step, record func(s
 	if err != nil {
 		return err
 	}
-	// No proxy fault of either side while the alarm holds: shipping's cut
-	// below is the fault's own, and an orders-side cut would burn attempts
-	// that are not the alarm's.
-	defer in.lock(chaos.TargetAMQPOrders)()
-	defer in.lock(chaos.TargetAMQPShipping)()
-	// Nor a database fault: the fault reads the outbox's attempts through
-	// the run's PostgreSQL, which a restart or a failover would cut.
-	defer in.lock("postgres")()
+	// The step holds the proxies, PostgreSQL and MongoDB too (see
+	// injector.resources): no other fault cuts what the check below reads.
 	healCtx := context.WithoutCancel(ctx)
 
 	disk := (s.At/(100*time.Millisecond))%2 == 1
