@@ -2,12 +2,13 @@ package outbox
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/outbox-inbox/reference/pkg/outbox/internal/headerjson"
 )
 
 // MaxHistory bounds the events Admin.History returns: an aggregate's most
@@ -102,7 +103,7 @@ func (a *Admin) History(ctx context.Context, aggregateType, aggregateID string) 
 		if lastError != nil {
 			e.LastError = *lastError
 		}
-		if err := json.Unmarshal(headers, &e.Headers); err != nil {
+		if e.Headers, err = headerjson.Decode(headers); err != nil {
 			return nil, fmt.Errorf("outbox history of %s %s: event %d's headers: %w", aggregateType, aggregateID, e.ID, err)
 		}
 		out = append(out, e)
