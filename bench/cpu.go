@@ -95,15 +95,21 @@ func truncate(s string, n int) string {
 
 // readProcStat reads /proc/PID/stat under root (normally "/proc").
 func readProcStat(root string, pid int) (procStat, error) {
-	b, err := os.ReadFile(filepath.Join(root, strconv.Itoa(pid), "stat"))
+	return readProcFile(root, pid, "stat", parseProcStat)
+}
+
+// readProcFile reads /proc/PID/name under root and parses it.
+func readProcFile[T any](root string, pid int, name string, parse func(string) (T, error)) (T, error) {
+	var zero T
+	b, err := os.ReadFile(filepath.Join(root, strconv.Itoa(pid), name))
 	if err != nil {
-		return procStat{}, err
+		return zero, err
 	}
-	st, err := parseProcStat(string(b))
+	v, err := parse(string(b))
 	if err != nil {
-		return procStat{}, fmt.Errorf("pid %d: %w", pid, err)
+		return zero, fmt.Errorf("pid %d: %w", pid, err)
 	}
-	return st, nil
+	return v, nil
 }
 
 // cpuDelta is the CPU time the processes of group b spent since reading a,
@@ -526,13 +532,5 @@ func parseSchedstat(s string) (schedStat, error) {
 
 // readSchedstat reads /proc/PID/schedstat under root (normally "/proc").
 func readSchedstat(root string, pid int) (schedStat, error) {
-	b, err := os.ReadFile(filepath.Join(root, strconv.Itoa(pid), "schedstat"))
-	if err != nil {
-		return schedStat{}, err
-	}
-	st, err := parseSchedstat(string(b))
-	if err != nil {
-		return schedStat{}, fmt.Errorf("pid %d: %w", pid, err)
-	}
-	return st, nil
+	return readProcFile(root, pid, "schedstat", parseSchedstat)
 }

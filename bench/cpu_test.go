@@ -132,32 +132,12 @@ func TestReadProcStatOfABusyChild(t *testing.T) {
 	const burn = 300 * time.Millisecond
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%d", burnEnv, burn.Milliseconds()))
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		_ = stdin.Close()
-		if err := cmd.Wait(); err != nil {
-			t.Errorf("child: %v", err)
-		}
-	}()
+	burnt := startBusyChild(t, cmd)
 	before, err := readProcStat("/proc", cmd.Process.Pid)
 	if err != nil {
 		t.Fatal(err)
 	}
-	line, err := bufio.NewReader(stdout).ReadString('\n')
-	if err != nil || !strings.HasPrefix(line, "burnt") {
-		t.Fatalf("child said %q, %v", line, err)
-	}
+	burnt()
 	after, err := readProcStat("/proc", cmd.Process.Pid)
 	if err != nil {
 		t.Fatal(err)
@@ -175,6 +155,38 @@ func TestReadProcStatOfABusyChild(t *testing.T) {
 	}
 	if d, gone := cpuDelta(map[int]procStat{cmd.Process.Pid: before}, map[int]procStat{cmd.Process.Pid: after}); d != after.cpu-before.cpu || gone != 0 {
 		t.Errorf("cpuDelta = %v, %d gone; want %v, 0", d, gone, after.cpu-before.cpu)
+	}
+}
+
+// startBusyChild starts cmd, a child that burns CPU, says "burnt" on its
+// stdout and then waits for its stdin to close (which the test's cleanup
+// does, then checks that it exited cleanly). It returns a function that
+// waits for the "burnt" line.
+func startBusyChild(t *testing.T, cmd *exec.Cmd) (burnt func()) {
+	t.Helper()
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = stdin.Close()
+		if err := cmd.Wait(); err != nil {
+			t.Errorf("child: %v", err)
+		}
+	})
+	return func() {
+		t.Helper()
+		if line, err := bufio.NewReader(stdout).ReadString('\n'); err != nil || !strings.HasPrefix(line, "burnt") {
+			t.Fatalf("child said %q, %v", line, err)
+		}
 	}
 }
 
@@ -288,27 +300,7 @@ func TestParseSchedstat(t *testing.T) {
 // /proc/PID/stat counts in ticks.
 func TestReadSchedstatOfABusyChild(t *testing.T) {
 	cmd := exec.Command("sh", "-c", `i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done; echo burnt; read x || true`)
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		_ = stdin.Close()
-		if err := cmd.Wait(); err != nil {
-			t.Errorf("child: %v", err)
-		}
-	}()
-	if line, err := bufio.NewReader(stdout).ReadString('\n'); err != nil || !strings.HasPrefix(line, "burnt") {
-		t.Fatalf("child said %q, %v", line, err)
-	}
+	startBusyChild(t, cmd)()
 	st, err := readSchedstat("/proc", cmd.Process.Pid)
 	if err != nil {
 		t.Fatal(err)
