@@ -250,18 +250,26 @@ func (u cpuUse) perEvent() map[string]float64 {
 	}
 	per := func(d time.Duration) float64 { return round(float64(d.Nanoseconds()) / 1e3 / float64(u.events)) }
 	m := map[string]float64{"relay": per(u.relay)}
-	total := u.relay
 	for g, d := range u.groups {
 		m[g] = per(d)
-		if g != "postgresql_background" {
-			total += d
-		}
 	}
-	m["total"] = per(total)
+	m["total"] = per(u.total())
 	if u.gone > 0 {
 		m["processes_exited"] = float64(u.gone)
 	}
 	return m
+}
+
+// total is what the relay and the groups spent, the server's background
+// processes left out (they are shared with the rest of the server).
+func (u cpuUse) total() time.Duration {
+	t := u.relay
+	for g, d := range u.groups {
+		if g != "postgresql_background" {
+			t += d
+		}
+	}
+	return t
 }
 
 // cpuMeter reads the groups for one figure: its database's backends, the

@@ -131,7 +131,7 @@ func (b *bench) startProcess(ctx context.Context, name string, cmd *exec.Cmd, en
 			return nil, fmt.Errorf("%s exited before it was ready (%v); see %s", name, waitErr, logPath)
 		case <-ctx.Done():
 			return nil, ctx.Err()
-		case <-time.After(500 * time.Millisecond):
+		case <-time.After(100 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
 			return nil, fmt.Errorf("%s not ready after 90s; see %s", name, logPath)
@@ -478,14 +478,8 @@ func (r e2eResult) instrument() map[string]any {
 	}
 	if per := r.cpu.perEvent(); per != nil {
 		m["cpu_per_order"] = per
-		total := r.cpu.relay
-		for g, d := range r.cpu.groups {
-			if g != "postgresql_background" {
-				total += d
-			}
-		}
 		if r.window > 0 {
-			m["cores_busy"] = round(total.Seconds() / r.window.Seconds())
+			m["cores_busy"] = round(r.cpu.total().Seconds() / r.window.Seconds())
 		}
 	}
 	return m

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/outbox-inbox/reference/pkg/outbox"
 )
@@ -128,5 +129,29 @@ func TestEventLogCounts(t *testing.T) {
 	}
 	if c, err := empty.Counts(context.Background()); err != nil || c != (outbox.EventCounts{}) {
 		t.Fatalf("an empty outbox: %+v, %v", c, err)
+	}
+}
+
+// A claimed event is pending and in flight until its outcome is written,
+// with the claim's attempt counted.
+func TestAdminHistoryShowsAClaimInFlight(t *testing.T) {
+	t.Parallel()
+	pool := newTestPool(t)
+	ctx := context.Background()
+	enqueue(t, pool, msg("o-1", "order.created"))
+	rows, err := pool.Query(ctx, outbox.ClaimSQL, claimArgs(10, time.Minute)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	h, err := outbox.NewAdmin(pool).History(ctx, "order", "o-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(h) != 1 || h[0].State != outbox.EventPending || !h[0].InFlight || h[0].Attempts != 1 {
+		t.Fatalf("history %+v: want one pending event, in flight, at attempt 1", h)
 	}
 }
