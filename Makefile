@@ -6,7 +6,7 @@ TEST_FLAGS ?=
 
 SHELL := /bin/bash
 
-.PHONY: test vet fmt-check demo services chaos chaos-cluster bench generate audit
+.PHONY: test vet fmt-check demo services chaos chaos-cluster bench generate audit fuzz
 
 ## test: gofmt check, go vet, and every test with the race detector. The
 ## end-to-end suite (short chaos profile) runs last and alone: it stops and
@@ -38,6 +38,16 @@ chaos: services
 chaos-cluster: services
 	CHAOS_PROFILE=cluster $(GO) test -race -count=1 -v -run '^(TestRabbitCluster|TestChaosClusterPartition|TestChaos)$$' -timeout 60m ./e2e/
 	CHAOS_PROFILE=cluster CHAOS_RELAY_MODE=wal CHAOS_REPORT=chaos-report-cluster-wal.json $(GO) test -race -count=1 -v -run '^TestChaos$$' -timeout 60m ./e2e/
+
+## fuzz: run each fuzz target for FUZZTIME (default 2m each), from its
+## committed corpus (testdata/fuzz) on: any message Enqueue accepts is
+## published by each relay, anything else is refused with ErrInvalidMessage.
+## make test replays the corpus only. A failing input is written to the
+## target's testdata/fuzz: commit it with its fix.
+FUZZTIME ?= 2m
+fuzz: services
+	$(GO) test -count=1 -run '^$$' -fuzz '^FuzzEnqueueToPollingRelay$$' -fuzztime $(FUZZTIME) ./pkg/outbox/
+	$(GO) test -count=1 -run '^$$' -fuzz '^FuzzEnqueueToWALRelay$$' -fuzztime $(FUZZTIME) ./pkg/outbox/outboxwal/
 
 ## bench: measure the performance goals of docs/guarantees.md against their baselines
 ## (5 to 10 minutes; not part of test). See docs/benchmarks.md.

@@ -106,10 +106,13 @@ type Message struct {
 	// EventType names what happened, e.g. "order.created". Required, at most
 	// MaxNameBytes.
 	EventType string
-	// Payload is the event body. It must be valid JSON, at most
-	// WriterConfig.MaxPayloadBytes. It is stored as jsonb, so the relay
-	// publishes it normalised, not byte for byte: whitespace and key order
-	// change, and of duplicate keys only the last one is kept. Required.
+	// Payload is the event body. It must be valid JSON that PostgreSQL's
+	// jsonb stores (numbers within numeric's range, no \u0000, no lone UTF-16
+	// surrogate), at most WriterConfig.MaxPayloadBytes as given and as
+	// printed. It is stored as jsonb, so the relay publishes it normalised,
+	// not byte for byte: numbers in positional notation (1e3 as 1000),
+	// whitespace and key order change, and of duplicate keys only the last
+	// one is kept. Required.
 	Payload []byte
 	// Headers travel with the message to the broker, e.g. W3C trace context
 	// ("traceparent", "tracestate"), as long-string entries of its AMQP
@@ -146,11 +149,16 @@ type WriterConfig struct {
 	// through a transaction-pooling PgBouncer (it is part of the transaction);
 	// it is the relay's LISTEN that needs a session of its own. Default: "" (off).
 	NotifyChannel string
-	// MaxPayloadBytes bounds a message's Payload, in bytes as given to Enqueue.
-	// The relay holds up to Workers x BatchSize payloads in memory at once and
-	// every claim reads them, so one huge event slows or stops the relay for
-	// everyone. RabbitMQ's own limit (max_message_size) is 128 MiB by default.
-	// Default: 0, meaning DefaultMaxPayloadBytes (1 MiB); -1: no limit.
+	// MaxPayloadBytes bounds a message's Payload twice: in bytes as given to
+	// Enqueue, and in bytes as the relays publish it, jsonb's text form, which
+	// spells every number out digit by digit (a 22-byte 1e131071 prints as
+	// 131,072 digits) and puts a space after each comma and colon. Enqueue
+	// computes that form from the payload alone. The relay holds up to
+	// Workers x BatchSize payloads in memory at once and every claim measures
+	// them, so one huge event slows or stops the relay for everyone.
+	// RabbitMQ's own limit (max_message_size) is 128 MiB by default.
+	// Default: 0, meaning DefaultMaxPayloadBytes (1 MiB); -1: no limit of the
+	// Writer's, but 256 MiB still bounds both (jsonb's own bound on a value).
 	MaxPayloadBytes int
 }
 
@@ -333,18 +341,25 @@ func (m Message) validate(maxPayload int) error {
 			return fmt.Errorf("%s has %d bytes, more than the %d of an AMQP short string", f.name, len(f.value), MaxNameBytes)
 		}
 	}
-	if maxPayload == 0 {
-		maxPayload = DefaultMaxPayloadBytes
+	limit, what := maxPayloadTextBytes, "jsonb's bound on a value"
+	switch {
+	case maxPayload == 0:
+		limit, what = DefaultMaxPayloadBytes, "WriterConfig.MaxPayloadBytes"
+	case maxPayload > 0 && maxPayload < limit:
+		limit, what = maxPayload, "WriterConfig.MaxPayloadBytes"
 	}
-	if maxPayload > 0 && len(m.Payload) > maxPayload {
-		return fmt.Errorf("Payload has %d bytes, more than the limit of %d (WriterConfig.MaxPayloadBytes)", len(m.Payload), maxPayload)
+	if len(m.Payload) > limit {
+		return fmt.Errorf("Payload has %d bytes, more than the limit of %d (%s)", len(m.Payload), limit, what)
 	}
 	if !json.Valid(m.Payload) {
 		return errors.New("Payload is not valid JSON")
 	}
-	// jsonb rejects the escaped NUL character; catch it here with a clear message.
-	if strings.Contains(string(m.Payload), `\u0000`) {
-		return errors.New(`Payload contains \u0000, which PostgreSQL cannot store`)
+	text, err := jsonbTextSize(m.Payload)
+	if err != nil {
+		return fmt.Errorf("Payload: %w", err)
+	}
+	if text > int64(limit) {
+		return fmt.Errorf("Payload takes %d bytes as the relays publish it (jsonb's text form: numbers written out digit by digit, a space after each comma and colon), more than the limit of %d (%s)", text, limit, what)
 	}
 	for k, v := range m.Headers {
 		if err := storableText(k); err != nil {

@@ -22,3 +22,7 @@ func ParseSchema(sql string) error {
 
 // HeaderBytes lets the external tests check the measure of MaxHeaderBytes.
 var HeaderBytes = headerBytes
+
+// JSONBTextSize lets the external tests compare the measure of the text form
+// with PostgreSQL's.
+var JSONBTextSize = jsonbTextSize
