@@ -67,8 +67,8 @@ func TestEnqueueRefusesAPayloadWhoseTextFormIsOverTheLimit(t *testing.T) {
 	ctx := context.Background()
 
 	bomb := "[" + strings.TrimSuffix(strings.Repeat("1e131071,", 8200), ",") + "]" // 73,801 bytes
-	small := "[" + strings.TrimSuffix(strings.Repeat("1e131071,", 7), ",") + "]"  // 917,511 bytes printed
-	over := "[" + strings.TrimSuffix(strings.Repeat("1e131071,", 8), ",") + "]"   // 1,048,590 bytes printed
+	small := "[" + strings.TrimSuffix(strings.Repeat("1e131071,", 7), ",") + "]"   // 917,511 bytes printed
+	over := "[" + strings.TrimSuffix(strings.Repeat("1e131071,", 8), ",") + "]"    // 1,048,590 bytes printed
 	unlimited, err := outbox.NewWriter(outbox.WriterConfig{MaxPayloadBytes: -1})
 	if err != nil {
 		t.Fatal(err)
