@@ -116,9 +116,18 @@
 //     redone after a failover (see Failover).
 //
 // When the slot is created, the rows already in the outbox are not in its
-// stream: Run hands them over to polling in the same step (in the snapshot
-// the slot exports), so switching from the polling relay loses nothing, and
-// those rows go out before the later events of their aggregates.
+// stream: Run hands them over to polling (read in the snapshot the slot
+// exports), so switching from the polling relay loses nothing, and those rows
+// go out before the later events of their aggregates. However large that
+// backlog, the hand-over runs in bounded steps, each a short transaction of
+// its own: the rows are listed in chunks (their aggregates pinned: a later
+// event of one of them is parked behind them, never published first), then
+// the relay streams, publishing the events of other aggregates at once, while
+// the listed rows are marked for polling a chunk at a time beside the stream.
+// Until the last chunk is marked the slot is not recorded as ready, and a
+// relay that starts again lists and marks anew; what was marked stays with
+// polling. The same steps hand the outbox over after a switch of server (see
+// Failover).
 //
 // The relay reads its own publication only: one that also publishes other
 // tables (or all of them) is refused at start with a clear error, changes of

@@ -35,9 +35,10 @@ import (
 //     in_flight) before they are published again, so an event that crashes
 //     every relay that publishes it is dead-lettered after MaxAttempts, and
 //     one that was in flight at two crashes in a row is published alone.
-//   - server is the server the last session streamed from, or the one the
-//     slot was made on (by Prepare or a session): its system identifier and
-//     timeline. A session that finds another one there (a
+//   - server is the server on which the slot was last known to cover the
+//     whole outbox: the one it was made on (by Prepare or a session), or
+//     where a session handed over the rows it could not vouch for: its
+//     system identifier and timeline. A session that finds another one there (a
 //     promoted standby, a restored or different server behind the same
 //     address) cannot trust the slot to cover what the outbox holds, and
 //     hands the outbox's rows over to polling before it streams.
@@ -130,8 +131,10 @@ func onServer(ctx context.Context, c *pgxpool.Conn, server string) error {
 const lockSlotSQL = `SELECT dispatched::text, coalesce(server, '')
 FROM outbox_wal_slots WHERE slot_name = $1 FOR UPDATE`
 
+// bumpEpochSQL does not record the session's server: a session records it
+// once the rows the slot may not cover on it are handed over (see backlog).
 const bumpEpochSQL = `
-UPDATE outbox_wal_slots SET epoch = epoch + 1, holder = $2, taken_at = now(), server = $3
+UPDATE outbox_wal_slots SET epoch = epoch + 1, holder = $2, taken_at = now()
 WHERE slot_name = $1 RETURNING epoch`
 
 // taken is what a session finds when it takes the slot.
@@ -188,7 +191,7 @@ func takeSlot(ctx context.Context, pool *pgxpool.Pool, slot, server string) (tak
 			return fmt.Errorf("dispatched position %q: %w", text, err)
 		}
 		t.dispatched = uint64(lsn)
-		return tx.QueryRow(ctx, bumpEpochSQL, slot, holderName(), server).Scan(&t.epoch)
+		return tx.QueryRow(ctx, bumpEpochSQL, slot, holderName()).Scan(&t.epoch)
 	})
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available

@@ -125,7 +125,7 @@ func (r *Relay) Prepare(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("outboxwal prepare: identify the server: %w", err)
 	}
-	if _, err := r.ensureSlot(ctx, conn, serverName(id)); err != nil {
+	if _, _, err := r.ensureSlot(ctx, conn, serverName(id), true); err != nil {
 		return fmt.Errorf("outboxwal prepare: %w", err)
 	}
 	return nil
@@ -242,10 +242,13 @@ func (r *Relay) session(ctx context.Context) (progressed bool, err error) {
 		return false, fmt.Errorf("identify the server: %w", err)
 	}
 	server := serverName(id)
-	created, err := r.ensureSlot(cctx, conn, server)
+	cancel()
+	created, bl, err := r.ensureSlot(ctx, conn, server, false)
 	if err != nil {
 		return false, err
 	}
+	cctx, cancel = context.WithTimeout(ctx, dbTimeout)
+	defer cancel()
 	err = pglogrepl.StartReplication(cctx, conn, r.cfg.Slot, 0, pglogrepl.StartReplicationOptions{
 		PluginArgs: []string{"proto_version '1'", "publication_names '" + r.cfg.Publication + "'"},
 	})
@@ -267,28 +270,33 @@ func (r *Relay) session(ctx context.Context) (progressed bool, err error) {
 		// session that streamed from this very server could tell: after a
 		// promotion, a restore or a switch to another server, or on a slot
 		// an operator made, rows can sit in the outbox below the slot's
-		// position. Polling publishes them, as for a new slot.
-		n, err := adopt(cctx, r.pool, f)
+		// position. Polling publishes them, as for a new slot (see
+		// backlog); until that hand-over is done, no session records this
+		// server, so the next one hands them over again.
+		bl, err = listBacklog(ctx, r.pool, "", adoptedReason)
 		if err != nil {
 			return false, err
 		}
 		r.log.WarnContext(ctx, "outbox WAL relay: the slot's last session did not stream from this server; the rows in the outbox are handed over to polling",
 			slog.String("slot", r.cfg.Slot), slog.String("server", server), slog.String("previous_server", t.previous),
-			slog.Int64("rows_handed_over", n))
+			slog.Int("rows", len(bl.all)))
 	}
 	// Transactions that committed before now may have been seen by it.
 	var boundary pglogrepl.LSN
 	if err := r.pool.QueryRow(cctx, "SELECT pg_current_wal_insert_lsn()").Scan(&boundary); err != nil {
 		return false, fmt.Errorf("read the WAL position: %w", err)
 	}
-	held, err := loadHeld(cctx, r.pool)
-	if err != nil {
-		return false, err
+	var held map[aggKey]bool
+	if bl == nil { // a backlog's pins hold the aggregates of every row
+		if held, err = loadHeld(cctx, r.pool); err != nil {
+			return false, err
+		}
 	}
 	cancel()
 
 	s := newState(r.cfg, f, t.dispatched)
 	s.setHeld(held, 0, false)
+	s.backlog = bl
 	r.mu.Lock()
 	r.current = s
 	r.mu.Unlock()
@@ -331,7 +339,21 @@ func (r *Relay) session(ctx context.Context) (progressed bool, err error) {
 	}()
 	helpers.Go(func() { vac.run(sctx) })
 	helpers.Go(func() { _ = poller.Run(sctx) })
-	helpers.Go(func() { r.refresh(sctx, s) })
+	helpers.Go(func() { r.refresh(sctx, s, bl) })
+	if bl != nil {
+		comment := ""
+		if created {
+			comment = slotComment(r.cfg.Slot, "ready")
+		}
+		helpers.Go(func() {
+			if markBacklog(sctx, r.pool, bl, r.log) != nil {
+				return
+			}
+			if r.finishBacklog(sctx, &f, server, comment) == nil {
+				bl.marked.Store(true)
+			}
+		})
+	}
 
 	err = r.stream(sctx, conn, s, uint64(boundary), schema)
 
@@ -357,9 +379,11 @@ func (r *Relay) session(ctx context.Context) (progressed bool, err error) {
 	return s.progressed(), err
 }
 
-// ensureSlot creates the slot when missing, and hands over to polling the
-// rows already in the outbox then: the slot's stream starts after them. It
-// says whether it created the slot.
+// ensureSlot creates the slot when missing, and lists the rows already in the
+// outbox then (its backlog, see backlog): the slot's stream starts after
+// them. It says whether it created the slot. With prepare it also hands them
+// over to polling and marks the slot ready; otherwise the session does,
+// beside its stream.
 //
 // Creating the slot and handing over are two steps, and a relay may die
 // between them; a relay that streamed from such a slot would publish later
@@ -380,19 +404,21 @@ func (r *Relay) session(ctx context.Context) (progressed bool, err error) {
 // It returns errOtherServer, and closes the pool connection it used, when
 // that connection reaches another server than server (the replication
 // connection's): the pool then connects anew.
-func (r *Relay) ensureSlot(ctx context.Context, conn *pgconn.PgConn, server string) (created bool, err error) {
+func (r *Relay) ensureSlot(parent context.Context, conn *pgconn.PgConn, server string, prepare bool) (created bool, bl *backlog, err error) {
+	ctx, cancel := context.WithTimeout(parent, dbTimeout)
+	defer cancel()
 	c, err := r.pool.Acquire(ctx)
 	if err != nil {
-		return false, fmt.Errorf("slot %s: %w", r.cfg.Slot, err)
+		return false, nil, fmt.Errorf("slot %s: %w", r.cfg.Slot, err)
 	}
 	defer c.Release()
 	if err := onServer(ctx, c, server); err != nil {
-		return false, fmt.Errorf("slot %s: %w", r.cfg.Slot, err)
+		return false, nil, fmt.Errorf("slot %s: %w", r.cfg.Slot, err)
 	}
 	key := slotLockKey(r.cfg.Slot)
 	if _, err := c.Exec(ctx, "SELECT pg_advisory_lock($1)", key); err != nil {
 		c.Conn().PgConn().Close(context.WithoutCancel(ctx)) //nolint:errcheck // the lock dies with the session
-		return false, fmt.Errorf("slot %s: wait for the lock: %w", r.cfg.Slot, err)
+		return false, nil, fmt.Errorf("slot %s: wait for the lock: %w", r.cfg.Slot, err)
 	}
 	defer func() {
 		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), dbTimeout)
@@ -414,14 +440,14 @@ FROM (SELECT 1) one
 LEFT JOIN pg_replication_slots s ON s.slot_name = $1
 LEFT JOIN pg_publication p ON p.pubname = $2`, r.cfg.Slot, r.cfg.Publication).Scan(&exists, &plugin, &sameDB, &comment, &ahead)
 	if err != nil {
-		return false, fmt.Errorf("look for slot %s: %w", r.cfg.Slot, err)
+		return false, nil, fmt.Errorf("look for slot %s: %w", r.cfg.Slot, err)
 	}
 	ours := comment == slotComment(r.cfg.Slot, "ready") || comment == slotComment(r.cfg.Slot, "creating")
 	switch {
 	case exists && (plugin != "pgoutput" || !sameDB):
-		return false, fmt.Errorf("slot %s exists but is not a pgoutput logical slot of this database", r.cfg.Slot)
+		return false, nil, fmt.Errorf("slot %s exists but is not a pgoutput logical slot of this database", r.cfg.Slot)
 	case exists && ahead && !ours:
-		return false, fmt.Errorf("slot %s is ahead of the server's WAL: it would skip the transactions committed below its position; drop it (a relay then makes a new one)", r.cfg.Slot)
+		return false, nil, fmt.Errorf("slot %s is ahead of the server's WAL: it would skip the transactions committed below its position; drop it (a relay then makes a new one)", r.cfg.Slot)
 	case exists && ahead:
 		r.log.ErrorContext(ctx, "outbox WAL relay: the slot is ahead of the server's WAL (it was acknowledged on another server); making it again",
 			slog.String("slot", r.cfg.Slot))
@@ -429,37 +455,44 @@ LEFT JOIN pg_publication p ON p.pubname = $2`, r.cfg.Slot, r.cfg.Publication).Sc
 		r.log.WarnContext(ctx, "outbox WAL relay: the slot was left half-made (its creator stopped before handing over the rows older than it); making it again",
 			slog.String("slot", r.cfg.Slot))
 	case exists:
-		return false, nil
+		return false, nil, nil
 	}
 	if exists {
 		if _, err := c.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, r.cfg.Slot); err != nil {
-			return false, fmt.Errorf("drop slot %s to make it again: %w", r.cfg.Slot, err)
+			return false, nil, fmt.Errorf("drop slot %s to make it again: %w", r.cfg.Slot, err)
 		}
 	}
 	if err := r.commentPublication(ctx, c, "creating"); err != nil {
-		return false, err
+		return false, nil, err
 	}
 	res, err := pglogrepl.CreateReplicationSlot(ctx, conn, r.cfg.Slot, "pgoutput", pglogrepl.CreateReplicationSlotOptions{
 		Mode: pglogrepl.LogicalReplication, SnapshotAction: "EXPORT_SNAPSHOT",
 	})
 	if err != nil {
-		return false, fmt.Errorf("create slot %s: %w", r.cfg.Slot, err)
+		return false, nil, fmt.Errorf("create slot %s: %w", r.cfg.Slot, err)
 	}
-	n, err := handOverPreexisting(ctx, r.pool, r.cfg.Slot, server, res.SnapshotName)
-	if err == nil {
-		err = r.commentPublication(ctx, c, "ready")
+	// The rows older than the slot, read in its snapshot, in steps of their
+	// own deadline (see backlog). A session marks them beside its stream;
+	// Prepare, which streams nothing, marks them here.
+	bl, err = listBacklog(parent, r.pool, res.SnapshotName, preexistingReason)
+	if err == nil && prepare {
+		if err = markBacklog(parent, r.pool, bl, r.log); err == nil {
+			err = r.finishBacklog(parent, nil, server, slotComment(r.cfg.Slot, "ready"))
+		}
 	}
 	if err != nil {
-		// Without the hand-over, rows older than the slot would never be
-		// published: start over with a new slot.
-		if _, derr := c.Exec(context.WithoutCancel(ctx), `SELECT pg_drop_replication_slot($1)`, r.cfg.Slot); derr != nil {
+		// Without the listing, rows older than the slot would never be
+		// published: start over with a new slot. The rows handed over stay so.
+		dctx, dcancel := context.WithTimeout(context.WithoutCancel(parent), dbTimeout)
+		defer dcancel()
+		if _, derr := c.Exec(dctx, `SELECT pg_drop_replication_slot($1)`, r.cfg.Slot); derr != nil {
 			err = errors.Join(err, fmt.Errorf("drop the new slot: %w", derr))
 		}
-		return false, err
+		return false, nil, err
 	}
 	r.log.InfoContext(ctx, "outbox WAL relay: created the replication slot", slog.String("slot", r.cfg.Slot),
-		slog.String("consistent_point", res.ConsistentPoint), slog.Int64("rows_handed_over", n))
-	return true, nil
+		slog.String("consistent_point", res.ConsistentPoint), slog.Int("rows_older_than_it", len(bl.toMark)))
+	return true, bl, nil
 }
 
 // commentPublication records the state of the slot's creation as the
@@ -1036,8 +1069,11 @@ func (r *Relay) writer(wctx, sctx context.Context, s *state, poller *outbox.Rela
 
 // refresh keeps the set of held aggregates up to date: aggregates whose
 // handed-over rows were all published or discarded are released, so their
-// next events are published from the stream again.
-func (r *Relay) refresh(ctx context.Context, s *state) {
+// next events are published from the stream again. While the session hands
+// a backlog over (bl), nothing is released: once every listed row is handed
+// over and has left the table or been dead-lettered, the aggregates with
+// handed-over rows are held and the backlog's pins dropped.
+func (r *Relay) refresh(ctx context.Context, s *state, bl *backlog) {
 	every := r.cfg.Poll.PollInterval
 	if every <= 0 {
 		every = time.Second
@@ -1046,6 +1082,29 @@ func (r *Relay) refresh(ctx context.Context, s *state) {
 		retry.Sleep(ctx, every)
 		if ctx.Err() != nil {
 			return
+		}
+		if bl != nil {
+			if !bl.marked.Load() {
+				continue
+			}
+			done, err := releaseStep(ctx, r.pool, bl)
+			if err == nil && done {
+				qctx, cancel := context.WithTimeout(ctx, dbTimeout)
+				var present map[aggKey]bool
+				present, err = loadHeld(qctx, r.pool)
+				cancel()
+				if err == nil {
+					s.setHeld(present, 0, false)
+					s.unpin()
+					bl = nil
+					r.log.InfoContext(ctx, "outbox WAL relay: every row the slot does not cover was published; their aggregates' events come from the stream again",
+						slog.String("slot", r.cfg.Slot), slog.Int("aggregates_held", len(present)))
+				}
+			}
+			if err != nil && ctx.Err() == nil {
+				r.log.WarnContext(ctx, "outbox WAL relay: could not look up the rows handed over", slog.Any("error", err))
+			}
+			continue
 		}
 		any, gen := s.heldSnapshot()
 		if !any {

@@ -148,55 +148,12 @@ const preexistingReason = "in the outbox before the WAL relay's slot was created
 // it could not tell whether its slot's stream covers them.
 const adoptedReason = "in the outbox when the WAL relay took a slot it cannot vouch for (another server, or a slot no relay used): handed over to polling"
 
-// recordSlotServerSQL records that slot was made on server: with the rows
-// older than it handed over, its stream covers the whole outbox there, and a
-// session that takes it on that server has nothing to adopt (see session).
+// recordSlotServerSQL records that slot covers the whole outbox on server:
+// the rows its stream lacks there were handed over (see backlog), and a
+// session that takes it on that server has nothing to hand over.
 const recordSlotServerSQL = `
 INSERT INTO outbox_wal_slots (slot_name, server) VALUES ($1, $2)
 ON CONFLICT (slot_name) DO UPDATE SET server = excluded.server`
-
-// handOverPreexisting hands over to polling the rows that were in the outbox
-// when the slot was created, in the snapshot the slot exported: exactly the
-// rows its stream does not hold. In the same transaction it records the
-// server the slot was made on.
-func handOverPreexisting(ctx context.Context, pool *pgxpool.Pool, slot, server, snapshot string) (int64, error) {
-	var n int64
-	err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead}, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, "SET TRANSACTION SNAPSHOT '"+strings.ReplaceAll(snapshot, "'", "''")+"'"); err != nil {
-			return fmt.Errorf("import the slot's snapshot: %w", err)
-		}
-		var err error
-		if n, err = outboxsql.HandOverAll(ctx, tx, preexistingReason); err != nil {
-			return err
-		}
-		if _, err := tx.Exec(ctx, recordSlotServerSQL, slot, server); err != nil {
-			return fmt.Errorf("record the slot's server: %w", err)
-		}
-		return nil
-	})
-	if err != nil {
-		return 0, fmt.Errorf("hand over the rows older than the slot: %w", err)
-	}
-	return n, nil
-}
-
-// adopt hands over to polling every row in the outbox, for a session that
-// cannot tell which of them its slot's stream covers (see session): rows
-// the stream delivers as well are found handed over when they are looked
-// up (their transactions committed before the session's boundary) and go
-// to polling too.
-func adopt(ctx context.Context, pool *pgxpool.Pool, f fence) (int64, error) {
-	var n int64
-	err := fencedTx(ctx, pool, f, func(tx pgx.Tx) error {
-		var err error
-		n, err = outboxsql.HandOverAll(ctx, tx, adoptedReason)
-		return err
-	})
-	if err != nil {
-		return 0, fmt.Errorf("hand over the rows the slot may not cover: %w", err)
-	}
-	return n, nil
-}
 
 // loadHeld lists the aggregates with a row handed over to polling.
 func loadHeld(ctx context.Context, db outbox.DB) (map[aggKey]bool, error) {

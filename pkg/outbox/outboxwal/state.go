@@ -109,6 +109,9 @@ type state struct {
 	ready []*event
 	held  map[aggKey]*holdState
 	inMem int
+	// backlog, while not nil, pins the aggregates of rows the stream does
+	// not cover: their events are parked as if held (see backlog).
+	backlog *backlog
 
 	toSweep []*event
 	toHand  []handover
@@ -208,7 +211,12 @@ func (s *state) addEvent(ev *event) {
 	t := ev.tx
 	s.inMem++
 	t.open++
-	if h, ok := s.held[ev.key]; ok {
+	h, ok := s.held[ev.key]
+	if !ok && s.backlog != nil && s.backlog.pinned(ev.key) {
+		s.hold(ev.key)
+		h, ok = s.held[ev.key], true
+	}
+	if ok {
 		h.pending++
 		ho := handover{ev: ev, err: parkedReason}
 		if ev.undecodable != "" {
@@ -414,6 +422,13 @@ func (s *state) heldSnapshot() (bool, uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return len(s.held) > 0, s.handGen
+}
+
+// unpin drops the backlog's pins.
+func (s *state) unpin() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.backlog = nil
 }
 
 // setHeld adds the aggregates found with handed-over rows, and releases those

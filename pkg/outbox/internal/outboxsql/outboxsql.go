@@ -3,7 +3,7 @@
 // package outboxwal. Package outbox owns the outbox tables (its schema.sql
 // creates them and their indexes); this package is its seam for outboxwal,
 // so that no statement is written twice: unblocking an aggregate's next
-// event, handing rows over to polling and finding them, sweeping confirmed
+// event, walking the table, handing rows over to polling and finding them, sweeping confirmed
 // rows, dead-lettering, recording attempts, and asking whether autovacuum
 // covers the table.
 //
@@ -88,26 +88,68 @@ func UnblockNext(ctx context.Context, db DB, heads []Head) error {
 	return nil
 }
 
-// handOverAllSQL hands over to polling every row not handed over yet, as the
-// snapshot it runs in sees them, with $1 as the reason. A row blocked with no
-// earlier event of its aggregate left (a row deleted by hand, or swept by a
-// relay that did not unblock) is unblocked: the hand-over relay claims only
-// unblocked rows. An earlier row cannot appear later (versions only grow),
-// and one in the snapshot keeps the row blocked until polling moves it.
-const handOverAllSQL = `
+// handOverRowsSQL hands over to polling those of the rows $2 not handed
+// over yet, with $1 as the reason. A row blocked with no earlier event of its
+// aggregate left (a row deleted by hand, or swept by a relay that did not
+// unblock) is unblocked: the hand-over relay claims only unblocked rows. An
+// earlier row cannot appear later (versions only grow), and one still in the
+// table keeps the row blocked until polling moves it.
+const handOverRowsSQL = `
 UPDATE outbox o SET handed_over = true, last_error = coalesce(o.last_error, $1),
     blocked = o.blocked AND EXISTS (SELECT 1 FROM outbox p
                                     WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
                                       AND p.aggregate_version < o.aggregate_version)
-WHERE NOT o.handed_over`
+WHERE o.id = ANY($2::bigint[]) AND NOT o.handed_over`
 
-// HandOverAll runs handOverAllSQL and returns how many rows it handed over.
-func HandOverAll(ctx context.Context, db DB, reason string) (int64, error) {
-	tag, err := db.Exec(ctx, handOverAllSQL, ErrorText(reason))
+// HandOverRows runs handOverRowsSQL and returns how many rows it handed over.
+func HandOverRows(ctx context.Context, db DB, ids []int64, reason string) (int64, error) {
+	tag, err := db.Exec(ctx, handOverRowsSQL, ErrorText(reason), ids)
 	if err != nil {
-		return 0, fmt.Errorf("hand over the outbox: %w", err)
+		return 0, fmt.Errorf("hand rows over to polling: %w", err)
 	}
 	return tag.RowsAffected(), nil
+}
+
+// RowRef is a row of the outbox as ListRows reads it.
+type RowRef struct {
+	ID         int64
+	Aggregate  Aggregate
+	HandedOver bool
+}
+
+// ListRows returns up to limit rows of the outbox with an id above after, in
+// id order: one bounded step of a walk through the whole table.
+func ListRows(ctx context.Context, db DB, after int64, limit int) ([]RowRef, error) {
+	rows, err := db.Query(ctx, `SELECT id, aggregate_type, aggregate_id, handed_over FROM outbox
+WHERE id > $1 ORDER BY id LIMIT $2`, after, limit)
+	if err != nil {
+		return nil, fmt.Errorf("list the outbox's rows: %w", err)
+	}
+	var (
+		out []RowRef
+		r   RowRef
+	)
+	_, err = pgx.ForEachRow(rows, []any{&r.ID, &r.Aggregate.Type, &r.Aggregate.ID, &r.HandedOver}, func() error {
+		out = append(out, r)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list the outbox's rows: %w", err)
+	}
+	return out, nil
+}
+
+// FirstUndelivered returns the smallest of ids still in the outbox and not
+// dead-lettered, or 0 when there is none.
+func FirstUndelivered(ctx context.Context, db DB, ids []int64) (int64, error) {
+	var first *int64
+	if err := db.QueryRow(ctx, `SELECT min(id) FROM outbox WHERE id = ANY($1::bigint[]) AND dead_lettered_at IS NULL`, ids).Scan(&first); err != nil {
+		return 0, fmt.Errorf("look rows up: %w", err)
+	}
+	if first == nil {
+		return 0, nil
+	}
+	return *first, nil
 }
 
 // Aggregate names an aggregate.

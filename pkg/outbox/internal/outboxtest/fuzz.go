@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -18,9 +19,10 @@ import (
 // Recorder is a Publisher that confirms every message and keeps it by id,
 // for tests that wait for one event.
 type Recorder struct {
-	mu   sync.Mutex
-	got  map[int64]outbox.Envelope
-	wake chan struct{}
+	mu    sync.Mutex
+	got   map[int64]outbox.Envelope
+	order []outbox.Envelope
+	wake  chan struct{}
 }
 
 // NewRecorder returns an empty Recorder.
@@ -36,11 +38,27 @@ func (r *Recorder) PublishBatch(_ context.Context, msgs []outbox.Envelope) []err
 	r.mu.Lock()
 	for _, m := range msgs {
 		r.got[m.ID] = m
+		r.order = append(r.order, m)
 	}
 	close(r.wake)
 	r.wake = make(chan struct{})
 	r.mu.Unlock()
 	return make([]error, len(msgs))
+}
+
+// Published returns every message published, copies included, in the order
+// the publisher got them.
+func (r *Recorder) Published() []outbox.Envelope {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.order)
+}
+
+// Distinct returns how many distinct events were published.
+func (r *Recorder) Distinct() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.got)
 }
 
 // Wait returns the envelope of event id once published, or false after
