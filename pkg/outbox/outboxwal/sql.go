@@ -69,6 +69,9 @@ SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1),
 			return "", fmt.Errorf("publication %s also publishes %s: the WAL relay needs a publication of %s alone (drop those tables from it, or choose another Publication)",
 				publication, strings.Join(others, ", "), table)
 		case hasTable:
+			if err := checkPublication(ctx, db, publication, schema); err != nil {
+				return "", err
+			}
 			return schema, nil
 		case pubExists:
 			return "", fmt.Errorf("publication %s exists but does not publish %s: drop it or choose another Publication", publication, table)
@@ -84,6 +87,45 @@ SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1),
 		return schema, nil
 	}
 	return "", fmt.Errorf("create publication %s: it keeps appearing and vanishing", publication)
+}
+
+// checkPublication refuses a publication of the outbox that would stream
+// less than every insert whole: one that does not publish inserts, or one
+// with a row filter or a column list on the outbox (PostgreSQL 15 and
+// later; read through to_jsonb, so the query parses on earlier versions
+// too). The relay would stream and publish nothing, or rows it cannot
+// decode.
+func checkPublication(ctx context.Context, db outbox.DB, publication, schema string) error {
+	var (
+		inserts, filtered, columns bool
+	)
+	err := db.QueryRow(ctx, `
+SELECT p.pubinsert,
+       EXISTS (SELECT 1 FROM pg_publication_tables t
+               WHERE t.pubname = p.pubname AND t.schemaname = $2 AND t.tablename = 'outbox'
+                 AND to_jsonb(t) ->> 'rowfilter' IS NOT NULL),
+       EXISTS (SELECT 1 FROM pg_publication_rel r
+               WHERE r.prpubid = p.oid AND r.prrelid = format('%I.outbox', $2::text)::regclass
+                 AND to_jsonb(r) ->> 'prattrs' IS NOT NULL)
+FROM pg_publication p WHERE p.pubname = $1`, publication, schema).Scan(&inserts, &filtered, &columns)
+	if err != nil {
+		return fmt.Errorf("read publication %s: %w", publication, err)
+	}
+	var wrong []string
+	if !inserts {
+		wrong = append(wrong, "it does not publish inserts (publish must include 'insert')")
+	}
+	if filtered {
+		wrong = append(wrong, "it has a row filter on the outbox (WHERE)")
+	}
+	if columns {
+		wrong = append(wrong, "it has a column list on the outbox")
+	}
+	if len(wrong) > 0 {
+		return fmt.Errorf("publication %s: %s: the WAL relay needs every insert of the outbox whole (drop it, and a relay makes one, or choose another Publication)",
+			publication, strings.Join(wrong, "; "))
+	}
+	return nil
 }
 
 // Drop removes the slot and the publication a relay created, and the slot's
