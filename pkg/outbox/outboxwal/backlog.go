@@ -151,8 +151,10 @@ func markBacklog(ctx context.Context, pool *pgxpool.Pool, b *backlog, log *slog.
 				slog.Int("handed_over", total-len(b.toMark)), slog.Int("total", total))
 		}
 	}
-	log.InfoContext(ctx, "outbox WAL relay: handed the rows the slot does not cover over to polling",
-		slog.Int("rows", total), slog.Duration("took", time.Since(start)))
+	if total > 0 {
+		log.InfoContext(ctx, "outbox WAL relay: handed the rows the slot does not cover over to polling",
+			slog.Int("rows", total), slog.Duration("took", time.Since(start)))
+	}
 	return nil
 }
 

@@ -19,8 +19,10 @@ type Config struct {
 	// Publication is the publication of the outbox table's inserts the slot
 	// decodes, created by Run when missing. Default DefaultPublication.
 	Publication string
-	// BatchSize is how many events one PublishBatch carries, at most one per
-	// aggregate. Default DefaultBatchSize (500), at most MaxBatchSize.
+	// BatchSize is how many events one PublishBatch carries: the heads of
+	// aggregates, each followed by a run of its aggregate's next events (see
+	// the package doc, "Order"). Default DefaultBatchSize (500), at most
+	// MaxBatchSize.
 	BatchSize int
 	// Workers is how many batches are in flight at once. Default DefaultWorkers
 	// (4), at most MaxWorkers (64).
@@ -29,6 +31,14 @@ type Config struct {
 	// over) that the relay holds; past it, it stops reading the stream until
 	// confirms free room. Default DefaultMaxInMemory (20,000).
 	MaxInMemory int
+	// MaxInMemoryBytes bounds the bytes of those events' payloads and
+	// headers (as the stream delivers them: jsonb's text): past it, the
+	// relay stops reading the stream as for MaxInMemory. The event that
+	// crosses the bound is kept, so the relay holds at most this plus one
+	// event, and always at least one. Default 0, meaning
+	// outbox.DefaultMaxInFlightBytes (64 MiB, as the polling relay); -1: no
+	// bound but MaxInMemory.
+	MaxInMemoryBytes int64
 	// PublishTimeout bounds one batch's publish. Default
 	// DefaultPublishTimeout (10s).
 	PublishTimeout time.Duration
@@ -143,6 +153,7 @@ func (c Config) withDefaults() (Config, error) {
 	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
 	c.Workers = cmp.Or(c.Workers, DefaultWorkers)
 	c.MaxInMemory = cmp.Or(c.MaxInMemory, DefaultMaxInMemory)
+	c.MaxInMemoryBytes = cmp.Or(c.MaxInMemoryBytes, outbox.DefaultMaxInFlightBytes)
 	c.PublishTimeout = cmp.Or(c.PublishTimeout, DefaultPublishTimeout)
 	c.MaxAttempts = cmp.Or(c.MaxAttempts, DefaultMaxAttempts)
 	c.StatusInterval = cmp.Or(c.StatusInterval, DefaultStatusInterval)
@@ -169,6 +180,8 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("outboxwal config: BatchSize %d: at most %d", c.BatchSize, MaxBatchSize)
 	case c.Workers > MaxWorkers:
 		return c, fmt.Errorf("outboxwal config: Workers %d: at most %d", c.Workers, MaxWorkers)
+	case c.MaxInMemoryBytes < -1:
+		return c, fmt.Errorf("outboxwal config: MaxInMemoryBytes %d: want -1 (no bound), 0 (default %d) or a number of bytes", c.MaxInMemoryBytes, outbox.DefaultMaxInFlightBytes)
 	case c.MaxInMemory < c.BatchSize:
 		return c, fmt.Errorf("outboxwal config: MaxInMemory %d: at least BatchSize (%d)", c.MaxInMemory, c.BatchSize)
 	case c.VacuumEvery < -1:

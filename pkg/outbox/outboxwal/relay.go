@@ -553,7 +553,7 @@ func (r *Relay) stream(ctx context.Context, conn *pgconn.PgConn, s *state, bound
 			}
 			nextStatus = time.Now().Add(r.cfg.StatusInterval)
 		}
-		if s.inMemory() >= r.cfg.MaxInMemory {
+		if s.full() {
 			retry.Sleep(ctx, 5*time.Millisecond)
 			if ctx.Err() != nil {
 				return nil
@@ -729,16 +729,14 @@ func (r *Relay) publish(ctx context.Context, s *state, batch []*event) error {
 	}
 	if err != nil {
 		r.log.WarnContext(ctx, "outbox WAL relay: could not tell whether the batch's transactions are visible; the batch waits", slog.Any("error", err))
-		for _, ev := range batch {
-			s.retryLater(ev, notRecordedDelay)
-		}
+		s.drop(batch, notRecordedDelay)
 		return nil
 	}
 	if len(hidden) > 0 {
-		for _, ev := range hidden {
-			s.retryLater(ev, notVisibleDelay)
-		}
-		batch = slices.DeleteFunc(batch, func(ev *event) bool { return slices.Contains(hidden, ev) })
+		// With the rest of their runs: a later event never goes out
+		// without the earlier ones of its run.
+		out := s.drop(hidden, notVisibleDelay)
+		batch = slices.DeleteFunc(batch, func(ev *event) bool { return out[ev] })
 		if len(batch) == 0 {
 			return nil
 		}
@@ -758,9 +756,7 @@ func (r *Relay) publish(ctx context.Context, s *state, batch []*event) error {
 	}
 	if err != nil {
 		r.log.WarnContext(ctx, "outbox WAL relay: could not record the dispatched position; the batch waits", slog.Any("error", err))
-		for _, ev := range batch {
-			s.retryLater(ev, notRecordedDelay)
-		}
+		s.drop(batch, notRecordedDelay)
 		return nil
 	}
 	if slices.ContainsFunc(batch, func(ev *event) bool { return ev.check }) {
@@ -929,14 +925,25 @@ func (r *Relay) send(ctx context.Context, s *state, batch []*event, start time.T
 			results[i] = err
 		}
 	}
-	var confirmed []*event
+	var confirmed, notSent []*event
+	var handOver []func() // after the confirms: each hands over an aggregate's head
 	var unrecord []int64
 	var failed, returned, dead int
+	// broken are the aggregates whose run in this batch had an event fail
+	// or not go out: their later events count as unconfirmed, whatever the
+	// broker said. After a failure they are handed over with it (handAll),
+	// and polling publishes them again after it; after ErrNotSent they wait
+	// behind it.
+	broken := map[aggKey]bool{}
 	for i, ev := range batch {
 		err := results[i]
+		if broken[ev.key] {
+			continue
+		}
 		if errors.Is(err, outbox.ErrNotSent) {
 			// Not attempted: a recorded attempt is still to be made.
-			s.retryLater(ev, 10*time.Millisecond)
+			broken[ev.key] = true
+			notSent = append(notSent, ev)
 			continue
 		}
 		wasRecorded := ev.recorded
@@ -948,6 +955,7 @@ func (r *Relay) send(ctx context.Context, s *state, batch []*event, start time.T
 			}
 			continue
 		}
+		broken[ev.key] = true
 		attrs := append(envs[i].LogAttrs(), slog.Any("error", err))
 		failed++
 		if errors.Is(err, outbox.ErrUnroutable) {
@@ -957,7 +965,7 @@ func (r *Relay) send(ctx context.Context, s *state, batch []*event, start time.T
 		if ev.failures >= r.cfg.MaxAttempts {
 			dead++
 			r.log.ErrorContext(ctx, "outbox event dead-lettered after its last attempt; its aggregate is handed over to polling", attrs...)
-			s.handAll(ev, true, err.Error(), 0)
+			handOver = append(handOver, func() { s.handAll(ev, true, err.Error(), 0) })
 			continue
 		}
 		// The event leaves the stream with the rest of its aggregate: the
@@ -971,7 +979,7 @@ func (r *Relay) send(ctx context.Context, s *state, batch []*event, start time.T
 			added = 0 // the attempt is in the row already
 		}
 		r.log.WarnContext(ctx, "outbox event publish failed; its aggregate is handed over to polling, which retries it", attrs...)
-		s.handAll(ev, false, outboxsql.ErrorText(err.Error()), added)
+		handOver = append(handOver, func() { s.handAll(ev, false, outboxsql.ErrorText(err.Error()), added) })
 	}
 	if len(unrecord) > 0 {
 		// A recorded attempt that was confirmed is no failure: should this
@@ -992,8 +1000,14 @@ func (r *Relay) send(ctx context.Context, s *state, batch []*event, start time.T
 			slices.Sort(ids)
 			r.observe(ctx, outbox.Observation{Kind: outbox.KindConfirmed, IDs: ids})
 		}
-		s.confirmed(confirmed)
 		r.count(ctx, outbox.KindPublished, len(confirmed))
+	}
+	// In batch order, so a run's confirmed events are its aggregate's heads
+	// in turn; then the event that failed or did not go out is the head.
+	s.confirmed(confirmed)
+	s.drop(notSent, 10*time.Millisecond)
+	for _, f := range handOver {
+		f()
 	}
 	r.count(ctx, outbox.KindFailed, failed)
 	r.count(ctx, outbox.KindReturned, returned)
@@ -1096,9 +1110,11 @@ func (r *Relay) refresh(ctx context.Context, s *state, bl *backlog) {
 				if err == nil {
 					s.setHeld(present, 0, false)
 					s.unpin()
+					if len(bl.all) > 0 {
+						r.log.InfoContext(ctx, "outbox WAL relay: every row the slot does not cover was published; their aggregates' events come from the stream again",
+							slog.String("slot", r.cfg.Slot), slog.Int("aggregates_held", len(present)))
+					}
 					bl = nil
-					r.log.InfoContext(ctx, "outbox WAL relay: every row the slot does not cover was published; their aggregates' events come from the stream again",
-						slog.String("slot", r.cfg.Slot), slog.Int("aggregates_held", len(present)))
 				}
 			}
 			if err != nil && ctx.Err() == nil {

@@ -260,6 +260,10 @@ func TestDeadLetterHoldsBackItsAggregateUntilRetryOrDiscard(t *testing.T) {
 		dl, err := admin.DeadLetters(ctx, 0, 10)
 		return len(dl) == 2, err
 	})
+	// The held events may have gone out once already, early, in the run of
+	// the poison's first attempt (see the package doc, "Order per
+	// aggregate"); none goes out again while its aggregate is held.
+	early := receivedIDs(b.deliveries())
 	dl, err := admin.DeadLetters(ctx, 0, 10)
 	if err != nil {
 		t.Fatal(err)
@@ -277,7 +281,7 @@ func TestDeadLetterHoldsBackItsAggregateUntilRetryOrDiscard(t *testing.T) {
 	})
 	seen := receivedIDs(b.deliveries())
 	for _, e := range append(append(append(poisonP, poisonD...), heldP...), heldD...) {
-		if seen[e.ID] > 0 {
+		if seen[e.ID] > early[e.ID] {
 			t.Fatalf("event %d was delivered while its aggregate is held", e.ID)
 		}
 	}
@@ -291,7 +295,7 @@ func TestDeadLetterHoldsBackItsAggregateUntilRetryOrDiscard(t *testing.T) {
 	}
 	got := b.waitIDs("the retried dead letter and the events held back", append(append(poisonP, heldP...), heldD...))
 	discarded := map[string]int64{"d": poisonD[0].AggregateVersion}
-	checkAggregateOrderSkipping(t, got, discarded)
+	checkLastCopiesInOrder(t, got, discarded)
 	if receivedIDs(got)[poisonD[0].ID] > 0 {
 		t.Fatalf("the discarded event was delivered")
 	}
@@ -299,7 +303,7 @@ func TestDeadLetterHoldsBackItsAggregateUntilRetryOrDiscard(t *testing.T) {
 	// out from the stream, after the held ones.
 	after := enqueue(t, pool, msg("p", "order.archived"), msg("d", "order.shipped"))
 	got = b.waitIDs("events written after the release", after)
-	checkAggregateOrderSkipping(t, got, discarded)
+	checkLastCopiesInOrder(t, got, discarded)
 	waitFor(t, "the outbox empty", 30*time.Second, outboxEmpty(pool))
 	waitFor(t, "the slot acknowledged", 30*time.Second, slotCaughtUp(t, pool, cfg.Slot))
 	if n := count(t, pool, "SELECT count(*) FROM outbox_discarded"); n != 1 {

@@ -353,6 +353,44 @@ func checkAggregateOrderSkipping(t testing.TB, ds []amqp.Delivery, discarded map
 	return last
 }
 
+// checkLastCopiesInOrder fails t unless, per aggregate, the last copy of
+// each version was delivered after the last copy of the version before it
+// (discarded[agg] is a version never delivered: the next one follows the one
+// before it), every version from 1 up to the highest delivered was delivered,
+// and early copies are allowed: what runs promise when an event of a run
+// fails (see the package doc, "Order per aggregate").
+func checkLastCopiesInOrder(t testing.TB, ds []amqp.Delivery, discarded map[string]int64) {
+	t.Helper()
+	last := map[string]map[int64]int{}
+	for i, d := range ds {
+		agg, _ := d.Headers["aggregate_id"].(string)
+		v, _ := d.Headers["aggregate_version"].(int64)
+		if last[agg] == nil {
+			last[agg] = map[int64]int{}
+		}
+		last[agg][v] = i
+	}
+	for agg, vs := range last {
+		prev := -1
+		for v := int64(1); v <= int64(len(vs))+1; v++ {
+			if discarded[agg] == v {
+				continue
+			}
+			i, ok := vs[v]
+			if !ok {
+				if _, later := vs[v+1]; later {
+					t.Fatalf("aggregate %s: version %d never delivered, version %d was", agg, v, v+1)
+				}
+				break
+			}
+			if i < prev {
+				t.Fatalf("aggregate %s: the last copy of version %d came before the last copy of version %d", agg, v, v-1)
+			}
+			prev = i
+		}
+	}
+}
+
 func newPublisher(t testing.TB, url, exchange string) *outboxamqp.Publisher {
 	t.Helper()
 	p, err := outboxamqp.NewPublisher(outboxamqp.Config{

@@ -3,6 +3,7 @@ package outboxwal
 import (
 	"cmp"
 	"context"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -56,6 +57,10 @@ type event struct {
 	// undecodable says why the row could not be decoded: it is
 	// dead-lettered, not published, when its turn comes.
 	undecodable string
+	// taken says the event rides in flight behind its aggregate's head, in
+	// the head's run (see take): it is not in the ready list, and it is
+	// confirmed only if every earlier event of its run was.
+	taken bool
 }
 
 // aggState is the queue of one aggregate's unconfirmed events, in order.
@@ -109,6 +114,9 @@ type state struct {
 	ready []*event
 	held  map[aggKey]*holdState
 	inMem int
+	// inMemBytes is the size of the unresolved events' payloads and
+	// headers (eventBytes).
+	inMemBytes int64
 	// backlog, while not nil, pins the aggregates of rows the stream does
 	// not cover: their events are parked as if held (see backlog).
 	backlog *backlog
@@ -210,6 +218,7 @@ func (s *state) addEvent(ev *event) {
 	defer s.mu.Unlock()
 	t := ev.tx
 	s.inMem++
+	s.inMemBytes += eventBytes(ev)
 	t.open++
 	h, ok := s.held[ev.key]
 	if !ok && s.backlog != nil && s.backlog.pinned(ev.key) {
@@ -249,19 +258,104 @@ func (s *state) inMemory() int {
 	return s.inMem
 }
 
-// take returns up to n ready events, at most one per aggregate, or none.
+// full says whether the unresolved events reach MaxInMemory or
+// MaxInMemoryBytes: the stream then waits.
+func (s *state) full() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.inMem >= s.cfg.MaxInMemory || (s.cfg.MaxInMemoryBytes > 0 && s.inMem > 0 && s.inMemBytes >= s.cfg.MaxInMemoryBytes)
+}
+
+// eventBytes is what an event holds in memory, as MaxInMemoryBytes counts
+// it: its payload and its headers' names and values.
+func eventBytes(ev *event) int64 {
+	n := int64(len(ev.env.Payload))
+	for k, v := range ev.env.Headers {
+		n += int64(len(k) + len(v))
+	}
+	return n
+}
+
+// take returns up to n events, or none: ready heads, each followed by a run
+// of its aggregate's next events, in version order.
+//
+// Runs, as the polling relay's claim makes them: the heads leave room in the
+// batch (n minus their number), shared among them; behind a head that never
+// failed, the aggregate's next decoded events that never failed either (not
+// suspect, checked, alone or undecodable) ride along, until one that may not
+// or the head's share. They are sent in version order on one channel, and
+// an event of a run counts as confirmed only if every earlier one of its
+// run was (see send): one busy aggregate goes out a batch at a time, not an
+// event per round trip.
 func (s *state) take(n int) []*event {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed || len(s.ready) == 0 {
 		return nil
 	}
-	n = min(n, len(s.ready))
-	out := make([]*event, n)
-	copy(out, s.ready[:n])
-	s.ready = s.ready[n:]
+	heads := min(n, len(s.ready))
+	share := 0
+	if room := n - heads; room > 0 {
+		share = (room + heads - 1) / heads
+	}
+	out := make([]*event, 0, n)
+	for _, h := range s.ready[:heads] {
+		out = append(out, h)
+		a := s.aggs[h.key]
+		if share == 0 || !runnable(h) || a == nil || len(a.q) == 0 || a.q[0] != h {
+			continue
+		}
+		for k, f := range a.q[1:] {
+			if k >= share || len(out) >= n || !runnable(f) {
+				break
+			}
+			f.taken = true
+			out = append(out, f)
+		}
+	}
+	s.ready = s.ready[heads:]
 	if len(s.ready) > 0 {
 		s.signal() // let another worker take the rest
+	}
+	return out
+}
+
+// runnable says whether ev may head a run or ride in one: it never failed,
+// and needs neither a check, a recorded attempt nor to go alone.
+func runnable(ev *event) bool {
+	return ev.failures == 0 && !ev.check && !ev.suspect && !ev.alone && !ev.recorded && ev.undecodable == ""
+}
+
+// drop takes evs out of their runs: the later events of an aggregate's run
+// go back to waiting behind it, untaken, and an event that heads its
+// aggregate is readied again after d. It returns the events that leave the
+// batch: evs and the rest of their runs.
+func (s *state) drop(evs []*event, d time.Duration) map[*event]bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[*event]bool{}
+	for _, ev := range evs {
+		if out[ev] {
+			continue
+		}
+		out[ev] = true
+		a := s.aggs[ev.key]
+		if a == nil {
+			continue
+		}
+		i := slices.Index(a.q, ev)
+		if i < 0 {
+			continue
+		}
+		for _, later := range a.q[i:] {
+			if later.taken {
+				later.taken = false
+				out[later] = true
+			}
+		}
+		if i == 0 {
+			s.retryLocked(ev, d)
+		}
 	}
 	return out
 }
@@ -287,7 +381,9 @@ func (s *state) advance(ev *event) {
 		return
 	}
 	a.busy = true
-	s.pushReady(a.q[0])
+	if !a.q[0].taken { // in flight in ev's run: its outcome readies the next
+		s.pushReady(a.q[0])
+	}
 }
 
 func (s *state) resolve(ev *event) {
@@ -298,6 +394,7 @@ func (s *state) resolve(ev *event) {
 	s.progress = true
 	ev.tx.open--
 	s.inMem--
+	s.inMemBytes -= eventBytes(ev)
 }
 
 // confirmed records a broker confirm: the aggregate's next event may go, and
@@ -351,6 +448,10 @@ func (s *state) handAll(ev *event, dead bool, reason string, added int) {
 func (s *state) retryLater(ev *event, d time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.retryLocked(ev, d)
+}
+
+func (s *state) retryLocked(ev *event, d time.Duration) {
 	if s.closed {
 		return
 	}
