@@ -31,11 +31,12 @@ func newRelayFor(cfg config.Config, pool *pgxpool.Pool, reg prometheus.Registere
 		return newRelay(cfg, pool, reg, crash, logger, tel)
 	}
 	walCfg := outboxwal.Config{
-		Slot:           cfg.WALSlot,
-		Publication:    cfg.WALSlot,
-		BatchSize:      cfg.BatchSize,
-		PublishTimeout: min(10*time.Second, cfg.Lease/3),
-		MaxAttempts:    cfg.MaxAttempts,
+		Slot:             cfg.WALSlot,
+		Publication:      cfg.WALSlot,
+		BatchSize:        cfg.BatchSize,
+		MaxInMemoryBytes: cfg.MaxInFlightBytes,
+		PublishTimeout:   min(10*time.Second, cfg.Lease/3),
+		MaxAttempts:      cfg.MaxAttempts,
 		// Keep published events in outbox_published, as the polling relay
 		// does (purged after OUTBOX_RETENTION): the audit trail, and what
 		// the end-to-end checker compares the orders with.
@@ -45,6 +46,7 @@ func newRelayFor(cfg config.Config, pool *pgxpool.Pool, reg prometheus.Registere
 		// the events held behind them).
 		Poll: outbox.RelayConfig{
 			BatchSize:          cfg.BatchSize,
+			MaxInFlightBytes:   cfg.MaxInFlightBytes,
 			PollInterval:       cfg.PollInterval,
 			Lease:              cfg.Lease,
 			PublishTimeout:     min(10*time.Second, cfg.Lease/3),

@@ -93,9 +93,10 @@ type Config struct {
 	// BatchSize is RELAY_BATCH_SIZE. Default: 500.
 	BatchSize int
 	// MaxInFlightBytes is RELAY_MAX_IN_FLIGHT_BYTES, the bytes of payloads
-	// and headers a relay holds in its batches at once (see
-	// outbox.RelayConfig.MaxInFlightBytes). Default: 67108864 (64 MiB,
-	// outbox.DefaultMaxInFlightBytes).
+	// and headers a relay holds at once: the polling relay in its batches
+	// (outbox.RelayConfig.MaxInFlightBytes), the WAL relay in the events it
+	// decoded and has not resolved (outboxwal.Config.MaxInMemoryBytes).
+	// Default: 67108864 (64 MiB, outbox.DefaultMaxInFlightBytes).
 	MaxInFlightBytes int64
 	// MaxAttempts is RELAY_MAX_ATTEMPTS, attempts before a row is
 	// dead-lettered. Default: 10.
