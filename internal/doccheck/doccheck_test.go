@@ -333,3 +333,25 @@ func TestTestsNamedInDocsExist(t *testing.T) {
 		t.Errorf("found %d test names in the docs: the pattern is broken", named)
 	}
 }
+
+// orderGuarantee is how the project states its order per aggregate: the
+// package doc, the README and docs/guarantees.md each say it in these words,
+// so none of them can promise more than the others.
+const orderGuarantee = "the first copies of an aggregate's events reach the broker in version order unless a publish fails; " +
+	"the events of a run behind a failed one go out again after it, so their last copies arrive after its; " +
+	"a copy sent again (a lost confirm, a lease that ended mid-publish) can arrive after later events. " +
+	"Every message carries its aggregate_version (1, 2, ... without gaps): a consumer that applies version v only after v-1, " +
+	"and drops what it applied, sees each aggregate in order"
+
+func TestOrderGuaranteeIsWordedTheSameEverywhere(t *testing.T) {
+	r := trackedFiles(t)
+	flat := func(s string) string {
+		s = strings.ReplaceAll(s, "\n//", " ")
+		return strings.Join(strings.Fields(s), " ")
+	}
+	for _, f := range []string{"pkg/outbox/doc.go", "pkg/outbox/outboxwal/doc.go", "README.md", "docs/guarantees.md"} {
+		if !strings.Contains(flat(r.read(t, f)), orderGuarantee) {
+			t.Errorf("%s does not state the order guarantee in the project's words: %q", f, orderGuarantee)
+		}
+	}
+}

@@ -31,20 +31,18 @@
 // deduplicate on. It stays unique when a failover to an asynchronous standby
 // hands out again ids the lost primary had published under.
 //
-// Events of one aggregate (an AggregateType and AggregateID pair, e.g. one
-// order) are published in the order they were written, with any number of
-// relays, across retries and crashes: an event is handed to a publisher only
-// once every earlier event of its aggregate was confirmed by the broker at
-// least once (or discarded by an operator), so the first confirmed copy of
-// each event precedes every copy of the next. Copies of an event published
-// again can come later: after a confirm was lost, or when a relay's lease ended
-// before its mark (a stalled process, a slow database) so another relay
-// published the event again while the first, late, marked it and let the next
-// event go. Such a copy can be in flight together with, and arrive after,
-// later events of the aggregate; consumers tell it apart by its message id or
-// by its aggregate_version, which is 1 for an aggregate's first event and then
-// grows without gaps. A failing event holds back the later events of its own
-// aggregate only; other aggregates flow.
+// Order per aggregate (an AggregateType and AggregateID pair, e.g. one
+// order), with any number of relays, across retries and crashes: the first
+// copies of an aggregate's events reach the broker in version order unless a
+// publish fails; the events of a run behind a failed one go out again after
+// it, so their last copies arrive after its; a copy sent again (a lost
+// confirm, a lease that ended mid-publish) can arrive after later events.
+// Every message carries its aggregate_version (1, 2, ... without gaps): a
+// consumer that applies version v only after v-1, and drops what it applied,
+// sees each aggregate in order. (An event is handed to a publisher only once
+// every earlier event of its aggregate was confirmed or discarded, or behind
+// it in the same run; see "How the relay works".) A failing event holds back
+// the later events of its own aggregate only; other aggregates flow.
 //
 // Not guaranteed: exactly-once delivery (deduplicate on the consumer side), any
 // order across aggregates, and order on the consumer side when several

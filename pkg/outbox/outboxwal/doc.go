@@ -54,12 +54,23 @@
 //     id, which consumers deduplicate). Events decoded from before the
 //     session began are first looked up in the outbox: those whose rows are
 //     gone were confirmed and are not published again.
-//   - Order per aggregate. Writers of one aggregate are serialised by Enqueue
-//     until they commit, so the stream gives each aggregate's events in
-//     version order. An event is handed to the publisher only once the
-//     previous event of its aggregate was confirmed; batches hold at most one
-//     event per aggregate, many batches are in flight (Workers x BatchSize
-//     messages, confirms pipelined by the publisher).
+//   - Order per aggregate, as package outbox states it: the first copies of
+//     an aggregate's events reach the broker in version order unless a
+//     publish fails; the events of a run behind a failed one go out again
+//     after it, so their last copies arrive after its; a copy sent again (a
+//     lost confirm, a lease that ended mid-publish) can arrive after later
+//     events. Every message carries its aggregate_version (1, 2, ... without
+//     gaps): a consumer that applies version v only after v-1, and drops what
+//     it applied, sees each aggregate in order. Writers of one aggregate are
+//     serialised by Enqueue until they commit, so the stream gives each
+//     aggregate's events in version order. An event is handed to the
+//     publisher only once the previous event of its aggregate was confirmed,
+//     or behind it in the same batch: a batch takes aggregates' heads, each
+//     followed by a run of its next decoded events, sent in version order on
+//     one channel, and an event of a run counts as confirmed only if every
+//     earlier one of the run was (the others go to polling with the failed
+//     one). Many batches are in flight (Workers x BatchSize messages,
+//     confirms pipelined by the publisher).
 //   - Failures leave the stream. An event the broker refuses or returns,
 //     or that gets no verdict within PublishTimeout, is handed over to
 //     polling at once, with every later event of its aggregate: the polling
