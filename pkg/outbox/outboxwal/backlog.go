@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -30,7 +31,9 @@ import (
 //  1. Listing: the rows' ids and aggregates are read in chunks of
 //     listChunk, by id (for a new slot, each chunk in the snapshot the slot
 //     exported, while the replication connection waits: exactly the rows its
-//     stream lacks). The aggregates become pins: until the hand-over is done
+//     stream lacks). The first markChunk rows are handed over at once, and
+//     the session's polling relay, running from the session's start,
+//     publishes them while the rest is listed. The aggregates become pins: until the hand-over is done
 //     and each listed row has left the table or been dead-lettered, an event
 //     of a pinned aggregate that comes through the stream is parked behind
 //     them (handed over), never published ahead of them.
@@ -67,6 +70,12 @@ const (
 	// releaseChunk is how many listed rows the refresher looks up at once.
 	releaseChunk = 10_000
 )
+
+// listed says whether row id is one of the backlog's.
+func (b *backlog) listed(id int64) bool {
+	_, ok := slices.BinarySearch(b.all, id)
+	return ok
+}
 
 func (b *backlog) pinned(k aggKey) bool {
 	_, ok := b.pins[b.hash(k)]
@@ -114,6 +123,17 @@ func listBacklog(ctx context.Context, pool *pgxpool.Pool, snapshot, reason strin
 				b.toMark = append(b.toMark, r.ID)
 			}
 			b.pins[b.hash(aggKey{r.Aggregate.Type, r.Aggregate.ID})] = struct{}{}
+		}
+		if after == 0 && len(b.toMark) > 0 {
+			// The first rows go to polling at once, so the backlog starts
+			// to go out while the rest is listed. Should this fail, they
+			// are marked with the others.
+			n := min(markChunk, len(b.toMark))
+			cctx, cancel := context.WithTimeout(ctx, dbTimeout)
+			if _, err := outboxsql.HandOverRows(cctx, pool, b.toMark[:n], b.reason); err == nil {
+				b.toMark = b.toMark[n:]
+			}
+			cancel()
 		}
 		if len(chunk) < listChunk {
 			return b, nil

@@ -243,6 +243,20 @@ func (r *Relay) session(ctx context.Context) (progressed bool, err error) {
 	}
 	server := serverName(id)
 	cancel()
+	// The polling relay of handed-over rows runs from the start: rows a
+	// backlog's listing hands over early (see listBacklog) go out while the
+	// rest is listed.
+	poller, err := outbox.NewHandOverRelay(r.pool, r.pub, r.cfg.Poll)
+	if err != nil {
+		return false, fmt.Errorf("polling relay for handed-over rows: %w", err)
+	}
+	pctx, stopPoller := context.WithCancel(ctx)
+	var polling sync.WaitGroup
+	polling.Go(func() { _ = poller.Run(pctx) })
+	defer func() {
+		stopPoller()
+		polling.Wait()
+	}()
 	created, bl, err := r.ensureSlot(ctx, conn, server, false)
 	if err != nil {
 		return false, err
@@ -310,11 +324,6 @@ func (r *Relay) session(ctx context.Context) (progressed bool, err error) {
 	r.log.InfoContext(ctx, "outbox WAL relay: streaming", slog.String("slot", r.cfg.Slot),
 		slog.Int("aggregates_held", len(held)), slog.Int64("epoch", f.epoch), slog.String("server", server))
 
-	poller, err := outbox.NewHandOverRelay(r.pool, r.pub, r.cfg.Poll)
-	if err != nil {
-		return false, fmt.Errorf("polling relay for handed-over rows: %w", err)
-	}
-
 	sctx, stop := context.WithCancel(ctx)
 	defer stop()
 	var fenced atomic.Bool
@@ -338,7 +347,6 @@ func (r *Relay) session(ctx context.Context) (progressed bool, err error) {
 		r.writer(wctx, sctx, s, poller, vac, onFenced)
 	}()
 	helpers.Go(func() { vac.run(sctx) })
-	helpers.Go(func() { _ = poller.Run(sctx) })
 	helpers.Go(func() { r.refresh(sctx, s, bl) })
 	if bl != nil {
 		comment := ""

@@ -216,6 +216,11 @@ func (s *state) addUndecodable(t *txn, env outbox.Envelope, reason string) {
 func (s *state) addEvent(ev *event) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.backlog != nil && s.backlog.listed(ev.env.ID) {
+		// A row of the backlog (a session that adopts the outbox streams
+		// rows it also listed): polling publishes it, nothing to hold.
+		return
+	}
 	t := ev.tx
 	s.inMem++
 	s.inMemBytes += eventBytes(ev)
