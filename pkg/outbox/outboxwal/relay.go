@@ -786,16 +786,22 @@ func (r *Relay) publish(ctx context.Context, s *state, batch []*event) error {
 				return ev.check
 			})
 		} else {
-			var keep, gone []*event
+			var keep, gone, leave []*event
+			handed := map[aggKey]bool{}
 			for _, ev := range batch {
 				row, present := found[ev.env.ID]
 				switch {
 				case !ev.check:
 					keep = append(keep, ev)
+				case ev.taken && (!present || row.HandedOver):
+					// Behind its head in a run: it leaves the batch with
+					// the rest of the run, and is checked again as a head.
+					leave = append(leave, ev)
 				case !present:
 					gone = append(gone, ev)
 				case row.HandedOver:
-					s.handAll(ev, false, "", 0)
+					s.handAll(ev, false, "", 0) // with the rest of its run
+					handed[ev.key] = true
 				case ev.suspect && row.InFlight:
 					// An earlier session recorded an attempt and stopped
 					// before its outcome: it may be what stops relays.
@@ -807,7 +813,8 @@ func (r *Relay) publish(ctx context.Context, s *state, batch []*event) error {
 				}
 			}
 			s.gone(gone)
-			batch = keep
+			out := s.drop(leave, 0)
+			batch = slices.DeleteFunc(keep, func(ev *event) bool { return out[ev] || handed[ev.key] })
 		}
 	}
 	var alone []*event

@@ -287,7 +287,7 @@ func eventBytes(ev *event) int64 {
 // Runs, as the polling relay's claim makes them: the heads leave room in the
 // batch (n minus their number), shared among them; behind a head that never
 // failed, the aggregate's next decoded events that never failed either (not
-// suspect, checked, alone or undecodable) ride along, until one that may not
+// suspect, alone or undecodable) ride along, until one that may not
 // or the head's share. They are sent in version order on one channel, and
 // an event of a run counts as confirmed only if every earlier one of its
 // run was (see send): one busy aggregate goes out a batch at a time, not an
@@ -326,9 +326,11 @@ func (s *state) take(n int) []*event {
 }
 
 // runnable says whether ev may head a run or ride in one: it never failed,
-// and needs neither a check, a recorded attempt nor to go alone.
+// and needs neither a recorded attempt nor to go alone. An event decoded
+// from before the session (check) may: publish looks its row up first, and
+// takes one found gone or handed over out of the run.
 func runnable(ev *event) bool {
-	return ev.failures == 0 && !ev.check && !ev.suspect && !ev.alone && !ev.recorded && ev.undecodable == ""
+	return ev.failures == 0 && !ev.suspect && !ev.alone && !ev.recorded && ev.undecodable == ""
 }
 
 // drop takes evs out of their runs: the later events of an aggregate's run
