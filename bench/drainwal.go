@@ -94,6 +94,12 @@ func (t *sweepTimer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, d pgx.Trace
 // It also returns the CPU the parties spent over the same interval (the
 // seeding and the slot's creation excluded); label names its profile.
 func (b *bench) drainWAL(ctx context.Context, poolCfg *pgxpool.Config, pool *pgxpool.Pool, url, slot string, n int, timer *sweepTimer, meter *cpuMeter, label string) (time.Duration, cpuUse, error) {
+	return b.drainWALSeeded(ctx, poolCfg, pool, url, slot, n, seedBacklog, timer, meter, label)
+}
+
+// drainWALSeeded is drainWAL with the backlog written by seed.
+func (b *bench) drainWALSeeded(ctx context.Context, poolCfg *pgxpool.Config, pool *pgxpool.Pool, url, slot string, n int,
+	seed func(context.Context, *pgxpool.Pool, int) error, timer *sweepTimer, meter *cpuMeter, label string) (time.Duration, cpuUse, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	pc := poolCfg.Copy()
@@ -141,7 +147,7 @@ func (b *bench) drainWAL(ctx context.Context, poolCfg *pgxpool.Config, pool *pgx
 	if err := resetOutbox(ctx, pool); err != nil {
 		return 0, cpuUse{}, err
 	}
-	if err := seedBacklog(ctx, pool, n); err != nil {
+	if err := seed(ctx, pool, n); err != nil {
 		return 0, cpuUse{}, err
 	}
 	wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)

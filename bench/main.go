@@ -7,7 +7,7 @@
 //	go run ./bench -only relay_drain   some figures, comma-separated
 //	go run ./bench -quick              smaller sizes, to check the harness
 //
-// Figures: relay_drain, relay_drain_wal, hot_aggregate (with hot_aggregate_writers), relay_recovery,
+// Figures: relay_drain, relay_drain_wal, relay_start_backlog, hot_aggregate (with hot_aggregate_writers and hot_aggregate_wal), relay_recovery,
 // write_overhead, read_flat, e2e_latency, claim_flat, status_scrape,
 // inbox_throughput, audit.
 // See docs/benchmarks.md for what each
@@ -69,12 +69,14 @@ func main() {
 
 // figureOrder is the order figures run in: those that need the shipping
 // service and pkg/inbox last.
-var figureOrder = []string{"relay_drain", "relay_drain_wal", "hot_aggregate", "relay_recovery", "write_overhead", "read_flat", "claim_flat", "status_scrape", "inbox_throughput", "audit", "e2e_latency", "e2e_latency_wal"}
+var figureOrder = []string{"relay_drain", "relay_drain_wal", "relay_start_backlog", "hot_aggregate", "relay_recovery", "write_overhead", "read_flat", "claim_flat", "status_scrape", "inbox_throughput", "audit", "e2e_latency", "e2e_latency_wal"}
 
 // config holds the sizes of one run.
 type config struct {
 	reps         int
 	drainBacklog int
+	// startBacklog is the backlog relay_start_backlog starts the relays on.
+	startBacklog int
 	// recoveryBacklog is the backlog relay_recovery drains.
 	recoveryBacklog int
 	rawWindow       int
@@ -111,6 +113,7 @@ func defaultConfig() config {
 	return config{
 		reps:            3,
 		drainBacklog:    100_000,
+		startBacklog:    1_000_000,
 		recoveryBacklog: 10_000,
 		rawWindow:       1000,
 		queueType:       "quorum",
@@ -138,6 +141,7 @@ func quickConfig() config {
 	c := defaultConfig()
 	c.reps = 1
 	c.drainBacklog = 10_000
+	c.startBacklog = 50_000
 	c.recoveryBacklog = 3000
 	c.writeOrders = 500
 	c.readOrders = 100_000
@@ -276,18 +280,19 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 // recorded in the report's errors and the run goes on with the next one.
 func (b *bench) runFigures(ctx context.Context, selected []string, report *Report) error {
 	runners := map[string]func(context.Context) ([]Figure, error){
-		"relay_drain":      b.runRelayDrain,
-		"relay_drain_wal":  b.runRelayDrainWAL,
-		"hot_aggregate":    b.runHotAggregate,
-		"relay_recovery":   b.runRelayRecovery,
-		"write_overhead":   b.runWriteOverhead,
-		"read_flat":        b.runReadFlat,
-		"claim_flat":       b.runClaimFlat,
-		"status_scrape":    b.runStatusScrape,
-		"inbox_throughput": b.runInboxThroughput,
-		"audit":            b.runAudit,
-		"e2e_latency":      b.runE2ELatency,
-		"e2e_latency_wal":  b.runE2ELatencyWAL,
+		"relay_drain":         b.runRelayDrain,
+		"relay_drain_wal":     b.runRelayDrainWAL,
+		"relay_start_backlog": b.runRelayStartBacklog,
+		"hot_aggregate":       b.runHotAggregate,
+		"relay_recovery":      b.runRelayRecovery,
+		"write_overhead":      b.runWriteOverhead,
+		"read_flat":           b.runReadFlat,
+		"claim_flat":          b.runClaimFlat,
+		"status_scrape":       b.runStatusScrape,
+		"inbox_throughput":    b.runInboxThroughput,
+		"audit":               b.runAudit,
+		"e2e_latency":         b.runE2ELatency,
+		"e2e_latency_wal":     b.runE2ELatencyWAL,
 	}
 	var failed []string
 	for _, name := range selected {
