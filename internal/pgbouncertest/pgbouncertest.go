@@ -45,6 +45,16 @@ type Options struct {
 	// refuses a connection that sends any parameter it does not track, such
 	// as search_path).
 	IgnoreStartupParameters []string
+	// Server is the host:port of the PostgreSQL server PgBouncer connects
+	// to. Default: DatabaseURL's. A port nothing answers on gives a
+	// PgBouncer whose server is down: it takes client connections and
+	// answers them with its errors (SQLSTATE 08P01).
+	Server string
+	// QueryWaitTimeout is PgBouncer's query_wait_timeout, whole seconds: how
+	// long a client waits for a server connection before PgBouncer gives up
+	// on it ("query_wait_timeout", SQLSTATE 08P01). Default: PgBouncer's
+	// (120 s).
+	QueryWaitTimeout time.Duration
 }
 
 // Bouncer is a running (or stopped) PgBouncer of one test.
@@ -160,7 +170,13 @@ func (b *Bouncer) writeConfig(upstream *pgx.ConnConfig, opts Options) error {
 	b.port = ln.Addr().(*net.TCPAddr).Port
 	_ = ln.Close()
 
-	db := fmt.Sprintf("host=%s port=%d", upstream.Host, upstream.Port)
+	host, port := upstream.Host, strconv.Itoa(int(upstream.Port))
+	if opts.Server != "" {
+		if host, port, err = net.SplitHostPort(opts.Server); err != nil {
+			return fmt.Errorf("Options.Server: %w", err)
+		}
+	}
+	db := fmt.Sprintf("host=%s port=%s", host, port)
 	if upstream.Password != "" {
 		db += fmt.Sprintf(" user=%s password=%s", upstream.User, upstream.Password)
 	}
@@ -179,8 +195,10 @@ func (b *Bouncer) writeConfig(upstream *pgx.ConnConfig, opts Options) error {
 		"server_login_retry = 1",
 		"admin_users = " + upstream.User,
 		"ignore_startup_parameters = " + strings.Join(opts.IgnoreStartupParameters, ","),
-		"",
-	}, "\n")
+	}, "\n") + "\n"
+	if opts.QueryWaitTimeout > 0 {
+		conf += fmt.Sprintf("query_wait_timeout = %d\n", max(1, int(opts.QueryWaitTimeout.Round(time.Second)/time.Second)))
+	}
 	b.conf = filepath.Join(b.dir, "pgbouncer.ini")
 	if err := os.WriteFile(b.conf, []byte(conf), 0o644); err != nil {
 		return err
