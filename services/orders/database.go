@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"strings"
 	"syscall"
 	"time"
 
@@ -111,7 +112,11 @@ func awaitDatabase(ctx context.Context, logger *slog.Logger, open func() (*pgxpo
 
 // unreachable reports whether err says the server could not be reached or
 // would not take a connection yet, which waiting may fix: no answer, a
-// connection cut, or a server starting up, shutting down, or full.
+// connection cut, a server starting up, shutting down, or full, or a
+// connection exception (SQLSTATE class 08). PgBouncer answers every error of
+// its own with 08P01: query_wait_timeout or "server login has been failing"
+// while its PostgreSQL server is down, "no more connections allowed" when it
+// is full.
 func unreachable(err error) bool {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
@@ -119,7 +124,7 @@ func unreachable(err error) bool {
 		case "57P01", "57P02", "57P03", "53300": // admin_shutdown, crash_shutdown, cannot_connect_now, too_many_connections
 			return true
 		}
-		return false
+		return strings.HasPrefix(pgErr.Code, "08") // connection_exception: 08000, 08003, 08006, 08001, 08004, 08P01
 	}
 	// A connection attempt that failed for another reason (the server
 	// refusing TLS, an unknown authentication method) is a mistake of the

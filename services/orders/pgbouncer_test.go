@@ -2,12 +2,18 @@ package main
 
 import (
 	"context"
+	"net"
 	"net/http"
+	"net/url"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/outbox-inbox/reference/internal/pgbouncertest"
+	"github.com/outbox-inbox/reference/pkg/outbox"
 	"github.com/outbox-inbox/reference/services/orders/internal/postgres/pgtest"
 )
 
@@ -202,5 +208,74 @@ WHERE datname = $1 AND query LIKE 'LISTEN%' AND state = 'idle'`, name).Scan(&n);
 	waitMetrics(t, relayBase, "\noutbox_listen_fallback 0\n")
 	if strings.Contains(relay.logs.String(), "falling back to polling") {
 		t.Errorf("the relay fell back to polling with OUTBOX_LISTEN_URL:\n%s", relay.logs.String())
+	}
+}
+
+// A relay started behind PgBouncer while PgBouncer's server is down does not
+// reach PostgreSQL: PgBouncer takes its connection and answers it with an
+// error of its own, query_wait_timeout or "server login has been failing"
+// (SQLSTATE 08P01, protocol_violation, PgBouncer's code for all its errors).
+// That is an outage like a refused connection: the relay waits, says so, and
+// publishes once the server is back.
+func TestRelayWaitsBehindPgBouncerWhoseServerIsDown(t *testing.T) {
+	t.Parallel()
+	amqpURL := newVhost(t)
+	direct := migratedDatabaseURL(t)
+	deliveries := bindQueue(t, amqpURL)
+
+	// PgBouncer's server, through a listener that hangs up on every
+	// connection until the server "comes up".
+	gate, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = gate.Close() })
+	u, err := url.Parse(direct)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var up atomic.Bool
+	go forward(gate, u.Host, &up)
+	b := pgbouncertest.Start(t, pgbouncertest.Options{Server: gate.Addr().String(), QueryWaitTimeout: time.Second})
+	p := start(t, map[string]string{
+		"DATABASE_URL": b.URL(databaseName(t, direct), nil), "DATABASE_POOLER": "transaction",
+		"AMQP_URL": amqpURL, "RELAY_POLL_INTERVAL": "50ms",
+	}, "relay")
+
+	// The relay meets PgBouncer's error, and keeps waiting.
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(p.logs.String(), "08P01") {
+		select {
+		case err := <-p.done:
+			p.done <- err // for start's cleanup
+			t.Fatalf("the relay exited while PgBouncer's server was down: %v", err)
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the relay logged no PgBouncer error (SQLSTATE 08P01) in 30s\nlogs:\n%s\npgbouncer:\n%s", p.logs.String(), b.Logs())
+		}
+	}
+	select {
+	case err := <-p.done:
+		p.done <- err
+		t.Fatalf("the relay exited while PgBouncer's server was down: %v", err)
+	case <-time.After(1500 * time.Millisecond):
+	}
+	if !strings.Contains(p.logs.String(), "waiting for the database") {
+		t.Errorf("the relay did not say it waits for the database:\n%s", p.logs.String())
+	}
+
+	up.Store(true) // the server comes up
+	pool := connectPool(t, direct)
+	err = pgx.BeginFunc(t.Context(), pool, func(tx pgx.Tx) error {
+		_, err := outbox.Enqueue(t.Context(), tx, outbox.Message{
+			AggregateType: "order", AggregateID: "o-bounced", EventType: "order.created", Payload: []byte(`{}`)})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := receive(t, deliveries); m.Headers["aggregate_id"] != "o-bounced" {
+		t.Fatalf("published %v, want the event of o-bounced", m.Headers)
 	}
 }

@@ -138,6 +138,8 @@ func TestUnreachableTellsAnOutageFromAMistake(t *testing.T) {
 		{"the server starting up", &pgconn.PgError{Code: "57P03"}, true},
 		{"the server shutting down", &pgconn.PgError{Code: "57P01"}, true},
 		{"too many connections", &pgconn.PgError{Code: "53300"}, true},
+		{"PgBouncer without its server", fmt.Errorf("connect: %w", &pgconn.PgError{Severity: "FATAL", Code: "08P01", Message: "query_wait_timeout"}), true},
+		{"a connection failure", &pgconn.PgError{Code: "08006"}, true},
 		{"no such database", fmt.Errorf("database %q does not exist: %w", "x", &pgconn.PgError{Code: "3D000"}), false},
 		{"a wrong password", &pgconn.PgError{Code: "28P01"}, false},
 		{"the schema to migrate", fmt.Errorf("database x: %w", outbox.ErrSchemaMissing), false},
