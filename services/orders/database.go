@@ -52,16 +52,21 @@ func migrate(ctx context.Context, getenv func(string) string, stdout, logOut io.
 
 // serveDatabase opens the database for `orders serve`: it must exist and hold
 // both schemas, unless MIGRATE=true, which creates and migrates it first.
-// It waits for a server it cannot reach yet (awaitDatabase).
-func serveDatabase(ctx context.Context, cfg config.Config, tp trace.TracerProvider, logger *slog.Logger) (*pgxpool.Pool, error) {
-	return awaitDatabase(ctx, logger, func() (*pgxpool.Pool, error) { return openServeDatabase(ctx, cfg, tp, logger) })
+// It waits for a server it cannot reach yet (awaitDatabase), reporting to
+// status.
+func serveDatabase(ctx context.Context, cfg config.Config, tp trace.TracerProvider, logger *slog.Logger, status *startupStatus) (*pgxpool.Pool, error) {
+	return awaitDatabase(ctx, logger, dbWait{status: status}, func() (*pgxpool.Pool, error) {
+		return openServeDatabase(ctx, cfg, tp, logger)
+	})
 }
 
 // relayDatabase opens the database for `orders relay`: it must exist and
 // hold the outbox schema. It waits for a server it cannot reach yet
-// (awaitDatabase).
-func relayDatabase(ctx context.Context, cfg config.Config, tp trace.TracerProvider, logger *slog.Logger) (*pgxpool.Pool, error) {
-	return awaitDatabase(ctx, logger, func() (*pgxpool.Pool, error) { return connect(ctx, cfg, false, tp) })
+// (awaitDatabase), reporting to status.
+func relayDatabase(ctx context.Context, cfg config.Config, tp trace.TracerProvider, logger *slog.Logger, status *startupStatus) (*pgxpool.Pool, error) {
+	return awaitDatabase(ctx, logger, dbWait{status: status}, func() (*pgxpool.Pool, error) {
+		return connect(ctx, cfg, false, tp)
+	})
 }
 
 func openServeDatabase(ctx context.Context, cfg config.Config, tp trace.TracerProvider, logger *slog.Logger) (*pgxpool.Pool, error) {
@@ -79,27 +84,42 @@ func openServeDatabase(ctx context.Context, cfg config.Config, tp trace.TracerPr
 	return connect(ctx, cfg, true, tp)
 }
 
+// dbWait is what awaitDatabase waits for and where it reports.
+type dbWait struct {
+	// status gets each attempt's outcome, for the start-up /readyz. Nil:
+	// the wait keeps its own.
+	status *startupStatus
+}
+
 // awaitDatabase calls open until it succeeds, fails for a reason waiting
 // cannot fix, or ctx ends. A long-running command (serve, relay) started
-// while PostgreSQL is down, restarting or refusing connections during its
-// start-up waits for it, with backoff (100ms doubling to 5s), instead of
-// exiting: an orchestrator restarting a command that exits at once backs off
-// for minutes, far longer than a database restart. A database that does not
-// exist, a failed authentication or a schema to migrate are errors at once.
-// The operator's commands do not wait.
-func awaitDatabase(ctx context.Context, logger *slog.Logger, open func() (*pgxpool.Pool, error)) (*pgxpool.Pool, error) {
+// while PostgreSQL (or the PgBouncer in front of it) is down, restarting or
+// refusing connections during its start-up waits for it, with backoff
+// (100ms doubling to 5s), instead of exiting: an orchestrator restarting a
+// command that exits at once backs off for minutes, far longer than a
+// database restart. A database that does not exist, a failed
+// authentication or a schema to migrate are errors at once. The operator's
+// commands do not wait.
+func awaitDatabase(ctx context.Context, logger *slog.Logger, w dbWait, open func() (*pgxpool.Pool, error)) (*pgxpool.Pool, error) {
+	status := w.status
+	if status == nil {
+		status = newStartupStatus()
+	}
 	wait := 100 * time.Millisecond
 	for attempt := 1; ; attempt++ {
 		pool, err := open()
 		if err == nil {
+			status.succeeded()
 			if attempt > 1 {
-				logger.InfoContext(ctx, "database reached", "attempt", attempt)
+				_, _, waited, _ := status.waiting()
+				logger.InfoContext(ctx, "database reached", "attempt", attempt, "waited", waited.Round(time.Millisecond))
 			}
 			return pool, nil
 		}
 		if !unreachable(err) {
 			return nil, err
 		}
+		status.failed(err)
 		logger.WarnContext(ctx, "database unreachable, waiting for the database", "error", err, "attempt", attempt, "retry_in", wait)
 		select {
 		case <-ctx.Done():

@@ -77,7 +77,8 @@ func crashAfterPublish(next outbox.Observer, crash *crashpoint.Trigger) outbox.O
 }
 
 // runRelay runs the relay alone, with /metrics, /healthz and /readyz on
-// HTTP_ADDR when it is set.
+// HTTP_ADDR when it is set (/healthz and /readyz from the start, while it
+// waits for the database).
 func runRelay(ctx context.Context, getenv func(string) string, logOut io.Writer, tel *tracing.Telemetry) error {
 	cfg, err := config.FromEnv(getenv)
 	if err != nil {
@@ -93,7 +94,16 @@ func runRelay(ctx context.Context, getenv func(string) string, logOut io.Writer,
 	if err != nil {
 		return err
 	}
-	pool, err := relayDatabase(ctx, cfg, tel.TracerProvider, logger)
+	// Listen first: /healthz answers while the database is waited for.
+	status := newStartupStatus()
+	var srv *httpServer
+	if getenv("HTTP_ADDR") != "" {
+		if srv, err = startHTTP(ctx, cfg.HTTPAddr, startupHandler(status), logger); err != nil {
+			return err
+		}
+		defer func() { _ = srv.Close() }() // a failed start; runAll stopped it otherwise
+	}
+	pool, err := relayDatabase(ctx, cfg, tel.TracerProvider, logger, status)
 	if err != nil {
 		return err
 	}
@@ -107,10 +117,9 @@ func runRelay(ctx context.Context, getenv func(string) string, logOut io.Writer,
 	defer pub.Close()
 
 	tasks := []func(context.Context) error{relay.Run}
-	if getenv("HTTP_ADDR") != "" {
-		tasks = append(tasks, func(ctx context.Context) error {
-			return serveHTTP(ctx, cfg.HTTPAddr, opsHandler(pool, reg, pub.Ready), logger)
-		})
+	if srv != nil {
+		srv.Handle(opsHandler(pool, reg, pub.Ready))
+		tasks = append(tasks, srv.Run)
 	}
 	logger.InfoContext(ctx, "relay started", "exchange", config.Exchange)
 	return runAll(ctx, tasks...)

@@ -46,7 +46,14 @@ func serve(ctx context.Context, getenv func(string) string, logOut io.Writer, te
 		return err
 	}
 
-	pool, err := serveDatabase(ctx, cfg, tel.TracerProvider, logger)
+	// Listen first: /healthz answers while the database is waited for.
+	status := newStartupStatus()
+	srv, err := startHTTP(ctx, cfg.HTTPAddr, startupHandler(status), logger)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = srv.Close() }() // a failed start; runAll stopped it otherwise
+	pool, err := serveDatabase(ctx, cfg, tel.TracerProvider, logger, status)
 	if err != nil {
 		return err
 	}
@@ -93,9 +100,8 @@ func serve(ctx context.Context, getenv func(string) string, logOut io.Writer, te
 	if err != nil {
 		return err
 	}
-	tasks = append(tasks, func(ctx context.Context) error {
-		return serveHTTP(ctx, cfg.HTTPAddr, api, logger)
-	})
+	srv.Handle(api)
+	tasks = append(tasks, srv.Run)
 	return runAll(ctx, tasks...)
 }
 
@@ -141,12 +147,8 @@ func opsHandler(pool *pgxpool.Pool, reg *prometheus.Registry, broker func() erro
 	return mux
 }
 
-// serveHTTP serves h on addr until ctx ends, then drains in-flight requests.
-func serveHTTP(ctx context.Context, addr string, h http.Handler, logger *slog.Logger) error {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return fmt.Errorf("listen on %s: %w", addr, err)
-	}
+// serveHTTP serves h on ln until ctx ends, then drains in-flight requests.
+func serveHTTP(ctx context.Context, ln net.Listener, h http.Handler, logger *slog.Logger) error {
 	srv := &http.Server{
 		Handler:           h,
 		ReadHeaderTimeout: 5 * time.Second,

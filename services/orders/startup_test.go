@@ -2,11 +2,13 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/url"
 	"strings"
 	"sync/atomic"
@@ -157,7 +159,7 @@ func TestAwaitDatabaseStopsWithItsContext(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	time.AfterFunc(300*time.Millisecond, cancel)
 	start := time.Now()
-	_, err := awaitDatabase(ctx, slog.New(slog.DiscardHandler), func() (*pgxpool.Pool, error) {
+	_, err := awaitDatabase(ctx, slog.New(slog.DiscardHandler), dbWait{}, func() (*pgxpool.Pool, error) {
 		return nil, &net.OpError{Op: "dial", Err: syscall.ECONNREFUSED}
 	})
 	if !errors.Is(err, context.Canceled) {
@@ -165,5 +167,104 @@ func TestAwaitDatabaseStopsWithItsContext(t *testing.T) {
 	}
 	if d := time.Since(start); d > 5*time.Second {
 		t.Errorf("the wait ended %v after the start, long after its context", d)
+	}
+}
+
+// While `serve` or the standalone relay waits for the database, its HTTP
+// server already answers: /healthz 200, since the process is alive and
+// doing what it should (a liveness probe that got no answer would kill it
+// and put it into the restart loop the wait avoids), and /readyz 503 with a
+// body saying what it waits for and the last attempt's error. Once the
+// database answers, /readyz answers 200 and the API takes orders.
+func TestHealthzAnswersWhileWaitingForTheDatabase(t *testing.T) {
+	t.Parallel()
+	dbURL := migratedDatabaseURL(t)
+	for _, cmd := range []string{"serve", "relay"} {
+		t.Run(cmd, func(t *testing.T) {
+			t.Parallel()
+			gate, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = gate.Close() })
+			u, err := url.Parse(dbURL)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var up atomic.Bool
+			go forward(gate, u.Host, &up)
+			u.Host = gate.Addr().String()
+			addr := freeAddr(t)
+			p := start(t, map[string]string{
+				"DATABASE_URL": u.String(), "AMQP_URL": newVhost(t), "HTTP_ADDR": addr,
+				"RELAY_POLL_INTERVAL": "50ms",
+			}, cmd)
+			base := "http://" + addr
+
+			if status, body := probe(t, p, base+"/healthz", func(int, map[string]any) bool { return true }); status != http.StatusOK || body["status"] != "ok" {
+				t.Fatalf("/healthz while waiting for the database: %d %v, want 200", status, body)
+			}
+			// Once an attempt has failed, /readyz names its error.
+			status, body := probe(t, p, base+"/readyz", func(_ int, b map[string]any) bool { return b["database"] != nil })
+			if status != http.StatusServiceUnavailable || body["status"] != "starting" || body["reason"] != "waiting for the database" {
+				t.Fatalf("/readyz while waiting for the database: %d %v, want 503, status starting, reason waiting for the database", status, body)
+			}
+			if msg, _ := body["database"].(string); !strings.Contains(msg, "connect to database") {
+				t.Errorf("/readyz names the error %q, want the failed attempt's", msg)
+			}
+			if status, _ := probe(t, p, base+"/orders/o-1", func(int, map[string]any) bool { return true }); status != http.StatusServiceUnavailable {
+				t.Errorf("GET /orders/o-1 while waiting for the database: %d, want 503", status)
+			}
+			select {
+			case err := <-p.done:
+				p.done <- err
+				t.Fatalf("orders %s exited while waiting for the database: %v", cmd, err)
+			default:
+			}
+
+			up.Store(true) // the database comes up
+			if status, body := probe(t, p, base+"/readyz", func(s int, _ map[string]any) bool { return s == http.StatusOK }); body["status"] != "ready" {
+				t.Fatalf("/readyz once the database is up: %d %v", status, body)
+			}
+			if status, _ := probe(t, p, base+"/healthz", func(int, map[string]any) bool { return true }); status != http.StatusOK {
+				t.Fatalf("/healthz once the database is up: %d", status)
+			}
+			if cmd == "serve" {
+				if status, o := post(t, base+"/orders", orderBody); status != http.StatusCreated {
+					t.Fatalf("create once the database is up: %d %v", status, o)
+				}
+			}
+		})
+	}
+}
+
+// probe GETs u until it answers with a JSON body that done accepts, and
+// returns that answer. It fails the test when p exits first, or after 30 s.
+func probe(t *testing.T, p *process, u string, done func(int, map[string]any) bool) (int, map[string]any) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	var last string
+	for {
+		resp, err := http.Get(u)
+		if err != nil {
+			last = err.Error()
+		} else {
+			raw, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			last = resp.Status + " " + string(raw)
+			var body map[string]any
+			if err := json.Unmarshal(raw, &body); err == nil && done(resp.StatusCode, body) {
+				return resp.StatusCode, body
+			}
+		}
+		select {
+		case err := <-p.done:
+			p.done <- err // for start's cleanup
+			t.Fatalf("the process exited before GET %s answered: %v", u, err)
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("GET %s: no answer wanted in 30s; last: %s", u, last)
+		}
 	}
 }
