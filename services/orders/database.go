@@ -7,7 +7,10 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -55,7 +58,11 @@ func migrate(ctx context.Context, getenv func(string) string, stdout, logOut io.
 // It waits for a server it cannot reach yet (awaitDatabase), reporting to
 // status.
 func serveDatabase(ctx context.Context, cfg config.Config, tp trace.TracerProvider, logger *slog.Logger, status *startupStatus) (*pgxpool.Pool, error) {
-	return awaitDatabase(ctx, logger, dbWait{status: status}, func() (*pgxpool.Pool, error) {
+	target, err := databaseTarget(cfg.DatabaseURL)
+	if err != nil {
+		return nil, err
+	}
+	return awaitDatabase(ctx, logger, dbWait{target: target, status: status}, func() (*pgxpool.Pool, error) {
 		return openServeDatabase(ctx, cfg, tp, logger)
 	})
 }
@@ -64,7 +71,11 @@ func serveDatabase(ctx context.Context, cfg config.Config, tp trace.TracerProvid
 // hold the outbox schema. It waits for a server it cannot reach yet
 // (awaitDatabase), reporting to status.
 func relayDatabase(ctx context.Context, cfg config.Config, tp trace.TracerProvider, logger *slog.Logger, status *startupStatus) (*pgxpool.Pool, error) {
-	return awaitDatabase(ctx, logger, dbWait{status: status}, func() (*pgxpool.Pool, error) {
+	target, err := databaseTarget(cfg.DatabaseURL)
+	if err != nil {
+		return nil, err
+	}
+	return awaitDatabase(ctx, logger, dbWait{target: target, status: status}, func() (*pgxpool.Pool, error) {
 		return connect(ctx, cfg, false, tp)
 	})
 }
@@ -84,11 +95,35 @@ func openServeDatabase(ctx context.Context, cfg config.Config, tp trace.TracerPr
 	return connect(ctx, cfg, true, tp)
 }
 
+// databaseTarget names the database of databaseURL for the logs: db_address
+// (host:port, and those of its fallbacks, comma-separated), db_name and
+// db_user. Never the password.
+func databaseTarget(databaseURL string) ([]any, error) {
+	cfg, err := pgconn.ParseConfig(databaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("parse DATABASE_URL: %w", err)
+	}
+	addrs := []string{net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port)))}
+	for _, f := range cfg.Fallbacks {
+		if a := net.JoinHostPort(f.Host, strconv.Itoa(int(f.Port))); !slices.Contains(addrs, a) {
+			addrs = append(addrs, a)
+		}
+	}
+	return []any{"db_address", strings.Join(addrs, ","), "db_name", cfg.Database, "db_user", cfg.User}, nil
+}
+
 // dbWait is what awaitDatabase waits for and where it reports.
 type dbWait struct {
+	// target names the database in every line the wait logs
+	// (databaseTarget).
+	target []any
 	// status gets each attempt's outcome, for the start-up /readyz. Nil:
 	// the wait keeps its own.
 	status *startupStatus
+	// warnEvery is how often a wait that goes on says so at warn level
+	// ("still waiting for the database"): first after warnEvery, then
+	// every warnEvery. Zero: 30 s.
+	warnEvery time.Duration
 }
 
 // awaitDatabase calls open until it succeeds, fails for a reason waiting
@@ -100,12 +135,32 @@ type dbWait struct {
 // database restart. A database that does not exist, a failed
 // authentication or a schema to migrate are errors at once. The operator's
 // commands do not wait.
+//
+// The wait logs its first failure, and each new error, at warn level (the
+// others at debug), and every w.warnEvery that it is still waiting, with
+// the target, the last error and how long it has waited: a DATABASE_URL
+// naming the wrong host waits too, and that line is what tells it from an
+// outage.
 func awaitDatabase(ctx context.Context, logger *slog.Logger, w dbWait, open func() (*pgxpool.Pool, error)) (*pgxpool.Pool, error) {
+	logger = logger.With(w.target...)
 	status := w.status
 	if status == nil {
 		status = newStartupStatus()
 	}
+	every := w.warnEvery
+	if every <= 0 {
+		every = 30 * time.Second
+	}
+	stillWaiting := make(chan struct{})
+	var warner sync.WaitGroup
+	warner.Go(func() { warnWhileWaiting(ctx, logger, status, every, stillWaiting) })
+	defer func() {
+		close(stillWaiting)
+		warner.Wait()
+	}()
+
 	wait := 100 * time.Millisecond
+	var lastMsg string
 	for attempt := 1; ; attempt++ {
 		pool, err := open()
 		if err == nil {
@@ -120,13 +175,42 @@ func awaitDatabase(ctx context.Context, logger *slog.Logger, w dbWait, open func
 			return nil, err
 		}
 		status.failed(err)
-		logger.WarnContext(ctx, "database unreachable, waiting for the database", "error", err, "attempt", attempt, "retry_in", wait)
+		level := slog.LevelDebug
+		if msg := err.Error(); msg != lastMsg {
+			level, lastMsg = slog.LevelWarn, msg
+		}
+		logger.Log(ctx, level, "database unreachable, waiting for the database", "error", err, "attempt", attempt, "retry_in", wait)
 		select {
 		case <-ctx.Done():
 			return nil, fmt.Errorf("%w (given up waiting: %w)", err, context.Cause(ctx))
 		case <-time.After(wait):
 		}
 		wait = min(2*wait, 5*time.Second)
+	}
+}
+
+// warnWhileWaiting logs "still waiting for the database" every every until
+// done is closed or ctx ends. It runs beside the attempts, so that one that
+// hangs (a host that drops packets: the connection attempt waits for the
+// system's TCP timeout, minutes) is reported too.
+func warnWhileWaiting(ctx context.Context, logger *slog.Logger, status *startupStatus, every time.Duration, done <-chan struct{}) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-done:
+			return
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		attempts, lastErr, waited, _ := status.waiting()
+		last := "none yet: the first attempt has not ended"
+		if lastErr != nil {
+			last = lastErr.Error()
+		}
+		logger.WarnContext(ctx, "still waiting for the database", "waited", waited.Round(time.Millisecond), "attempts", attempts,
+			"last_error", last, "hint", "the database is down or unreachable, or DATABASE_URL names the wrong host or port")
 	}
 }
 

@@ -21,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/services/orders/internal/config"
 )
 
 // A relay (or an API) started while PostgreSQL is down, restarting or not
@@ -266,5 +267,89 @@ func probe(t *testing.T, p *process, u string, done func(int, map[string]any) bo
 		if time.Now().After(deadline) {
 			t.Fatalf("GET %s: no answer wanted in 30s; last: %s", u, last)
 		}
+	}
+}
+
+// A DATABASE_URL naming a host that does not exist waits as an outage does
+// (the name may be a service not yet in DNS), but not silently: every
+// warnEvery the wait logs a warning naming the database it waits for (its
+// address, name and user, never the password), the last error and how long
+// it has waited.
+func TestAWaitThatGoesOnSaysSo(t *testing.T) {
+	t.Parallel()
+	const password = "pw-never-logged"
+	cfg, err := config.FromEnv(func(k string) string {
+		if k == "DATABASE_URL" {
+			return "postgres://orders:" + password + "@orders-db.invalid:5433/orders_prod?sslmode=disable&connect_timeout=2"
+		}
+		return ""
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	target, err := databaseTarget(cfg.DatabaseURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs syncBuffer
+	logger := newLogger(cfg, &logs)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := awaitDatabase(ctx, logger, dbWait{target: target, warnEvery: 200 * time.Millisecond}, func() (*pgxpool.Pool, error) {
+			return connect(ctx, cfg, false, nil)
+		})
+		done <- err
+	}()
+
+	// Two warnings, the last with an attempt's error (the first may come
+	// while the first lookup of the name is still under way).
+	warnings := func() (ws []map[string]any) {
+		for line := range strings.Lines(logs.String()) {
+			var rec map[string]any
+			if err := json.Unmarshal([]byte(line), &rec); err != nil {
+				t.Fatalf("log line %q: %v", line, err)
+			}
+			if rec["msg"] == "still waiting for the database" {
+				ws = append(ws, rec)
+			}
+		}
+		return ws
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if ws := warnings(); len(ws) >= 2 && strings.Contains(fmt.Sprint(ws[len(ws)-1]["last_error"]), "orders-db.invalid") {
+			break
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("awaitDatabase returned while the host does not exist: %v\nlogs:\n%s", err, logs.String())
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no two warnings that the wait goes on in 30 s, one due every 200 ms, the last naming the error:\n%s", logs.String())
+		}
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("awaitDatabase: %v, want it to wait until its context ends", err)
+	}
+	var prev time.Duration
+	for _, w := range warnings() {
+		if w["level"] != "WARN" || w["db_address"] != "orders-db.invalid:5433" || w["db_name"] != "orders_prod" || w["db_user"] != "orders" {
+			t.Errorf("warning %v: want level WARN and the target orders-db.invalid:5433, orders_prod, orders", w)
+		}
+		if last, _ := w["last_error"].(string); last == "" {
+			t.Errorf("warning %v: no last_error", w)
+		}
+		waited, err := time.ParseDuration(fmt.Sprint(w["waited"]))
+		if err != nil || waited <= prev {
+			t.Errorf("warning %v: waited %v, want a duration after the previous one (%v)", w, w["waited"], prev)
+		}
+		prev = waited
+	}
+	if strings.Contains(logs.String(), password) {
+		t.Errorf("the logs hold the password:\n%s", logs.String())
 	}
 }
