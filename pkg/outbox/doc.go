@@ -260,7 +260,8 @@
 //     dead-lettered. Published rows leave it, so its size is the backlog, never
 //     the history. Its autovacuum triggers after a fixed number of changes,
 //     not a fraction of its size, so dead index entries do not pile up in front
-//     of the claim on a small, hot table. On a server where autovacuum is
+//     of the claim on a small, hot table (defaults: Migrate keeps the values
+//     a DBA sets on the table later). On a server where autovacuum is
 //     off, the relay vacuums outbox itself (RelayConfig.VacuumEvery):
 //     without any vacuum the claim slows down with every event published
 //     since the last one.

@@ -32,8 +32,10 @@ import (
 // behind any open transaction that touched it. Set a short lock_timeout in
 // the migration tool's session and retry, and build an index that a new
 // version adds to an existing table with CREATE INDEX CONCURRENTLY outside a
-// transaction: Migrate does all of this itself. Statements after a "-- since
-// schema N" line are what version N added.
+// transaction: Migrate does all of this itself. Run as is, its ALTER TABLE
+// ... SET statements also set back storage options a DBA tuned, which Migrate
+// leaves alone. Statements after a "-- since schema N" line are what version
+// N added.
 //
 //go:embed schema.sql
 var Schema string
@@ -109,6 +111,10 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 //   - Each missing column, table or setting is added in a transaction with
 //     a lock_timeout of cfg.LockTimeout, retried with backoff while the lock
 //     is held by others (who, it logs), until ctx ends.
+//   - Of the storage options Schema sets on a table (autovacuum thresholds,
+//     fillfactor), it sets only those the table lacks: one a DBA set to
+//     another value keeps it. (To give one back to the server's setting, set
+//     it to that value: an option the table lacks is set again.)
 //   - Each missing index of a table that already exists is built with
 //     CREATE INDEX CONCURRENTLY, which lets readers and writers go on; an
 //     index left INVALID by an interrupted build (a cancelled or killed
@@ -171,7 +177,7 @@ func (s schemaStmt) String() string {
 	case kindColumn:
 		return "add column " + s.table + "." + s.name
 	case kindOptions:
-		return "set storage options of " + s.table
+		return "set the storage options " + s.table + " lacks"
 	case kindIndex:
 		return "create index " + s.name + " on " + s.table
 	case kindDropIndex:
@@ -430,11 +436,15 @@ var appliedSQL = map[stmtKind]string{
 	kindTable: `SELECT to_regclass($1) IS NOT NULL`,
 	kindColumn: `SELECT EXISTS (SELECT 1 FROM pg_attribute
 		WHERE attrelid = to_regclass($1) AND attname = $2 AND attnum > 0 AND NOT attisdropped)`,
-	kindOptions:   `SELECT coalesce((SELECT reloptions FROM pg_class WHERE oid = to_regclass($1)), '{}') @> $2::text[]`,
+	kindOptions:   `SELECT coalesce((SELECT ` + optionNamesSQL + ` FROM pg_class WHERE oid = to_regclass($1)), '{}') @> $2::text[]`,
 	kindIndex:     `SELECT coalesce((` + indexStateSQL + `), 'missing') = 'valid'`,
 	kindDropIndex: `SELECT to_regclass($1) IS NULL`,
 	kindMarker:    `SELECT coalesce(obj_description(to_regclass($1), 'pg_class'), '') = $2`,
 }
+
+// optionNamesSQL lists the names of the storage options a pg_class row has,
+// whatever their values.
+const optionNamesSQL = `array(SELECT split_part(o, '=', 1) FROM unnest(reloptions) o)`
 
 // indexStateSQL says whether index $2 of table $1 is 'valid', 'building'
 // (INVALID while a build of it is in progress), 'invalid' (left by a build
@@ -446,6 +456,40 @@ SELECT CASE WHEN i.indisvalid THEN 'valid'
 FROM pg_class c JOIN pg_index i ON i.indexrelid = c.oid
 WHERE c.relname = $2 AND i.indrelid = to_regclass($1)`
 
+// optionNames are the names of the options a kindOptions statement sets.
+func (st schemaStmt) optionNames() []string {
+	names := make([]string, len(st.options))
+	for i, o := range st.options {
+		names[i], _, _ = strings.Cut(o, "=")
+	}
+	return names
+}
+
+// setMissingOptions sets those of st's storage options that st.table lacks
+// to the schema's values, and leaves alone the ones it has, whatever their
+// values: a DBA's tuning of a table (a vacuum threshold, a fillfactor)
+// survives every later Migrate. It returns the options it set.
+func setMissingOptions(ctx context.Context, tx pgx.Tx, st schemaStmt) ([]string, error) {
+	var have []string
+	if err := tx.QueryRow(ctx, `SELECT coalesce((SELECT `+optionNamesSQL+` FROM pg_class WHERE oid = to_regclass($1)), '{}')`,
+		st.table).Scan(&have); err != nil {
+		return nil, fmt.Errorf("read the storage options of %s: %w", st.table, err)
+	}
+	var set []string
+	for i, name := range st.optionNames() {
+		if !slices.Contains(have, name) {
+			set = append(set, st.options[i])
+		}
+	}
+	if len(set) == 0 {
+		return nil, nil
+	}
+	// The table and the options come from schema.sql (parseStmt admits
+	// \w+ table names only).
+	_, err := tx.Exec(ctx, "ALTER TABLE "+st.table+" SET ("+strings.Join(set, ", ")+")")
+	return set, err
+}
+
 func (st schemaStmt) appliedArgs() []any {
 	switch st.kind {
 	case kindColumn, kindIndex:
@@ -453,7 +497,7 @@ func (st schemaStmt) appliedArgs() []any {
 	case kindDropIndex:
 		return []any{st.name}
 	case kindOptions:
-		return []any{st.table, st.options}
+		return []any{st.table, st.optionNames()}
 	case kindMarker:
 		return []any{st.table, fmt.Sprintf("%s%d; binaries of schema %d or later", schemaMarker, SchemaVersion, schemaOldestBinary)}
 	default:
@@ -504,6 +548,15 @@ func (m *migrator) inTx(ctx context.Context, stmts []schemaStmt) error {
 					continue
 				}
 				waitingFor = st.table
+				if st.kind == kindOptions {
+					set, err := setMissingOptions(ctx, tx, st)
+					if err != nil {
+						return fmt.Errorf("%s: %w", st, err)
+					}
+					m.log.Log(ctx, m.verbose, "outbox migrate: applied", slog.String("step", st.String()), slog.Any("options", set),
+						slog.Int("since_version", st.since))
+					continue
+				}
 				if _, err := tx.Exec(ctx, st.sql); err != nil {
 					return fmt.Errorf("%s: %w", st, err)
 				}

@@ -622,3 +622,51 @@ func TestMigrateFromSchema4MovesTheHandOverIntoTheSchema(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// reloptions returns the storage options of table, sorted.
+func reloptions(t *testing.T, pool *pgxpool.Pool, table string) []string {
+	t.Helper()
+	var opts []string
+	if err := pool.QueryRow(context.Background(), `SELECT coalesce(reloptions, '{}') FROM pg_class WHERE oid = to_regclass($1)`,
+		table).Scan(&opts); err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(opts)
+	return opts
+}
+
+// Storage options a DBA tuned on the outbox tables survive a later Migrate,
+// which every process may run at start: Migrate sets only the options of the
+// schema a table lacks (one reset, here), and leaves the others as they are.
+func TestMigrateKeepsTheStorageOptionsADBATuned(t *testing.T) {
+	t.Parallel()
+	pool := newTestPool(t)
+	ctx := context.Background()
+	for _, q := range []string{
+		`ALTER TABLE outbox SET (autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000, autovacuum_enabled = false)`,
+		`ALTER TABLE outbox RESET (autovacuum_analyze_threshold)`,
+		`ALTER TABLE outbox_aggregates SET (fillfactor = 70)`,
+	} {
+		if _, err := pool.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := outbox.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	for table, want := range map[string][]string{
+		"outbox": {
+			"autovacuum_analyze_scale_factor=0", "autovacuum_analyze_threshold=5000", // put back: it was missing
+			"autovacuum_enabled=false", "autovacuum_vacuum_insert_scale_factor=0", "autovacuum_vacuum_insert_threshold=5000",
+			"autovacuum_vacuum_scale_factor=0.01", "autovacuum_vacuum_threshold=1000",
+		},
+		"outbox_aggregates": {"fillfactor=70"},
+	} {
+		if got := reloptions(t, pool, table); !slices.Equal(got, want) {
+			t.Errorf("%s after Migrate: %q, want %q", table, got, want)
+		}
+	}
+	if err := outbox.CheckSchema(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -88,6 +88,8 @@ ALTER TABLE outbox ADD COLUMN IF NOT EXISTS suspect boolean NOT NULL DEFAULT fal
 -- Every published row leaves this table, so dead tuples pile up at the rate of
 -- publishing. Vacuum it after a fixed number of changes rather than a fraction of
 -- its (small) size, so dead index entries never accumulate in front of the claim.
+-- These are defaults: Migrate sets only the options a table lacks, so values a
+-- DBA tunes later stay (this statement run as is sets them all back).
 ALTER TABLE outbox SET (
     autovacuum_vacuum_scale_factor = 0,
     autovacuum_vacuum_threshold = 5000,
