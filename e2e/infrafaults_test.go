@@ -16,7 +16,7 @@ import (
 	"github.com/outbox-inbox/reference/e2e/chaos"
 )
 
-// schema4Path is the outbox schema as its previous version wrote it, which
+// schema4Path is the outbox schema as its version 4 wrote it, which
 // migration_under_load upgrades (relative to the e2e package directory, go
 // test's working directory).
 var schema4Path = filepath.Join("..", "pkg", "outbox", "testdata", "schema4.sql")
@@ -24,7 +24,7 @@ var schema4Path = filepath.Join("..", "pkg", "outbox", "testdata", "schema4.sql"
 // migrationUnderLoad runs `orders migrate` on the run's database (up to
 // date: it must change nothing and block nobody) while the load, the relays
 // and the scrapes go on; then a real upgrade: a second database of the same
-// server gets the previous outbox schema and a writer that keeps a
+// server gets outbox schema 4 and a writer that keeps a
 // transaction open on the outbox table, and `orders migrate` upgrades it
 // beside that writer. The services' binaries refuse a schema older than
 // theirs, which is why the upgrade is not on the run's own database. The

@@ -29,7 +29,7 @@ const (
 	// be an effect of an order that never existed.
 	FaultPostgresSyncStall FaultKind = "postgres_sync_stall"
 	// `orders migrate` on the run's database (up to date), and a real upgrade
-	// from the previous outbox schema (testdata/schema4.sql) on a second
+	// from outbox schema 4 (testdata/schema4.sql) on a second
 	// database of the same server beside an open writer, while the load,
 	// the relays and the status scrapes run.
 	FaultMigrationUnderLoad FaultKind = "migration_under_load"

@@ -268,7 +268,8 @@
 //   - outbox_published keeps confirmed rows with published_at, for audit, until
 //     they are purged (RelayConfig.PublishedRetention or Admin.Purge, in small
 //     batches). The claim never reads it, so the claim's cost does not grow with
-//     history.
+//     history. Admin.History reads it through an index by aggregate, which
+//     costs each published row one more index entry.
 //   - outbox_aggregates holds, per aggregate, the last version handed out. Only
 //     writers update it (its published_version column is no longer
 //     maintained), so the relay never conflicts with a writer's snapshot. Never

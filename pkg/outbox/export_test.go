@@ -26,3 +26,6 @@ var HeaderBytes = headerBytes
 // JSONBTextSize lets the external tests compare the measure of the text form
 // with PostgreSQL's.
 var JSONBTextSize = jsonbTextSize
+
+// HistorySQL lets the external tests EXPLAIN Admin.History.
+var HistorySQL = historySQL

@@ -52,9 +52,9 @@ type HistoryEvent struct {
 func (e HistoryEvent) MessageID() string { return MessageID(e.ID, e.CreatedAt) }
 
 // historySQL reads one aggregate's most recent events from the three tables.
-// outbox is read through its (aggregate_type, aggregate_id, aggregate_version)
-// index; outbox_published and outbox_discarded have no index by aggregate
-// (every published event would pay for one), so they are scanned.
+// outbox and outbox_published are read through their (aggregate_type,
+// aggregate_id, aggregate_version) indexes; outbox_discarded, which holds the
+// rare discarded dead letters only, has no index by aggregate and is scanned.
 var historySQL = fmt.Sprintf(`
 SELECT * FROM (
     SELECT id, aggregate_version, event_type, created_at,
@@ -77,9 +77,11 @@ LIMIT %d`, MaxHistory)
 
 // History returns the events of one aggregate in version order, each in its
 // state, the most recent MaxHistory of them; published events purged by
-// retention (Admin.Purge, the relay's) are gone from it. It scans the
-// published events' table: it is meant for an operator's question about one
-// aggregate, not for a request path.
+// retention (Admin.Purge, the relay's) are gone from it. It reads the
+// aggregate's rows through an index of each table that can grow large
+// (outbox, outbox_published), so its cost follows the aggregate's events, not
+// the tables' size; it is meant for an operator's question about one
+// aggregate.
 func (a *Admin) History(ctx context.Context, aggregateType, aggregateID string) ([]HistoryEvent, error) {
 	rows, err := a.db.Query(ctx, historySQL, aggregateType, aggregateID)
 	if err != nil {

@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
@@ -153,5 +154,59 @@ func TestAdminHistoryShowsAClaimInFlight(t *testing.T) {
 	}
 	if len(h) != 1 || h[0].State != outbox.EventPending || !h[0].InFlight || h[0].Attempts != 1 {
 		t.Fatalf("history %+v: want one pending event, in flight, at attempt 1", h)
+	}
+}
+
+// History reads one aggregate's published events through an index: its plan
+// over 100k published events of 10k aggregates has no sequential scan of
+// outbox_published, which would read every published event for each call.
+func TestAdminHistoryReadsPublishedEventsThroughAnIndex(t *testing.T) {
+	t.Parallel()
+	pool := newTestPool(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `
+INSERT INTO outbox_published (id, aggregate_type, aggregate_id, aggregate_version, event_type, payload, headers, created_at, attempts, published_at)
+SELECT g, 'order', 'o-' || (g % 10000), g / 10000 + 1, 'order.updated', '{}', '{}',
+       now() - interval '1 day' + g * interval '1 ms', 1, now() - interval '1 day' + g * interval '1 ms'
+FROM generate_series(0, 99999) g;
+ANALYZE outbox_published;`); err != nil {
+		t.Fatal(err)
+	}
+
+	var plan []struct {
+		Plan planNode `json:"Plan"`
+	}
+	if err := pool.QueryRow(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+outbox.HistorySQL, "order", "o-42").Scan(&plan); err != nil {
+		t.Fatal(err)
+	}
+	var indexed bool
+	var walk func(n *planNode)
+	walk = func(n *planNode) {
+		if n.RelationName == "outbox_published" {
+			if n.NodeType == "Seq Scan" {
+				t.Errorf("History's plan scans outbox_published sequentially")
+			} else {
+				indexed = true
+			}
+		}
+		for i := range n.Plans {
+			walk(&n.Plans[i])
+		}
+	}
+	walk(&plan[0].Plan)
+	if !indexed {
+		b, _ := json.MarshalIndent(plan, "", "  ")
+		t.Fatalf("History's plan does not read outbox_published through an index:\n%s", b)
+	}
+	if plan[0].Plan.ActualRows != 10 {
+		t.Errorf("History's query returned %v rows, want the aggregate's 10", plan[0].Plan.ActualRows)
+	}
+
+	h, err := outbox.NewAdmin(pool).History(ctx, "order", "o-42")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(h) != 10 || h[0].AggregateVersion != 1 || h[9].AggregateVersion != 10 || h[0].State != outbox.EventPublished {
+		t.Fatalf("History of o-42: %s", historyOf(h))
 	}
 }

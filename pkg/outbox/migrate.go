@@ -42,7 +42,7 @@ var Schema string
 
 // SchemaVersion is the version of Schema. It changes whenever Schema does, so
 // CheckSchema can tell a database that a previous version migrated.
-const SchemaVersion = 5
+const SchemaVersion = 6
 
 // schemaOldestBinary is the oldest SchemaVersion of a binary that may run
 // against this schema, which the marker records: CheckSchema in a binary

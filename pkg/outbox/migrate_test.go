@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -30,6 +31,11 @@ var schema3 string
 //
 //go:embed testdata/schema4.sql
 var schema4 string
+
+// schema5 is the schema as version 5 of this package wrote it.
+//
+//go:embed testdata/schema5.sql
+var schema5 string
 
 // CheckSchema tells a schema that is missing from one that an older Migrate
 // created, from one too new for this binary, and accepts what Migrate creates
@@ -541,14 +547,22 @@ func TestMigrateRebuildsAnInvalidIndex(t *testing.T) {
 
 // Schema cut into statements is what Migrate runs: every statement is one
 // Migrate knows how to check in the catalog, and the last one is the version
-// marker, naming SchemaVersion.
+// marker, naming SchemaVersion and the oldest binary's version, no later
+// than SchemaVersion.
 func TestSchemaEndsWithItsVersionMarker(t *testing.T) {
 	t.Parallel()
-	want := fmt.Sprintf("COMMENT ON TABLE outbox IS 'pkg/outbox schema %d; binaries of schema %d or later';",
-		outbox.SchemaVersion, outbox.SchemaVersion)
-	if !strings.HasSuffix(strings.TrimSpace(outbox.Schema), want) {
-		t.Fatalf("schema.sql does not end with %q", want)
+	m := regexp.MustCompile(`COMMENT ON TABLE outbox IS 'pkg/outbox schema (\d+); binaries of schema (\d+) or later';$`).
+		FindStringSubmatch(strings.TrimSpace(outbox.Schema))
+	if m == nil {
+		t.Fatal("schema.sql does not end with its version marker")
 	}
+	if v, _ := strconv.Atoi(m[1]); v != outbox.SchemaVersion {
+		t.Fatalf("schema.sql's marker names schema %d, want SchemaVersion %d", v, outbox.SchemaVersion)
+	}
+	if oldest, _ := strconv.Atoi(m[2]); oldest < 1 || oldest > outbox.SchemaVersion {
+		t.Fatalf("schema.sql's marker lets binaries of schema %d run, want 1 to SchemaVersion %d", oldest, outbox.SchemaVersion)
+	}
+	want := m[0]
 	if err := outbox.ParseSchema(outbox.Schema); err != nil {
 		t.Fatal(err)
 	}
@@ -668,5 +682,83 @@ func TestMigrateKeepsTheStorageOptionsADBATuned(t *testing.T) {
 	}
 	if err := outbox.CheckSchema(ctx, pool); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Schema 6 adds Admin.History's index on outbox_published: the upgrade from
+// schema 5 builds it concurrently on the existing table, beside a relay of
+// this version that keeps moving rows into it and a reader of the table in
+// an open transaction, and the result is what Schema describes. Binaries of
+// schema 5 may run on schema 6 (an index changes nothing of the rows).
+func TestMigrateFromSchema5BuildsTheHistoryIndexConcurrently(t *testing.T) {
+	t.Parallel()
+	pool := newSchemaPool(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, schema5); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `
+INSERT INTO outbox_published (id, aggregate_type, aggregate_id, aggregate_version, event_type, payload, headers, created_at, attempts)
+SELECT g, 'order', 'old-' || g, 1, 'order.created', '{}', '{}', now(), 1 FROM generate_series(1, 1000) g;
+ALTER TABLE outbox ALTER COLUMN id RESTART WITH 1001`); err != nil {
+		t.Fatal(err)
+	}
+	// A reader of outbox_published in an open transaction, whose snapshot
+	// holds the concurrent build back (and not the relay).
+	reader, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reader.Rollback(ctx) //nolint:errcheck // committed below
+	if _, err := reader.Exec(ctx, "SELECT count(*) FROM outbox_published"); err != nil {
+		t.Fatal(err)
+	}
+
+	logs := newLogWatch()
+	migrated := make(chan error, 1)
+	go func() {
+		migrated <- outbox.MigrateWithConfig(ctx, pool, outbox.MigrateConfig{Logger: slog.New(logs)})
+	}()
+	logs.waitCount(t, 60*time.Second, nil, 1, "waits for older transactions", "outbox_published")
+	pub := &memPublisher{}
+	relay := startRelay(t, pool, pub, fastConfig(t))
+	for i := range 20 {
+		enqueue(t, pool, msg(fmt.Sprintf("during-%d", i), "order.created"))
+	}
+	relay.Wake()
+	waitFor(t, "the events published while the index is built", 20*time.Second, outboxEmpty(pool))
+	select {
+	case err := <-migrated:
+		t.Fatalf("Migrate returned while the reader held the build back: %v", err)
+	default:
+	}
+	if err := reader.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-migrated:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("Migrate did not finish once the reader ended")
+	}
+	if logs.count("building an index concurrently", "outbox_published_aggregate_version") == 0 {
+		logs.log(t)
+		t.Error("the history index was not built concurrently")
+	}
+	if err := outbox.CheckSchema(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	fresh := newSchemaPool(t)
+	if _, err := fresh.Exec(ctx, outbox.Schema); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := catalog(t, pool), catalog(t, fresh); !slices.Equal(got, want) {
+		t.Fatalf("the upgraded schema differs from Schema:\nupgraded: %q\nSchema:   %q", got, want)
+	}
+	h, err := outbox.NewAdmin(pool).History(ctx, "order", "during-7")
+	if err != nil || len(h) != 1 || h[0].State != outbox.EventPublished {
+		t.Fatalf("History after the upgrade: %v, %s", err, historyOf(h))
 	}
 }
