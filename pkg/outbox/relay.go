@@ -18,6 +18,7 @@ import (
 
 	"github.com/outbox-inbox/reference/pkg/outbox/internal/outboxsql"
 	"github.com/outbox-inbox/reference/pkg/outbox/internal/retry"
+	"github.com/outbox-inbox/reference/pkg/outbox/internal/vacuum"
 )
 
 // RelayConfig configures a Relay. The zero value of every field means its
@@ -312,9 +313,7 @@ type Relay struct {
 	// (NewHandOverRelay).
 	handedOverOnly bool
 
-	vacuumEvery      atomic.Int64 // rows between vacuums; 0 until vacuumLoop decided
-	movedSinceVacuum atomic.Int64
-	vacuumDue        chan struct{}
+	vacuumer *vacuum.Vacuumer // counts the rows moved out of outbox, and vacuums it (VacuumEvery)
 }
 
 // NewHandOverRelay returns a relay that publishes only the rows a relay
@@ -358,8 +357,7 @@ func NewRelay(pool *pgxpool.Pool, pub Publisher, cfg RelayConfig) (*Relay, error
 		log:        cfg.Logger,
 		admin:      NewAdmin(pool),
 		wake:       make(chan struct{}, 1),
-
-		vacuumDue: make(chan struct{}, 1),
+		vacuumer:   vacuum.New(pool, cfg.Logger, "outbox relay", cfg.VacuumEvery),
 	}, nil
 }
 
@@ -399,7 +397,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		wg.Go(func() { r.purge(ctx) })
 	}
 	if r.cfg.VacuumEvery >= 0 {
-		wg.Go(func() { r.vacuumLoop(ctx) })
+		wg.Go(func() { r.vacuumer.Run(ctx) })
 	}
 	if r.cfg.StrandedCheckInterval > 0 {
 		wg.Go(func() { r.strandedLoop(ctx) })
@@ -585,7 +583,7 @@ func (r *Relay) claimAndPublish(ctx context.Context, alone bool) (_ BatchResult,
 		marked, unmarked, err := r.mark(detached, confirmed, leaseEnd)
 		res.Published, res.Unmarked = marked, unmarked
 		r.count(ctx, KindUnmarked, len(unmarked))
-		r.movedRows(len(marked))
+		r.vacuumer.Counted(len(marked))
 		res.Err = errors.Join(res.Err, err)
 		r.count(ctx, KindPublished, len(confirmed))
 		if r.log.Enabled(ctx, slog.LevelDebug) {

@@ -64,10 +64,10 @@ type Config struct {
 	// polling relay does, instead of deleting them. Default false: delete.
 	Archive bool
 	// VacuumEvery is how many rows the relay sweeps between two VACUUMs of
-	// the outbox table it runs itself, as outbox.RelayConfig.VacuumEvery: 0
-	// (auto) vacuums every 5,000 rows when autovacuum does not cover the
-	// table, and never otherwise; -1 never; a positive value at that
-	// interval regardless.
+	// the outbox table it runs itself, as outbox.RelayConfig.VacuumEvery
+	// (the same loop): 0 (auto) vacuums when a session starts and then every
+	// 5,000 rows when autovacuum does not cover the table, and never
+	// otherwise; -1 never; a positive value at that interval regardless.
 	VacuumEvery int
 	// TakeoverInterval is how often a relay that waits for the slot (another
 	// relay streams from it) tries again. Default

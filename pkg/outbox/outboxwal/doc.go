@@ -159,8 +159,8 @@
 // acknowledged past an event only after its row is gone, so a row is never
 // left behind by a crash. The schema's autovacuum settings for outbox (a
 // fixed threshold of 5,000 changes) keep dead tuples in check; on a server
-// where autovacuum is off, the relay vacuums the table itself every 5,000
-// rows swept (Config.VacuumEvery). This costs a
+// where autovacuum is off, the relay vacuums the table itself when a session
+// starts and then every 5,000 rows swept (Config.VacuumEvery). This costs a
 // few microseconds of PostgreSQL per event (docs/benchmarks.md); partitioning
 // the table by time, the other way to keep it small, would change the schema
 // every writer and the polling relay use, for little more.

@@ -24,6 +24,7 @@ import (
 	"github.com/outbox-inbox/reference/pkg/outbox/internal/headerjson"
 	"github.com/outbox-inbox/reference/pkg/outbox/internal/outboxsql"
 	"github.com/outbox-inbox/reference/pkg/outbox/internal/retry"
+	"github.com/outbox-inbox/reference/pkg/outbox/internal/vacuum"
 )
 
 // Relay publishes the outbox's rows as it reads their inserts from the
@@ -338,7 +339,7 @@ func (r *Relay) session(ctx context.Context) (progressed bool, err error) {
 	for range r.cfg.Workers {
 		workers.Go(func() { r.work(sctx, s, onFenced) })
 	}
-	vac := r.newVacuumer(sctx)
+	vac := vacuum.New(r.pool, r.log, "outbox WAL relay", r.cfg.VacuumEvery)
 	wctx, stopWriter := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopWriter()
 	writerDone := make(chan struct{})
@@ -346,7 +347,7 @@ func (r *Relay) session(ctx context.Context) (progressed bool, err error) {
 		defer close(writerDone)
 		r.writer(wctx, sctx, s, poller, vac, onFenced)
 	}()
-	helpers.Go(func() { vac.run(sctx) })
+	helpers.Go(func() { vac.Run(sctx) })
 	helpers.Go(func() { r.refresh(sctx, s, bl) })
 	if bl != nil {
 		comment := ""
@@ -1034,7 +1035,7 @@ func (r *Relay) send(ctx context.Context, s *state, batch []*event, start time.T
 // until wctx ends; it then writes what is left, once. While sctx lasts, it
 // wakes the poller after a hand-over. Once the session is fenced off, it
 // writes nothing more.
-func (r *Relay) writer(wctx, sctx context.Context, s *state, poller *outbox.Relay, vac *vacuumer, onFenced func()) {
+func (r *Relay) writer(wctx, sctx context.Context, s *state, poller *outbox.Relay, vac *vacuum.Vacuumer, onFenced func()) {
 	t := time.NewTicker(r.cfg.SweepInterval)
 	defer t.Stop()
 	var failures int
@@ -1060,7 +1061,7 @@ func (r *Relay) writer(wctx, sctx context.Context, s *state, poller *outbox.Rela
 			}
 			failures = 0
 			s.written(res)
-			vac.swept(len(res.swept))
+			vac.Counted(len(res.swept))
 			r.count(ctx, KindSwept, len(res.swept))
 			if len(res.handed) > 0 {
 				poller.Wake()

@@ -4,8 +4,8 @@
 // creates them and their indexes); this package is its seam for outboxwal,
 // so that no statement is written twice: unblocking an aggregate's next
 // event, walking the table, handing rows over to polling and finding them, sweeping confirmed
-// rows, dead-lettering, recording attempts, and asking whether autovacuum
-// covers the table.
+// rows, dead-lettering and recording attempts. (Their vacuum of the table is
+// package vacuum's.)
 //
 // Every function runs one statement on the DB it is given, usually a
 // transaction of the caller's: the callers decide the isolation and the
@@ -370,11 +370,3 @@ WHERE id = ANY($1::bigint[]) AND in_flight AND NOT handed_over`, ids)
 	}
 	return nil
 }
-
-// AutovacuumSQL tells whether autovacuum covers the outbox table: on for the
-// server and not switched off for the table.
-const AutovacuumSQL = `
-SELECT current_setting('autovacuum')::bool
-   AND coalesce((SELECT option_value::bool
-                 FROM pg_class c, pg_options_to_table(c.reloptions)
-                 WHERE c.oid = 'outbox'::regclass AND option_name = 'autovacuum_enabled'), true)`
