@@ -25,8 +25,8 @@ import (
 )
 
 // runAudit measures the loss audit (internal/audit, as cmd/audit runs it)
-// over auditEvents events: published rows in an outbox (historySQL, spread
-// over 7.7 days) and as many done records in shipping's inbox, written
+// over auditEvents events: published rows in an outbox (seedDirect's
+// publishedOrders, spread over 7.7 days) and as many done records in shipping's inbox, written
 // through pkg/inbox as the service writes them, on a FerretDB in a process
 // of its own, so that the heap measured during the audit is the audit's.
 // The baseline is the inbox side read alone with the same query: on
@@ -42,10 +42,7 @@ func (b *bench) runAudit(ctx context.Context) ([]Figure, error) {
 	}
 	defer pool.Close()
 	start := time.Now()
-	if _, err := pool.Exec(ctx, historySQL, n); err != nil {
-		return nil, fmt.Errorf("write published events: %w", err)
-	}
-	if _, err := pool.Exec(ctx, "ANALYZE outbox_published"); err != nil {
+	if err := (seedDirect{pool}).publishedOrders(ctx, n); err != nil {
 		return nil, err
 	}
 	b.log.Info("audit: events written", "events", n, "seconds", int(time.Since(start).Seconds()))

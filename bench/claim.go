@@ -14,28 +14,6 @@ import (
 	"github.com/outbox-inbox/reference/pkg/outbox"
 )
 
-// historySQL writes $1 published rows with set-based SQL: the history of $1
-// orders whose order.created was published over the last 7.7 days, oldest
-// first, so a 7-day retention purges about a tenth of them.
-const historySQL = `
-INSERT INTO outbox_published (id, aggregate_type, aggregate_id, aggregate_version, event_type,
-                              payload, headers, created_at, attempts, published_at)
-SELECT g, 'order', agg, 1, 'order.created',
-       jsonb_build_object('order_id', agg, 'customer_id', 'c-' || (g % 1000), 'currency', 'EUR',
-                          'items', '[{"sku": "sku-1", "quantity": 2, "unit_price": 1250}]'::jsonb,
-                          'total', 2500, 'created_at', at),
-       jsonb_build_object('traceparent', '00-' || md5(agg) || '-' || left(md5(at::text), 16) || '-01'),
-       at, 1, at + interval '20 milliseconds'
-FROM (SELECT g, md5(g::text)::uuid::text AS agg,
-             now() - interval '7.7 days' * (1 - g::float8 / $1) AS at
-      FROM generate_series(1, $1::bigint) g) s`
-
-// historyAggregatesSQL records those orders as aggregates published up to
-// version 1, as the relay leaves them.
-const historyAggregatesSQL = `
-INSERT INTO outbox_aggregates (aggregate_type, aggregate_id, version, published_version)
-SELECT 'order', md5(g::text)::uuid::text, 1, 1 FROM generate_series(1, $1::bigint) g`
-
 // tableStats are the physical facts behind a claim latency.
 type tableStats struct {
 	OutboxLive      int64 `json:"outbox_live_tuples"`
@@ -152,7 +130,7 @@ func (b *bench) measureClaims(ctx context.Context, poolCfg *pgxpool.Config, pool
 	s.all = append(append(s.all, s.nonEmpty...), s.empty...)
 	sql, args := timer.claimStatement()
 	if len(s.all) == 0 || sql == "" {
-		return s, errors.New("no claim statement observed: the relay's claim SQL no longer matches the benchmark's recogniser (claimKind)")
+		return s, errors.New("no claim statement observed: outbox.StatementOf named none of the relay's queries a claim")
 	}
 	if s.plan, err = explain(ctx, pool, sql, args); err != nil {
 		return s, err
@@ -326,17 +304,7 @@ func (b *bench) runClaimFlat(ctx context.Context) ([]Figure, error) {
 	defer aged.Close()
 	start := time.Now()
 	retained := b.cfg.claimRetained
-	if _, err := aged.Exec(ctx, historySQL, retained); err != nil {
-		return nil, fmt.Errorf("write history: %w", err)
-	}
-	if _, err := aged.Exec(ctx, historyAggregatesSQL, retained); err != nil {
-		return nil, fmt.Errorf("write history aggregates: %w", err)
-	}
-	// New outbox ids continue after the history's, as they would have.
-	if _, err := aged.Exec(ctx, fmt.Sprintf("ALTER TABLE outbox ALTER COLUMN id RESTART WITH %d", retained+1)); err != nil {
-		return nil, fmt.Errorf("advance outbox ids: %w", err)
-	}
-	if _, err := aged.Exec(ctx, "ANALYZE outbox_published, outbox_aggregates"); err != nil {
+	if err := (seedDirect{aged}).publishedOrders(ctx, retained); err != nil {
 		return nil, err
 	}
 	b.log.Info("claim_flat history written", "rows", retained, "seconds", int(time.Since(start).Seconds()))

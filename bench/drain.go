@@ -307,10 +307,10 @@ func (b *bench) runRelayDrain(ctx context.Context) ([]Figure, error) {
 
 	n := b.cfg.drainBacklog
 	seed := func() error {
-		if err := resetOutbox(ctx, pool); err != nil {
+		if err := (seedDirect{pool}).reset(ctx); err != nil {
 			return err
 		}
-		if err := seedBacklog(ctx, pool, n); err != nil {
+		if err := (seedDirect{pool}).pendingOrders(ctx, n); err != nil {
 			return err
 		}
 		_, err := pool.Exec(ctx, "ANALYZE outbox, outbox_aggregates")

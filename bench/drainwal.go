@@ -62,7 +62,8 @@ func (b *bench) slotDropper(poolCfg *pgxpool.Config, slot string) func() error {
 	return drop
 }
 
-// sweepTimer times the WAL relay's sweep statements.
+// sweepTimer times the WAL relay's sweep statements (outbox.StatementOf
+// recognises them).
 type sweepTimer struct {
 	mu    sync.Mutex
 	total time.Duration
@@ -72,7 +73,7 @@ type sweepTimer struct {
 type sweepKey struct{}
 
 func (t *sweepTimer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	if strings.Contains(d.SQL, "DELETE FROM outbox o USING locked") {
+	if outbox.StatementOf(d.SQL) == outbox.StatementSweep {
 		return context.WithValue(ctx, sweepKey{}, time.Now())
 	}
 	return ctx
@@ -94,7 +95,7 @@ func (t *sweepTimer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, d pgx.Trace
 // It also returns the CPU the parties spent over the same interval (the
 // seeding and the slot's creation excluded); label names its profile.
 func (b *bench) drainWAL(ctx context.Context, poolCfg *pgxpool.Config, pool *pgxpool.Pool, url, slot string, n int, timer *sweepTimer, meter *cpuMeter, label string) (time.Duration, cpuUse, error) {
-	return b.drainWALSeeded(ctx, poolCfg, pool, url, slot, n, seedBacklog, timer, meter, label)
+	return b.drainWALSeeded(ctx, poolCfg, pool, url, slot, n, seedPendingOrders, timer, meter, label)
 }
 
 // drainWALSeeded is drainWAL with the backlog written by seed.
@@ -144,7 +145,7 @@ func (b *bench) drainWALSeeded(ctx context.Context, poolCfg *pgxpool.Config, poo
 	if err != nil {
 		return 0, cpuUse{}, err
 	}
-	if err := resetOutbox(ctx, pool); err != nil {
+	if err := (seedDirect{pool}).reset(ctx); err != nil {
 		return 0, cpuUse{}, err
 	}
 	if err := seed(ctx, pool, n); err != nil {
@@ -225,10 +226,10 @@ func (b *bench) runRelayDrainWAL(ctx context.Context) ([]Figure, error) {
 		return nil
 	}
 	seed := func() error {
-		if err := resetOutbox(ctx, pool); err != nil {
+		if err := (seedDirect{pool}).reset(ctx); err != nil {
 			return err
 		}
-		if err := seedBacklog(ctx, pool, n); err != nil {
+		if err := (seedDirect{pool}).pendingOrders(ctx, n); err != nil {
 			return err
 		}
 		_, err := pool.Exec(ctx, "ANALYZE outbox, outbox_aggregates")

@@ -154,10 +154,10 @@ func (b *bench) runRelayRecovery(ctx context.Context) ([]Figure, error) {
 	cfg := b.relayConfig()
 	killedInFlight := 2 * cfg.BatchSize // the killed relay's two workers, a full batch each
 	seed := func() error {
-		if err := resetOutbox(ctx, pool); err != nil {
+		if err := (seedDirect{pool}).reset(ctx); err != nil {
 			return err
 		}
-		if err := seedBacklog(ctx, pool, n); err != nil {
+		if err := (seedDirect{pool}).pendingOrders(ctx, n); err != nil {
 			return err
 		}
 		_, err := pool.Exec(ctx, "ANALYZE outbox, outbox_aggregates")

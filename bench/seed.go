@@ -67,43 +67,6 @@ func createdEvent(orderID string, n int, at time.Time) []byte {
 	return b
 }
 
-// seedBacklog writes n pending order.created events, one per order, with
-// COPY (set-based): the state Enqueue leaves after n orders were created
-// while no relay ran.
-func seedBacklog(ctx context.Context, pool *pgxpool.Pool, n int) error {
-	now := time.Now()
-	aggs := make([][]any, n)
-	rows := make([][]any, n)
-	for i := range n {
-		id := newUUID()
-		h, _ := json.Marshal(traceHeaders())
-		aggs[i] = []any{aggregateType, id, int64(1), int64(0)}
-		rows[i] = []any{aggregateType, id, int64(1), eventCreated, string(createdEvent(id, i, now)), string(h)}
-	}
-	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		if _, err := tx.CopyFrom(ctx, pgx.Identifier{"outbox_aggregates"},
-			[]string{"aggregate_type", "aggregate_id", "version", "published_version"}, pgx.CopyFromRows(aggs)); err != nil {
-			return fmt.Errorf("seed outbox_aggregates: %w", err)
-		}
-		if _, err := tx.CopyFrom(ctx, pgx.Identifier{"outbox"},
-			[]string{"aggregate_type", "aggregate_id", "aggregate_version", "event_type", "payload", "headers"}, pgx.CopyFromRows(rows)); err != nil {
-			return fmt.Errorf("seed outbox: %w", err)
-		}
-		return nil
-	})
-}
-
-// resetOutbox empties the outbox tables. TRUNCATE leaves no dead tuples, so
-// each repetition starts from the same physical state.
-func resetOutbox(ctx context.Context, pool *pgxpool.Pool) error {
-	_, err := pool.Exec(ctx, "TRUNCATE outbox, outbox_published, outbox_aggregates")
-	if err != nil {
-		return fmt.Errorf("truncate outbox tables: %w", err)
-	}
-	_, err = pool.Exec(ctx, "ANALYZE outbox, outbox_published, outbox_aggregates")
-	return err
-}
-
 // loadEnvelopes reads the pending rows as the relay would hand them to its
 // publisher, in id order.
 func loadEnvelopes(ctx context.Context, pool *pgxpool.Pool) ([]outbox.Envelope, error) {

@@ -2,16 +2,17 @@ package main
 
 import (
 	"context"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-inbox/reference/pkg/outbox"
 )
 
 // sqlTimer is a pgx tracer that times the statements the relay sends, by
 // kind, so the benchmark measures the relay's own SQL as the relay runs it
-// (the claim statement is unexported; its text is recognised instead).
+// (the claim is recognised by outbox.StatementOf).
 type sqlTimer struct {
 	mu        sync.Mutex
 	enabled   bool
@@ -34,12 +35,9 @@ type timerStart struct {
 	at   time.Time
 }
 
-// claimKind recognises the relay's claim: the only statement that selects
-// due rows (next_attempt_at <= now()) with SKIP LOCKED and returns the rows it
-// leased.
+// claimKind recognises the polling relay's claim.
 func claimKind(sql string) string {
-	if strings.Contains(sql, "SKIP LOCKED") && strings.Contains(sql, "next_attempt_at <= now()") &&
-		strings.Contains(sql, "RETURNING") && strings.Contains(sql, "UPDATE outbox") {
+	if outbox.StatementOf(sql) == outbox.StatementClaim {
 		return "claim"
 	}
 	return ""

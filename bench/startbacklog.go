@@ -71,10 +71,10 @@ func (b *bench) runRelayStartBacklog(ctx context.Context) ([]Figure, error) {
 		return nil, err
 	}
 	seed := func(n int) error {
-		if err := resetOutbox(ctx, pool); err != nil {
+		if err := (seedDirect{pool}).reset(ctx); err != nil {
 			return err
 		}
-		if err := seedBacklog(ctx, pool, n); err != nil {
+		if err := (seedDirect{pool}).pendingOrders(ctx, n); err != nil {
 			return err
 		}
 		_, err := pool.Exec(ctx, "ANALYZE outbox, outbox_aggregates")

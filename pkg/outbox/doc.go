@@ -385,7 +385,9 @@
 // growing (database trouble: nothing or not everything is being marked) and
 // on KindListenReconnected growing fast. Tests and fault injection wait on
 // KindConfirmed and KindBatchDone. The relay logs with slog, with the keys
-// event_id, aggregate_id, event_type and attempt on per-event lines.
+// event_id, aggregate_id, event_type and attempt on per-event lines. A pgx
+// tracer on the relay's pool can time its claims and marks (and the WAL
+// relay's sweeps): StatementOf names them.
 //
 // Each relay worker uses a pool connection only while it claims or marks; a
 // relay with NotifyChannel holds one more, outside the pool. Give the relay a

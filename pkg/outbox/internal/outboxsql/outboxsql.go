@@ -202,12 +202,12 @@ func Lookup(ctx context.Context, db DB, ids []int64) (map[int64]RowState, error)
 	return out, nil
 }
 
-// sweepSQL deletes the rows of confirmed events that it can lock at once,
+// SweepSQL deletes the rows of confirmed events that it can lock at once,
 // and returns their ids. A row it does not return is either gone already or
 // locked: the writer of the aggregate's next event holds it FOR KEY SHARE
 // until it commits (see schema.sql), and a relay never waits on a business
 // transaction.
-const sweepSQL = `
+const SweepSQL = `
 WITH locked AS (
     SELECT id FROM outbox WHERE id = ANY($1::bigint[])
     FOR UPDATE SKIP LOCKED
@@ -215,9 +215,9 @@ WITH locked AS (
 DELETE FROM outbox o USING locked l WHERE o.id = l.id
 RETURNING o.id`
 
-// archiveSQL is sweepSQL moving the rows to outbox_published, their
+// ArchiveSQL is SweepSQL moving the rows to outbox_published, their
 // attempts counting the confirmed one.
-const archiveSQL = `
+const ArchiveSQL = `
 WITH locked AS (
     SELECT id FROM outbox WHERE id = ANY($1::bigint[])
     FOR UPDATE SKIP LOCKED
@@ -239,9 +239,9 @@ SELECT id FROM moved`
 // whose rows it can lock at once, and returns them. Run UnblockNext for
 // them after it, in the same transaction.
 func Sweep(ctx context.Context, db DB, ids []int64, archive bool) ([]int64, error) {
-	query := sweepSQL
+	query := SweepSQL
 	if archive {
-		query = archiveSQL
+		query = ArchiveSQL
 	}
 	rows, err := db.Query(ctx, query, ids)
 	if err != nil {
