@@ -50,7 +50,8 @@ fuzz: services
 	$(GO) test -count=1 -run '^$$' -fuzz '^FuzzEnqueueToWALRelay$$' -fuzztime $(FUZZTIME) ./pkg/outbox/outboxwal/
 
 ## bench: measure the performance goals of docs/guarantees.md against their baselines
-## (5 to 10 minutes; not part of test). See docs/benchmarks.md.
+## (15 to 20 minutes, relay_start_backlog's million-row drains included; not part
+## of test). See docs/benchmarks.md.
 bench: services
 	$(GO) run ./bench
 

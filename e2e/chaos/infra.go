@@ -22,11 +22,12 @@ const (
 	// it. The last commits the API acknowledged may be missing on the new
 	// primary: the checker counts them as lost by the database failover.
 	FaultPostgresFailover FaultKind = "postgres_failover"
-	// synchronous_standby_names names a standby, which is then stopped:
-	// every commit waits. While it waits, no event of an unacknowledged
-	// commit may reach shipping; at the end the primary is stopped
-	// immediately and the stalled standby promoted, so such an event would
-	// be an effect of an order that never existed.
+	// synchronous_standby_names names a fresh standby, which is then
+	// stopped: every commit waits, its transaction invisible to other
+	// sessions. While it waits, no event of a commit still waiting may reach
+	// shipping (an effect whose order version shows only once the wait ends
+	// is counted as a phantom). Then the standby starts again and catches
+	// up, and the setting and the standby go.
 	FaultPostgresSyncStall FaultKind = "postgres_sync_stall"
 	// `orders migrate` on the run's database (up to date), and a real upgrade
 	// from outbox schema 4 (testdata/schema4.sql) on a second
