@@ -262,6 +262,25 @@ func (r *Relay) session(ctx context.Context) (progressed bool, err error) {
 	if err != nil {
 		return false, err
 	}
+	adopting := false
+	if !created {
+		// Listed before the stream starts (a long listing would leave the
+		// WAL sender unanswered), if the slot's recorded server is not this
+		// one; takeSlot below reads it again under the slot's lock.
+		var recorded string
+		qctx, qcancel := context.WithTimeout(ctx, dbTimeout)
+		err := r.pool.QueryRow(qctx, recordedServerSQL, r.cfg.Slot).Scan(&recorded)
+		qcancel()
+		if err != nil {
+			return false, fmt.Errorf("read the slot's server: %w", err)
+		}
+		if recorded != server {
+			if bl, err = listBacklog(ctx, r.pool, "", adoptedReason); err != nil {
+				return false, err
+			}
+			adopting = true
+		}
+	}
 	cctx, cancel = context.WithTimeout(ctx, dbTimeout)
 	defer cancel()
 	err = pglogrepl.StartReplication(cctx, conn, r.cfg.Slot, 0, pglogrepl.StartReplicationOptions{
@@ -288,9 +307,13 @@ func (r *Relay) session(ctx context.Context) (progressed bool, err error) {
 		// position. Polling publishes them, as for a new slot (see
 		// backlog); until that hand-over is done, no session records this
 		// server, so the next one hands them over again.
-		bl, err = listBacklog(ctx, r.pool, "", adoptedReason)
-		if err != nil {
-			return false, err
+		if !adopting { // the server changed since it was read above
+			if bl, err = listBacklog(ctx, r.pool, "", adoptedReason); err != nil {
+				return false, err
+			}
+			cancel()
+			cctx, cancel = context.WithTimeout(ctx, dbTimeout)
+			defer cancel()
 		}
 		r.log.WarnContext(ctx, "outbox WAL relay: the slot's last session did not stream from this server; the rows in the outbox are handed over to polling",
 			slog.String("slot", r.cfg.Slot), slog.String("server", server), slog.String("previous_server", t.previous),

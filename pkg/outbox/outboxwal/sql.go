@@ -190,6 +190,10 @@ const preexistingReason = "in the outbox before the WAL relay's slot was created
 // it could not tell whether its slot's stream covers them.
 const adoptedReason = "in the outbox when the WAL relay took a slot it cannot vouch for (another server, or a slot no relay used): handed over to polling"
 
+// recordedServerSQL reads the server slot was last known to cover the
+// outbox on ("" when none is recorded).
+const recordedServerSQL = `SELECT coalesce((SELECT server FROM outbox_wal_slots WHERE slot_name = $1), '')`
+
 // recordSlotServerSQL records that slot covers the whole outbox on server:
 // the rows its stream lacks there were handed over (see backlog), and a
 // session that takes it on that server has nothing to hand over.
