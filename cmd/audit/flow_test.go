@@ -22,6 +22,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -42,7 +43,22 @@ import (
 // database of the test's own, a relay publishing to the local RabbitMQ
 // (exchange and queues of the test's own), the shipping service built from
 // this repository consuming them into an embedded FerretDB.
-func TestMain(m *testing.M) { goleak.VerifyTestMain(mongotest.Suite(m)) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(removeBuild{mongotest.Suite(m)}) }
+
+// removeBuild runs the tests, then removes the shipping service they built
+// (a binary of tens of megabytes, left in the temporary directory otherwise).
+type removeBuild struct{ m mongotest.Runner }
+
+func (r removeBuild) Run() int {
+	code := r.m.Run()
+	if dir := shippingBuildDir.Load(); dir != nil {
+		if err := os.RemoveAll(*dir); err != nil {
+			fmt.Fprintf(os.Stderr, "remove the shipping build: %v\n", err)
+			code = max(code, 1)
+		}
+	}
+	return code
+}
 
 func databaseURL() string {
 	return cmp.Or(os.Getenv("TEST_DATABASE_URL"), "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable")
@@ -143,12 +159,17 @@ func runAudit(t *testing.T, dbURL, mongoURI string, args ...string) (*audit.Repo
 // test.
 var window = []string{"-since", "1h", "-until", "0s"}
 
+// shippingBuildDir is where shippingBinary built the shipping service, if it
+// did: TestMain removes it once the tests ran.
+var shippingBuildDir atomic.Pointer[string]
+
 // shippingBinary builds the shipping service once per test binary.
 var shippingBinary = sync.OnceValues(func() (string, error) {
 	dir, err := os.MkdirTemp("", "audit-test-shipping-")
 	if err != nil {
 		return "", err
 	}
+	shippingBuildDir.Store(&dir)
 	bin := filepath.Join(dir, "shipping")
 	cmd := exec.Command("go", "build", "-o", bin, "github.com/outbox-inbox/reference/services/shipping")
 	if out, err := cmd.CombinedOutput(); err != nil {
