@@ -70,6 +70,16 @@ func IsCloudEvent(m Message) bool {
 	return false
 }
 
+// sameMediaType says whether two content types name the same media type
+// (parameters such as charset aside, case ignored).
+func sameMediaType(a, b string) bool {
+	media := func(s string) string {
+		s, _, _ = strings.Cut(s, ";")
+		return strings.TrimSpace(s)
+	}
+	return strings.EqualFold(media(a), media(b))
+}
+
 func structured(contentType string) bool {
 	return len(contentType) >= len("application/cloudevents") &&
 		strings.EqualFold(contentType[:len("application/cloudevents")], "application/cloudevents")
@@ -158,8 +168,18 @@ func fromCloudEvent(m Message) (Message, error) {
 	if spec != "1.0" {
 		return m, invalid(ReasonInvalidCloudEvent, "specversion %q: only 1.0 is accepted", spec)
 	}
-	if _, ok := attrs[ceDataContentType]; ok {
-		return m, invalid(ReasonInvalidCloudEvent, "attribute datacontenttype in a header: the binary content mode carries it as the content-type property")
+	// The binary content mode carries datacontenttype as the content-type
+	// property; several SDKs send it as a header as well. One that agrees
+	// with the property (or stands alone) is accepted; one that contradicts
+	// it leaves the body's format unknown.
+	if v, ok := attrs[ceDataContentType]; ok {
+		dct, isText := v.(string)
+		if !isText || (m.ContentType != "" && !sameMediaType(dct, m.ContentType)) {
+			return m, invalid(ReasonInvalidCloudEvent, "attribute datacontenttype %v in a header contradicts the content-type property %q", v, m.ContentType)
+		}
+		if m.ContentType == "" {
+			m.ContentType = dct
+		}
 	}
 	id, err := str(ceID, true)
 	if err != nil {

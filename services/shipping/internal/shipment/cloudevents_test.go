@@ -101,6 +101,11 @@ func TestDecodeReadsBothEnvelopesOfAnOutboxEventAlike(t *testing.T) {
 		"string version":      func(m *shipment.Message) { m.Headers["cloudEvents_aggregateversion"] = "1" },
 		"int32 version":       func(m *shipment.Message) { m.Headers["cloudEvents_aggregateversion"] = int32(1) },
 		"legacy headers lost": func(m *shipment.Message) { m.Headers["aggregate_id"] = "other"; m.Headers["aggregate_version"] = "x" },
+		// Several SDKs send datacontenttype as a header too, beside the
+		// content-type property: it was dead-lettered.
+		"datacontenttype header too": func(m *shipment.Message) {
+			m.Headers["cloudEvents_datacontenttype"] = "Application/JSON; charset=utf-8"
+		},
 	}
 	for name, mut := range variants {
 		m := message(p)
@@ -159,7 +164,11 @@ func TestDecodeRefusesAnInvalidCloudEvent(t *testing.T) {
 		"bad time":             {ce(func(h map[string]any, _ *shipment.Message) { h["cloudEvents_time"] = "yesterday" }), shipment.ReasonInvalidCloudEvent},
 		"mixed separators":     {ce(func(h map[string]any, _ *shipment.Message) { h["cloudEvents:dataschema"] = "/s" }), shipment.ReasonInvalidCloudEvent},
 		"upper-case attribute": {ce(func(h map[string]any, _ *shipment.Message) { h["cloudEvents_partitionKey"] = "k" }), shipment.ReasonInvalidCloudEvent},
-		"datacontenttype header": {ce(func(h map[string]any, _ *shipment.Message) { h["cloudEvents_datacontenttype"] = "application/json" }),
+		"datacontenttype header against the property": {ce(func(h map[string]any, m *shipment.Message) {
+			m.ContentType = "application/json"
+			h["cloudEvents_datacontenttype"] = "text/plain"
+		}), shipment.ReasonInvalidCloudEvent},
+		"datacontenttype header not text": {ce(func(h map[string]any, _ *shipment.Message) { h["cloudEvents_datacontenttype"] = int64(1) }),
 			shipment.ReasonInvalidCloudEvent},
 		"other MessageId":       {ce(func(_ map[string]any, m *shipment.Message) { m.MessageID = "other" }), shipment.ReasonInvalidCloudEvent},
 		"no aggregateversion":   {ce(func(h map[string]any, _ *shipment.Message) { delete(h, "cloudEvents_aggregateversion") }), shipment.ReasonInvalidVersion},
