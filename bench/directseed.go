@@ -48,6 +48,19 @@ func (s seedDirect) reset(ctx context.Context) error {
 	return err
 }
 
+// freshBacklog empties the outbox tables, writes n pending orders
+// (pendingOrders) and analyzes the tables: the start of each drain.
+func (s seedDirect) freshBacklog(ctx context.Context, n int) error {
+	if err := s.reset(ctx); err != nil {
+		return err
+	}
+	if err := s.pendingOrders(ctx, n); err != nil {
+		return err
+	}
+	_, err := s.db.Exec(ctx, "ANALYZE outbox, outbox_aggregates")
+	return err
+}
+
 // seedPendingOrders is seedDirect.pendingOrders as a seeding function, for
 // the figures that take one.
 func seedPendingOrders(ctx context.Context, pool *pgxpool.Pool, n int) error {

@@ -306,16 +306,7 @@ func (b *bench) runRelayDrain(ctx context.Context) ([]Figure, error) {
 	}
 
 	n := b.cfg.drainBacklog
-	seed := func() error {
-		if err := (seedDirect{pool}).reset(ctx); err != nil {
-			return err
-		}
-		if err := (seedDirect{pool}).pendingOrders(ctx, n); err != nil {
-			return err
-		}
-		_, err := pool.Exec(ctx, "ANALYZE outbox, outbox_aggregates")
-		return err
-	}
+	seed := func() error { return (seedDirect{pool}).freshBacklog(ctx, n) }
 	check := func(what string) error {
 		var pending, moved int
 		if err := pool.QueryRow(ctx, "SELECT (SELECT count(*) FROM outbox), (SELECT count(*) FROM outbox_published)").Scan(&pending, &moved); err != nil {

@@ -225,16 +225,7 @@ func (b *bench) runRelayDrainWAL(ctx context.Context) ([]Figure, error) {
 		}
 		return nil
 	}
-	seed := func() error {
-		if err := (seedDirect{pool}).reset(ctx); err != nil {
-			return err
-		}
-		if err := (seedDirect{pool}).pendingOrders(ctx, n); err != nil {
-			return err
-		}
-		_, err := pool.Exec(ctx, "ANALYZE outbox, outbox_aggregates")
-		return err
-	}
+	seed := func() error { return (seedDirect{pool}).freshBacklog(ctx, n) }
 
 	meter := newCPUMeter(ctx, pool, url, b.cfg.cpuProfileDir)
 	var raw, wal, poll []float64

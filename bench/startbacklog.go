@@ -70,16 +70,7 @@ func (b *bench) runRelayStartBacklog(ctx context.Context) ([]Figure, error) {
 	if err := declareDrainTopology(url, b.cfg.queueType); err != nil {
 		return nil, err
 	}
-	seed := func(n int) error {
-		if err := (seedDirect{pool}).reset(ctx); err != nil {
-			return err
-		}
-		if err := (seedDirect{pool}).pendingOrders(ctx, n); err != nil {
-			return err
-		}
-		_, err := pool.Exec(ctx, "ANALYZE outbox, outbox_aggregates")
-		return err
-	}
+	seed := func(n int) error { return (seedDirect{pool}).freshBacklog(ctx, n) }
 	big, small := b.cfg.startBacklog, b.cfg.drainBacklog
 	meter := newCPUMeter(ctx, pool, url, b.cfg.cpuProfileDir)
 	var figs []Figure

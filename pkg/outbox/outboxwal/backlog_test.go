@@ -20,18 +20,16 @@ func fillOutbox(t testing.TB, pool *pgxpool.Pool, n int) {
 	ctx := context.Background()
 	for _, q := range []string{
 		`INSERT INTO outbox_aggregates (aggregate_type, aggregate_id, version)
-		 SELECT 'order', 'bulk-' || g, 1 FROM generate_series(1, $1) g`,
+		 SELECT 'order', 'bulk-' || g, 1 FROM generate_series(1, $1::int) g`,
 		`INSERT INTO outbox (aggregate_type, aggregate_id, aggregate_version, event_type, payload, headers)
-		 SELECT 'order', 'bulk-' || g, 1, 'order.created', jsonb_build_object('n', g), '{}' FROM generate_series(1, $1) g`,
-		`ANALYZE outbox`,
+		 SELECT 'order', 'bulk-' || g, 1, 'order.created', jsonb_build_object('n', g), '{}' FROM generate_series(1, $1::int) g`,
 	} {
-		args := []any{n}
-		if q == `ANALYZE outbox` {
-			args = nil
-		}
-		if _, err := pool.Exec(ctx, q, args...); err != nil {
+		if _, err := pool.Exec(ctx, q, n); err != nil {
 			t.Fatalf("fill the outbox: %v", err)
 		}
+	}
+	if _, err := pool.Exec(ctx, `ANALYZE outbox`); err != nil {
+		t.Fatalf("fill the outbox: %v", err)
 	}
 }
 
