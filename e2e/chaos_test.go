@@ -571,6 +571,7 @@ func (c *cluster) finalState(ctx context.Context, h chaos.History, dupes *duplic
 		return s, err
 	}
 	s.DuplicatesDelivered = dupes.total()
+	s.DeadPrimaries = c.deadPrimaries
 	return s, nil
 }
 

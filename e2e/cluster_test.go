@@ -76,6 +76,11 @@ type cluster struct {
 	exits   []exitEvent // exits nobody asked for (crash points included)
 	brokerM sync.Mutex  // guards stopped; serialises stop_app and start_app
 	stopped bool        // the broker app was stopped by a fault and not started since
+
+	// deadPrimaries: what each postgres_failover's dead primary held, read
+	// back; appended by the failover step, under the injector's "postgres"
+	// lock, read by finalState once the plan is done.
+	deadPrimaries []chaos.DeadPrimaryState
 }
 
 // Names of the toxiproxy proxies.

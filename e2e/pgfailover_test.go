@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
@@ -165,7 +166,8 @@ func pollPostgres(ctx context.Context, url string, timeout time.Duration, cond f
 }
 
 // promote makes st the run's primary: pg_promote on it, the proxy switched
-// to it, the old primary's process and data removed.
+// to it. The old primary, stopped, keeps its data directory for
+// readDeadPrimary; it is among the standbys the cleanup removes until then.
 func (c *cluster) promote(ctx context.Context, st *ownPostgres) error {
 	if err := st.start(ctx); err != nil {
 		return err
@@ -186,7 +188,68 @@ func (c *cluster) promote(ctx context.Context, st *ownPostgres) error {
 	old := c.pg
 	c.pg, c.adminURL = st, st.url("postgres")
 	c.forgetStandby(st)
-	return old.close()
+	c.standbys = append(c.standbys, old)
+	return nil
+}
+
+// readDeadPrimary reads back what old, a primary a failover stopped
+// immediately, held: its data directory started alone (crash recovery), as
+// a primary without replication (no standby signal, no primary_conninfo),
+// read-only, listening on a unix socket in its own directory and on no TCP
+// port, so that no client of the run can reach it. The final state's readers
+// (readOrders, readEvents) read it; then it is stopped and its directory
+// removed.
+func (c *cluster) readDeadPrimary(ctx context.Context, old *ownPostgres, cut, killed time.Time) (chaos.DeadPrimaryState, error) {
+	d := chaos.DeadPrimaryState{StreamCut: cut, Killed: killed}
+	defer func() {
+		c.forgetStandby(old)
+		if err := old.close(); err != nil {
+			c.t.Errorf("remove the dead primary: %v", err)
+		}
+	}()
+	data := filepath.Join(old.dir, "data")
+	for _, signal := range []string{"standby.signal", "recovery.signal"} {
+		if err := os.Remove(filepath.Join(data, signal)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return d, fmt.Errorf("dead primary: %w", err)
+		}
+	}
+	c.pgNodes++
+	p, err := newProc(procSpec{
+		name: "postgres-dead-" + strconv.Itoa(c.pgNodes), bin: filepath.Join(old.bin, "postgres"),
+		args: []string{"-D", data, "-p", old.port, "-k", old.dir, "-c", "listen_addresses=",
+			"-c", "primary_conninfo=", "-c", "fsync=off", "-c", "wal_level=logical", "-c", "log_min_messages=warning",
+			"-c", "default_transaction_read_only=on"},
+		cred: old.cred, stopSignal: syscall.SIGINT,
+	}, c.runDir, c.onExit)
+	if err != nil {
+		return d, fmt.Errorf("dead primary: %w", err)
+	}
+	defer func() {
+		if err := p.close(); err != nil {
+			c.t.Errorf("stop the dead primary: %v", err)
+		}
+	}()
+	if _, err := p.start(); err != nil {
+		return d, fmt.Errorf("dead primary: %w", err)
+	}
+	socket := func(db string) string {
+		return "postgres://postgres@/" + db + "?" + url.Values{"host": {old.dir}, "port": {old.port}, "sslmode": {"disable"}}.Encode()
+	}
+	if err := pollPostgres(ctx, socket("postgres"), 2*time.Minute, func(*pgx.Conn) (bool, error) { return true, nil }); err != nil {
+		return d, fmt.Errorf("dead primary in %s not accepting connections: %w", data, err)
+	}
+	db, err := pgxpool.New(ctx, socket(c.id))
+	if err != nil {
+		return d, fmt.Errorf("dead primary: %w", err)
+	}
+	defer db.Close()
+	if d.Orders, err = readOrders(ctx, db); err != nil {
+		return d, fmt.Errorf("dead primary: %w", err)
+	}
+	if d.Events, _, err = readEvents(ctx, db); err != nil {
+		return d, fmt.Errorf("dead primary: %w", err)
+	}
+	return d, nil
 }
 
 // forgetStandby drops st from the standbys the cleanup removes.
@@ -199,10 +262,11 @@ func (c *cluster) forgetStandby(st *ownPostgres) {
 const failoverLag = time.Second
 
 // postgresFailover: an asynchronous standby streams under load for s.Hold,
-// then is cut from the primary for failoverLag; then the primary is stopped
-// immediately (what it had not sent is lost: acknowledged commits among it),
-// the standby promoted and the proxy switched to it, while every service
-// runs.
+// then is cut from the primary for failoverLag (the fault's StreamCut); then
+// the primary is stopped immediately (what it had not sent is lost:
+// acknowledged commits among it), the standby promoted and the proxy
+// switched to it, while every service runs. Then the dead primary is read
+// back (readDeadPrimary) for the checker.
 func (in *injector) postgresFailover(ctx context.Context, s chaos.Step, f *chaos.Fault, record func(string)) error {
 	c := in.c
 	if c.pg == nil {
@@ -219,13 +283,15 @@ func (in *injector) postgresFailover(ctx context.Context, s chaos.Step, f *chaos
 	// The standby falls behind, as an asynchronous one does under a burst
 	// or a slow network: its stream is cut for failoverLag before the
 	// primary dies, so the commits the API acknowledged meanwhile are lost.
+	f.StreamCut = time.Now()
 	if err := c.toxi.disable(stream); err != nil {
 		return err
 	}
 	time.Sleep(failoverLag)
 	lag := c.standbyLag(ctx, st)
 	f.Start = time.Now()
-	if c.pg.stopImmediately() == nil {
+	old := c.pg
+	if old.stopImmediately() == nil {
 		return errors.New("own PostgreSQL was not running")
 	}
 	if err := c.promote(ctx, st); err != nil {
@@ -233,6 +299,14 @@ func (in *injector) postgresFailover(ctx context.Context, s chaos.Step, f *chaos
 	}
 	f.Measures = map[string]float64{"standby_lag_bytes_before_kill": lag}
 	record(fmt.Sprintf("standby's stream cut for %v, primary stopped immediately, asynchronous standby (%.0f bytes behind) promoted on port %s, proxy switched", failoverLag, lag, st.port))
+	// The dead primary's data, read back for the checker: what it held
+	// beyond its successor is what the failover lost.
+	dead, err := c.readDeadPrimary(ctx, old, f.StreamCut, f.Start)
+	if err != nil {
+		return err
+	}
+	c.deadPrimaries = append(c.deadPrimaries, dead)
+	in.logf("postgres_failover: the dead primary held %d orders and %d outbox rows", len(dead.Orders), len(dead.Events))
 	return nil
 }
 

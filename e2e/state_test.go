@@ -72,7 +72,7 @@ func readEvents(ctx context.Context, db *pgxpool.Pool) ([]chaos.CommittedEvent, 
 			rows.Close()
 			return nil, 0, fmt.Errorf("read outbox: %w", err)
 		}
-		e.MessageID = outbox.MessageID(id, createdAt)
+		e.MessageID, e.CreatedAt = outbox.MessageID(id, createdAt), createdAt
 		if unmarked && !e.DeadLettered {
 			pending++
 		}

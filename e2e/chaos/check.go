@@ -44,6 +44,9 @@ type CommittedEvent struct {
 	// DeadLettered: the relay gave up on the row. The suite never asks for
 	// that, so such an event counts as lost.
 	DeadLettered bool `json:"dead_lettered,omitempty"`
+	// CreatedAt is the row's created_at, the start of the transaction that
+	// wrote it (the database's clock, the machine's).
+	CreatedAt time.Time `json:"created_at,omitzero"`
 }
 
 // AppliedEvent is one entry of a shipment's `events`, in applied order.
@@ -80,7 +83,32 @@ type FinalState struct {
 	// DuplicatesDelivered counts messages the consumers received again after
 	// their effect was recorded, and skipped (the inbox's duplicates).
 	DuplicatesDelivered int64
+	// DeadPrimaries are the primaries asynchronous failovers replaced
+	// (postgres_failover), in the order they died, each as it was read back
+	// after its death. The checker excuses an acknowledged operation the
+	// database lacks only when a dead primary holds it.
+	DeadPrimaries []DeadPrimaryState
 }
+
+// DeadPrimaryState is what a primary held when a postgres_failover killed
+// it: its data directory, kept past the promotion of its successor, started
+// alone (crash recovery, no replication, no TCP listener) and read with the
+// readers of the final state.
+type DeadPrimaryState struct {
+	// StreamCut is when its successor (the standby promoted in its place)
+	// was cut from its stream; Killed, when it was stopped immediately. The
+	// successor holds everything it committed before the cut, give or take
+	// StreamCutAllowance.
+	StreamCut time.Time
+	Killed    time.Time
+	Orders    []CommittedOrder
+	Events    []CommittedEvent
+}
+
+// StreamCutAllowance is how much earlier than the stream cut an event the
+// successor lacks may have been created: created_at is its transaction's
+// start, and the standby may lag a little before the cut.
+const StreamCutAllowance = 2 * time.Second
 
 // RunInfo is what the checker needs to know about the run besides its
 // history and final state.
@@ -144,14 +172,17 @@ type Report struct {
 	AcknowledgedNotCommitted int `json:"acknowledged_not_committed"`
 	FailedButCommitted       int `json:"failed_but_committed"`
 	// LostByDatabaseFailover counts acknowledged creates and cancels the
-	// database lacks after an asynchronous failover that followed the
-	// acknowledgement (postgres_failover): the loss asynchronous replication
-	// allows, reported apart from I1 and I2. FailoverOrphanEffects counts
-	// effects of events the database lost that way (published from the old
-	// primary before it died): of no committed event, and of an order
-	// version the database does not have.
-	LostByDatabaseFailover int `json:"lost_by_database_failover"`
-	FailoverOrphanEffects  int `json:"failover_orphan_effects"`
+	// database lacks that a primary killed by an asynchronous failover
+	// (postgres_failover) held, read back after its death
+	// (FinalState.DeadPrimaries): the loss asynchronous replication allows,
+	// reported apart from I1 and I2. FailoverOrphanEffects counts effects of
+	// no committed event that are of an outbox row of such a dead primary
+	// (published from it before it died). Failovers has each failover's
+	// account; what a dead primary holds beyond its successor must have
+	// been created after the stream cut (I1 lost_before_stream_cut).
+	LostByDatabaseFailover int               `json:"lost_by_database_failover"`
+	FailoverOrphanEffects  int               `json:"failover_orphan_effects"`
+	Failovers              []FailoverAccount `json:"failovers,omitempty"`
 	// I2
 	Lost             int `json:"lost"`
 	DuplicateEffects int `json:"duplicate_effects"`
@@ -188,7 +219,7 @@ type Report struct {
 // Check verifies invariants I1-I6 (docs/guarantees.md) over a run's history and
 // final state. It is pure: same input, same report.
 func Check(h History, s FinalState, run RunInfo) Report {
-	c := checker{h: h, r: Report{
+	c := checker{h: h, failovers: newFailovers(s), r: Report{
 		Seed: run.Seed, Profile: run.Profile, Provider: run.Provider,
 		OrdersCommitted: len(s.Orders), EventsCommitted: len(s.Events),
 		DuplicatesDelivered: s.DuplicatesDelivered,
@@ -204,6 +235,7 @@ func Check(h History, s FinalState, run RunInfo) Report {
 	c.duplicates(run)          // I4
 	c.drain(run)               // I5
 	c.deadLetters(h, s)        // I6
+	c.accountFailovers(c.failovers, s)
 	c.coverage(h, run)
 	c.r.FaultMeasures = faultMeasures(h)
 	c.infraFaults(h)
@@ -212,8 +244,9 @@ func Check(h History, s FinalState, run RunInfo) Report {
 }
 
 type checker struct {
-	r Report
-	h History
+	r         Report
+	h         History
+	failovers failovers
 }
 
 func (c *checker) violate(v Violation) {
@@ -283,7 +316,7 @@ func (c *checker) checkCreate(op Op, byID map[string]CommittedOrder, byKey map[s
 		c.r.OrdersAcknowledged++
 		o, ok := byID[op.OrderID]
 		switch {
-		case !ok && lostByFailover(c.h, op.End):
+		case !ok && c.failovers.holdsCreate(op.OrderID, op.Key):
 			c.r.LostByDatabaseFailover++
 		case !ok:
 			c.r.AcknowledgedNotCommitted++
@@ -311,7 +344,7 @@ func (c *checker) checkCancel(op Op, byID map[string]CommittedOrder) {
 	switch op.Outcome {
 	case OutcomeOK:
 		c.r.CancelsAcknowledged++
-		if !cancelled && lostByFailover(c.h, op.End) {
+		if !cancelled && c.failovers.holdsCancel(op.OrderID) {
 			c.r.LostByDatabaseFailover++
 		} else if !cancelled {
 			c.r.AcknowledgedNotCommitted++
@@ -351,13 +384,6 @@ func (c *checker) eventsApplied(h History, s FinalState) {
 		}
 	}
 
-	// orderVersion is each committed order's version (0 for none): an
-	// effect beyond it, of no committed event, is of a change the database
-	// lost (failover_orphan_effects after an asynchronous failover).
-	orderVersion := make(map[string]int64, len(s.Orders))
-	for _, o := range s.Orders {
-		orderVersion[o.ID] = o.Version
-	}
 	committed := make(map[string]CommittedEvent, len(s.Events))
 	events := slices.Clone(s.Events)
 	slices.SortFunc(events, func(a, b CommittedEvent) int {
@@ -383,9 +409,15 @@ func (c *checker) eventsApplied(h History, s FinalState) {
 	}
 	for _, a := range firsts {
 		e, ok := committed[a.event.MessageID]
+		orphan := false
+		if !ok {
+			// An effect of no committed event is a failover's orphan only
+			// when a dead primary held its outbox row (published from it
+			// before it died): the row is then checked like a committed one.
+			e, ok = c.failovers.event(a.event.MessageID)
+			orphan = ok
+		}
 		switch {
-		case !ok && c.r.FaultsInjected[FaultPostgresFailover] > 0 && orderVersion[a.orderID] < a.event.Version:
-			c.r.FailoverOrphanEffects++
 		case !ok:
 			c.r.UnknownEffects++
 			c.violate(Violation{Invariant: "I2", Kind: "unknown_effect", OrderID: a.orderID, MessageID: a.event.MessageID,
@@ -395,6 +427,8 @@ func (c *checker) eventsApplied(h History, s FinalState) {
 			c.violate(Violation{Invariant: "I2", Kind: "corrupted_effect", OrderID: a.orderID, MessageID: a.event.MessageID,
 				Detail: fmt.Sprintf("applied as %s v%d on order %s, committed as %s v%d on order %s",
 					a.event.EventType, a.event.Version, a.orderID, e.Type, e.Version, e.OrderID)})
+		case orphan:
+			c.r.FailoverOrphanEffects++
 		}
 	}
 

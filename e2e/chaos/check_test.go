@@ -336,3 +336,126 @@ func TestWriteReport(t *testing.T) {
 		}
 	}
 }
+
+// failoverRun is baseline plus an acknowledged create (k9, order o9, answered
+// at ack) that the final state lacks, its effect applied by shipping
+// (message 9), and one postgres_failover whose successor's stream was cut
+// at cut and whose primary died a second later, read back as holding
+// baseline's state and held beyond it.
+func failoverRun(ack, cut time.Time, held ...CommittedEvent) (History, FinalState, RunInfo) {
+	h, s, run := baseline()
+	for i := range h.Ops {
+		h.Ops[i].Start, h.Ops[i].End = ack.Add(-time.Second), ack
+	}
+	h.Ops = append(h.Ops, Op{Kind: OpCreate, Key: "k9", OrderID: "o9", Outcome: OutcomeOK, Status: 201,
+		Start: ack.Add(-time.Second), End: ack})
+	h.Faults = append(h.Faults, Fault{Kind: FaultPostgresFailover, Start: cut.Add(time.Second), End: cut.Add(3 * time.Second)})
+	s.Shipments = append(s.Shipments, Shipment{OrderID: "o9", Events: []AppliedEvent{{"9", EventCreated, 1}}})
+	dead := DeadPrimaryState{StreamCut: cut, Killed: cut.Add(time.Second),
+		Orders: slices.Clone(s.Orders), Events: slices.Clone(s.Events)}
+	for _, e := range held {
+		dead.Events = append(dead.Events, e)
+		if e.Version == 1 {
+			dead.Orders = append(dead.Orders, CommittedOrder{ID: e.OrderID, Key: "k" + strings.TrimPrefix(e.OrderID, "o"), Status: StatusCreated, Version: 1})
+		}
+	}
+	s.DeadPrimaries = []DeadPrimaryState{dead}
+	return h, s, run
+}
+
+func hasViolation(r Report, invariant, kind string) bool {
+	return slices.ContainsFunc(r.Violations, func(v Violation) bool { return v.Invariant == invariant && v.Kind == kind })
+}
+
+// The failover excuse is exact: an acknowledged operation the database lacks
+// is the failover's loss only when the dead primary holds it, and what the
+// dead primary holds beyond its successor was committed after the stream
+// cut; an effect of no committed event is the failover's only when it is of
+// an outbox row of the dead primary.
+func TestCheckFailoverExcusesOnlyWhatTheDeadPrimaryHeld(t *testing.T) {
+	t0 := time.Date(2026, 12, 3, 9, 0, 0, 0, time.UTC)
+	o9 := CommittedEvent{MessageID: "9", OrderID: "o9", Version: 1, Type: EventCreated}
+
+	// Lost at the failover: committed on the dead primary after the cut,
+	// acknowledged, absent on its successor. Counted apart, no violation.
+	lost := o9
+	lost.CreatedAt = t0.Add(300 * time.Millisecond)
+	r := Check(failoverRun(t0.Add(400*time.Millisecond), t0, lost))
+	if !r.OK || r.LostByDatabaseFailover != 1 || r.FailoverOrphanEffects != 1 {
+		t.Errorf("an order committed after the cut, lost: ok=%v lost_by_database_failover=%d failover_orphan_effects=%d %v; want 1, 1 and no violation",
+			r.OK, r.LostByDatabaseFailover, r.FailoverOrphanEffects, r.Violations)
+	}
+	if len(r.Failovers) != 1 || r.Failovers[0].EventsBeyondSuccessor != 1 || r.Failovers[0].FirstBeyondCutSeconds != 0.3 {
+		t.Errorf("failover accounts %+v; want one, 1 event beyond its successor, created 0.3s after the cut", r.Failovers)
+	}
+
+	// A failover minutes after the acknowledgement, of a primary that never
+	// held the order: nothing excused.
+	r = Check(failoverRun(t0, t0.Add(5*time.Minute)))
+	if r.OK || r.LostByDatabaseFailover != 0 || r.AcknowledgedNotCommitted != 1 || !hasViolation(r, "I1", "acknowledged_not_committed") {
+		t.Errorf("a failover minutes after the ack, order on no primary: ok=%v lost_by_database_failover=%d acknowledged_not_committed=%d %v; want an I1 violation",
+			r.OK, r.LostByDatabaseFailover, r.AcknowledgedNotCommitted, r.Violations)
+	}
+
+	// Absent on both the dead primary and its successor, the failover a
+	// second after the acknowledgement: an I1 violation.
+	r = Check(failoverRun(t0, t0.Add(time.Second)))
+	if r.OK || r.LostByDatabaseFailover != 0 || !hasViolation(r, "I1", "acknowledged_not_committed") {
+		t.Errorf("an order absent on both: ok=%v lost_by_database_failover=%d %v; want an I1 violation", r.OK, r.LostByDatabaseFailover, r.Violations)
+	}
+
+	// An effect of no committed event and of no row of the dead primary:
+	// an unknown effect, failover or not.
+	if r := Check(failoverRun(t0, t0.Add(time.Second))); r.FailoverOrphanEffects != 0 || !hasViolation(r, "I2", "unknown_effect") {
+		t.Errorf("an orphan effect not on the dead primary: failover_orphan_effects=%d %v; want an I2 unknown_effect", r.FailoverOrphanEffects, r.Violations)
+	}
+
+	// Held by the dead primary, but created minutes before the cut: its
+	// successor streamed it long before, so losing it is no failover's.
+	early := o9
+	early.CreatedAt = t0.Add(-3 * time.Minute)
+	r = Check(failoverRun(t0.Add(-3*time.Minute), t0, early))
+	if r.OK || !hasViolation(r, "I1", "lost_before_stream_cut") {
+		t.Errorf("an event the successor lacks, created minutes before the cut: ok=%v %v; want an I1 lost_before_stream_cut", r.OK, r.Violations)
+	}
+
+	// An effect of the dead primary's message id, applied as another
+	// event: corrupted, not an orphan.
+	h, s, run := failoverRun(t0.Add(400*time.Millisecond), t0, lost)
+	s.Shipments[len(s.Shipments)-1].Events[0].Version = 2
+	if r := Check(h, s, run); r.FailoverOrphanEffects != 0 || !hasViolation(r, "I2", "corrupted_effect") {
+		t.Errorf("a dead primary's message applied as another event: failover_orphan_effects=%d %v; want an I2 corrupted_effect", r.FailoverOrphanEffects, r.Violations)
+	}
+
+	// A failover whose dead primary was not read back: nothing excused,
+	// and the run says why.
+	h, s, run = failoverRun(t0.Add(400*time.Millisecond), t0, lost)
+	s.DeadPrimaries = nil
+	if r := Check(h, s, run); r.LostByDatabaseFailover != 0 || !hasViolation(r, "coverage", "dead_primary_not_read") || !hasViolation(r, "I1", "acknowledged_not_committed") {
+		t.Errorf("a dead primary not read back: lost_by_database_failover=%d %v; want coverage dead_primary_not_read and I1", r.LostByDatabaseFailover, r.Violations)
+	}
+
+	// A cancel lost at the failover: the dead primary holds the order
+	// cancelled (v2, after the cut), the successor at v1; its effect went out.
+	h, s, run = failoverRun(t0.Add(400*time.Millisecond), t0, lost)
+	h.Ops = append(h.Ops, Op{Kind: OpCancel, OrderID: "o1", Outcome: OutcomeOK, Status: 200, Start: t0, End: t0.Add(500 * time.Millisecond)})
+	d := &s.DeadPrimaries[0]
+	for i := range d.Orders {
+		if d.Orders[i].ID == "o1" {
+			d.Orders[i].Status, d.Orders[i].Version = StatusCancelled, 2
+		}
+	}
+	d.Events = append(d.Events, CommittedEvent{MessageID: "10", OrderID: "o1", Version: 2, Type: EventCancelled, CreatedAt: t0.Add(450 * time.Millisecond)})
+	s.Shipments[0].Events = append(s.Shipments[0].Events, AppliedEvent{"10", EventCancelled, 2})
+	if r := Check(h, s, run); !r.OK || r.LostByDatabaseFailover != 2 || r.FailoverOrphanEffects != 2 {
+		t.Errorf("a cancel lost at the failover: ok=%v lost_by_database_failover=%d failover_orphan_effects=%d %v; want 2, 2 and no violation",
+			r.OK, r.LostByDatabaseFailover, r.FailoverOrphanEffects, r.Violations)
+	}
+	// The same cancel acknowledged, but the dead primary has the order
+	// uncancelled: nothing excuses it.
+	d.Orders = slices.DeleteFunc(d.Orders, func(o CommittedOrder) bool { return o.ID == "o1" })
+	d.Orders = append(d.Orders, CommittedOrder{ID: "o1", Key: "k1", Status: StatusCreated, Version: 1})
+	if r := Check(h, s, run); r.OK || !hasViolation(r, "I1", "acknowledged_cancel_not_committed") {
+		t.Errorf("a cancel on no primary: ok=%v %v; want an I1 acknowledged_cancel_not_committed", r.OK, r.Violations)
+	}
+}

@@ -60,6 +60,9 @@ type Fault struct {
 	// Measures are numbers an infrastructure fault took (see the Measure
 	// constants), for the report.
 	Measures map[string]float64 `json:"measures,omitempty"`
+	// StreamCut is, for a postgres_failover, when the standby promoted in
+	// the primary's place was cut from its stream (Start is the kill).
+	StreamCut time.Time `json:"stream_cut,omitzero"`
 }
 
 // PoisonKind is a kind of bad message published straight to the exchange.

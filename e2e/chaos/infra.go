@@ -130,13 +130,6 @@ func p99(ds []time.Duration) time.Duration {
 	return ds[min(max(i, 0), len(ds)-1)]
 }
 
-// lostByFailover tells whether an acknowledged operation that ended at end is
-// excused by an asynchronous database failover after it: the new primary may
-// lack the last commits the old one acknowledged.
-func lostByFailover(h History, end time.Time) bool {
-	return slices.ContainsFunc(h.Faults, func(f Fault) bool { return f.Kind == FaultPostgresFailover && f.End.After(end) })
-}
-
 // Burst creates n orders, concurrency at a time, as fast as the API answers,
 // recording each operation as Run does; keys are KeyPrefix-tag-i. It returns
 // how many were acknowledged. Nothing is cancelled.

@@ -5,58 +5,6 @@ import (
 	"time"
 )
 
-// An acknowledged order the database lacks after an asynchronous failover
-// that followed the acknowledgement is lost by the failover, reported apart
-// and no violation; its effect, published from the old primary, is an
-// orphan of that failover. The same loss with the failover before the
-// acknowledgement, or without any failover, stays an I1 violation, and the
-// effect an I2 one.
-func TestCheckAccountsForTheDatabaseFailover(t *testing.T) {
-	t0 := time.Date(2026, 12, 2, 5, 0, 0, 0, time.UTC)
-	lostOrder := func(failoverAt time.Duration, kind FaultKind) Report {
-		h, s, run := baseline()
-		for i := range h.Ops {
-			h.Ops[i].Start, h.Ops[i].End = t0, t0.Add(time.Second)
-		}
-		h.Ops = append(h.Ops, Op{Kind: OpCreate, Key: "k9", OrderID: "o9", Outcome: OutcomeOK, Status: 201,
-			Start: t0, End: t0.Add(time.Second)})
-		h.Faults = append(h.Faults, Fault{Kind: kind, Start: t0.Add(failoverAt), End: t0.Add(failoverAt + time.Second)})
-		s.Shipments = append(s.Shipments, Shipment{OrderID: "o9", Events: []AppliedEvent{{"9", EventCreated, 1}}})
-		return Check(h, s, run)
-	}
-
-	r := lostOrder(2*time.Second, FaultPostgresFailover)
-	if !r.OK || r.LostByDatabaseFailover != 1 || r.FailoverOrphanEffects != 1 || r.AcknowledgedNotCommitted != 0 || r.UnknownEffects != 0 {
-		t.Errorf("failover after the ack: ok=%v lost_by_database_failover=%d failover_orphan_effects=%d acknowledged_not_committed=%d unknown_effects=%d %v; want 1, 1, 0, 0 and no violation",
-			r.OK, r.LostByDatabaseFailover, r.FailoverOrphanEffects, r.AcknowledgedNotCommitted, r.UnknownEffects, r.Violations)
-	}
-	for name, r := range map[string]Report{
-		"failover before the ack":     lostOrder(-10*time.Second, FaultPostgresFailover),
-		"synchronous stall, no async": lostOrder(2*time.Second, FaultPostgresSyncStall),
-	} {
-		if r.OK || r.LostByDatabaseFailover != 0 || r.AcknowledgedNotCommitted != 1 {
-			t.Errorf("%s: ok=%v lost_by_database_failover=%d acknowledged_not_committed=%d; want a violation", name, r.OK, r.LostByDatabaseFailover, r.AcknowledgedNotCommitted)
-		}
-	}
-	// A cancel the database lost (the order stays at version 1) whose effect
-	// went out: an orphan of the failover too. The same message id applied
-	// to another event than the committed one (an id reused after the
-	// failover) stays a violation.
-	h, s, run := baseline()
-	h.Faults = append(h.Faults, Fault{Kind: FaultPostgresFailover, Start: t0, End: t0})
-	s.Shipments[0].Events = append(s.Shipments[0].Events, AppliedEvent{"8", EventCancelled, 2})
-	if r := Check(h, s, run); r.FailoverOrphanEffects != 1 || r.UnknownEffects != 0 {
-		t.Errorf("a lost cancel's effect: failover_orphan_effects=%d unknown_effects=%d %v, want 1, 0", r.FailoverOrphanEffects, r.UnknownEffects, r.Violations)
-	}
-	s.Shipments[0].Events[1] = AppliedEvent{"4", EventCancelled, 2} // message 4 is o2's cancel
-	if r := Check(h, s, run); r.OK || r.UnknownEffects != 1 {
-		t.Errorf("a message id applied to another order: ok=%v unknown_effects=%d, want a corrupted_effect violation", r.OK, r.UnknownEffects)
-	}
-	if r := lostOrder(2*time.Second, FaultPostgresSyncStall); r.UnknownEffects != 1 {
-		t.Errorf("an effect of an order lost without an asynchronous failover: unknown_effects=%d, want 1", r.UnknownEffects)
-	}
-}
-
 // A synchronous stall that saw an effect of an invisible order version
 // fails the run, whatever the final state shows.
 func TestCheckReportsPhantomsOfTheSynchronousStall(t *testing.T) {
