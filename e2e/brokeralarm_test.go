@@ -24,8 +24,8 @@ import (
 // every publisher of the broker it is set on, so it is never set on the
 // machine's broker. CHAOS_OWN_BROKER=false, or a machine where no node of
 // the run's own can run, keeps the machine's broker and leaves those faults
-// out (the log says so). A cluster run keeps its three nodes.
-func ownBroker(t *testing.T, p chaos.Profile, topo chaos.Topology) (chaos.Profile, chaos.Topology) {
+// out (skips says why). A cluster run keeps its three nodes.
+func ownBroker(t *testing.T, skips *kindSkips, p chaos.Profile, topo chaos.Topology) (chaos.Profile, chaos.Topology) {
 	t.Helper()
 	if topo.Nodes > 0 || !slices.ContainsFunc(p.Kinds, func(k chaos.FaultKind) bool { return slices.Contains(chaos.OwnBrokerFaultKinds, k) }) {
 		return p, topo
@@ -35,8 +35,8 @@ func ownBroker(t *testing.T, p chaos.Profile, topo chaos.Topology) (chaos.Profil
 		err = errors.New("CHAOS_OWN_BROKER=false")
 	}
 	if err != nil {
-		t.Logf("rabbitmq: the machine's broker, without %v: %v", chaos.OwnBrokerFaultKinds, err)
-		return p.Without(chaos.OwnBrokerFaultKinds...), topo
+		t.Logf("rabbitmq: the machine's broker")
+		return skips.without(p, "CHAOS_OWN_BROKER", fmt.Errorf("no RabbitMQ node of the run's own: %w", err), chaos.OwnBrokerFaultKinds...), topo
 	}
 	t.Logf("rabbitmq: a node of the run's own (internal/rabbitnode), for %v; the machine's broker is not used", chaos.OwnBrokerFaultKinds)
 	topo.Nodes = 1

@@ -74,10 +74,11 @@ func TestChaos(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("provider: %s", provider)
+	skips := &kindSkips{t: t}
 	pgBinDir, pgCred, err := ownPostgresBinDir()
 	if err != nil {
-		t.Logf("postgres: the shared server (TEST_DATABASE_URL), without %v: %v", chaos.OwnPostgresFaultKinds, err)
-		profile = profile.Without(chaos.OwnPostgresFaultKinds...)
+		t.Logf("postgres: the shared server (TEST_DATABASE_URL)")
+		profile = skips.without(profile, "CHAOS_OWN_POSTGRES", fmt.Errorf("no PostgreSQL server of the run's own: %w", err), chaos.OwnPostgresFaultKinds...)
 	} else {
 		t.Logf("postgres: a cluster of the run's own (%s), restartable", pgBinDir)
 	}
@@ -88,8 +89,8 @@ func TestChaos(t *testing.T) {
 		}
 		topo.Nodes = 3
 	}
-	profile, topo = ownBroker(t, profile, topo)
-	profile, netns := partitionable(t, profile, topo)
+	profile, topo = ownBroker(t, skips, profile, topo)
+	profile, netns := partitionable(skips, profile, topo)
 	plan, err := chaos.NewPlan(seed, profile, topo)
 	if err != nil {
 		t.Fatal(err)
@@ -98,7 +99,8 @@ func TestChaos(t *testing.T) {
 		t.Logf("plan: %v", s)
 	}
 
-	report := runScenario(t, scenario{seed: seed, profile: profile, plan: plan, provider: provider, topo: topo, pgBinDir: pgBinDir, pgCred: pgCred, netns: netns})
+	report := runScenario(t, scenario{seed: seed, profile: profile, plan: plan, provider: provider, topo: topo,
+		pgBinDir: pgBinDir, pgCred: pgCred, netns: netns, skipped: skips.list})
 	if c := report.FaultsInjected; topo.Nodes > 0 {
 		t.Logf("node faults: %d kill, %d kill of the queue leader, %d app restart, %d cut from the clients",
 			c[chaos.FaultNodeKill], c[chaos.FaultNodeKillLeader], c[chaos.FaultNodeAppRestart], c[chaos.FaultNodeProxyDown])
@@ -248,6 +250,9 @@ type scenario struct {
 	pgBinDir string // see clusterConfig
 	pgCred   *syscall.Credential
 	netns    bool // see clusterConfig.rabbitNetns
+	// skipped are the profile's kinds this machine could not inject, for
+	// the report's identity.
+	skipped []chaos.SkippedKinds
 	// tamper, when set, runs after the drain and before the final state is
 	// read.
 	tamper func(ctx context.Context, c *cluster, h chaos.History) error
@@ -260,6 +265,7 @@ type scenario struct {
 func runScenario(t *testing.T, sc scenario) chaos.Report {
 	t.Helper()
 	requireServices(t, sc.pgBinDir == "")
+	identity := runIdentity(sc)
 	bins := buildBinaries(t)
 	c := newCluster(t, clusterConfig{
 		provider: sc.provider, relays: sc.topo.Relays, consumers: sc.topo.Consumers, bins: bins,
@@ -340,6 +346,7 @@ func runScenario(t *testing.T, sc scenario) chaos.Report {
 		Seed: sc.seed, Profile: sc.profile.Name, Provider: sc.provider,
 		Drained: drained, DrainTime: drainTime, DrainBudget: sc.profile.DrainBudget,
 		RequireKinds: sc.profile.Kinds, RequireDuplicates: len(sc.plan) > 0,
+		Identity: identity,
 	})
 	// An unknown event type is acknowledged (the queues drained, and the
 	// checker requires it absent from the dead-letter queue), recorded as a

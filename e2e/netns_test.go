@@ -213,15 +213,14 @@ func ipCmd(ctx context.Context, args ...string) error {
 // partitionable says whether the run's cluster runs in network namespaces
 // (nodeNet): a cluster run does where this machine allows it; where it does
 // not (not root, no ip or setpriv, CHAOS_NETNS=false), the partition fault
-// is left out and the log says why.
-func partitionable(t *testing.T, p chaos.Profile, topo chaos.Topology) (chaos.Profile, bool) {
-	t.Helper()
+// is left out and skips says why.
+func partitionable(skips *kindSkips, p chaos.Profile, topo chaos.Topology) (chaos.Profile, bool) {
+	skips.t.Helper()
 	if topo.Nodes < 3 || !slices.Contains(p.Kinds, chaos.FaultNodePartition) {
 		return p, false
 	}
 	if err := netnsAvailable(); err != nil {
-		t.Logf("rabbitmq cluster: on loopback, without %s: %v", chaos.FaultNodePartition, err)
-		return p.Without(chaos.FaultNodePartition), false
+		return skips.without(p, "CHAOS_NETNS", fmt.Errorf("the cluster's nodes on loopback: %w", err), chaos.FaultNodePartition), false
 	}
 	return p, true
 }

@@ -125,6 +125,8 @@ type RunInfo struct {
 	RequireKinds []FaultKind
 	// RequireDuplicates makes I4 require at least one absorbed duplicate.
 	RequireDuplicates bool
+	// Identity names the run in the report.
+	Identity RunIdentity
 }
 
 // Violation is one broken invariant.
@@ -157,6 +159,9 @@ type Report struct {
 	Profile  string `json:"profile"`
 	Provider string `json:"provider"`
 	OK       bool   `json:"ok"`
+	// Identity names the run: relay mode, environment overrides, the kinds
+	// required and skipped, topology, commit.
+	Identity RunIdentity `json:"identity"`
 
 	OrdersAcknowledged  int `json:"orders_acknowledged"`
 	OrdersFailed        int `json:"orders_failed"`
@@ -208,6 +213,8 @@ type Report struct {
 	FaultsInjected    map[FaultKind]int `json:"faults_injected"`
 	FaultsTotal       int               `json:"faults_total"`
 	MissingFaultKinds []FaultKind       `json:"missing_fault_kinds,omitempty"`
+	// Faults lists every fault injected with its actual times, by start.
+	Faults []Fault `json:"faults"`
 
 	// FaultMeasures: what each infrastructure fault measured.
 	FaultMeasures []FaultMeasure `json:"fault_measures,omitempty"`
@@ -228,6 +235,8 @@ func Check(h History, s FinalState, run RunInfo) Report {
 		DrainBudgetSeconds:  run.DrainBudget.Seconds(),
 		FaultsInjected:      h.FaultCounts(),
 		FaultsTotal:         len(h.Faults),
+		Faults:              sortedFaults(h.Faults),
+		Identity:            run.Identity,
 		Violations:          []Violation{},
 	}}
 	c.ordersAcknowledged(h, s) // I1
@@ -241,6 +250,16 @@ func Check(h History, s FinalState, run RunInfo) Report {
 	c.infraFaults(h)
 	c.r.OK = c.r.ViolationCount == 0
 	return c.r
+}
+
+// sortedFaults is faults by start time (the recorder has them by end).
+func sortedFaults(faults []Fault) []Fault {
+	out := slices.Clone(faults)
+	if out == nil {
+		out = []Fault{}
+	}
+	slices.SortStableFunc(out, func(a, b Fault) int { return a.Start.Compare(b.Start) })
+	return out
 }
 
 type checker struct {
