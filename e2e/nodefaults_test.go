@@ -82,6 +82,9 @@ func (in *injector) nodeFault(ctx context.Context, s chaos.Step, f *chaos.Fault,
 			return fmt.Errorf("node %s was not running", n.name)
 		}
 		moved, err := hold()
+		if s.Kind == chaos.FaultNodeKillLeader {
+			f.Measures = map[string]float64{chaos.MeasureLeaderOnDownNode: rc.leaderOnDownNode(ctx, in.c.vhost, n)}
+		}
 		if err := errors.Join(err, n.awaitStartup(healCtx)); err != nil {
 			return err
 		}
@@ -114,6 +117,7 @@ func (in *injector) nodeFault(ctx context.Context, s chaos.Step, f *chaos.Fault,
 				killed = append(killed, fmt.Sprintf("%s #%d", d.name, inc.n))
 			}
 		}
+		lostFrom := time.Since(f.Start)
 		pending := in.c.pendingCount(ctx)
 		// The survivor sees a minority and pauses itself (pause_minority):
 		// no node accepts clients until the others are back, so there is
@@ -121,6 +125,7 @@ func (in *injector) nodeFault(ctx context.Context, s chaos.Step, f *chaos.Fault,
 		paused := n.waitRunning(ctx, false)
 		sleep(ctx, s.Hold)
 		pendingEnd := in.c.pendingCount(ctx)
+		f.Measures = map[string]float64{chaos.MeasureQuorumLostFrom: lostFrom.Seconds(), chaos.MeasureQuorumLostTo: time.Since(f.Start).Seconds()}
 		errs := []error{paused}
 		var mu sync.Mutex
 		var wg sync.WaitGroup
@@ -145,6 +150,7 @@ func (in *injector) nodeFault(ctx context.Context, s chaos.Step, f *chaos.Fault,
 		var moved string
 		how, err := rc.partitionNode(ctx, n, func() error {
 			sleep(ctx, s.Hold)
+			f.Measures = map[string]float64{chaos.MeasureLeaderOnDownNode: rc.leaderOnDownNode(ctx, in.c.vhost, n)}
 			var err error
 			moved, err = in.clientsLeft(ctx, down, start, before)
 			return err
@@ -487,6 +493,12 @@ type queueState struct {
 // timed out ("some queue(s) are unresponsive").
 // A queue missing from the answer is not declared or not answering.
 func (rc *rabbitCluster) queueStates(ctx context.Context, vhost string, queues ...string) (map[string]queueState, error) {
+	return queueStatesVia(ctx, rc.ctl, vhost, queues...)
+}
+
+// queueStatesVia is queueStates asking through ctl (one node's rabbitmqctl,
+// or the cluster's first that answers).
+func queueStatesVia(ctx context.Context, ctl func(context.Context, ...string) (string, error), vhost string, queues ...string) (map[string]queueState, error) {
 	var names []string
 	for _, q := range queues {
 		names = append(names, fmt.Sprintf("<<%q>>", q))
@@ -503,7 +515,7 @@ func (rc *rabbitCluster) queueStates(ctx context.Context, vhost string, queues .
 			end;
 		_ -> ok
 	end || N <- [%s]], ok.`, vhost, strings.Join(names, ", "))
-	out, err := rc.ctl(ctx, "eval", expr)
+	out, err := ctl(ctx, "eval", expr)
 	if err != nil {
 		return nil, err
 	}
@@ -517,4 +529,31 @@ func (rc *rabbitCluster) queueStates(ctx context.Context, vhost string, queues .
 		states[f[0]] = queueState{typ: f[1], leader: f[2], members: strings.Split(f[3], ","), messages: n}
 	}
 	return states, nil
+}
+
+// leaderOnDownNode reads the leader of shipping's queue from the nodes other
+// than down, while down is killed or cut away, for
+// chaos.MeasureLeaderOnDownNode: 1 when it is still down, 0 when another
+// node leads, -1 when no other node could tell within 30 seconds.
+func (rc *rabbitCluster) leaderOnDownNode(ctx context.Context, vhost string, down *rabbitNode) float64 {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	for ctx.Err() == nil {
+		for _, o := range rc.nodes {
+			if o == down {
+				continue
+			}
+			states, err := queueStatesVia(ctx, o.ctl, vhost, mainQueue)
+			st, ok := states[mainQueue]
+			if err != nil || !ok {
+				continue
+			}
+			if st.leader == down.name {
+				return 1
+			}
+			return 0
+		}
+		sleep(ctx, 2*time.Second)
+	}
+	return -1
 }

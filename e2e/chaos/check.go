@@ -47,6 +47,9 @@ type CommittedEvent struct {
 	// CreatedAt is the row's created_at, the start of the transaction that
 	// wrote it (the database's clock, the machine's).
 	CreatedAt time.Time `json:"created_at,omitzero"`
+	// PublishedAt is when the relay marked it published (outbox_published's
+	// published_at), zero while it is not.
+	PublishedAt time.Time `json:"published_at,omitzero"`
 }
 
 // AppliedEvent is one entry of a shipment's `events`, in applied order.
@@ -216,6 +219,10 @@ type Report struct {
 	// Faults lists every fault injected with its actual times, by start.
 	Faults []Fault `json:"faults"`
 
+	// NodeFaultDrains: how long the rows created during each node fault
+	// took to be published after it (NodeFaultDrainBound).
+	NodeFaultDrains []NodeFaultDrain `json:"node_fault_drains,omitempty"`
+
 	// FaultMeasures: what each infrastructure fault measured.
 	FaultMeasures []FaultMeasure `json:"fault_measures,omitempty"`
 
@@ -245,6 +252,7 @@ func Check(h History, s FinalState, run RunInfo) Report {
 	c.drain(run)               // I5
 	c.deadLetters(h, s)        // I6
 	c.accountFailovers(c.failovers, s)
+	c.clusterFaults(h, s)
 	c.coverage(h, run)
 	c.r.FaultMeasures = faultMeasures(h)
 	c.infraFaults(h)
