@@ -16,7 +16,8 @@
 //     the postgres user) so that a fault can restart it, or on
 //     TEST_DATABASE_URL's server where that cannot be done (no initdb, no
 //     postgres user, CHAOS_OWN_POSTGRES=false; the restart, failover and
-//     synchronous-stall faults are then left out and the log says so);
+//     synchronous-stall faults are then left out, and the report's identity
+//     says why);
 //   - two shipping consumers, against the run's own MongoDB database;
 //   - MongoDB: cmd/mongolocal (embedded FerretDB, SQLite backend, no
 //     transactions: the inbox's standalone mode) as a process that a fault
@@ -68,7 +69,11 @@
 //     the primary is stopped immediately, the PostgreSQL proxy switched to
 //     it, the services left running: nothing is done by hand, and the new
 //     primary hands out again outbox ids the old one published under
-//     (postgres_failover);
+//     (postgres_failover). The dead primary's data directory is then started
+//     alone (crash recovery, no replication, a unix socket in its own
+//     directory and no TCP port), read with the final state's readers and
+//     removed: the checker excuses an acknowledged operation the database
+//     lacks only when the dead primary held it;
 //   - a synchronous standby stopped while named in synchronous_standby_names:
 //     commits wait, and every effect shipping applies meanwhile must be of an
 //     order version the primary shows (postgres_sync_stall);
@@ -175,7 +180,11 @@
 // rabbitmqctl (vhosts, close_all_connections, stop_app act on the local
 // node), and PostgreSQL's initdb and postgres binaries with a postgres user,
 // or TEST_DATABASE_URL's server. Without RabbitMQ or PostgreSQL the tests
-// skip, and fail under CI=true.
+// skip, and fail under CI=true. A fault kind left out for lack of a tool
+// (a PostgreSQL server or RabbitMQ node of the run's own, network
+// namespaces) is logged and listed in the report's identity, and fails the
+// run under CI=true unless its variable (CHAOS_OWN_POSTGRES,
+// CHAOS_OWN_BROKER, CHAOS_NETNS) was set to false.
 //
 // The first lines of the test's log name the seed and the provider
 // ("provider: local processes + embedded FerretDB" or "provider:
