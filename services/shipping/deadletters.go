@@ -93,14 +93,12 @@ func deadLetters(ctx context.Context, args []string, getenv func(string) string,
 		defer cancel()
 		_ = tel.Shutdown(sctx)
 	}()
-	m, err := deadletter.NewManager(deadletter.Config{
-		Store: store,
-		Publisher: deadletter.AMQPPublisher{
-			URL: cmp.Or(getenv("AMQP_URL"), "amqp://guest:guest@127.0.0.1:5672/"), Queue: *queue,
-			TracerProvider: tel.TracerProvider, Propagator: tel.Propagator,
-		},
-		Skipper: shipments,
-	})
+	pub := &deadletter.AMQPPublisher{
+		URL: cmp.Or(getenv("AMQP_URL"), "amqp://guest:guest@127.0.0.1:5672/"), Queue: *queue,
+		TracerProvider: tel.TracerProvider, Propagator: tel.Propagator,
+	}
+	defer func() { _ = pub.Close() }()
+	m, err := deadletter.NewManager(deadletter.Config{Store: store, Publisher: pub, Skipper: shipments})
 	if err != nil {
 		return err
 	}

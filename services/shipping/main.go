@@ -84,7 +84,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	fs.IntVar(&cfg.MaxDeferrals, "max-deferrals", 0, "waits for an earlier version before dead-lettering (default 300)")
 	fs.IntVar(&cfg.MaxTransientDeferrals, "max-transient-deferrals", 0, "deferrals after the inbox failed by itself before dead-lettering as inbox_failed (default 20)")
 	fs.DurationVar(&cfg.MaxDeferralAge, "max-deferral-age", 0, "how long after its first deferral a message is dead-lettered instead of deferred again (default 30m)")
-	fs.DurationVar(&cfg.ConfirmTimeout, "confirm-timeout", 0, "wait for the confirm of a deferred or dead-lettered copy before returning its delivery to the queue (default 30s)")
+	fs.DurationVar(&cfg.ConfirmTimeout, "confirm-timeout", 0, "wait for the confirm of a deferred or dead-lettered copy before returning its delivery to the queue, and of a released or replayed message (default 30s)")
 	fs.DurationVar(&cfg.StuckAfter, "stuck-after", 0, "time on one delivery after which a worker counts as stuck; /readyz is 503 while all are (default 1m)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {

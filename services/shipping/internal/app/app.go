@@ -66,7 +66,8 @@ type Config struct {
 	StuckAfter time.Duration
 	// ConfirmTimeout bounds the wait for the confirm of a deferred or
 	// dead-lettered copy, after which its delivery goes back to the queue
-	// (default in rabbitmq.Config: 30s).
+	// (default in rabbitmq.Config: 30s), and of a released or replayed
+	// message's re-publish (default deadletter.DefaultConfirmTimeout).
 	ConfirmTimeout time.Duration
 	// InboxRetention keeps inbox records (default in inbox.Config: 7 days).
 	InboxRetention time.Duration
@@ -118,18 +119,19 @@ var _ processor.Store = (*mongodb.Store)(nil)
 
 // App is a configured service; Run runs it.
 type App struct {
-	cfg      Config
-	log      *slog.Logger
-	client   *mongo.Client
-	inbox    *inbox.Inbox
-	store    *mongodb.Store
-	dead     *deadletter.Store
-	releases *deadletter.Manager
-	consumer *rabbitmq.Consumer
-	registry *prometheus.Registry
-	metrics  *metrics.Metrics
-	listener net.Listener
-	server   *http.Server
+	cfg       Config
+	log       *slog.Logger
+	client    *mongo.Client
+	inbox     *inbox.Inbox
+	store     *mongodb.Store
+	dead      *deadletter.Store
+	releases  *deadletter.Manager
+	republish *deadletter.AMQPPublisher // the releases' publisher
+	consumer  *rabbitmq.Consumer
+	registry  *prometheus.Registry
+	metrics   *metrics.Metrics
+	listener  net.Listener
+	server    *http.Server
 }
 
 // New builds the service and binds its HTTP listener. It does not need the
@@ -220,14 +222,15 @@ func New(cfg Config) (*App, error) {
 	if cfg.WrapInbox != nil {
 		in = cfg.WrapInbox(in)
 	}
+	a.republish = &deadletter.AMQPPublisher{
+		URL: cfg.AMQPURL, Queue: cfg.Topology.WithDefaults().Queue, ConfirmTimeout: cfg.ConfirmTimeout,
+		TracerProvider: cfg.TracerProvider, Propagator: cfg.Propagator,
+	}
 	a.releases, err = deadletter.NewManager(deadletter.Config{
-		Store: a.dead,
-		Publisher: deadletter.AMQPPublisher{
-			URL: cfg.AMQPURL, Queue: cfg.Topology.WithDefaults().Queue,
-			TracerProvider: cfg.TracerProvider, Propagator: cfg.Propagator,
-		},
-		Skipper: a.store,
-		Logger:  log,
+		Store:     a.dead,
+		Publisher: a.republish,
+		Skipper:   a.store,
+		Logger:    log,
 	})
 	if err != nil {
 		return fail(fmt.Errorf("shipping: %w", err))
@@ -359,6 +362,9 @@ func (a *App) Run(parent context.Context) error {
 	// idempotent effect if their messages come again.
 	if err := a.inbox.Close(sctx); err != nil {
 		a.log.WarnContext(ctx, "inbox close", "error", err)
+	}
+	if err := a.republish.Close(); err != nil {
+		a.log.WarnContext(ctx, "dead-letter republisher close", "error", err)
 	}
 	if err := a.client.Disconnect(sctx); err != nil {
 		a.log.WarnContext(ctx, "MongoDB disconnect", "error", err)

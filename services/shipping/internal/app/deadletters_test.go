@@ -293,3 +293,31 @@ func TestServiceCreatesTheDeadLetterIndexesAtStart(t *testing.T) {
 		return true
 	})
 }
+
+// A version dead-lettered because its predecessor never came
+// (gap_not_filled) holds its order; when the predecessor applies later (the
+// relay was slow, or the predecessor was itself released), the gap is filled:
+// the dead letter is replayed with no operator and the order released.
+func TestGapDeadLetterIsReplayedWhenItsPredecessorApplies(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	a := e.start(app.Config{MaxDeferrals: 1, AdminToken: "s3cret", DeadLetterStatsInterval: 50 * time.Millisecond})
+
+	e.pub.publish(cancelled("2102", "gap-1")) // version 2, before version 1
+	waitFor(t, 30*time.Second, "the cancel dead-lettered for its gap", func() bool {
+		return value(a.Metrics().DeadLettered.WithLabelValues(string(shipment.ReasonGapNotFilled))) == 1
+	})
+	waitFor(t, 10*time.Second, "the order held", func() bool { return gauge(a, "held") == 1 })
+
+	e.pub.publish(created("2101", "gap-1")) // the predecessor, late
+	s := e.waitShipment("gap-1", 2)
+	wantEvents(t, s, "2101", "2102")
+	if vs := e.order.versions("gap-1"); fmt.Sprint(vs) != "[1 2]" {
+		t.Fatalf("application order %v, want [1 2]", vs)
+	}
+	waitFor(t, 10*time.Second, "the gauges back to 0", func() bool { return gauge(a, "held") == 0 && gauge(a, "parked") == 0 })
+	if _, body := adminDo(t, http.MethodGet, "http://"+a.HTTPAddr()+"/admin/dead-letters", "s3cret"); !strings.Contains(body, `"dead_letters":[]`) || !strings.Contains(body, `"held_orders":[]`) {
+		t.Fatalf("after the predecessor applied: %s; want no dead letter and no held order left", body)
+	}
+	e.waitDrained(a)
+}

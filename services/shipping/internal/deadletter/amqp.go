@@ -1,9 +1,11 @@
 package deadletter
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -18,15 +20,29 @@ import (
 	"github.com/outbox-inbox/reference/services/shipping/internal/rabbitmq"
 )
 
+// DefaultConfirmTimeout is AMQPPublisher.ConfirmTimeout's default.
+const DefaultConfirmTimeout = 30 * time.Second
+
 // AMQPPublisher re-publishes kept messages straight to the consumer's queue
 // (through the default exchange, so no other consumer of the producers'
 // exchange sees them again), persistent and mandatory, with a publisher
-// confirm. Each Publish uses a connection of its own: releases are rare.
+// confirm. It keeps one connection, opened at the first Publish and opened
+// again after a failure, and publishes one message at a time: a release
+// re-publishes an order's parked messages one after the other. Close it when
+// done. Use it through a pointer; its zero value (with URL and Queue set) is
+// ready.
 type AMQPPublisher struct {
 	// URL is the broker; its path is the vhost. For a cluster it lists the
 	// nodes' URLs separated by commas, tried in turn (amqpaddr).
 	URL   string
 	Queue string // the consumer's queue
+	// ConfirmTimeout bounds each Publish, from the dial (when a connection
+	// must be opened) to the broker's confirm, whatever the deadline of the
+	// context it is called with: a broker that takes the message and never
+	// confirms it (a resource alarm, a cut that sends no reset) fails the
+	// Publish instead of blocking the release behind it. Default:
+	// DefaultConfirmTimeout.
+	ConfirmTimeout time.Duration
 	// TracerProvider, when set, gives each Publish a span "publish
 	// <queue>" (kind PRODUCER) whose parent is the trace context kept in
 	// the message's headers, so a replayed or released message stays in its
@@ -37,30 +53,27 @@ type AMQPPublisher struct {
 	// Propagator reads and writes the trace headers. Default: W3C Trace
 	// Context and Baggage.
 	Propagator propagation.TextMapPropagator
+
+	mu      sync.Mutex
+	nodes   *amqpaddr.Nodes
+	conn    *amqp.Connection
+	ch      *amqp.Channel
+	returns <-chan amqp.Return
 }
 
-var _ Publisher = AMQPPublisher{}
+var _ Publisher = (*AMQPPublisher)(nil)
 
-// Publish sends m and waits for the broker's confirm.
-func (p AMQPPublisher) Publish(ctx context.Context, m Message) error {
-	nodes, err := amqpaddr.New(p.URL)
-	if err != nil {
-		return fmt.Errorf("broker URL: %w", err)
+// Publish sends m and waits for the broker's confirm, at most
+// ConfirmTimeout.
+func (p *AMQPPublisher) Publish(ctx context.Context, m Message) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	timeout := cmp.Or(p.ConfirmTimeout, DefaultConfirmTimeout)
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if err := p.open(timeout); err != nil {
+		return err
 	}
-	conn, _, err := nodes.Dial(amqp.Config{Heartbeat: 10 * time.Second})
-	if err != nil {
-		return fmt.Errorf("dial broker: %w", err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		return fmt.Errorf("open channel: %w", err)
-	}
-	if err := ch.Confirm(false); err != nil {
-		return fmt.Errorf("enable confirms: %w", err)
-	}
-	// A return is dispatched before the confirm that follows it.
-	returns := ch.NotifyReturn(make(chan amqp.Return, 1))
 	headers := amqp.Table{}
 	for k, v := range m.Headers {
 		headers[k] = v
@@ -70,18 +83,74 @@ func (p AMQPPublisher) Publish(ctx context.Context, m Message) error {
 	}
 	ctx, span := p.startSpan(ctx, m, headers)
 	defer span.End()
-	err = p.publish(ctx, ch, returns, m, headers)
+	err := p.publish(ctx, m, headers)
 	if err != nil {
 		span.RecordError(err)
 		span.SetStatus(codes.Error, err.Error())
+		// Whatever failed (the connection, a confirm that never came), the
+		// next Publish starts on a fresh connection: a late confirm or
+		// return of this message must not be taken for the next one's.
+		p.closeLocked()
 	}
 	return err
+}
+
+// Close closes the connection, if one is open. A later Publish opens a new
+// one.
+func (p *AMQPPublisher) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.closeLocked()
+}
+
+func (p *AMQPPublisher) closeLocked() error {
+	if p.conn == nil {
+		return nil
+	}
+	err := p.conn.Close()
+	p.conn, p.ch, p.returns = nil, nil, nil
+	if errors.Is(err, amqp.ErrClosed) {
+		err = nil
+	}
+	return err
+}
+
+// open makes sure a connection and a confirming channel are open.
+func (p *AMQPPublisher) open(timeout time.Duration) error {
+	if p.conn != nil && !p.conn.IsClosed() && p.ch != nil && !p.ch.IsClosed() {
+		return nil
+	}
+	_ = p.closeLocked()
+	if p.nodes == nil {
+		nodes, err := amqpaddr.New(p.URL)
+		if err != nil {
+			return fmt.Errorf("broker URL: %w", err)
+		}
+		p.nodes = nodes
+	}
+	conn, _, err := p.nodes.Dial(amqp.Config{Heartbeat: 10 * time.Second, Dial: amqp.DefaultDial(min(timeout, 30*time.Second)),
+		Properties: amqp.Table{"connection_name": "shipping dead-letter republisher"}})
+	if err != nil {
+		return fmt.Errorf("dial broker: %w", err)
+	}
+	ch, err := conn.Channel()
+	if err != nil {
+		_ = conn.Close()
+		return fmt.Errorf("open channel: %w", err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		_ = conn.Close()
+		return fmt.Errorf("enable confirms: %w", err)
+	}
+	// A return is dispatched before the confirm that follows it.
+	p.conn, p.ch, p.returns = conn, ch, ch.NotifyReturn(make(chan amqp.Return, 1))
+	return nil
 }
 
 // startSpan starts Publish's span, a child of the context in headers (kept
 // with the message), and writes the span's context into headers in place
 // of the kept one.
-func (p AMQPPublisher) startSpan(ctx context.Context, m Message, headers amqp.Table) (context.Context, trace.Span) {
+func (p *AMQPPublisher) startSpan(ctx context.Context, m Message, headers amqp.Table) (context.Context, trace.Span) {
 	if p.TracerProvider == nil {
 		return ctx, trace.SpanFromContext(context.Background()) // a no-op span
 	}
@@ -117,8 +186,8 @@ func (p AMQPPublisher) startSpan(ctx context.Context, m Message, headers amqp.Ta
 	return ctx, span
 }
 
-func (p AMQPPublisher) publish(ctx context.Context, ch *amqp.Channel, returns <-chan amqp.Return, m Message, headers amqp.Table) error {
-	dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", p.Queue, true, false, amqp.Publishing{
+func (p *AMQPPublisher) publish(ctx context.Context, m Message, headers amqp.Table) error {
+	dc, err := p.ch.PublishWithDeferredConfirmWithContext(ctx, "", p.Queue, true, false, amqp.Publishing{
 		MessageId: m.MessageID, Type: m.Type, ContentType: m.ContentType, DeliveryMode: amqp.Persistent,
 		Timestamp: time.Now(), Headers: headers, Body: m.Body,
 	})
@@ -133,7 +202,7 @@ func (p AMQPPublisher) publish(ctx context.Context, ch *amqp.Channel, returns <-
 		return fmt.Errorf("publish message %s to %s: nacked", m.MessageID, p.Queue)
 	}
 	select {
-	case <-returns:
+	case <-p.returns:
 		return fmt.Errorf("publish message %s: %w", m.MessageID, errors.New("returned: queue "+p.Queue+" does not exist"))
 	default:
 	}

@@ -21,7 +21,8 @@ func TestReplayDoesNotCarryTheOperatorsBaggage(t *testing.T) {
 	url, ch := replayQueue(t)
 	tp := sdktrace.NewTracerProvider()
 	defer func() { _ = tp.Shutdown(context.Background()) }()
-	pub := deadletter.AMQPPublisher{URL: url, Queue: "q", TracerProvider: tp, Propagator: tracing.Propagator()}
+	pub := &deadletter.AMQPPublisher{URL: url, Queue: "q", TracerProvider: tp, Propagator: tracing.Propagator()}
+	t.Cleanup(func() { _ = pub.Close() })
 
 	member, err := baggage.NewMember("operator", "alice")
 	if err != nil {

@@ -27,7 +27,8 @@ func TestReplayedMessageStaysInTheTraceKeptWithIt(t *testing.T) {
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	defer func() { _ = tp.Shutdown(context.Background()) }()
 	const kept = "4bf92f3577b34da6a3ce929d0e0e4736"
-	pub := deadletter.AMQPPublisher{URL: url, Queue: "q", TracerProvider: tp, Propagator: tracing.Propagator()}
+	pub := &deadletter.AMQPPublisher{URL: url, Queue: "q", TracerProvider: tp, Propagator: tracing.Propagator()}
+	t.Cleanup(func() { _ = pub.Close() })
 	ctx, operator := tp.Tracer("test").Start(t.Context(), "operator request")
 	err := pub.Publish(ctx, deadletter.Message{
 		MessageID: "m-1", RoutingKey: "order.created", Body: []byte("{}"),

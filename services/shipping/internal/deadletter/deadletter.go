@@ -67,6 +67,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
+	"go.mongodb.org/mongo-driver/v2/mongo/readpref"
 	"go.mongodb.org/mongo-driver/v2/mongo/writeconcern"
 )
 
@@ -95,18 +96,38 @@ type Message struct {
 	RoutingKey  string  `bson:"routing_key" json:"routing_key"` // as first published
 	Headers     Headers `bson:"headers,omitempty" json:"-"`
 	Body        []byte  `bson:"body" json:"-"`
+	// BodyOmitted is the size of a body too large to keep (over
+	// MaxKeptBodyBytes), which Body then lacks: the broker's dead-letter
+	// queue holds the whole message, and a replay from this record is
+	// refused (ErrBodyNotKept). 0 when Body is the whole body.
+	BodyOmitted int `bson:"body_omitted,omitempty" json:"body_omitted_bytes,omitempty"`
 }
+
+// MaxKeptBodyBytes bounds the body a dead letter keeps: a MongoDB document
+// holds at most 16 MiB, headers and the letter's other fields included, and
+// a dead letter that cannot be recorded would keep its delivery, redelivered
+// for ever. A larger body is left out (Message.BodyOmitted).
+const MaxKeptBodyBytes = 15 << 20
+
+// ErrBodyNotKept: the dead letter's body was too large to keep, so it cannot
+// be replayed from its record (replay it from the dead-letter queue, or
+// discard it).
+var ErrBodyNotKept = errors.New("deadletter: the message's body was too large to keep")
 
 // Letter is a recorded dead letter.
 type Letter struct {
-	OrderID        string    `bson:"order_id" json:"order_id"`
-	Version        int64     `bson:"version" json:"version"`
-	EventType      string    `bson:"event_type" json:"event_type"`
-	Reason         string    `bson:"reason" json:"reason"`
-	Error          string    `bson:"error" json:"error"`
-	Holds          bool      `bson:"holds" json:"holds_order"` // its order's later versions are parked behind it
-	DeadLetteredAt time.Time `bson:"dead_lettered_at" json:"dead_lettered_at"`
-	Message        Message   `bson:"message" json:"message"`
+	OrderID   string `bson:"order_id" json:"order_id"`
+	Version   int64  `bson:"version" json:"version"`
+	EventType string `bson:"event_type" json:"event_type"`
+	Reason    string `bson:"reason" json:"reason"`
+	Error     string `bson:"error" json:"error"`
+	Holds     bool   `bson:"holds" json:"holds_order"` // its order's later versions are parked behind it
+	// AwaitsPredecessor: dead-lettered because the version before it never
+	// came (a gap). When that version applies after all, the gap is filled
+	// and the dead letter is replayed with no operator (Manager.Applied).
+	AwaitsPredecessor bool      `bson:"awaits_predecessor,omitempty" json:"awaits_predecessor,omitempty"`
+	DeadLetteredAt    time.Time `bson:"dead_lettered_at" json:"dead_lettered_at"`
+	Message           Message   `bson:"message" json:"message"`
 }
 
 // Hold is an order whose later versions are parked behind a dead letter.
@@ -142,17 +163,22 @@ func NewStore(db *mongo.Database) (*Store, error) {
 	if db == nil {
 		return nil, errors.New("deadletter: nil database")
 	}
-	// Journaled: a parked message is acked once parked, so the parked copy
-	// is its only one, and on a standalone mongod a plain write is
-	// acknowledged before its journal commit (a crash then would lose it).
-	// Dead letters and holds are written the same way.
-	j := options.Collection().SetWriteConcern(writeconcern.Journaled())
+	// A parked message is acked once parked, so the parked copy is its only
+	// one: it is written to a majority (it survives a failover) and to the
+	// journal (on a standalone mongod a plain write is acknowledged before
+	// its journal commit, and a crash then would lose it), and read from the
+	// primary, whatever MONGO_URI or the server's defaults say, as the inbox
+	// does. Dead letters and holds are written and read the same way.
+	j := options.Collection().SetWriteConcern(&writeconcern.WriteConcern{W: "majority", Journal: &journaled}).
+		SetReadPreference(readpref.Primary())
 	return &Store{
 		letters: db.Collection(LettersCollection, j),
 		holds:   db.Collection(HoldsCollection, j),
 		parked:  db.Collection(ParkedCollection, j),
 	}, nil
 }
+
+var journaled = true
 
 func key(orderID string, version int64) string { return orderID + "/" + strconv.FormatInt(version, 10) }
 
@@ -178,6 +204,9 @@ type parkedDoc struct {
 // and version) and, when it holds its order, holds it.
 func (s *Store) Record(ctx context.Context, l Letter) error {
 	id := key(l.OrderID, l.Version)
+	if n := len(l.Message.Body); n > MaxKeptBodyBytes {
+		l.Message.Body, l.Message.BodyOmitted = nil, n
+	}
 	if _, err := s.letters.ReplaceOne(ctx, byID(id), letterDoc{ID: id, Letter: l}, options.Replace().SetUpsert(true)); err != nil {
 		return fmt.Errorf("record dead letter %s: %w", id, err)
 	}
@@ -200,6 +229,20 @@ func (s *Store) Record(ctx context.Context, l Letter) error {
 		return fmt.Errorf("hold order %s behind dead letter %s: %w", l.OrderID, id, err)
 	}
 	return nil
+}
+
+// letter returns the dead letter at orderID/version, or nil.
+func (s *Store) letter(ctx context.Context, orderID string, version int64) (*Letter, error) {
+	var doc letterDoc
+	err := s.letters.FindOne(ctx, byID(key(orderID, version)), options.FindOne().
+		SetProjection(bson.D{{Key: "message.body", Value: 0}, {Key: "message.headers", Value: 0}})).Decode(&doc)
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read dead letter %s: %w", key(orderID, version), err)
+	}
+	return &doc.Letter, nil
 }
 
 // Held returns orderID's hold, or nil.

@@ -80,7 +80,9 @@ func TestHeadersOfAnyKeyAndTypeSurviveParkingAndReplay(t *testing.T) {
 	if err := store.Park(ctx, deadletter.Parked{OrderID: "o-1", Version: 2, ParkedAt: now, Message: kept("m2")}); err != nil {
 		t.Fatalf("Park: %v", err)
 	}
-	mgr, err := deadletter.NewManager(deadletter.Config{Store: store, Publisher: deadletter.AMQPPublisher{URL: url, Queue: "q"}, Skipper: noSkip{}})
+	pub := &deadletter.AMQPPublisher{URL: url, Queue: "q"}
+	t.Cleanup(func() { _ = pub.Close() })
+	mgr, err := deadletter.NewManager(deadletter.Config{Store: store, Publisher: pub, Skipper: noSkip{}})
 	if err != nil {
 		t.Fatal(err)
 	}

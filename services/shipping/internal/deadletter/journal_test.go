@@ -1,6 +1,7 @@
 package deadletter
 
 import (
+	"errors"
 	"testing"
 	"time"
 
@@ -12,8 +13,11 @@ import (
 // A parked message is acked once Park returns: the parked copy is then its
 // only copy, so it is written with j: true (a standalone mongod acknowledges
 // a plain write before its journal commit, and a crash then would lose it).
-// The dead letter and the hold are written the same way.
-func TestParkedMessagesAndDeadLettersAreWrittenJournaled(t *testing.T) {
+// The dead letter and the hold are written the same way. All three are
+// written with w: "majority", whatever the server's default write concern
+// or MONGO_URI's: an acknowledged dead letter or parked message must survive
+// a failover, as the inbox's records do.
+func TestParkedMessagesAndDeadLettersAreWrittenJournaledToAMajority(t *testing.T) {
 	t.Parallel()
 	db, cmds := mongotest.Watched(t)
 	s, err := NewStore(db)
@@ -38,8 +42,52 @@ func TestParkedMessagesAndDeadLettersAreWrittenJournaled(t *testing.T) {
 		if !ok {
 			t.Fatalf("no %s among %d writes", w, len(writes))
 		}
-		if j, ok := cmd.Lookup("writeConcern", "j").BooleanOK(); !ok || !j {
-			t.Fatalf("%s: %s; want writeConcern {j: true}", w, cmd)
+		j, jok := cmd.Lookup("writeConcern", "j").BooleanOK()
+		wc, wok := cmd.Lookup("writeConcern", "w").StringValueOK()
+		if !jok || !j || !wok || wc != "majority" {
+			t.Fatalf("%s: %s; want writeConcern {w: \"majority\", j: true}", w, cmd)
 		}
+	}
+}
+
+// A dead letter whose body MongoDB cannot hold (over its 16 MiB document
+// limit) is recorded without its body, saying so: otherwise its delivery is
+// kept and redelivered for ever. The broker's dead-letter queue has the whole
+// message; a replay from the record is refused, a discard works.
+func TestADeadLetterTooLargeForMongoDBIsRecordedWithoutItsBody(t *testing.T) {
+	t.Parallel()
+	s, err := NewStore(mongotest.Database(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	huge := msg("m-huge")
+	huge.Body = make([]byte, 17<<20)
+	if err := s.Record(ctx, Letter{OrderID: "o-big", Version: 1, Reason: "oversize", Holds: true,
+		DeadLetteredAt: time.Now().UTC(), Message: huge}); err != nil {
+		t.Fatalf("Record of a 17 MiB dead letter: %v", err)
+	}
+	var stored letterDoc
+	if err := s.letters.FindOne(ctx, byID("o-big/1")).Decode(&stored); err != nil {
+		t.Fatal(err)
+	}
+	if len(stored.Message.Body) != 0 || stored.Message.BodyOmitted != 17<<20 {
+		t.Fatalf("stored body %d bytes, omitted %d; want none kept and 17 MiB omitted", len(stored.Message.Body), stored.Message.BodyOmitted)
+	}
+	m, err := NewManager(Config{Store: s, Publisher: &fakePublisher{}, Skipper: &fakeSkipper{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Replay(ctx, "o-big", 1); !errors.Is(err, ErrBodyNotKept) {
+		t.Fatalf("Replay: %v; want ErrBodyNotKept", err)
+	}
+	if h, err := s.Held(ctx, "o-big"); err != nil || h == nil || h.State != StateHeld {
+		t.Fatalf("hold after the refused replay: %+v, %v; want it still held, not releasing", h, err)
+	}
+	if _, err := m.Discard(ctx, "o-big", 1); err != nil {
+		t.Fatalf("Discard: %v", err)
+	}
+	if h, err := s.Held(ctx, "o-big"); err != nil || h != nil {
+		t.Fatalf("hold after the discard: %+v, %v; want none", h, err)
 	}
 }

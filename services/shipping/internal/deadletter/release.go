@@ -63,6 +63,13 @@ func (m *Manager) List(ctx context.Context) ([]Letter, []Hold, error) { return m
 // returns how many parked messages it released. Replaying an order whose
 // release was interrupted resumes it.
 func (m *Manager) Replay(ctx context.Context, orderID string, version int64) (int, error) {
+	// Refused before the release begins: a hold left "releasing" would be
+	// resumed, and refused, at every start.
+	if l, err := m.cfg.Store.letter(ctx, orderID, version); err != nil {
+		return 0, err
+	} else if l != nil && l.Message.BodyOmitted > 0 {
+		return 0, fmt.Errorf("replay dead letter %s: %w (%d bytes)", key(orderID, version), ErrBodyNotKept, l.Message.BodyOmitted)
+	}
 	return m.settle(ctx, orderID, version, actionReplay, func(l Letter) error {
 		if err := m.cfg.Publisher.Publish(ctx, l.Message); err != nil {
 			return fmt.Errorf("replay dead letter %s: %w", key(orderID, version), err)
@@ -85,24 +92,39 @@ func (m *Manager) Discard(ctx context.Context, orderID string, version int64) (i
 	})
 }
 
-// Applied releases orderID when its hold is at version, which was applied
-// after all: a second copy of the dead-lettered message (the relay
+// Applied is called after version of orderID applied (or was found
+// applied). It releases orderID when its hold is at version, which was
+// applied after all: a second copy of the dead-lettered message (the relay
 // published it again), or the redelivery of a message whose dead letter was
 // recorded but whose publish to the dead-letter queue failed. The dead
 // letter at that version is dropped (its version is applied) and the order's
-// parked messages are re-published in version order. It returns how many
-// parked messages it released: 0, with no write, when the order is not held
-// at that version. A release an operator began (replay, discard) is left to
-// finish on its own.
+// parked messages are re-published in version order. When the hold is at the
+// next version instead, and that dead letter only waited for this one
+// (Letter.AwaitsPredecessor), its gap is filled: it is replayed (Replay).
+// It returns how many parked messages it released: 0, with no write, when
+// neither is the case. A release an operator began (replay, discard) is
+// left to finish on its own.
 func (m *Manager) Applied(ctx context.Context, orderID string, version int64) (int, error) {
 	hold, err := m.cfg.Store.Held(ctx, orderID)
-	if err != nil || hold == nil || hold.Version != version {
+	if err != nil || hold == nil {
 		return 0, err
 	}
-	if hold.State != StateHeld && hold.Action != actionApplied {
-		return 0, nil
+	switch {
+	case hold.Version == version:
+		if hold.State != StateHeld && hold.Action != actionApplied {
+			return 0, nil
+		}
+		return m.settle(ctx, orderID, version, actionApplied, nil)
+	case hold.Version == version+1 && hold.State == StateHeld:
+		l, err := m.cfg.Store.letter(ctx, orderID, version+1)
+		if err != nil || l == nil || !l.AwaitsPredecessor {
+			return 0, err
+		}
+		m.log.InfoContext(ctx, "the version a dead letter waited for applied: replaying it", "aggregate_id", orderID,
+			"version", version+1, "event_id", l.Message.MessageID)
+		return m.Replay(ctx, orderID, version+1)
 	}
-	return m.settle(ctx, orderID, version, actionApplied, nil)
+	return 0, nil
 }
 
 // Release actions, kept on a releasing hold.

@@ -72,6 +72,8 @@ func (a *api) settle(do func(context.Context, string, int64) (int, error), done 
 		switch {
 		case errors.Is(err, deadletter.ErrNotFound):
 			writeError(w, http.StatusNotFound, "no dead letter at that order and version")
+		case errors.Is(err, deadletter.ErrBodyNotKept):
+			writeError(w, http.StatusConflict, err.Error()+": replay it from the dead-letter queue, or discard it")
 		case err != nil:
 			a.log.ErrorContext(r.Context(), "settle dead letter", "aggregate_id", orderID, "version", version, "error", err)
 			writeError(w, http.StatusServiceUnavailable, "could not finish; run it again to resume: "+err.Error())

@@ -3,6 +3,7 @@ package httpapi_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -35,6 +36,8 @@ func (f *fakeDeadLetters) settle(what, orderID string, version int64) (int, erro
 		return 0, deadletter.ErrNotFound
 	case version == 8:
 		return 1, errors.New("broker gone")
+	case version == 7:
+		return 0, fmt.Errorf("replay: %w", deadletter.ErrBodyNotKept)
 	}
 	return 3, nil
 }
@@ -80,6 +83,7 @@ func TestAdminDeadLetterEndpoints(t *testing.T) {
 		{h, "POST", "/admin/dead-letters/o-1/0/discard", "tok", 400, "positive version"},
 		{h, "POST", "/admin/dead-letters/o-1/9/replay", "tok", 404, "no dead letter"},
 		{h, "POST", "/admin/dead-letters/o-1/8/replay", "tok", 503, "run it again"},
+		{h, "POST", "/admin/dead-letters/o-1/7/replay", "tok", 409, "dead-letter queue, or discard it"},
 		{h, "POST", "/admin/dead-letters/o-1/2/replay", "", 401, "bearer token"},
 	} {
 		status, body := do(tc.h, tc.method, tc.path, tc.token)
@@ -87,7 +91,7 @@ func TestAdminDeadLetterEndpoints(t *testing.T) {
 			t.Errorf("%s %s (token %q): %d %s; want %d with %q", tc.method, tc.path, tc.token, status, body, tc.status, tc.body)
 		}
 	}
-	if strings.Join(dl.calls, ",") != "replay o-1,discard o-1,replay o-1,replay o-1" {
+	if strings.Join(dl.calls, ",") != "replay o-1,discard o-1,replay o-1,replay o-1,replay o-1" {
 		t.Errorf("calls %v", dl.calls)
 	}
 }

@@ -98,7 +98,8 @@ type DeadLetters interface {
 }
 
 // Releases releases an order held behind a dead letter whose version was
-// applied after all (services/shipping/internal/deadletter).
+// applied after all, or whose gap the applied version filled
+// (services/shipping/internal/deadletter).
 type Releases interface {
 	Applied(ctx context.Context, orderID string, version int64) (int, error)
 }
@@ -408,7 +409,8 @@ func (p *Processor) deadLetter(ctx context.Context, d rabbitmq.Delivery, ev ship
 	}
 	l := deadletter.Letter{
 		OrderID: orderID, Version: version, EventType: typ, Reason: string(r), Error: truncate(err.Error(), 1024),
-		Holds: r != shipment.ReasonVersionConflict, DeadLetteredAt: time.Now().UTC(), Message: keep(d),
+		Holds: r != shipment.ReasonVersionConflict, AwaitsPredecessor: r == shipment.ReasonGapNotFilled,
+		DeadLetteredAt: time.Now().UTC(), Message: keep(d),
 	}
 	if rerr := p.cfg.DeadLetters.Record(ctx, l); rerr != nil {
 		p.log.WarnContext(ctx, "could not record the dead letter, keeping the delivery", "event_id", d.MessageID,
