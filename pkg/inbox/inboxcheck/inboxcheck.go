@@ -23,7 +23,9 @@
 // Run delivers messages of fresh aggregates (versions 1, 2, ... of each)
 // through inboxes configured as Subject.Inbox says, in each of these
 // scenarios, then reads every aggregate's effect and wants each message
-// applied exactly once, in version order:
+// applied exactly once, in version order (in any order when the subject
+// declares its effect order-insensitive, Subject.OrderInsensitive: a set of
+// facts, a sum):
 //
 //   - redelivered: each message delivered twice in a row, the second time
 //     to another consumer instance (whose done cache is empty).
@@ -37,7 +39,9 @@
 //     (the check makes them meet inside the handler).
 //   - out_of_order: each aggregate's versions delivered last first; a
 //     delivery whose handler fails is delivered again after the others, as a
-//     broker redelivers a rejected message.
+//     broker redelivers a rejected message. An order-sensitive handler must
+//     hold a version back until the one before it is applied; an
+//     order-insensitive one must still apply each once.
 //   - foreign_context: one delivery of each message whose handler gets a
 //     context cancelled before it runs: a handler that still applies its
 //     effect does its database work with another context. In ModeTransaction
@@ -116,6 +120,12 @@ type Subject struct {
 	Aggregates int
 	// MaxDeliveries bounds the deliveries of one message. Default 20.
 	MaxDeliveries int
+	// OrderInsensitive says the handler's effect does not depend on the
+	// order its messages are applied in (a set of facts, a sum): the check
+	// then wants each message applied once, in any order, and reports no
+	// OutOfOrder finding. By default an effect is order-sensitive: each
+	// aggregate's messages must be applied in version order.
+	OrderInsensitive bool
 }
 
 // Problems a Finding reports.
@@ -147,13 +157,21 @@ type Report struct {
 	// Deliveries counts the Process calls made.
 	Deliveries int
 	Findings   []Finding
+
+	orderInsensitive bool
 }
 
 func (r *Report) String() string {
+	var lines []string
 	if len(r.Findings) == 0 {
-		return fmt.Sprintf("inboxcheck: %s mode, %d deliveries: every message applied once, in order", r.Mode, r.Deliveries)
+		clean := "every message applied once, in order"
+		if r.orderInsensitive {
+			clean = "every message applied once (order not checked: Subject.OrderInsensitive)"
+		}
+		lines = append(lines, fmt.Sprintf("inboxcheck: %s mode, %d deliveries: %s", r.Mode, r.Deliveries, clean))
+	} else {
+		lines = append(lines, fmt.Sprintf("inboxcheck: %s mode, %d deliveries: %d findings", r.Mode, r.Deliveries, len(r.Findings)))
 	}
-	lines := []string{fmt.Sprintf("inboxcheck: %s mode, %d deliveries: %d findings", r.Mode, r.Deliveries, len(r.Findings))}
 	for _, f := range r.Findings {
 		lines = append(lines, "  "+f.String())
 	}
@@ -191,7 +209,7 @@ func Check(ctx context.Context, db *mongo.Database, s Subject) (*Report, error) 
 	s.MaxDeliveries = cmp.Or(s.MaxDeliveries, 20)
 	b := make([]byte, 6)
 	_, _ = rand.Read(b)
-	c := &checker{db: db, s: s, run: "inboxcheck-" + hex.EncodeToString(b), report: &Report{}}
+	c := &checker{db: db, s: s, run: "inboxcheck-" + hex.EncodeToString(b), report: &Report{orderInsensitive: s.OrderInsensitive}}
 	probe, err := c.inbox("probe")
 	if err != nil {
 		return nil, err
@@ -557,7 +575,7 @@ func (c *checker) verify(ctx context.Context, scenario string, aggs [][]Message)
 				c.find(scenario, agg, Unexpected, "the aggregate shows message %s, which was not delivered to it; effects: %v", id, got)
 			}
 		}
-		if clean && !slices.Equal(got, want) {
+		if clean && !c.s.OrderInsensitive && !slices.Equal(got, want) {
 			c.find(scenario, agg, OutOfOrder, "effects applied in the order %v, want %v", got, want)
 		}
 	}

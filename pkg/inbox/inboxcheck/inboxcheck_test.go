@@ -270,6 +270,31 @@ func TestAnOrderBlindHandlerFails(t *testing.T) {
 	}
 }
 
+// The same handler on a subject that declares its effect order-insensitive
+// (a set of facts) passes: versions applied in any order, each once.
+func TestAnOrderInsensitiveSubjectGetsNoOrderFindings(t *testing.T) {
+	t.Parallel()
+	db := inboxtest.Database(t)
+	e := newEffects(db)
+	s := e.subject(e.orderBlind)
+	s.OrderInsensitive = true
+	f := runFake(t, db, s)
+	if len(f.errors) != 0 {
+		t.Errorf("findings on an order-insensitive subject:\n%s", strings.Join(f.errors, "\n"))
+	}
+	// Order-insensitive is not "anything goes": an effect applied twice is
+	// still a finding.
+	s = e.subject(e.plain)
+	s.OrderInsensitive = true
+	f = runFake(t, db, s)
+	wantFailures(t, f, map[string]string{"expired_record": inboxcheck.AppliedTwice})
+	for _, e := range f.errors {
+		if strings.Contains(e, ": "+inboxcheck.OutOfOrder+": ") {
+			t.Errorf("an order finding on an order-insensitive subject: %s", e)
+		}
+	}
+}
+
 func TestAHandlerThatSwallowsAGapLosesTheEffect(t *testing.T) {
 	t.Parallel()
 	db := inboxtest.Database(t)
