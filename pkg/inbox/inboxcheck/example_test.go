@@ -24,7 +24,8 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
-	client, err := mongo.Connect(options.Client().ApplyURI(uri))
+	// The kit's monitor lets it interrupt a handler between its commands.
+	client, err := mongo.Connect(options.Client().ApplyURI(uri).SetMonitor(inboxcheck.Monitor(nil)))
 	if err != nil {
 		panic(err)
 	}
@@ -101,6 +102,7 @@ func Example() {
 	// Output:
 	// keyed handler: 0 findings
 	// plain insert: crash_window: applied twice
+	// plain insert: crash_inside: applied twice
 	// plain insert: concurrent: applied twice
 	// plain insert: out_of_order: out of order
 	// plain insert: expired_record: applied twice

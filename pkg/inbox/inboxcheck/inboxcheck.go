@@ -4,10 +4,13 @@
 // applied out of order, or when the handler breaks a rule of the inbox's
 // mode.
 //
-// Give it the handler, and a way to read its effect:
+// Give it the handler, and a way to read its effect, on a database whose
+// client has the check's command monitor (Monitor):
 //
 //	func TestShipmentHandler(t *testing.T) {
-//		db := ... // a *mongo.Database of the test's own
+//		client, err := mongo.Connect(options.Client().ApplyURI(uri).SetMonitor(inboxcheck.Monitor(nil)))
+//		...
+//		db := client.Database(...) // a database of the test's own
 //		inboxcheck.Run(t, db, inboxcheck.Subject{
 //			Handler: func(m inboxcheck.Message) inbox.Handler {
 //				return func(ctx context.Context) error {
@@ -34,6 +37,16 @@
 //     killed between its effect and its record leaves (in ModeTransaction the
 //     effect is rolled back with the transaction; in ModeStandalone it stays,
 //     and the redelivery must find it applied).
+//   - crash_inside: the consumer dies inside the handler, between two of
+//     its database commands: for k = 1, 2, ... (fresh aggregates for each
+//     k, whose names end in -k<k>-<n>) the first delivery of each message
+//     is interrupted after the handler's k-th command (the Monitor counts
+//     them and then cancels the handler's context, so no later command of
+//     it reaches the server), then the message is delivered again until
+//     acknowledged; k grows until no handler makes k commands. A handler
+//     that writes a "done" marker of its own and then its effect, in two
+//     writes, loses the effect here: the redelivery finds the marker and
+//     the inbox records the message (Lost).
 //   - concurrent: each message delivered to two consumer instances at the
 //     same time; in ModeStandalone without a Lease both handlers run at once
 //     (the check makes them meet inside the handler).
@@ -87,6 +100,8 @@ import (
 	"testing"
 	"time"
 
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/event"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 
 	"github.com/outbox-inbox/reference/pkg/inbox"
@@ -150,13 +165,31 @@ func (f Finding) String() string {
 	return fmt.Sprintf("%s: aggregate %s: %s: %s", f.Scenario, f.AggregateID, f.Problem, f.Detail)
 }
 
+// Unchecked is what a scenario could not show on the server under the
+// check (or in the inboxes' mode): not a pass.
+type Unchecked struct {
+	Scenario string
+	Reason   string
+}
+
+func (u Unchecked) String() string {
+	return fmt.Sprintf("%s: not checkable on this server: %s", u.Scenario, u.Reason)
+}
+
 // Report is what a check found.
 type Report struct {
 	// Mode is the mode the inboxes ran in.
 	Mode inbox.Mode
 	// Deliveries counts the Process calls made.
 	Deliveries int
-	Findings   []Finding
+	// Crashes counts the deliveries crash_inside interrupted inside the
+	// handler, after one of its database commands.
+	Crashes  int
+	Findings []Finding
+	// Unchecked lists what the server under the check (or the inboxes'
+	// mode) could not show: a handler without findings has not passed
+	// these.
+	Unchecked []Unchecked
 
 	orderInsensitive bool
 }
@@ -175,6 +208,9 @@ func (r *Report) String() string {
 	for _, f := range r.Findings {
 		lines = append(lines, "  "+f.String())
 	}
+	for _, u := range r.Unchecked {
+		lines = append(lines, "  "+u.String())
+	}
 	return strings.Join(lines, "\n")
 }
 
@@ -189,6 +225,9 @@ func Run(t testing.TB, db *mongo.Database, s Subject) *Report {
 	}
 	for _, f := range r.Findings {
 		t.Errorf("inboxcheck: %s", f)
+	}
+	for _, u := range r.Unchecked {
+		t.Logf("inboxcheck: %s", u)
 	}
 	return r
 }
@@ -209,7 +248,13 @@ func Check(ctx context.Context, db *mongo.Database, s Subject) (*Report, error) 
 	s.MaxDeliveries = cmp.Or(s.MaxDeliveries, 20)
 	b := make([]byte, 6)
 	_, _ = rand.Read(b)
-	c := &checker{db: db, s: s, run: "inboxcheck-" + hex.EncodeToString(b), report: &Report{orderInsensitive: s.OrderInsensitive}}
+	c := &checker{db: db, s: s, run: "inboxcheck-" + hex.EncodeToString(b), report: &Report{orderInsensitive: s.OrderInsensitive}, gaveUp: map[string]bool{}}
+	switch ok, err := monitored(ctx, db); {
+	case err != nil:
+		return nil, err
+	case !ok:
+		return nil, errors.New("inboxcheck: the database's client has no inboxcheck.Monitor, through which the check interrupts the handler between its database commands: connect with options.Client().SetMonitor(inboxcheck.Monitor(nil))")
+	}
 	probe, err := c.inbox("probe")
 	if err != nil {
 		return nil, err
@@ -223,6 +268,7 @@ func Check(ctx context.Context, db *mongo.Database, s Subject) (*Report, error) 
 	}{
 		{"redelivered", c.redelivered},
 		{"crash_window", c.crashWindow},
+		{"crash_inside", c.crashInside},
 		{"concurrent", c.concurrent},
 		{"out_of_order", c.outOfOrder},
 		{"foreign_context", c.foreignContext},
@@ -232,11 +278,107 @@ func Check(ctx context.Context, db *mongo.Database, s Subject) (*Report, error) 
 		if err := sc.run(ctx, sc.name, aggs); err != nil {
 			return c.report, fmt.Errorf("inboxcheck: %s: %w", sc.name, err)
 		}
-		if err := c.verify(ctx, sc.name, aggs); err != nil {
+		if sc.name == "crash_inside" {
+			continue // verified after each crash point
+		}
+		if err := c.verify(ctx, sc.name, aggs, ""); err != nil {
 			return c.report, fmt.Errorf("inboxcheck: %s: %w", sc.name, err)
 		}
 	}
 	return c.report, nil
+}
+
+// Monitor returns the command monitor the client of the checked database
+// must have: through it the check counts a handler's database commands and
+// interrupts the handler after its k-th (crash_inside). Set it when the
+// client is made:
+//
+//	client, err := mongo.Connect(options.Client().ApplyURI(uri).SetMonitor(inboxcheck.Monitor(nil)))
+//
+// next, if not nil, receives every event too (a monitor of your own). The
+// monitor acts only on commands whose context the check marked; for the
+// rest it only passes the events on.
+func Monitor(next *event.CommandMonitor) *event.CommandMonitor {
+	var m event.CommandMonitor
+	if next != nil {
+		m = *next
+	}
+	started, succeeded, failed := m.Started, m.Succeeded, m.Failed
+	m.Started = func(ctx context.Context, e *event.CommandStartedEvent) {
+		if started != nil {
+			started(ctx, e)
+		}
+	}
+	m.Succeeded = func(ctx context.Context, e *event.CommandSucceededEvent) {
+		if p, ok := ctx.Value(pointKey{}).(*crashPoint); ok {
+			p.done()
+		}
+		if succeeded != nil {
+			succeeded(ctx, e)
+		}
+	}
+	m.Failed = func(ctx context.Context, e *event.CommandFailedEvent) {
+		if p, ok := ctx.Value(pointKey{}).(*crashPoint); ok {
+			p.done()
+		}
+		if failed != nil {
+			failed(ctx, e)
+		}
+	}
+	return &m
+}
+
+// pointKey marks the context of the commands a crashPoint counts.
+type pointKey struct{}
+
+// crashPoint counts the commands made with its context, and cancels that
+// context once after commands have completed (0: never): the driver sends
+// no command on a cancelled context, so the handler's later commands never
+// reach the server, as if the consumer had died there.
+type crashPoint struct {
+	after  int
+	cancel context.CancelFunc
+
+	mu    sync.Mutex
+	count int
+	fired bool
+}
+
+func (p *crashPoint) done() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.count++
+	if p.after > 0 && p.count == p.after {
+		p.fired = true
+		p.cancel()
+	}
+}
+
+// state returns how many commands completed and whether the point fired.
+func (p *crashPoint) state() (int, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.count, p.fired
+}
+
+// counting returns ctx marked for a crash point after commands (0: count
+// only), and the point.
+func counting(ctx context.Context, after int) (context.Context, *crashPoint) {
+	ctx, cancel := context.WithCancel(ctx)
+	p := &crashPoint{after: after, cancel: cancel}
+	return context.WithValue(ctx, pointKey{}, p), p
+}
+
+// monitored reports whether db's client has the check's Monitor: a ping
+// made with a counting context must be counted.
+func monitored(ctx context.Context, db *mongo.Database) (bool, error) {
+	pctx, p := counting(ctx, 0)
+	defer p.cancel()
+	if err := db.RunCommand(pctx, bson.D{{Key: "ping", Value: 1}}).Err(); err != nil {
+		return false, fmt.Errorf("inboxcheck: ping: %w", err)
+	}
+	n, _ := p.state()
+	return n > 0, nil
 }
 
 // checker is one run of Check.
@@ -245,19 +387,37 @@ type checker struct {
 	s      Subject
 	run    string
 	report *Report
-	mu     sync.Mutex // guards report
+	mu     sync.Mutex      // guards report and gaveUp
+	gaveUp map[string]bool // messages never acknowledged, by id
+}
+
+// fate says whether the message with id was acknowledged.
+func (c *checker) fate(id string) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.gaveUp[id] {
+		return "was never acknowledged"
+	}
+	return "was acknowledged (the inbox records it done)"
 }
 
 // errCrash and errProbe end deliveries on purpose.
 var (
-	errCrash = errors.New("inboxcheck: the consumer died after the effect, before the record")
-	errProbe = errors.New("inboxcheck: probe delivery with a cancelled context")
+	errCrash       = errors.New("inboxcheck: the consumer died after the effect, before the record")
+	errCrashInside = errors.New("inboxcheck: the consumer died inside the handler")
+	errProbe       = errors.New("inboxcheck: probe delivery with a cancelled context")
 )
 
 func (c *checker) find(scenario, aggregateID, problem, format string, args ...any) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.report.Findings = append(c.report.Findings, Finding{Scenario: scenario, AggregateID: aggregateID, Problem: problem, Detail: fmt.Sprintf(format, args...)})
+}
+
+func (c *checker) unchecked(scenario, reason string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.report.Unchecked = append(c.report.Unchecked, Unchecked{Scenario: scenario, Reason: reason})
 }
 
 // inbox returns an inbox of the subject's configuration for the consumer
@@ -323,6 +483,9 @@ func (c *checker) settle(ctx context.Context, scenario string, in *inbox.Inbox, 
 				return err
 			}
 		case deliveries[m.ID] >= c.s.MaxDeliveries:
+			c.mu.Lock()
+			c.gaveUp[m.ID] = true
+			c.mu.Unlock()
 			c.find(scenario, m.AggregateID, NeverAcknowledged, "message %s (version %d): %d deliveries failed, the last with: %v",
 				m.ID, m.Version, deliveries[m.ID], err)
 		default:
@@ -406,6 +569,70 @@ func (c *checker) crashWindow(ctx context.Context, scenario string, aggs [][]Mes
 	for _, m := range flatten(aggs) {
 		if err := c.settle(ctx, scenario, in, []Message{m}, crash, nil); err != nil {
 			return err
+		}
+	}
+	return closing(ctx, in)
+}
+
+// maxCrashPoint bounds the crash points crash_inside tries: a handler
+// making more database commands per message is interrupted only after its
+// first maxCrashPoint.
+const maxCrashPoint = 50
+
+// crashInside interrupts the handler after its k-th database command, for
+// k = 1, 2, ... until no handler makes k commands: for each k, fresh
+// aggregates, each message's first delivery interrupted there (its context
+// cancelled, so none of its later commands reaches the server, and the
+// delivery failed whatever the handler returns), then delivered again until
+// acknowledged. A handler whose redelivery takes a partial effect for a
+// whole one (a "done" marker of its own written before the effect) loses
+// the effect, and verify reports it.
+func (c *checker) crashInside(ctx context.Context, scenario string, _ [][]Message) error {
+	in, err := c.inbox(scenario)
+	if err != nil {
+		return err
+	}
+	for k := 1; ; k++ {
+		if k > maxCrashPoint {
+			c.unchecked(scenario, fmt.Sprintf("the handler makes more than %d database commands for one message; crashes after the later ones were not tried", maxCrashPoint))
+			break
+		}
+		var (
+			mu    sync.Mutex
+			fired int
+		)
+		crash := func(m Message, delivery int, h inbox.Handler) inbox.Handler {
+			if delivery > 1 {
+				return h
+			}
+			return func(ctx context.Context) error {
+				hctx, p := counting(ctx, k)
+				defer p.cancel()
+				err := h(hctx)
+				if _, ok := p.state(); ok {
+					mu.Lock()
+					fired++
+					mu.Unlock()
+					return fmt.Errorf("%w (after the handler's database command %d)", errCrashInside, k)
+				}
+				return err
+			}
+		}
+		aggs := c.messages(fmt.Sprintf("%s-k%d", scenario, k))
+		for _, m := range flatten(aggs) {
+			if err := c.settle(ctx, scenario, in, []Message{m}, crash, nil); err != nil {
+				return err
+			}
+		}
+		note := fmt.Sprintf(" (each message's first delivery interrupted after the handler's database command %d)", k)
+		if err := c.verify(ctx, scenario, aggs, note); err != nil {
+			return err
+		}
+		c.mu.Lock()
+		c.report.Crashes += fired
+		c.mu.Unlock()
+		if fired == 0 {
+			break
 		}
 	}
 	return closing(ctx, in)
@@ -541,8 +768,9 @@ func (c *checker) expiredRecord(ctx context.Context, scenario string, aggs [][]M
 }
 
 // verify wants each aggregate's effect to show its messages once each, in
-// version order.
-func (c *checker) verify(ctx context.Context, scenario string, aggs [][]Message) error {
+// version order unless the subject is order-insensitive. note ends the
+// details of the findings.
+func (c *checker) verify(ctx context.Context, scenario string, aggs [][]Message, note string) error {
 	for _, a := range aggs {
 		agg := a[0].AggregateID
 		got, err := c.s.Applied(ctx, agg)
@@ -563,20 +791,20 @@ func (c *checker) verify(ctx context.Context, scenario string, aggs [][]Message)
 			switch n := counts[m.ID]; {
 			case n == 0:
 				clean = false
-				c.find(scenario, agg, Lost, "message %s (version %d) was acknowledged and its effect is not there; effects: %v", m.ID, m.Version, got)
+				c.find(scenario, agg, Lost, "message %s (version %d) %s, and its effect is not there; effects: %v%s", m.ID, m.Version, c.fate(m.ID), got, note)
 			case n > 1:
 				clean = false
-				c.find(scenario, agg, AppliedTwice, "message %s (version %d) applied %d times; effects: %v", m.ID, m.Version, n, got)
+				c.find(scenario, agg, AppliedTwice, "message %s (version %d) applied %d times; effects: %v%s", m.ID, m.Version, n, got, note)
 			}
 		}
 		for id := range counts {
 			if _, ok := version[id]; !ok {
 				clean = false
-				c.find(scenario, agg, Unexpected, "the aggregate shows message %s, which was not delivered to it; effects: %v", id, got)
+				c.find(scenario, agg, Unexpected, "the aggregate shows message %s, which was not delivered to it; effects: %v%s", id, got, note)
 			}
 		}
 		if clean && !c.s.OrderInsensitive && !slices.Equal(got, want) {
-			c.find(scenario, agg, OutOfOrder, "effects applied in the order %v, want %v", got, want)
+			c.find(scenario, agg, OutOfOrder, "effects applied in the order %v, want %v%s", got, want, note)
 		}
 	}
 	return nil

@@ -25,6 +25,29 @@ import (
 // replica set (ModeTransaction) where one is available.
 func TestMain(m *testing.M) { goleak.VerifyTestMain(inboxtest.Suite(m)) }
 
+// database returns a fresh database on the standalone server, on a client
+// with the kit's command monitor.
+func database(t *testing.T) *mongo.Database {
+	t.Helper()
+	return monitoredClient(t, inboxtest.URI(t)).Database(inboxtest.Database(t).Name())
+}
+
+// replicaSet is database on the replica set (skipped without one).
+func replicaSet(t *testing.T) *mongo.Database {
+	t.Helper()
+	return monitoredClient(t, inboxtest.ReplicaSetURI(t)).Database(inboxtest.ReplicaSet(t).Name())
+}
+
+func monitoredClient(t *testing.T, uri string) *mongo.Client {
+	t.Helper()
+	client, err := mongo.Connect(options.Client().ApplyURI(uri).SetMonitor(inboxcheck.Monitor(nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = client.Disconnect(context.WithoutCancel(t.Context())) })
+	return client
+}
+
 // effects is an effect store for the handlers below: one document per
 // applied message, numbered in the order of application.
 type effects struct {
@@ -72,6 +95,34 @@ func (e *effects) keyed(m inboxcheck.Message) inbox.Handler {
 
 func (e *effects) doc(m inboxcheck.Message, id any) bson.D {
 	return bson.D{{Key: "_id", Value: id}, {Key: "aggregate_id", Value: m.AggregateID}, {Key: "message_id", Value: m.ID}, {Key: "seq", Value: e.seq.Add(1)}}
+}
+
+// markFirst keeps a "done" marker of its own per message and writes it
+// before the effect, in two writes: right under every redelivery the
+// inbox makes, wrong when the consumer dies between the two writes (the
+// redelivery finds the marker and skips the effect).
+func (e *effects) markFirst(m inboxcheck.Message) inbox.Handler {
+	markers := e.coll.Database().Collection("markers")
+	return func(ctx context.Context) error {
+		err := markers.FindOne(ctx, bson.D{{Key: "_id", Value: m.ID}}).Err()
+		if err == nil {
+			return nil // done, says the marker
+		}
+		if !errors.Is(err, mongo.ErrNoDocuments) {
+			return err
+		}
+		if m.Version > 1 {
+			prev := inboxcheck.Message{AggregateID: m.AggregateID, Version: m.Version - 1}
+			if err := e.coll.FindOne(ctx, bson.D{{Key: "_id", Value: key(prev)}}).Err(); err != nil {
+				return err // not yet (or lost): the message comes again
+			}
+		}
+		if _, err := markers.InsertOne(ctx, bson.D{{Key: "_id", Value: m.ID}}); err != nil {
+			return err // a concurrent copy marked it: the redelivery finds the marker
+		}
+		_, err = e.coll.InsertOne(ctx, e.doc(m, key(m)))
+		return err
+	}
 }
 
 // plain adds a document per run: not idempotent.
@@ -161,6 +212,7 @@ type fakeT struct {
 	ctx        context.Context
 	mu         sync.Mutex
 	errors     []string
+	logs       []string
 	fatal      string
 }
 
@@ -170,6 +222,12 @@ func (f *fakeT) Errorf(format string, args ...any) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.errors = append(f.errors, fmt.Sprintf(format, args...))
+}
+
+func (f *fakeT) Logf(format string, args ...any) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.logs = append(f.logs, fmt.Sprintf(format, args...))
 }
 
 func (f *fakeT) Fatalf(format string, args ...any) {
@@ -225,7 +283,7 @@ func TestAHandlerThatFollowsTheRulesPasses(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			db := inboxtest.Database(t)
+			db := database(t)
 			e := newEffects(db)
 			s := e.subject(e.keyed)
 			s.Inbox = cfg
@@ -243,7 +301,7 @@ func TestAHandlerThatFollowsTheRulesPasses(t *testing.T) {
 // versions in the order they come.
 func TestANonIdempotentHandlerFails(t *testing.T) {
 	t.Parallel()
-	db := inboxtest.Database(t)
+	db := database(t)
 	e := newEffects(db)
 	f := runFake(t, db, e.subject(e.plain))
 	wantFailures(t, f, map[string]string{
@@ -259,9 +317,43 @@ func TestANonIdempotentHandlerFails(t *testing.T) {
 	}
 }
 
+// A handler that marks a message done itself and then applies its effect,
+// in two writes, passes every redelivery, the crash between effect and
+// record, and concurrency: only a crash between its own two writes loses
+// the effect.
+func TestAMarkFirstHandlerLosesTheEffectWhenItDiesBetweenItsWrites(t *testing.T) {
+	t.Parallel()
+	db := database(t)
+	e := newEffects(db)
+	s := e.subject(e.markFirst)
+	s.MaxDeliveries = 3
+	f := runFake(t, db, s)
+	wantFailures(t, f, map[string]string{"crash_inside": inboxcheck.Lost})
+	for _, e := range f.errors {
+		if !strings.HasPrefix(e, "inboxcheck: crash_inside: ") {
+			t.Errorf("a finding outside crash_inside: %s", e)
+		}
+	}
+}
+
+// The handler to copy survives a crash after any of its commands.
+func TestAKeyedHandlerSurvivesACrashAfterAnyCommand(t *testing.T) {
+	t.Parallel()
+	db := database(t)
+	e := newEffects(db)
+	s := e.subject(e.keyed)
+	s.Versions = 3
+	r := inboxcheck.Run(t, db, s)
+	// Version 3 makes three commands: the crash after the third is the
+	// crash window; one more pass sees no crash point reached.
+	if got := r.Crashes; got < 3 {
+		t.Errorf("crash points tried: %d, want at least 3; report:\n%s", got, r)
+	}
+}
+
 func TestAnOrderBlindHandlerFails(t *testing.T) {
 	t.Parallel()
-	db := inboxtest.Database(t)
+	db := database(t)
 	e := newEffects(db)
 	f := runFake(t, db, e.subject(e.orderBlind))
 	wantFailures(t, f, map[string]string{"out_of_order": inboxcheck.OutOfOrder})
@@ -274,7 +366,7 @@ func TestAnOrderBlindHandlerFails(t *testing.T) {
 // (a set of facts) passes: versions applied in any order, each once.
 func TestAnOrderInsensitiveSubjectGetsNoOrderFindings(t *testing.T) {
 	t.Parallel()
-	db := inboxtest.Database(t)
+	db := database(t)
 	e := newEffects(db)
 	s := e.subject(e.orderBlind)
 	s.OrderInsensitive = true
@@ -297,7 +389,7 @@ func TestAnOrderInsensitiveSubjectGetsNoOrderFindings(t *testing.T) {
 
 func TestAHandlerThatSwallowsAGapLosesTheEffect(t *testing.T) {
 	t.Parallel()
-	db := inboxtest.Database(t)
+	db := database(t)
 	e := newEffects(db)
 	f := runFake(t, db, e.subject(e.gapSwallower))
 	wantFailures(t, f, map[string]string{"out_of_order": inboxcheck.Lost})
@@ -307,7 +399,7 @@ func TestAHandlerThatSwallowsAGapLosesTheEffect(t *testing.T) {
 // caught even without transactions.
 func TestAHandlerWritingWithAnotherContextIsCaught(t *testing.T) {
 	t.Parallel()
-	db := inboxtest.Database(t)
+	db := database(t)
 	e := newEffects(db)
 	f := runFake(t, db, e.subject(e.foreign))
 	wantFailures(t, f, map[string]string{"foreign_context": inboxcheck.ForeignContext})
@@ -320,7 +412,7 @@ func TestAHandlerWritingWithAnotherContextIsCaught(t *testing.T) {
 
 func TestAHandlerThatAlwaysFailsIsNeverAcknowledged(t *testing.T) {
 	t.Parallel()
-	db := inboxtest.Database(t)
+	db := database(t)
 	e := newEffects(db)
 	s := e.subject(func(inboxcheck.Message) inbox.Handler {
 		return func(context.Context) error { return errors.New("schema registry down") }
@@ -335,7 +427,7 @@ func TestAHandlerThatAlwaysFailsIsNeverAcknowledged(t *testing.T) {
 
 func TestABadSubjectIsTheKitsOwnError(t *testing.T) {
 	t.Parallel()
-	db := inboxtest.Database(t)
+	db := database(t)
 	e := newEffects(db)
 	for name, s := range map[string]inboxcheck.Subject{
 		"no handler":     {Applied: e.applied},
@@ -350,6 +442,11 @@ func TestABadSubjectIsTheKitsOwnError(t *testing.T) {
 	if _, err := inboxcheck.Check(t.Context(), nil, e.subject(e.keyed)); err == nil {
 		t.Error("nil database: no error")
 	}
+	// A client without the kit's monitor could not crash the handler
+	// inside: that is the kit's error, not a pass.
+	if r, err := inboxcheck.Check(t.Context(), inboxtest.Database(t), e.subject(e.keyed)); err == nil || !strings.Contains(err.Error(), "inboxcheck.Monitor") {
+		t.Errorf("no monitor: error %v, report %v", err, r)
+	}
 }
 
 // In transaction mode the rules are stricter, and the kit checks them: a
@@ -357,7 +454,7 @@ func TestABadSubjectIsTheKitsOwnError(t *testing.T) {
 // transaction when the effect is there without a record.
 func TestTransactionModeRules(t *testing.T) {
 	t.Parallel()
-	db := inboxtest.ReplicaSet(t)
+	db := replicaSet(t)
 	e := newEffects(db)
 	r := inboxcheck.Run(t, db, e.subject(e.keyed))
 	if r.Mode != inbox.ModeTransaction {

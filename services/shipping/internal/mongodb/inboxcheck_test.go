@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/outbox-inbox/reference/internal/mongolocal/mongotest"
 	"github.com/outbox-inbox/reference/internal/mongolocal/replsettest"
@@ -59,10 +60,23 @@ func shippingSubject(t *testing.T, db *mongo.Database, cfg inbox.Config) inboxch
 	}
 }
 
+// monitored returns db on a client of its own with the kit's command
+// monitor, through which it interrupts the handler between its commands.
+func monitored(t *testing.T, uri string, db *mongo.Database) *mongo.Database {
+	t.Helper()
+	client, err := mongo.Connect(options.Client().ApplyURI(uri).SetMonitor(inboxcheck.Monitor(nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = client.Disconnect(context.WithoutCancel(t.Context())) })
+	return client.Database(db.Name())
+}
+
 // Shipping's handler passes the inbox handler kit: redelivered, after a
-// crash between its effect and the record, concurrently, out of order,
-// with a cancelled context, and after its record expired, with the inbox
-// configured as the service configures it (records buffered every 10ms).
+// crash between its effect and the record, after a crash after each of its
+// own database commands, concurrently, out of order, with a cancelled
+// context, and after its record expired, with the inbox configured as the
+// service configures it (records buffered every 10ms).
 func TestShippingHandlerPassesTheInboxCheck(t *testing.T) {
 	t.Parallel()
 	for name, cfg := range map[string]inbox.Config{
@@ -71,9 +85,13 @@ func TestShippingHandlerPassesTheInboxCheck(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			db := mongotest.Database(t)
-			if r := inboxcheck.Run(t, db, shippingSubject(t, db, cfg)); r.Mode != inbox.ModeStandalone {
+			db := monitored(t, mongotest.URI(t), mongotest.Database(t))
+			r := inboxcheck.Run(t, db, shippingSubject(t, db, cfg))
+			if r.Mode != inbox.ModeStandalone {
 				t.Fatalf("mode %s, want standalone on FerretDB", r.Mode)
+			}
+			if r.Crashes == 0 {
+				t.Errorf("no delivery was interrupted inside the handler:\n%s", r)
 			}
 		})
 	}
@@ -82,7 +100,7 @@ func TestShippingHandlerPassesTheInboxCheck(t *testing.T) {
 // And in transaction mode, where a replica set is available.
 func TestShippingHandlerPassesTheInboxCheckInTransactionMode(t *testing.T) {
 	t.Parallel()
-	db := replsettest.Database(t)
+	db := monitored(t, replsettest.URI(t), replsettest.Database(t))
 	if r := inboxcheck.Run(t, db, shippingSubject(t, db, inbox.Config{})); r.Mode != inbox.ModeTransaction {
 		t.Fatalf("mode %s, want transaction", r.Mode)
 	}
