@@ -81,6 +81,24 @@
 // acknowledged). Run your handler's check on a replica set too if it will
 // run on one.
 //
+// The check probes what the server under it can show, and lists in
+// Report.Unchecked (Run logs them) what it could not check there, as
+// "<scenario>: not checkable on this server: <reason>"; a scenario listed
+// there has not been passed, whatever its findings:
+//
+//   - without transactions (ModeStandalone), crash_window and
+//     expired_record, for the transaction rules above;
+//   - concurrent, where concurrent updates of one document are not atomic:
+//     before the scenarios, goroutines make concurrent $inc updates of one
+//     document (in a collection of the run's own, dropped afterwards), and
+//     if the document lost any acknowledged one (FerretDB does: two of its
+//     updates of one document can both read the old value, and one undoes
+//     the other), two concurrent runs of a handler that both update one
+//     document can show as one. A naive counter (check the document's list
+//     of applied messages, then $inc and $push) is then applied twice and
+//     may look applied once. A handler whose effect adds a document per run
+//     is still caught there: its double run shows whatever the server.
+//
 // The package needs only package inbox and the MongoDB driver: the caller
 // gives it the database, on any server. It writes inbox records under
 // consumer names of its own (inboxcheck-<random>) in Subject.Inbox's
@@ -262,6 +280,9 @@ func Check(ctx context.Context, db *mongo.Database, s Subject) (*Report, error) 
 	if c.report.Mode, err = probe.Mode(ctx); err != nil {
 		return nil, fmt.Errorf("inboxcheck: the inbox's mode: %w", err)
 	}
+	if err := c.capabilities(ctx); err != nil {
+		return nil, err
+	}
 	for _, sc := range []struct {
 		name string
 		run  func(context.Context, string, [][]Message) error
@@ -379,6 +400,95 @@ func monitored(ctx context.Context, db *mongo.Database) (bool, error) {
 	}
 	n, _ := p.state()
 	return n > 0, nil
+}
+
+// Probe sizes: probeWorkers goroutines each make probeUpdates $inc updates
+// of one document, for up to probeRounds rounds until one loses an update.
+const (
+	probeWorkers = 4
+	probeUpdates = 25
+	probeRounds  = 3
+)
+
+// capabilities finds what the server under the check cannot show and
+// lists the scenarios concerned in the report's Unchecked.
+func (c *checker) capabilities(ctx context.Context) error {
+	if c.report.Mode != inbox.ModeTransaction {
+		c.unchecked("crash_window", fmt.Sprintf("no transactions in %s mode (a server without them, or Subject.Inbox.Mode): "+
+			"that the handler's writes roll back with an aborted transaction is checked only in %s mode, on a replica set", c.report.Mode, inbox.ModeTransaction))
+		c.unchecked("expired_record", fmt.Sprintf("no transactions in %s mode: that the handler reads before it writes "+
+			"(a duplicate key inside a transaction aborts it) and returns every write error is checked only in %s mode, on a replica set", c.report.Mode, inbox.ModeTransaction))
+	}
+	if c.report.Mode == inbox.ModeTransaction {
+		// Concurrent duplicates meet in the record's write conflict, not in
+		// the handler: the server's update atomicity plays no part.
+		return nil
+	}
+	lost, acked, err := c.probeAtomicUpdates(ctx)
+	if err != nil {
+		return err
+	}
+	if lost > 0 {
+		c.unchecked("concurrent", fmt.Sprintf("concurrent updates of one document are not atomic here (a probe lost %d of %d acknowledged $inc updates), "+
+			"so two concurrent runs of a handler that both update one document can show as one run: an effect applied twice may be reported as once; "+
+			"an effect that adds a document per run is still checked", lost, acked))
+	}
+	return nil
+}
+
+// probeAtomicUpdates makes concurrent $inc updates of one document, in a
+// collection of the run's own dropped afterwards, and returns how many of
+// the acknowledged ones the document lost.
+func (c *checker) probeAtomicUpdates(ctx context.Context) (lost, acked int, err error) {
+	coll := c.db.Collection(strings.ReplaceAll(c.run, "-", "_") + "_probe")
+	defer func() {
+		if derr := coll.Drop(context.WithoutCancel(ctx)); derr != nil && err == nil {
+			err = fmt.Errorf("inboxcheck: drop the probe's collection: %w", derr)
+		}
+	}()
+	for round := range probeRounds {
+		id := fmt.Sprintf("round-%d", round)
+		if _, err := coll.InsertOne(ctx, bson.D{{Key: "_id", Value: id}, {Key: "n", Value: 0}}); err != nil {
+			return 0, 0, fmt.Errorf("inboxcheck: the atomicity probe: %w", err)
+		}
+		var (
+			wg   sync.WaitGroup
+			oks  [probeWorkers]int
+			errs [probeWorkers]error
+		)
+		for w := range probeWorkers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range probeUpdates {
+					r, err := coll.UpdateOne(ctx, bson.D{{Key: "_id", Value: id}}, bson.D{{Key: "$inc", Value: bson.D{{Key: "n", Value: 1}}}})
+					if err != nil {
+						errs[w] = err
+						return
+					}
+					oks[w] += int(r.ModifiedCount)
+				}
+			}()
+		}
+		wg.Wait()
+		if err := errors.Join(errs[:]...); err != nil {
+			return 0, 0, fmt.Errorf("inboxcheck: the atomicity probe: %w", err)
+		}
+		var doc struct {
+			N int `bson:"n"`
+		}
+		if err := coll.FindOne(ctx, bson.D{{Key: "_id", Value: id}}).Decode(&doc); err != nil {
+			return 0, 0, fmt.Errorf("inboxcheck: the atomicity probe: %w", err)
+		}
+		acked = 0
+		for _, n := range oks {
+			acked += n
+		}
+		if doc.N < acked {
+			return acked - doc.N, acked, nil
+		}
+	}
+	return 0, acked, nil
 }
 
 // checker is one run of Check.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -121,6 +122,71 @@ func (e *effects) markFirst(m inboxcheck.Message) inbox.Handler {
 			return err // a concurrent copy marked it: the redelivery finds the marker
 		}
 		_, err = e.coll.InsertOne(ctx, e.doc(m, key(m)))
+		return err
+	}
+}
+
+// counter is a naive counter: one document per aggregate, {n, applied},
+// and a handler that checks the applied list, then updates the document
+// ($inc n, $push the message id). Idempotent one delivery at a time; two
+// concurrent runs both pass the check and both update: applied twice,
+// where the server's updates of one document are atomic. Where they are
+// not (FerretDB), the second update can undo the first, and the double
+// application may not show.
+func (e *effects) counter(m inboxcheck.Message) inbox.Handler {
+	counters := e.coll.Database().Collection("counters")
+	return func(ctx context.Context) error {
+		var doc struct {
+			Applied []string `bson:"applied"`
+		}
+		err := counters.FindOne(ctx, bson.D{{Key: "_id", Value: m.AggregateID}}).Decode(&doc)
+		if err != nil && !errors.Is(err, mongo.ErrNoDocuments) {
+			return err
+		}
+		if slices.Contains(doc.Applied, m.ID) {
+			return nil
+		}
+		if int64(len(doc.Applied)) != m.Version-1 {
+			return errGap
+		}
+		_, err = counters.UpdateOne(ctx, bson.D{{Key: "_id", Value: m.AggregateID}},
+			bson.D{{Key: "$inc", Value: bson.D{{Key: "n", Value: 1}}}, {Key: "$push", Value: bson.D{{Key: "applied", Value: m.ID}}}},
+			options.UpdateOne().SetUpsert(true))
+		return err
+	}
+}
+
+func (e *effects) counted(ctx context.Context, aggregateID string) ([]string, error) {
+	var doc struct {
+		Applied []string `bson:"applied"`
+	}
+	err := e.coll.Database().Collection("counters").FindOne(ctx, bson.D{{Key: "_id", Value: aggregateID}}).Decode(&doc)
+	if errors.Is(err, mongo.ErrNoDocuments) {
+		return nil, nil
+	}
+	return doc.Applied, err
+}
+
+// checkThenInsert has the counter's race in its own check-then-act, in
+// Go: it looks for its message's effect and, not finding it, adds a
+// document with an id of its own. Two concurrent runs that both checked
+// before either wrote add two documents, which any server keeps.
+func (e *effects) checkThenInsert(m inboxcheck.Message) inbox.Handler {
+	return func(ctx context.Context) error {
+		err := e.coll.FindOne(ctx, bson.D{{Key: "message_id", Value: m.ID}}).Err()
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, mongo.ErrNoDocuments) {
+			return err
+		}
+		if m.Version > 1 {
+			prev := fmt.Sprintf("%s-v%d", m.AggregateID, m.Version-1)
+			if err := e.coll.FindOne(ctx, bson.D{{Key: "message_id", Value: prev}}).Err(); err != nil {
+				return err
+			}
+		}
+		_, err = e.coll.InsertOne(ctx, e.doc(m, bson.NewObjectID()))
 		return err
 	}
 }
@@ -291,6 +357,12 @@ func TestAHandlerThatFollowsTheRulesPasses(t *testing.T) {
 			if r.Mode != inbox.ModeStandalone || r.Deliveries < 6*2*2 {
 				t.Fatalf("report: %s", r)
 			}
+			// What only transactions show is said to be unchecked, not passed.
+			for _, sc := range []string{"crash_window", "expired_record"} {
+				if !slices.ContainsFunc(r.Unchecked, func(u inboxcheck.Unchecked) bool { return u.Scenario == sc }) {
+					t.Errorf("standalone mode, and %s is not listed as unchecked:\n%s", sc, r)
+				}
+			}
 		})
 	}
 }
@@ -349,6 +421,77 @@ func TestAKeyedHandlerSurvivesACrashAfterAnyCommand(t *testing.T) {
 	if got := r.Crashes; got < 3 {
 		t.Errorf("crash points tried: %d, want at least 3; report:\n%s", got, r)
 	}
+}
+
+// A naive counter fails where the server can show its race; where it
+// cannot (concurrent updates of one document not atomic, as on FerretDB),
+// the report says concurrent was not checkable instead of passing it.
+func TestANaiveCounterFailsOrConcurrentIsUnchecked(t *testing.T) {
+	t.Parallel()
+	db := database(t)
+	e := newEffects(db)
+	s := inboxcheck.Subject{Handler: e.counter, Applied: e.counted, Aggregates: 3}
+	f := &fakeT{ctx: t.Context()}
+	var r *inboxcheck.Report
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		r = inboxcheck.Run(f, db, s)
+	}()
+	<-done
+	if f.fatal != "" {
+		t.Fatal(f.fatal)
+	}
+	unchecked := slices.ContainsFunc(r.Unchecked, func(u inboxcheck.Unchecked) bool { return u.Scenario == "concurrent" })
+	if ferret(t, db) && !unchecked {
+		t.Errorf("on FerretDB concurrent is not listed as unchecked:\n%s", r)
+	}
+	if !unchecked {
+		wantFailures(t, f, map[string]string{"concurrent": inboxcheck.AppliedTwice})
+	}
+	if unchecked && !slices.ContainsFunc(f.logs, func(l string) bool {
+		return strings.HasPrefix(l, "inboxcheck: concurrent: not checkable on this server: concurrent updates of one document are not atomic here")
+	}) {
+		t.Errorf("Run did not say concurrent was not checkable; it logged:\n%s", strings.Join(f.logs, "\n"))
+	}
+	for _, e := range f.errors {
+		if !strings.HasPrefix(e, "inboxcheck: concurrent: ") {
+			t.Errorf("a finding outside concurrent: %s", e)
+		}
+	}
+}
+
+// The same race in a handler that adds a document per run is caught on
+// any server: the kit makes the two runs meet as they enter the handler,
+// so both check before either writes.
+func TestACheckThenInsertRaceFailsOnAnyServer(t *testing.T) {
+	t.Parallel()
+	db := database(t)
+	e := newEffects(db)
+	f := runFake(t, db, e.subject(e.checkThenInsert))
+	wantFailures(t, f, map[string]string{"concurrent": inboxcheck.AppliedTwice})
+	n := 0
+	for _, e := range f.errors {
+		if strings.HasPrefix(e, "inboxcheck: concurrent: ") {
+			n++
+		} else {
+			t.Errorf("a finding outside concurrent: %s", e)
+		}
+	}
+	if n != 4 { // 2 aggregates x 2 versions, each message applied twice
+		t.Errorf("%d concurrent findings, want 4 (every message):\n%s", n, strings.Join(f.errors, "\n"))
+	}
+}
+
+// ferret reports whether db is on FerretDB (its buildInfo says so).
+func ferret(t *testing.T, db *mongo.Database) bool {
+	t.Helper()
+	info, err := db.RunCommand(t.Context(), bson.D{{Key: "buildInfo", Value: 1}}).Raw()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = info.LookupErr("ferretdbVersion")
+	return err == nil
 }
 
 func TestAnOrderBlindHandlerFails(t *testing.T) {
@@ -459,6 +602,9 @@ func TestTransactionModeRules(t *testing.T) {
 	r := inboxcheck.Run(t, db, e.subject(e.keyed))
 	if r.Mode != inbox.ModeTransaction {
 		t.Fatalf("mode %s, want %s", r.Mode, inbox.ModeTransaction)
+	}
+	if len(r.Unchecked) != 0 {
+		t.Errorf("unchecked on a replica set:\n%s", r)
 	}
 	s := e.subject(e.insertFirst)
 	s.MaxDeliveries = 3
