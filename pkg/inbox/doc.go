@@ -57,6 +57,17 @@
 // mongos (msg "isdbgrid") gets ModeTransaction, a standalone server or
 // FerretDB gets ModeStandalone.
 //
+// So ModeTransaction is the production mode: every replica set, which is
+// how MongoDB runs in production, gets it. And it has never run against a
+// MongoDB server in this repository's CI, which has no replica set (and no
+// Docker for one): there its state machine is tested only through the
+// transaction seam's fake (see Tests), and the tests against a real replica
+// set are skipped. Before you rely on it, run them against one of yours:
+//
+//	TEST_MONGO_REPLSET_URI='mongodb://host:27017/?replicaSet=rs0' go test -race -count=1 ./pkg/inbox/... ./services/shipping/internal/...
+//
+// (in a copy of the package, ./<your copy of pkg/inbox>/... alone).
+//
 // ModeTransaction. Each attempt is one multi-document transaction
 // (snapshot read concern, majority write concern): read the record; if it
 // is there, abort and answer Duplicate; if not, insert it, run the handler,
