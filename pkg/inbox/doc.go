@@ -321,6 +321,16 @@
 // ModeStandalone requires) stays correct after expiry; only the cost of a
 // late duplicate changes.
 //
+// Retention is the inbox's dedup horizon: past it, a redelivery is applied
+// again. When the message id says when the message was created (pkg/outbox's
+// ids do), Config.MessageTime turns the horizon into a refusal: a message
+// older than the retention whose record is gone gets ErrBeyondHorizon, the
+// handler does not run, and the consumer parks or dead-letters it for an
+// operator (shipping dead-letters it as beyond_dedup_horizon). A message
+// that is old on its first delivery (a consumer down longer than the
+// retention) is refused the same way: the inbox cannot tell it from one it
+// forgot.
+//
 // # Failure modes
 //
 //   - MongoDB unreachable: Process returns the driver's error. Do not ack;

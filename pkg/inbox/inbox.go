@@ -74,6 +74,13 @@ var (
 	// ErrHandler wraps the error the handler returned. No record was kept, so
 	// a redelivery runs the handler again.
 	ErrHandler = errors.New("inbox: handler failed")
+	// ErrBeyondHorizon is returned when the message was created longer ago
+	// than the inbox keeps records (Config.MessageTime) and no record of it
+	// is left: it may have been applied already, and the inbox can no
+	// longer tell. The handler did not run and nothing was recorded. Park or
+	// dead-letter the message with this reason for an operator, who knows
+	// whether its effect is there.
+	ErrBeyondHorizon = errors.New("inbox: message older than the inbox's retention")
 )
 
 // Handler applies a message's effect. It must do its database work with the
@@ -98,6 +105,19 @@ type Config struct {
 	// message again (see the package documentation). Default:
 	// DefaultRetention (7 days).
 	Retention time.Duration
+	// MessageTime, when set, reads the time a message was created from its
+	// id (for the ids of pkg/outbox, the creation time outbox.ParseMessageID
+	// returns), and gives the inbox a dedup horizon. The inbox recognises a
+	// message only while it holds its record, which expires Retention after
+	// it was written, so a message created longer ago than that may have been
+	// applied and forgotten: Process refuses it with ErrBeyondHorizon (a
+	// Duplicate if its record is still there) instead of applying it a second
+	// time. The horizon is 99% of Retention: the margin (100 minutes for 7
+	// days) absorbs the producer's clock and the consumer's disagreeing.
+	// Return false for an id without a time: it has no horizon. Default: nil,
+	// no horizon (a message redelivered after its record expired is applied
+	// again, unless the handler guards its effect).
+	MessageTime func(msgID string) (time.Time, bool)
 	// Mode is ModeAuto, ModeTransaction or ModeStandalone. Default: ModeAuto.
 	Mode Mode
 	// Standalone configures ModeStandalone: it applies when Mode is
@@ -207,6 +227,7 @@ type Inbox struct {
 	coll        *mongo.Collection
 	consumer    string
 	retention   time.Duration
+	messageTime func(msgID string) (time.Time, bool)
 	lease       time.Duration
 	maxAttempts int
 	log         *slog.Logger
@@ -293,6 +314,7 @@ func New(db *mongo.Database, cfg Config) (*Inbox, error) {
 		detect:      detectMode,
 		consumer:    cfg.Consumer,
 		retention:   retention,
+		messageTime: cfg.MessageTime,
 		lease:       sa.Lease,
 		maxAttempts: tx.MaxAttempts,
 		log:         cfg.Logger,
@@ -406,6 +428,9 @@ func (in *Inbox) Process(ctx context.Context, msgID string, handler Handler) (Re
 		}
 		return Duplicate, nil
 	}
+	if beyond, res, err := in.beyondHorizon(ctx, msgID); beyond {
+		return res, err
+	}
 	mode, err := in.Mode(ctx)
 	if err != nil {
 		return 0, err
@@ -417,6 +442,32 @@ func (in *Inbox) Process(ctx context.Context, msgID string, handler Handler) (Re
 		return in.processClaimed(ctx, msgID, handler)
 	}
 	return in.processStandalone(ctx, msgID, handler)
+}
+
+// beyondHorizon settles a message created longer ago than the horizon
+// (Config.MessageTime): a Duplicate if its record is still there, else
+// ErrBeyondHorizon. beyond is false for every other message.
+func (in *Inbox) beyondHorizon(ctx context.Context, msgID string) (beyond bool, res Result, err error) {
+	if in.messageTime == nil {
+		return false, 0, nil
+	}
+	created, ok := in.messageTime(msgID)
+	if !ok {
+		return false, 0, nil
+	}
+	age := time.Since(created)
+	if age <= in.retention-in.retention/100 {
+		return false, 0, nil
+	}
+	done, err := in.IsDone(ctx, msgID)
+	switch {
+	case err != nil:
+		return true, 0, err
+	case done:
+		in.cache.add(msgID)
+		return true, Duplicate, nil
+	}
+	return true, 0, fmt.Errorf("%w: message %s was created %v ago, records are kept %v", ErrBeyondHorizon, msgID, age.Round(time.Second), in.retention)
 }
 
 func validMessageID(id string) error {

@@ -16,6 +16,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.mongodb.org/mongo-driver/v2/bson"
 
+	"github.com/outbox-inbox/reference/pkg/outbox"
 	"github.com/outbox-inbox/reference/services/shipping/internal/app"
 	"github.com/outbox-inbox/reference/services/shipping/internal/deadletter"
 	"github.com/outbox-inbox/reference/services/shipping/internal/processor"
@@ -319,5 +320,28 @@ func TestGapDeadLetterIsReplayedWhenItsPredecessorApplies(t *testing.T) {
 	if _, body := adminDo(t, http.MethodGet, "http://"+a.HTTPAddr()+"/admin/dead-letters", "s3cret"); !strings.Contains(body, `"dead_letters":[]`) || !strings.Contains(body, `"held_orders":[]`) {
 		t.Fatalf("after the predecessor applied: %s; want no dead letter and no held order left", body)
 	}
+	e.waitDrained(a)
+}
+
+// An event created longer ago than the inbox keeps its records (its message
+// id carries its creation time) may have been applied and forgotten: it is
+// dead-lettered as beyond_dedup_horizon instead of applied, and holds its
+// order. A recent event applies as usual.
+func TestAnEventOlderThanTheInboxRetentionIsDeadLettered(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	a := e.start(app.Config{InboxRetention: time.Hour, DeadLetterStatsInterval: 50 * time.Millisecond})
+
+	old := outbox.MessageID(2201, time.Now().Add(-2*time.Hour))
+	e.pub.publish(created(old, "old-1"))
+	waitFor(t, 30*time.Second, "the old event dead-lettered", func() bool {
+		return value(a.Metrics().DeadLettered.WithLabelValues(string(shipment.ReasonBeyondHorizon))) == 1
+	})
+	if _, ok := e.shipment("old-1"); ok {
+		t.Fatal("an event older than the inbox's retention was applied")
+	}
+	recent := outbox.MessageID(2202, time.Now())
+	e.pub.publish(created(recent, "new-1"))
+	wantEvents(t, e.waitShipment("new-1", 1), recent)
 	e.waitDrained(a)
 }

@@ -300,6 +300,8 @@ func (p *Processor) Handle(ctx context.Context, d rabbitmq.Delivery) (v rabbitmq
 		return p.deadLetter(ctx, d, ev, shipment.ReasonVersionConflict, err)
 	case errors.Is(err, inbox.ErrInvalidMessageID):
 		return p.deadLetter(ctx, d, ev, shipment.ReasonMissingMessageID, err)
+	case errors.Is(err, inbox.ErrBeyondHorizon):
+		return p.deadLetter(ctx, d, ev, shipment.ReasonBeyondHorizon, err)
 	case ctx.Err() != nil:
 		return rabbitmq.Verdict{Action: rabbitmq.Retry} // shutting down or connection lost
 	case errors.Is(err, inbox.ErrTransient):

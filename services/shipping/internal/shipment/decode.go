@@ -31,6 +31,10 @@ const (
 	// that never stopped failing transiently, a database error such as
 	// Unauthorized) through every deferral the service allows.
 	ReasonInboxFailed Reason = "inbox_failed"
+	// ReasonBeyondHorizon: the message was created longer ago than the
+	// inbox keeps its records, and none is left (inbox.ErrBeyondHorizon):
+	// it may have been applied and forgotten, so it is not applied again.
+	ReasonBeyondHorizon Reason = "beyond_dedup_horizon"
 	// ReasonInvalidCloudEvent: the message is in the CloudEvents envelope
 	// (a cloudEvents_ or cloudEvents: header, or the structured content
 	// type) but is no valid CloudEvents 1.0 event in the binary content
@@ -42,7 +46,8 @@ const (
 // Reasons lists every Reason, e.g. to initialise metrics.
 var Reasons = []Reason{
 	ReasonMissingMessageID, ReasonInvalidVersion, ReasonMalformedPayload, ReasonPayloadTooLarge,
-	ReasonHandlerFailed, ReasonGapNotFilled, ReasonVersionConflict, ReasonInboxFailed, ReasonInvalidCloudEvent,
+	ReasonHandlerFailed, ReasonGapNotFilled, ReasonVersionConflict, ReasonInboxFailed, ReasonBeyondHorizon,
+	ReasonInvalidCloudEvent,
 }
 
 // InvalidError is a message that can never be applied: it goes to the
