@@ -101,7 +101,9 @@
 //   - A handler error ends Process at once with ErrHandler, unless it
 //     carries TransientTransactionError: then it is retried.
 //   - A transaction the server aborted under the handler is retried, and
-//     three such attempts in a row are reported as ErrHandler. The server
+//     three such attempts in a row are reported as ErrHandler, as is a
+//     budget that ends with every attempt aborted so (a handler slower
+//     than the transaction lifetime fits only two in 90 s). The server
 //     aborted it if the commit of a handler that returned nil fails with
 //     NoSuchTransaction, or if the handler itself returns NoSuchTransaction
 //     (labelled TransientTransactionError): that is what a handler meets

@@ -402,8 +402,9 @@ func detectMode(ctx context.Context, client *mongo.Client) (Mode, error) {
 //   - ErrHandler wrapping the handler's error: no record was kept (in
 //     ModeTransaction the handler's writes were rolled back too). In
 //     ModeTransaction also when the server aborted the transaction under
-//     the handler several times in a row (NoSuchTransaction at the commit of
-//     a handler that returned nil, or from the handler itself): it swallowed
+//     the handler several times in a row, or in every attempt the retry
+//     budget allowed (NoSuchTransaction at the commit of a handler that
+//     returned nil, or from the handler itself): it swallowed
 //     a write error, or outlived the transaction (see the package
 //     documentation).
 //   - ErrTransient (a *TransientError), ModeTransaction only: transient

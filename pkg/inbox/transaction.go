@@ -121,6 +121,15 @@ func (in *Inbox) processTx(ctx context.Context, msgID string, handler Handler) (
 	for attempt := 1; ; attempt++ {
 		if attempt > 1 {
 			if in.maxAttempts > 0 && attempt > in.maxAttempts || !time.Now().Before(deadline) {
+				if abortedInARow == attempt-1 {
+					// Every attempt found its transaction aborted under the
+					// handler: the handler's doing (a swallowed write error,
+					// or slower than the server's transaction lifetime, when
+					// fewer than abortedUnderHandlerLimit attempts fit the
+					// budget), not a transient state of the database.
+					return 0, handlerError(fmt.Errorf("the server aborted the transaction under the handler in each of the %d attempts the budget allowed "+
+						"(a handler slower than the server's transactionLifetimeLimitSeconds, or one that swallowed a write error): %w", abortedInARow, lastErr))
+				}
 				return 0, giveUp(attempt-1, false, lastErr)
 			}
 			if err := sleep(ctx, min(in.txBackoff(attempt), time.Until(deadline))); err != nil {

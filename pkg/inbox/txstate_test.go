@@ -453,3 +453,43 @@ func TestTxIsDoneReadsWithMajority(t *testing.T) {
 		t.Fatalf("%d majority reads, want 2: m-1 (not cached), m-2 (then cached)", n)
 	}
 }
+
+// A handler slower than the server's transactionLifetimeLimitSeconds finds
+// its transaction aborted under it at every attempt, and only two attempts
+// of 60 s fit the 90 s budget: Process must end with the handler's failure
+// (the consumer counts an attempt, then dead-letters it as a handler
+// failure), not ErrTransient (deferred without counting, then dead-lettered
+// as an inbox failure). Scaled down: attempts of 150 ms, a budget of 200 ms.
+func TestTxHandlerOutlivingItsTransactionUntilTheBudgetEndsIsAHandlerFailure(t *testing.T) {
+	t.Parallel()
+	fake := newFakeTx()
+	in := txInbox(t, fake, Config{Transaction: TransactionConfig{RetryBudget: 200 * time.Millisecond}})
+	var runs atomic.Int64
+	_, err := in.Process(t.Context(), "m-1", func(ctx context.Context) error {
+		runs.Add(1)
+		time.Sleep(150 * time.Millisecond)
+		return errNoSuchTransaction // the server reaped the transaction meanwhile
+	})
+	if runs.Load() >= int64(abortedUnderHandlerLimit) {
+		t.Fatalf("handler ran %d times: the budget should have ended the attempts first", runs.Load())
+	}
+	if !errors.Is(err, ErrHandler) || errors.Is(err, ErrTransient) {
+		t.Fatalf("Process after %d attempts: %v; want ErrHandler (every attempt aborted under the handler), not ErrTransient", runs.Load(), err)
+	}
+	// A budget that ends on a conflict of the record (not under the
+	// handler) stays transient.
+	fake = newFakeTx()
+	in = txInbox(t, fake, Config{Transaction: TransactionConfig{RetryBudget: 200 * time.Millisecond}})
+	runs.Store(0)
+	_, err = in.Process(t.Context(), "m-2", func(ctx context.Context) error {
+		if runs.Add(1) == 1 {
+			time.Sleep(150 * time.Millisecond)
+			return errNoSuchTransaction
+		}
+		time.Sleep(100 * time.Millisecond)
+		return errWriteConflict
+	})
+	if !errors.Is(err, ErrTransient) {
+		t.Fatalf("Process ending on a write conflict: %v; want ErrTransient", err)
+	}
+}
