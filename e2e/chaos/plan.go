@@ -130,6 +130,9 @@ func (k FaultKind) Instant() bool {
 		FaultNodeMajorityDown, FaultNodeWipe, FaultNodePartition, FaultBrokerAlarm:
 		return false
 	}
+	if slices.Contains(PauseAndPathFaultKinds, k) {
+		return false
+	}
 	_, crash := k.CrashPoint()
 	return !crash
 }
@@ -159,6 +162,10 @@ type Profile struct {
 	// HoldMin and HoldMax bound how long an outage lasts, and how long a killed
 	// process stays down.
 	HoldMin, HoldMax time.Duration
+	// PauseMin and PauseMax bound how long a pause (PauseFaultKinds) lasts:
+	// longer than what it must outlast (the relays' lease, the WAL relay's
+	// takeover; the harness checks it). A pause ends before the cooldown.
+	PauseMin, PauseMax time.Duration
 	// DrainBudget is invariant I5's bound on the time from the end of the last
 	// fault to the moment every committed event has its effect.
 	DrainBudget time.Duration
@@ -166,24 +173,29 @@ type Profile struct {
 
 // ShortProfile is the run inside `make test`: every kind of AllFaultKinds but
 // the broker app restart (which would disturb other packages' tests running
-// at the same time against the same broker), the migration under load and
-// the relay mass kill, about one and a half minutes of load. The database
+// at the same time against the same broker), the migration under load,
+// the relay mass kill, the pauses of a relay and of a shipping consumer and
+// the faults on the PostgreSQL path (ShortPauseAndPathKinds: they overlap the
+// load, adding no phase), about one and a half minutes of load. The database
 // failover and the synchronous stall are the long profile's.
 func ShortProfile() Profile {
 	kinds := slices.DeleteFunc(slices.Clone(AllFaultKinds), func(k FaultKind) bool { return k == FaultBrokerAppRestart })
 	kinds = append(kinds, FaultMigrationUnderLoad, FaultRelayMassKill)
+	kinds = append(kinds, ShortPauseAndPathKinds...)
 	return Profile{
 		Name: "short", Load: 80 * time.Second, Warmup: 4 * time.Second, Cooldown: 6 * time.Second,
 		Clients: 4, Rate: 20, CancelRatio: 0.4,
 		Kinds: kinds, Faults: len(kinds) + 6, Once: []FaultKind{FaultRelayMassKill},
 		HoldMin: time.Second, HoldMax: 4 * time.Second,
+		PauseMin: 9 * time.Second, PauseMax: 12 * time.Second,
 		DrainBudget: 90 * time.Second,
 	}
 }
 
-// LongProfile is the `make chaos` run: every kind, the broker app restart
-// and the infrastructure faults (InfraFaultKinds, and the broker alarm on a
-// broker node of the run's own, see OwnBrokerFaultKinds) included, many
+// LongProfile is the `make chaos` run: every kind, the broker app restart,
+// the infrastructure faults (InfraFaultKinds, and the broker alarm on a
+// broker node of the run's own, see OwnBrokerFaultKinds), the pauses and the
+// faults on the PostgreSQL path (PauseAndPathFaultKinds) included, many
 // faults over several minutes. Its rate is lower than the
 // short profile's: a 3-minute trial at 30 orders/s left shipping (on
 // FerretDB, on this shared 2-core machine) thousands of messages behind,
@@ -193,9 +205,12 @@ func LongProfile() Profile {
 	return Profile{
 		Name: "long", Load: 8 * time.Minute, Warmup: 5 * time.Second, Cooldown: 10 * time.Second,
 		Clients: 4, Rate: 12, CancelRatio: 0.4,
-		Kinds: append(append(slices.Clone(AllFaultKinds), InfraFaultKinds...), OwnBrokerFaultKinds...), Faults: 150,
+		Kinds: slices.Concat(AllFaultKinds, InfraFaultKinds, OwnBrokerFaultKinds, PauseAndPathFaultKinds), Faults: 150,
 		Once:    []FaultKind{FaultRelayMassKill},
 		HoldMin: time.Second, HoldMax: 10 * time.Second,
+		// Up to 25 s: past shipping's AMQP heartbeat timeout too (10 s), so
+		// that the broker gives a paused consumer's deliveries to the other.
+		PauseMin: 9 * time.Second, PauseMax: 25 * time.Second,
 		DrainBudget: 5 * time.Minute,
 	}
 }
@@ -209,11 +224,13 @@ func ClusterProfile() Profile {
 	kinds := slices.DeleteFunc(slices.Clone(AllFaultKinds), func(k FaultKind) bool { return k == FaultBrokerAppRestart })
 	kinds = append(kinds, ClusterFaultKinds...)
 	kinds = append(kinds, OwnBrokerFaultKinds...)
+	kinds = append(kinds, ShortPauseAndPathKinds...)
 	return Profile{
 		Name: "cluster", Load: 5 * time.Minute, Warmup: 10 * time.Second, Cooldown: 10 * time.Second,
 		Clients: 4, Rate: 8, CancelRatio: 0.4,
 		Kinds: kinds, Faults: len(kinds) + 12,
 		HoldMin: time.Second, HoldMax: 8 * time.Second,
+		PauseMin: 9 * time.Second, PauseMax: 12 * time.Second,
 		DrainBudget: 5 * time.Minute,
 	}
 }
@@ -292,9 +309,18 @@ func (p Profile) Validate() error {
 	case p.DrainBudget <= 0:
 		return fmt.Errorf("profile %s: DrainBudget must be positive", p.Name)
 	}
+	if slices.ContainsFunc(p.Kinds, FaultKind.IsPause) {
+		switch {
+		case p.PauseMin <= 0 || p.PauseMax < p.PauseMin:
+			return fmt.Errorf("profile %s: a pause kind wants 0 < PauseMin <= PauseMax", p.Name)
+		case p.PauseMax >= p.Load-p.Warmup-p.Cooldown:
+			return fmt.Errorf("profile %s: PauseMax %v does not fit in the fault window %v", p.Name, p.PauseMax, p.Load-p.Warmup-p.Cooldown)
+		}
+	}
 	for _, k := range p.Kinds {
 		if !slices.Contains(AllFaultKinds, k) && !slices.Contains(ClusterFaultKinds, k) &&
-			!slices.Contains(InfraFaultKinds, k) && !slices.Contains(OwnBrokerFaultKinds, k) {
+			!slices.Contains(InfraFaultKinds, k) && !slices.Contains(OwnBrokerFaultKinds, k) &&
+			!slices.Contains(PauseAndPathFaultKinds, k) {
 			return fmt.Errorf("profile %s: unknown fault kind %q", p.Name, k)
 		}
 	}
@@ -333,6 +359,9 @@ func (t Topology) targets(k FaultKind) []string {
 	for i := 1; i <= t.Consumers; i++ {
 		shipping = append(shipping, ShippingName(i))
 	}
+	if out, ok := t.pauseTargets(k, relays, shipping); ok {
+		return out
+	}
 	switch k {
 	case FaultKillOrders, FaultCrashOrdersAfterCommit:
 		return []string{TargetOrders}
@@ -360,7 +389,8 @@ type Step struct {
 	At     time.Duration
 	Kind   FaultKind
 	Target string
-	// Hold is how long an outage lasts or a killed process stays down.
+	// Hold is how long an outage lasts, a killed process stays down or a
+	// paused one stays stopped.
 	Hold time.Duration
 	// CrashAfter is CRASH_AFTER for a crash point: the armed process dies the
 	// CrashAfter-th time it reaches the point.
@@ -412,6 +442,16 @@ func NewPlan(seed int64, p Profile, topo Topology) ([]Step, error) {
 	steps := make([]Step, len(kinds))
 	for i, k := range kinds {
 		targets := topo.targets(k)
+		if k.IsPause() {
+			// Drawn in an order of its own (the other kinds' draws are
+			// unchanged): the hold first, so that the pause ends before the
+			// cooldown.
+			s := Step{Kind: k, Target: targets[rng.IntN(len(targets))],
+				Hold: p.PauseMin + time.Duration(rng.Int64N(int64(p.PauseMax-p.PauseMin)+1))}
+			s.At = p.Warmup + time.Duration(rng.Int64N(int64(window-s.Hold)))
+			steps[i] = s
+			continue
+		}
 		s := Step{
 			At:     p.Warmup + time.Duration(rng.Int64N(int64(window))),
 			Kind:   k,

@@ -33,8 +33,15 @@ func TestNewPlanCoversEveryKindInTheWindow(t *testing.T) {
 				if i > 0 && s.At < plan[i-1].At {
 					t.Errorf("%s seed %d: step %d not sorted by time", p.Name, seed, i)
 				}
-				if s.Hold < p.HoldMin || s.Hold > p.HoldMax {
-					t.Errorf("%s seed %d: %v hold outside [%v, %v]", p.Name, seed, s, p.HoldMin, p.HoldMax)
+				lo, hi := p.HoldMin, p.HoldMax
+				if s.Kind.IsPause() {
+					lo, hi = p.PauseMin, p.PauseMax
+					if s.At+s.Hold > p.Load-p.Cooldown {
+						t.Errorf("%s seed %d: %v: the pause outlasts the fault window (ends after %v)", p.Name, seed, s, p.Load-p.Cooldown)
+					}
+				}
+				if s.Hold < lo || s.Hold > hi {
+					t.Errorf("%s seed %d: %v hold outside [%v, %v]", p.Name, seed, s, lo, hi)
 				}
 				if _, crash := s.Kind.CrashPoint(); crash != (s.CrashAfter > 0) {
 					t.Errorf("%s seed %d: %v: CrashAfter set for a non-crash kind or missing", p.Name, seed, s)
@@ -162,5 +169,73 @@ func TestFaultKindHelpers(t *testing.T) {
 	}
 	if PoisonUnknownType.ExpectDeadLetter() || !PoisonMissingMessageID.ExpectDeadLetter() {
 		t.Error("ExpectDeadLetter() wrong")
+	}
+}
+
+// The short profile (make test) pauses a relay and a shipping consumer and
+// runs the faults on the PostgreSQL path; the long one has every pause and
+// path kind. A pause outlasts the relays' lease the harness sets
+// (RELAY_LEASE=6s) and the WAL relay's takeover on the run's own PostgreSQL
+// (wal_sender_timeout=5s, then TakeoverInterval 1s).
+func TestProfilesPause(t *testing.T) {
+	short, long := ShortProfile(), LongProfile()
+	for _, k := range []FaultKind{FaultPauseRelay, FaultPauseShipping, FaultPostgresRelayCut, FaultPostgresProxyTimeout} {
+		if !slices.Contains(short.Kinds, k) {
+			t.Errorf("the short profile lacks %s", k)
+		}
+	}
+	for _, k := range PauseAndPathFaultKinds {
+		if !slices.Contains(long.Kinds, k) {
+			t.Errorf("the long profile lacks %s", k)
+		}
+		if k.Instant() {
+			t.Errorf("%s is instant: it is held", k)
+		}
+	}
+	const lease, takeover = 6 * time.Second, 5*time.Second + time.Second
+	for _, p := range []Profile{short, long, ClusterProfile()} {
+		if p.PauseMin <= max(lease, takeover) {
+			t.Errorf("%s: PauseMin %v does not outlast the lease %v and the takeover %v", p.Name, p.PauseMin, lease, takeover)
+		}
+	}
+}
+
+func TestValidateRejectsPausesThatDoNotFit(t *testing.T) {
+	p := ShortProfile()
+	p.PauseMin, p.PauseMax = 0, 0
+	if err := p.Validate(); err == nil {
+		t.Error("a profile with pause kinds and no pause length validated")
+	}
+	p = ShortProfile()
+	p.PauseMax = p.Load
+	if err := p.Validate(); err == nil {
+		t.Error("a pause longer than the fault window validated")
+	}
+	p = ShortProfile().Without(PauseFaultKinds...)
+	p.PauseMin, p.PauseMax = 0, 0
+	if err := p.Validate(); err != nil {
+		t.Errorf("a profile without pauses needs no pause length: %v", err)
+	}
+}
+
+// One relay is cut from PostgreSQL through its own proxy, never the API's;
+// the other path faults act on any of the proxies; without standalone
+// relays the API's proxy carries its in-process relay.
+func TestPostgresPathTargets(t *testing.T) {
+	two := Topology{Relays: 2, Consumers: 1}
+	if got, want := two.targets(FaultPostgresRelayCut), []string{"postgres@relay-1", "postgres@relay-2"}; !slices.Equal(got, want) {
+		t.Errorf("relay cut targets %v, want %v", got, want)
+	}
+	if got, want := two.targets(FaultPostgresProxyTimeout), []string{TargetPostgres, "postgres@relay-1", "postgres@relay-2"}; !slices.Equal(got, want) {
+		t.Errorf("timeout targets %v, want %v", got, want)
+	}
+	if got := (Topology{Consumers: 1}).targets(FaultPostgresRelayCut); !slices.Equal(got, []string{TargetPostgres}) {
+		t.Errorf("relay cut without standalone relays targets %v", got)
+	}
+	if got := two.targets(FaultPauseRelay); !slices.Equal(got, []string{"relay-1", "relay-2"}) {
+		t.Errorf("pause_relay targets %v", got)
+	}
+	if got := two.targets(FaultPausePostgres); !slices.Equal(got, []string{TargetPostgres}) {
+		t.Errorf("pause_postgres targets %v", got)
 	}
 }
