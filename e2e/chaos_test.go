@@ -78,7 +78,7 @@ func TestChaos(t *testing.T) {
 	pgBinDir, pgCred, err := ownPostgresBinDir()
 	if err != nil {
 		t.Logf("postgres: the shared server (TEST_DATABASE_URL)")
-		profile = skips.without(profile, "CHAOS_OWN_POSTGRES", fmt.Errorf("no PostgreSQL server of the run's own: %w", err), chaos.OwnPostgresFaultKinds...)
+		profile = skips.without(profile, "CHAOS_OWN_POSTGRES", fmt.Errorf("no PostgreSQL server of the run's own: %w", err), slices.Concat(chaos.OwnPostgresFaultKinds, chaos.OwnPostgresPauseAndPathKinds)...)
 	} else {
 		t.Logf("postgres: a cluster of the run's own (%s), restartable", pgBinDir)
 	}
@@ -453,10 +453,12 @@ func seedFromEnv(getenv func(string) string) (int64, error) {
 	return n, nil
 }
 
-// healAll removes every toxic, enables every proxy, starts the broker app if
-// it is stopped and every process that is down.
+// healAll resumes every paused process, removes every toxic, enables every
+// proxy, starts the broker app if it is stopped and every process that is
+// down.
 func (c *cluster) healAll(ctx context.Context) error {
 	var errs []error
+	c.resumeAll()
 	c.restoreBroker(ctx)
 	if err := c.toxi.heal(ctx); err != nil {
 		errs = append(errs, err)

@@ -302,9 +302,13 @@ func newCluster(t *testing.T, cfg clusterConfig) *cluster {
 		if err != nil {
 			t.Fatal(err)
 		}
+		dbURL, err := c.relayDatabaseURLFor(chaos.RelayName(i))
+		if err != nil {
+			t.Fatal(err)
+		}
 		c.relays = append(c.relays, c.addProc(procSpec{
 			name: chaos.RelayName(i), bin: cfg.bins.Orders, args: []string{"relay"},
-			env:      append(c.ordersEnv(ordersAMQP, addr), c.relayDatabaseURL()),
+			env:      append(c.ordersEnv(ordersAMQP, addr), dbURL),
 			readyURL: "http://" + addr + "/readyz",
 		}))
 	}

@@ -26,7 +26,7 @@ func TestFaultStepsLockWhatTheirChecksRead(t *testing.T) {
 	// relay_mass_kill takes the database and the relays after its step's
 	// resource, are outside this check.)
 	before := map[[2]string]chaos.FaultKind{}
-	for _, k := range chaos.AllFaultKinds {
+	for _, k := range slices.Concat(chaos.AllFaultKinds, chaos.PauseAndPathFaultKinds) {
 		rs := in.resources(chaos.Step{Kind: k, Target: "x"})
 		for i := range rs {
 			for j := i + 1; j < len(rs); j++ {
@@ -36,5 +36,43 @@ func TestFaultStepsLockWhatTheirChecksRead(t *testing.T) {
 				before[[2]string{rs[i], rs[j]}] = k
 			}
 		}
+	}
+}
+
+// A pause of a process takes the lock its kill and crash points take, so a
+// pause never overlaps a kill of the same process; with the WAL relay it
+// takes every relay (it pauses the slot's holder, whichever the plan drew).
+// A pause of the server and the faults on its proxies take the database's
+// lock, as its restart and failover do (a failover points the proxies
+// elsewhere).
+func TestPauseLocksWhatAKillOfTheSameProcessLocks(t *testing.T) {
+	in := &injector{c: &cluster{}}
+	for _, tc := range []struct {
+		pause, kill chaos.FaultKind
+		target      string
+	}{
+		{chaos.FaultPauseRelay, chaos.FaultKillRelay, chaos.RelayName(1)},
+		{chaos.FaultPauseShipping, chaos.FaultKillShipping, chaos.ShippingName(2)},
+		{chaos.FaultPauseOrders, chaos.FaultKillOrders, chaos.TargetOrders},
+		{chaos.FaultPausePostgres, chaos.FaultPostgresRestart, chaos.TargetPostgres},
+		{chaos.FaultPostgresRelayCut, chaos.FaultPostgresRestart, chaos.PostgresProxyName(chaos.RelayName(1))},
+		{chaos.FaultPostgresProxyTimeout, chaos.FaultPostgresRestart, chaos.PostgresProxyName(chaos.RelayName(2))},
+		{chaos.FaultPostgresProxyLatency, chaos.FaultPostgresRestart, chaos.TargetPostgres},
+		{chaos.FaultPostgresProxyResetPeer, chaos.FaultPostgresRestart, chaos.TargetPostgres},
+	} {
+		got := in.resources(chaos.Step{Kind: tc.pause, Target: tc.target})
+		want := in.resources(chaos.Step{Kind: tc.kill, Target: tc.target})
+		if !slices.Equal(got, want) {
+			t.Errorf("%s on %s locks %v, %s locks %v", tc.pause, tc.target, got, tc.kill, want)
+		}
+	}
+	t.Setenv("CHAOS_RELAY_MODE", "wal")
+	in.c.relays = []*proc{{spec: procSpec{name: chaos.RelayName(1)}}, {spec: procSpec{name: chaos.RelayName(2)}}}
+	all := []string{chaos.RelayName(1), chaos.RelayName(2)}
+	if got := in.resources(chaos.Step{Kind: chaos.FaultPauseRelay, Target: chaos.RelayName(2)}); !slices.Equal(got, all) {
+		t.Errorf("a WAL relay's pause locks %v, want every relay %v", got, all)
+	}
+	if got := in.resources(chaos.Step{Kind: chaos.FaultKillRelay, Target: chaos.RelayName(1)}); !slices.Contains(all, got[0]) || len(got) != 1 {
+		t.Errorf("a WAL relay's kill locks %v", got)
 	}
 }

@@ -49,7 +49,9 @@ func (in *injector) lock(resource string) func() {
 	return m.Unlock
 }
 
-// resource is what a step disturbs, for serialising steps.
+// resource is what a step disturbs, for serialising steps. A pause of a
+// process locks the process, as its kill and its crash points do: a pause
+// never overlaps a kill of the same process.
 func resource(s chaos.Step) string {
 	switch s.Kind {
 	case chaos.FaultBrokerCloseConnections, chaos.FaultBrokerAppRestart,
@@ -59,7 +61,11 @@ func resource(s chaos.Step) string {
 		// that takes it away on purpose).
 		return "broker"
 	case chaos.FaultPostgresKillSessions, chaos.FaultPostgresRestart, chaos.FaultPostgresFailover, chaos.FaultPostgresSyncStall,
-		chaos.FaultMigrationUnderLoad: // a migration needs the server up: a restart would fail it, not the system
+		chaos.FaultMigrationUnderLoad, // a migration needs the server up: a restart would fail it, not the system
+		// A pause of the server or a fault on a proxy to it: one at a time,
+		// and none during a failover, which points the proxies elsewhere.
+		chaos.FaultPausePostgres, chaos.FaultPostgresProxyLatency, chaos.FaultPostgresProxyTimeout,
+		chaos.FaultPostgresProxyResetPeer, chaos.FaultPostgresRelayCut:
 		return "postgres"
 	case chaos.FaultRelayMassKill:
 		return string(s.Kind) // and it takes the relays and the database (relayMassKill)
@@ -76,7 +82,9 @@ func resource(s chaos.Step) string {
 // resource (with, for a broker alarm, what its check reads), or, for a
 // crash point on a WAL relay, every relay (the step stops
 // the others for its length, walHoldOtherRelays, and a kill of one of them
-// must not start it again under the step).
+// must not start it again under the step); for a pause of a WAL relay, every
+// relay too (it pauses the slot's holder, whichever the plan drew, and its
+// check needs the other to take the slot over).
 func (in *injector) resources(s chaos.Step) []string {
 	if s.Kind == chaos.FaultBrokerAlarm {
 		// No proxy fault of either side while the alarm holds (shipping's
@@ -87,7 +95,7 @@ func (in *injector) resources(s chaos.Step) []string {
 		// "broker", so the order makes no cycle.
 		return []string{resource(s), chaos.TargetAMQPOrders, chaos.TargetAMQPShipping, "postgres", "mongo"}
 	}
-	if _, ok := s.Kind.CrashPoint(); ok && os.Getenv("CHAOS_RELAY_MODE") == "wal" {
+	if _, ok := s.Kind.CrashPoint(); (ok || s.Kind == chaos.FaultPauseRelay) && os.Getenv("CHAOS_RELAY_MODE") == "wal" {
 		var names []string
 		for _, p := range in.c.relays {
 			names = append(names, p.spec.name)
@@ -241,6 +249,10 @@ func (in *injector) inject(ctx context.Context, s chaos.Step) error {
 		return in.migrationUnderLoad(ctx, &f, record)
 	case chaos.FaultRelayMassKill:
 		return in.relayMassKill(ctx, &f, record)
+	case chaos.FaultPauseRelay, chaos.FaultPauseShipping, chaos.FaultPauseOrders, chaos.FaultPausePostgres:
+		return in.pause(ctx, s, &f, record)
+	case chaos.FaultPostgresProxyLatency, chaos.FaultPostgresProxyTimeout, chaos.FaultPostgresProxyResetPeer, chaos.FaultPostgresRelayCut:
+		return in.postgresPath(ctx, s, &f, record)
 	default:
 		return fmt.Errorf("unknown fault kind %q", s.Kind)
 	}
@@ -254,29 +266,10 @@ func onTarget(target string) string {
 	return " on " + target
 }
 
-// toxic adds a toxic to both directions of the target proxy for s.Hold.
+// toxic adds a toxic to both directions of the target broker proxy (the
+// side's proxy to every node on a cluster) for s.Hold.
 func (in *injector) toxic(ctx context.Context, s chaos.Step, typ string, attrs map[string]any, record func(string)) error {
-	name := fmt.Sprintf("chaos_%s_%d", typ, time.Now().UnixNano())
-	proxies := in.c.proxies(s.Target)
-	for _, proxy := range proxies {
-		for _, stream := range []string{"upstream", "downstream"} {
-			if err := in.c.toxi.addToxic(proxy, name+"_"+stream, typ, stream, attrs); err != nil {
-				return err
-			}
-		}
-	}
-	sleep(ctx, s.Hold)
-	var errs []error
-	for _, proxy := range proxies {
-		for _, stream := range []string{"upstream", "downstream"} {
-			errs = append(errs, in.c.toxi.removeToxic(context.WithoutCancel(ctx), proxy, name+"_"+stream))
-		}
-	}
-	if err := errors.Join(errs...); err != nil {
-		return err
-	}
-	record(fmt.Sprintf("%s toxic %v", typ, attrs))
-	return nil
+	return in.toxicOn(ctx, in.c.proxies(s.Target), s, typ, attrs, record)
 }
 
 // proxiesDown disables the proxies for hold, then enables them again.

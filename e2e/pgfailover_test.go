@@ -27,7 +27,7 @@ import (
 // (services and harness) and the run's own PostgreSQL: a failover switches
 // it to the promoted standby, as a DNS name or a virtual IP would in
 // production.
-const proxyPostgres = "postgres"
+const proxyPostgres = chaos.TargetPostgres
 
 // putPostgresBehindProxy makes the run's database URL go through
 // proxyPostgres, and registers the removal of every standby the faults leave.
@@ -165,8 +165,8 @@ func pollPostgres(ctx context.Context, url string, timeout time.Duration, cond f
 	}
 }
 
-// promote makes st the run's primary: pg_promote on it, the proxy switched
-// to it. The old primary, stopped, keeps its data directory for
+// promote makes st the run's primary: pg_promote on it, the proxies
+// switched to it (the API's and each relay's). The old primary, stopped, keeps its data directory for
 // readDeadPrimary; it is among the standbys the cleanup removes until then.
 func (c *cluster) promote(ctx context.Context, st *ownPostgres) error {
 	if err := st.start(ctx); err != nil {
@@ -182,8 +182,10 @@ func (c *cluster) promote(ctx context.Context, st *ownPostgres) error {
 	if err != nil || !promoted {
 		return fmt.Errorf("promote the standby on port %s: promoted=%v: %w", st.port, promoted, err)
 	}
-	if err := c.toxi.setUpstream(proxyPostgres, st.addr()); err != nil {
-		return err
+	for _, name := range c.postgresProxies() {
+		if err := c.toxi.setUpstream(name, st.addr()); err != nil {
+			return err
+		}
 	}
 	old := c.pg
 	c.pg, c.adminURL = st, st.url("postgres")

@@ -197,6 +197,9 @@ func (p *proc) signal(sig syscall.Signal, grace time.Duration) *incarnation {
 	inc.expected = true
 	p.mu.Unlock()
 	_ = inc.cmd.Process.Signal(sig)
+	// A process a pause left stopped gets the signal only once it runs
+	// again (SIGKILL excepted).
+	_ = inc.cmd.Process.Signal(syscall.SIGCONT)
 	t := time.NewTimer(grace)
 	defer t.Stop()
 	select {
