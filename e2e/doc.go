@@ -15,9 +15,9 @@
 //     (initdb in a temporary directory, postgres as a child process run as
 //     the postgres user) so that a fault can restart it, or on
 //     TEST_DATABASE_URL's server where that cannot be done (no initdb, no
-//     postgres user, CHAOS_OWN_POSTGRES=false; the restart, failover and
-//     synchronous-stall faults are then left out, and the report's identity
-//     says why);
+//     postgres user, CHAOS_OWN_POSTGRES=false; the restart, failover,
+//     synchronous-stall, PostgreSQL pause and PostgreSQL path faults are
+//     then left out, and the report's identity says why);
 //   - two shipping consumers, against the run's own MongoDB database;
 //   - MongoDB: cmd/mongolocal (embedded FerretDB, SQLite backend, no
 //     transactions: the inbox's standalone mode) as a process that a fault
@@ -27,8 +27,10 @@
 //   - an embedded toxiproxy (github.com/Shopify/toxiproxy/v2, inside the test
 //     process, on 127.0.0.1) between the orders side and RabbitMQ, between
 //     shipping and RabbitMQ, and between shipping and MongoDB; and, on the
-//     run's own PostgreSQL, between every client of the database and the
-//     server, the proxy a failover switches to the promoted standby.
+//     run's own PostgreSQL, between the API (and the harness) and the
+//     server and between each relay and the server (one proxy per relay,
+//     so that one relay can be cut alone), the proxies a failover switches
+//     to the promoted standby.
 //
 // Each run has its own PostgreSQL database (and cluster), RabbitMQ vhost
 // (rabbitmqctl add_vhost and set_permissions, delete_vhost in cleanup) and
@@ -81,6 +83,23 @@
 //     schema beside an open writer on a second database (migration_under_load);
 //   - every relay SIGKILLed at once with over 1,000 rows in flight, then the
 //     same backlog drained without a kill, for the report (relay_mass_kill);
+//   - the pause nemesis: SIGSTOP for longer than the others wait before
+//     taking the process's work over, then SIGCONT (its state read from
+//     /proc proves the stop): a polling relay past its lease while it holds
+//     leased rows (another relay must publish them meanwhile), or, with the
+//     WAL relay, the relay holding the slot past wal_sender_timeout and the
+//     takeover (the slot must move to the other relay and stay there after
+//     SIGCONT) (pause_relay); a shipping consumer with unacked deliveries
+//     (pause_shipping); the orders API with requests in flight
+//     (pause_orders); the run's own PostgreSQL, its postmaster and each of
+//     its children, since each child leads a process group of its own and a
+//     stopped postmaster alone only refuses new connections
+//     (pause_postgres). healAll sends SIGCONT to every process and server,
+//     also when the test fails;
+//   - faults on the path to the run's own PostgreSQL, through its proxies
+//     (the API's and the harness's, and one per relay): latency, a blackhole
+//     without reset (timeout toxic), reset_peer, and one relay cut from
+//     PostgreSQL while it still reaches the broker (postgres_relay_cut);
 //   - MongoDB outage: the FerretDB process (or the container) killed and
 //     started again, and a toxiproxy cut in front of it;
 //   - poison messages published straight to the exchange: malformed JSON,
@@ -171,7 +190,7 @@
 //	CHAOS_REPORT         report path (default e2e/chaos-report.json)
 //	CHAOS_RACE_SERVICES  true builds the services with -race too
 //	CHAOS_KEEP_LOGS      true keeps the process logs (kept anyway on failure)
-//	CHAOS_OWN_POSTGRES   false runs on TEST_DATABASE_URL's server, without the restart, failover and stall faults
+//	CHAOS_OWN_POSTGRES   false runs on TEST_DATABASE_URL's server, without the restart, failover, stall, PostgreSQL pause and PostgreSQL path faults
 //	CHAOS_OWN_BROKER     false keeps the long profile on the machine's broker, without the broker alarm
 //	CHAOS_NETNS          false puts the cluster profile's nodes on loopback, without the partition fault
 //	TEST_DATABASE_URL, TEST_AMQP_URL   as for every test of the repository

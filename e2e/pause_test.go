@@ -91,6 +91,57 @@ func (c *cluster) directDB(ctx context.Context) (*pgx.Conn, error) {
 	return conn, nil
 }
 
+// measureDB is the harness's connection for a fault's measures: straight to
+// the server (directDB), connected again when a query fails (another fault,
+// postgres_kill_sessions, may have ended the session).
+type measureDB struct {
+	c    *cluster
+	conn *pgx.Conn
+}
+
+// do runs fn on the connection, up to three times, each within 10s.
+func (m *measureDB) do(ctx context.Context, fn func(ctx context.Context, conn *pgx.Conn) error) error {
+	ctx = context.WithoutCancel(ctx)
+	var err error
+	for try := range 3 {
+		if try > 0 {
+			time.Sleep(300 * time.Millisecond)
+		}
+		qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		if m.conn == nil {
+			if m.conn, err = m.c.directDB(qctx); err != nil {
+				cancel()
+				continue
+			}
+		}
+		err = fn(qctx, m.conn)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		m.close()
+	}
+	return err
+}
+
+func (m *measureDB) close() {
+	if m.conn != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = m.conn.Close(ctx)
+		m.conn = nil
+	}
+}
+
+// publishedSince counts the events marked published since t.
+func (m *measureDB) publishedSince(ctx context.Context, t time.Time) (int64, error) {
+	var n int64
+	err := m.do(ctx, func(ctx context.Context, conn *pgx.Conn) error {
+		return conn.QueryRow(ctx, `SELECT count(*) FROM outbox_published WHERE published_at >= $1`, t).Scan(&n)
+	})
+	return n, err
+}
+
 // stopped is a process group stopped by SIGSTOP.
 type stopped struct {
 	pids []int // the processes stopped, the first the target's own
@@ -274,28 +325,28 @@ func resumed(st *stopped, f *chaos.Fault) (time.Duration, error) {
 // meanwhile; the resumed relay then publishes its batch again (duplicates)
 // and finds the rows gone when it marks.
 func (in *injector) pausePollingRelay(ctx context.Context, s chaos.Step, f *chaos.Fault, record func(string)) error {
-	conn, err := in.c.directDB(ctx)
-	if err != nil {
-		return err
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
+	db := &measureDB{c: in.c}
+	defer db.close()
 	type leased struct{ id, attempts int64 }
-	held := func() ([]leased, error) {
-		qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
-		rows, err := conn.Query(qctx, `SELECT id, attempts FROM outbox WHERE in_flight AND next_attempt_at > now()`)
-		if err != nil {
-			return nil, err
-		}
-		return pgx.CollectRows(rows, func(r pgx.CollectableRow) (leased, error) {
-			var l leased
-			return l, r.Scan(&l.id, &l.attempts)
+	scan := func(r pgx.CollectableRow) (leased, error) {
+		var l leased
+		return l, r.Scan(&l.id, &l.attempts)
+	}
+	held := func() (out []leased, err error) {
+		err = db.do(ctx, func(ctx context.Context, conn *pgx.Conn) error {
+			rows, err := conn.Query(ctx, `SELECT id, attempts FROM outbox WHERE in_flight AND next_attempt_at > now()`)
+			if err == nil {
+				out, err = pgx.CollectRows(rows, scan)
+			}
+			return err
 		})
+		return out, err
 	}
 	var (
 		st    *stopped
 		rows  []leased
 		tries int
+		err   error
 	)
 	for tries = 1; ; tries++ {
 		if st, err = in.stopProc(s.Target, f); err != nil {
@@ -312,78 +363,74 @@ func (in *injector) pausePollingRelay(ctx context.Context, s chaos.Step, f *chao
 		sleep(ctx, time.Duration(100+50*tries)*time.Millisecond)
 	}
 	defer func() { _ = st.cont() }()
-	published := func() int64 {
-		var n int64
-		qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		if conn.QueryRow(qctx, `SELECT count(*) FROM outbox_published`).Scan(&n) != nil {
-			return -1
-		}
-		return n
-	}
-	before := published()
 	hold := max(s.Hold, relayLease+2*time.Second)
 	sleep(ctx, time.Until(f.Start.Add(hold)))
-	after := published()
-	var takenOver int
+	// Read before SIGCONT: only the others can have published.
+	others, oerr := db.publishedSince(ctx, f.Start)
+	takenOver := 0
+	var terr error
 	if len(rows) > 0 {
 		ids := make([]int64, len(rows))
 		attempts := make(map[int64]int64, len(rows))
 		for i, r := range rows {
 			ids[i], attempts[r.id] = r.id, r.attempts
 		}
-		qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		got, qerr := conn.Query(qctx, `SELECT id, attempts FROM outbox_published WHERE id = ANY($1)`, ids)
-		if qerr == nil {
-			pub, cerr := pgx.CollectRows(got, func(r pgx.CollectableRow) (leased, error) {
-				var l leased
-				return l, r.Scan(&l.id, &l.attempts)
-			})
-			qerr = cerr
+		terr = db.do(ctx, func(ctx context.Context, conn *pgx.Conn) error {
+			got, err := conn.Query(ctx, `SELECT id, attempts FROM outbox_published WHERE id = ANY($1)`, ids)
+			if err != nil {
+				return err
+			}
+			pub, err := pgx.CollectRows(got, scan)
+			takenOver = 0
 			for _, p := range pub {
 				if p.attempts > attempts[p.id] {
 					takenOver++
 				}
 			}
-		}
-		cancel()
-		if qerr != nil {
-			in.logf("pause_relay on %s: read what was taken over: %v", s.Target, qerr)
-		}
+			return err
+		})
 	}
 	length, err := resumed(st, f)
 	if err != nil {
 		return err
 	}
-	f.Measures = map[string]float64{
-		"pause_s": length.Seconds(), "lease_s": relayLease.Seconds(),
-		"leased_when_paused": float64(len(rows)), "taken_over": float64(takenOver),
-		"published_by_others": float64(after - before),
-	}
-	lease := fmt.Sprintf("it held %d leased rows when paused (try %d): %d of them claimed again after the lease and published by another relay", len(rows), tries, takenOver)
-	if len(rows) == 0 {
+	f.Measures = map[string]float64{"pause_s": length.Seconds(), "lease_s": relayLease.Seconds(),
+		"leased_when_paused": float64(len(rows))}
+	lease := fmt.Sprintf("it held %d leased rows when paused (try %d)", len(rows), tries)
+	switch {
+	case len(rows) == 0:
 		lease = fmt.Sprintf("it held no lease in %d tries (between batches)", tries)
+	case terr != nil:
+		lease += ", what became of them unknown: " + terr.Error()
+	default:
+		f.Measures["taken_over"] = float64(takenOver)
+		lease += fmt.Sprintf(": %d of them claimed again after the lease and published by another relay", takenOver)
 	}
-	record(fmt.Sprintf("SIGSTOP %.1fs (lease %v); %s; %d events published by the others meanwhile; SIGCONT",
-		length.Seconds(), relayLease, lease, after-before))
+	published := fmt.Sprintf("%d events published by the others meanwhile", others)
+	if oerr != nil {
+		published = "events published meanwhile unknown: " + oerr.Error()
+	} else {
+		f.Measures["published_by_others"] = float64(others)
+	}
+	record(fmt.Sprintf("SIGSTOP %.1fs (lease %v); %s; %s; SIGCONT", length.Seconds(), relayLease, lease, published))
 	return nil
 }
 
 // walSlot reads who holds the WAL relay's slot: the epoch, the holder's pid
 // (outbox_wal_slots.holder ends in "pid N") and whether a session streams.
-func (c *cluster) walSlot(ctx context.Context, conn *pgx.Conn) (epoch int64, pid int, active bool, err error) {
+func (c *cluster) walSlot(ctx context.Context, db *measureDB) (epoch int64, pid int, active bool, err error) {
 	slot := ""
 	for _, kv := range relayModeEnv(c.id) {
 		if v, ok := strings.CutPrefix(kv, "RELAY_WAL_SLOT="); ok {
 			slot = v
 		}
 	}
-	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
 	var holder string
-	err = conn.QueryRow(qctx, `
+	err = db.do(ctx, func(ctx context.Context, conn *pgx.Conn) error {
+		return conn.QueryRow(ctx, `
 		SELECT s.epoch, s.holder, coalesce((SELECT active FROM pg_replication_slots r WHERE r.slot_name = s.slot_name), false)
 		FROM outbox_wal_slots s WHERE s.slot_name = $1`, slot).Scan(&epoch, &holder, &active)
+	})
 	if err != nil {
 		return 0, 0, false, fmt.Errorf("read slot %s's holder: %w", slot, err)
 	}
@@ -409,18 +456,15 @@ func (c *cluster) relayByPid(pid int) string {
 // epoch, which fences the paused one off), then that, resumed, it did not
 // take the slot back.
 func (in *injector) pauseWALRelay(ctx context.Context, s chaos.Step, f *chaos.Fault, record func(string)) error {
-	conn, err := in.c.directDB(ctx)
-	if err != nil {
-		return err
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
+	db := &measureDB{c: in.c}
+	defer db.close()
 	var (
 		epoch  int64
 		holder string
 	)
 	deadline := time.Now().Add(15 * time.Second)
 	for {
-		e, pid, active, err := in.c.walSlot(ctx, conn)
+		e, pid, active, err := in.c.walSlot(ctx, db)
 		if err == nil && active {
 			if holder = in.c.relayByPid(pid); holder != "" {
 				epoch = e
@@ -448,7 +492,7 @@ func (in *injector) pauseWALRelay(ctx context.Context, s chaos.Step, f *chaos.Fa
 	// moved: that is what it is for.
 	for end := f.Start.Add(hold); ; {
 		if moved == 0 {
-			if e, pid, active, err := in.c.walSlot(ctx, conn); err == nil && active && e > epoch {
+			if e, pid, active, err := in.c.walSlot(ctx, db); err == nil && active && e > epoch {
 				if name := in.c.relayByPid(pid); name != "" && name != holder {
 					moved, newer, newEpoc = time.Since(f.Start), name, e
 				}
@@ -472,7 +516,7 @@ func (in *injector) pauseWALRelay(ctx context.Context, s chaos.Step, f *chaos.Fa
 	// The resumed relay is fenced off: it must not take the slot back while
 	// the other one streams.
 	sleep(ctx, 3*time.Second)
-	e, pid, _, err := in.c.walSlot(context.WithoutCancel(ctx), conn)
+	e, pid, _, err := in.c.walSlot(ctx, db)
 	after := fmt.Sprintf("3s after SIGCONT the slot is at epoch %d, held by %s", e, cmp.Or(in.c.relayByPid(pid), "pid "+strconv.Itoa(pid)))
 	if err != nil {
 		after = "3s after SIGCONT: " + err.Error()
@@ -635,32 +679,24 @@ func (in *injector) postgresPath(ctx context.Context, s chaos.Step, f *chaos.Fau
 	case chaos.FaultPostgresProxyResetPeer:
 		return in.toxicOn(ctx, []string{s.Target}, s, "reset_peer", map[string]any{"timeout": 0}, record)
 	case chaos.FaultPostgresRelayCut:
-		conn, err := in.c.directDB(ctx)
-		if err != nil {
-			return err
-		}
-		defer conn.Close(context.WithoutCancel(ctx))
-		count := func() int64 {
-			var n int64
-			qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			defer cancel()
-			if conn.QueryRow(qctx, `SELECT count(*) FROM outbox_published`).Scan(&n) != nil {
-				return -1
-			}
-			return n
-		}
-		before := count()
+		db := &measureDB{c: in.c}
+		defer db.close()
 		if err := in.c.toxi.disable(s.Target); err != nil {
 			return err
 		}
 		f.Start = time.Now()
 		sleep(ctx, s.Hold)
-		after := count()
-		if err := in.c.toxi.enable(s.Target); err != nil {
-			return err
+		n, err := db.publishedSince(ctx, f.Start)
+		if eerr := in.c.toxi.enable(s.Target); eerr != nil {
+			return eerr
 		}
-		f.Measures = map[string]float64{"published_meanwhile": float64(after - before)}
-		record(fmt.Sprintf("proxy disabled: the relay cut from PostgreSQL, not from the broker; %d events published meanwhile", after-before))
+		published := fmt.Sprintf("%d events published meanwhile", n)
+		if err != nil {
+			published = "events published meanwhile unknown: " + err.Error()
+		} else {
+			f.Measures = map[string]float64{"published_meanwhile": float64(n)}
+		}
+		record("proxy disabled: the relay cut from PostgreSQL, not from the broker; " + published)
 		return nil
 	}
 	return fmt.Errorf("not a PostgreSQL path fault: %s", s.Kind)

@@ -223,7 +223,8 @@ type Report struct {
 	// took to be published after it (NodeFaultDrainBound).
 	NodeFaultDrains []NodeFaultDrain `json:"node_fault_drains,omitempty"`
 
-	// FaultMeasures: what each infrastructure fault measured.
+	// FaultMeasures: what each infrastructure fault, pause and PostgreSQL path
+	// fault measured.
 	FaultMeasures []FaultMeasure `json:"fault_measures,omitempty"`
 
 	ViolationCount int         `json:"violation_count"`

@@ -69,9 +69,9 @@ const (
 	MeasureUpgradeSeconds = "upgrade_from_schema4_s" // migration_under_load
 )
 
-// FaultMeasure is what the report says about one infrastructure fault
-// besides its count: the measures the injector took, and for a migration
-// the API's latency while it ran.
+// FaultMeasure is what the report says about one infrastructure fault, pause
+// or PostgreSQL path fault besides its count: the measures the injector took,
+// and for a migration the API's latency while it ran.
 type FaultMeasure struct {
 	Kind     FaultKind          `json:"kind"`
 	Start    time.Time          `json:"start"`
@@ -98,7 +98,7 @@ func faultMeasures(h History) []FaultMeasure {
 	calmP99 := p99(calm)
 	var out []FaultMeasure
 	for _, f := range h.Faults {
-		if !slices.Contains(InfraFaultKinds, f.Kind) {
+		if !slices.Contains(InfraFaultKinds, f.Kind) && !slices.Contains(PauseAndPathFaultKinds, f.Kind) {
 			continue
 		}
 		m := FaultMeasure{Kind: f.Kind, Start: f.Start, Seconds: f.End.Sub(f.Start).Seconds(), Measures: f.Measures}

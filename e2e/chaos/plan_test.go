@@ -239,3 +239,22 @@ func TestPostgresPathTargets(t *testing.T) {
 		t.Errorf("pause_postgres targets %v", got)
 	}
 }
+
+// What a pause or a PostgreSQL path fault measured (how long the process
+// was stopped, what the others did meanwhile) is in the report's
+// fault_measures, as an infrastructure fault's is; a kill's is not.
+func TestFaultMeasuresGiveThePausesMeasures(t *testing.T) {
+	t0 := time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
+	h := History{Faults: []Fault{
+		{Kind: FaultKillRelay, Target: "relay-1", Start: t0, End: t0},
+		{Kind: FaultPauseRelay, Target: "relay-2", Start: t0, End: t0.Add(9 * time.Second),
+			Measures: map[string]float64{"pause_s": 9, "taken_over": 3}},
+		{Kind: FaultPostgresRelayCut, Target: "postgres@relay-1", Start: t0.Add(time.Second), End: t0.Add(3 * time.Second),
+			Measures: map[string]float64{"published_meanwhile": 12}},
+	}}
+	got := faultMeasures(h)
+	if len(got) != 2 || got[0].Kind != FaultPauseRelay || got[0].Measures["taken_over"] != 3 || got[0].Seconds != 9 ||
+		got[1].Kind != FaultPostgresRelayCut || got[1].Measures["published_meanwhile"] != 12 {
+		t.Errorf("fault measures %+v: want the pause's and the relay cut's, not the kill's", got)
+	}
+}
