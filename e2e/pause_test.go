@@ -523,8 +523,8 @@ func (in *injector) pauseWALRelay(ctx context.Context, s chaos.Step, f *chaos.Fa
 	}
 	f.Measures = map[string]float64{"pause_s": length.Seconds(), "slot_moved_after_s": moved.Seconds(),
 		"epoch_before": float64(epoch), "epoch_taken": float64(newEpoc)}
-	record(fmt.Sprintf("SIGSTOP of the slot's holder %.1fs (wal_sender_timeout + takeover %v); the slot moved to %s (epoch %d -> %d) %.1fs into the pause; SIGCONT; %s",
-		length.Seconds(), walTakeover, newer, epoch, newEpoc, moved.Seconds(), after))
+	record(fmt.Sprintf("SIGSTOP of %s, the slot's holder (the plan drew %s), %.1fs (wal_sender_timeout + takeover %v); the slot moved to %s (epoch %d -> %d) %.1fs into the pause; SIGCONT; %s",
+		holder, s.Target, length.Seconds(), walTakeover, newer, epoch, newEpoc, moved.Seconds(), after))
 	return nil
 }
 
