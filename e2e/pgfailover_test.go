@@ -166,8 +166,9 @@ func pollPostgres(ctx context.Context, url string, timeout time.Duration, cond f
 }
 
 // promote makes st the run's primary: pg_promote on it, the proxies
-// switched to it (the API's and each relay's). The old primary, stopped, keeps its data directory for
-// readDeadPrimary; it is among the standbys the cleanup removes until then.
+// switched to it (the API's and each relay's). The old primary, stopped,
+// keeps its data directory for readDeadPrimary; it is among the standbys the
+// cleanup removes until then.
 func (c *cluster) promote(ctx context.Context, st *ownPostgres) error {
 	if err := st.start(ctx); err != nil {
 		return err
