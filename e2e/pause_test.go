@@ -325,10 +325,11 @@ func resumed(st *stopped, f *chaos.Fault) (time.Duration, error) {
 }
 
 // pausePollingRelay pauses a polling relay past its lease, preferably while
-// it holds one: rows still leased (in flight, lease not ended) 700 ms after
-// the SIGSTOP are the stopped relay's (the other relay marks its own within
-// milliseconds), so it is stopped again, up to a few times, until it holds
-// some. At the end it counts which of those another relay claimed again after
+// it holds one: it is stopped again, up to eight times, until rows are
+// leased (in flight, lease not ended) 700 ms after the SIGSTOP; those still
+// leased at the same attempt half a lease into the stop are the stopped
+// relay's (the other relay marks its own within milliseconds, or a second
+// on a loaded machine). At the end it counts which of those another relay claimed again after
 // their lease and published, and how many events the others published
 // meanwhile; the resumed relay then publishes its batch again (duplicates)
 // and finds the rows gone when it marks.
@@ -372,6 +373,17 @@ func (in *injector) pausePollingRelay(ctx context.Context, s chaos.Step, f *chao
 	}
 	heldErr := err
 	defer func() { _ = st.cont() }()
+	// A batch of the other relay may be slow (a mark waiting for a writer,
+	// a loaded machine): the rows still leased, at the same attempt, 3 s
+	// into the stop (half the lease) are the stopped relay's.
+	if len(rows) > 0 {
+		sleep(ctx, time.Until(f.Start.Add(relayLease/2)))
+		still, err := held()
+		if err != nil {
+			heldErr, rows = err, nil
+		}
+		rows = slices.DeleteFunc(rows, func(r leased) bool { return !slices.Contains(still, r) })
+	}
 	hold := max(s.Hold, relayLease+2*time.Second)
 	sleep(ctx, time.Until(f.Start.Add(hold)))
 	// Read before SIGCONT: only the others can have published.
