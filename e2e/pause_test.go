@@ -325,8 +325,9 @@ func resumed(st *stopped, f *chaos.Fault) (time.Duration, error) {
 }
 
 // pausePollingRelay pauses a polling relay past its lease, preferably while
-// it holds one: it is stopped again, up to eight times, until rows are
-// leased (in flight, lease not ended) 700 ms after the SIGSTOP; those still
+// it holds one: it is stopped right after its session ends a claim while
+// rows are leased (pg_stat_activity), again up to eight times, until rows
+// are leased (in flight, lease not ended) 700 ms after the SIGSTOP; those still
 // leased at the same attempt half a lease into the stop are the stopped
 // relay's (the other relay marks its own within milliseconds, or a second
 // on a loaded machine). At the end it counts which of those another relay claimed again after
@@ -357,7 +358,24 @@ func (in *injector) pausePollingRelay(ctx context.Context, s chaos.Step, f *chao
 		tries int
 		err   error
 	)
+	// publishing says the relay's last statement was a claim that ended a
+	// moment ago, and rows are leased: it is most likely publishing them.
+	// Its sessions carry its name (relayDatabaseURLFor).
+	publishing := func() bool {
+		var yes bool
+		err := db.do(ctx, func(ctx context.Context, conn *pgx.Conn) error {
+			return conn.QueryRow(ctx, `
+				SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+				               WHERE application_name = $1 AND state = 'idle'
+				                 AND position('WITH due AS' IN query) > 0 AND state_change > now() - interval '100 milliseconds')
+				   AND EXISTS (SELECT 1 FROM outbox WHERE in_flight AND next_attempt_at > now())`, s.Target).Scan(&yes)
+		})
+		return err == nil && yes
+	}
 	for tries = 1; ; tries++ {
+		for wait := time.Now().Add(3 * time.Second); time.Now().Before(wait) && ctx.Err() == nil && !publishing(); {
+			time.Sleep(10 * time.Millisecond)
+		}
 		if st, err = in.stopProc(s.Target, f); err != nil {
 			return err
 		}
