@@ -86,7 +86,8 @@
 //   - the pause nemesis: SIGSTOP for longer than the others wait before
 //     taking the process's work over, then SIGCONT (its state read from
 //     /proc proves the stop): a polling relay past its lease while it holds
-//     leased rows (another relay must publish them meanwhile), or, with the
+//     leased rows (caught holding them while the other relays are stopped
+//     for a moment; another relay publishes them meanwhile), or, with the
 //     WAL relay, the relay holding the slot past wal_sender_timeout and the
 //     takeover (the slot must move to the other relay and stay there after
 //     SIGCONT) (pause_relay); a shipping consumer with unacked deliveries

@@ -40,8 +40,9 @@ func TestFaultStepsLockWhatTheirChecksRead(t *testing.T) {
 }
 
 // A pause of a process takes the lock its kill and crash points take, so a
-// pause never overlaps a kill of the same process; with the WAL relay it
-// takes every relay (it pauses the slot's holder, whichever the plan drew).
+// pause never overlaps a kill of the same process; a relay's pause takes
+// every relay (with the WAL relay it pauses the slot's holder, whichever the
+// plan drew; with the polling relay it stops the others for a moment).
 // A pause of the server and the faults on its proxies take the database's
 // lock, as its restart and failover do (a failover points the proxies
 // elsewhere).
@@ -51,7 +52,6 @@ func TestPauseLocksWhatAKillOfTheSameProcessLocks(t *testing.T) {
 		pause, kill chaos.FaultKind
 		target      string
 	}{
-		{chaos.FaultPauseRelay, chaos.FaultKillRelay, chaos.RelayName(1)},
 		{chaos.FaultPauseShipping, chaos.FaultKillShipping, chaos.ShippingName(2)},
 		{chaos.FaultPauseOrders, chaos.FaultKillOrders, chaos.TargetOrders},
 		{chaos.FaultPausePostgres, chaos.FaultPostgresRestart, chaos.TargetPostgres},
@@ -66,11 +66,13 @@ func TestPauseLocksWhatAKillOfTheSameProcessLocks(t *testing.T) {
 			t.Errorf("%s on %s locks %v, %s locks %v", tc.pause, tc.target, got, tc.kill, want)
 		}
 	}
-	t.Setenv("CHAOS_RELAY_MODE", "wal")
 	in.c.relays = []*proc{{spec: procSpec{name: chaos.RelayName(1)}}, {spec: procSpec{name: chaos.RelayName(2)}}}
 	all := []string{chaos.RelayName(1), chaos.RelayName(2)}
-	if got := in.resources(chaos.Step{Kind: chaos.FaultPauseRelay, Target: chaos.RelayName(2)}); !slices.Equal(got, all) {
-		t.Errorf("a WAL relay's pause locks %v, want every relay %v", got, all)
+	for _, mode := range []string{"", "wal"} {
+		t.Setenv("CHAOS_RELAY_MODE", mode)
+		if got := in.resources(chaos.Step{Kind: chaos.FaultPauseRelay, Target: chaos.RelayName(2)}); !slices.Equal(got, all) {
+			t.Errorf("CHAOS_RELAY_MODE=%q: a relay's pause locks %v, want every relay %v", mode, got, all)
+		}
 	}
 	if got := in.resources(chaos.Step{Kind: chaos.FaultKillRelay, Target: chaos.RelayName(1)}); !slices.Contains(all, got[0]) || len(got) != 1 {
 		t.Errorf("a WAL relay's kill locks %v", got)

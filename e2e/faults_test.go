@@ -82,9 +82,10 @@ func resource(s chaos.Step) string {
 // resource (with, for a broker alarm, what its check reads), or, for a
 // crash point on a WAL relay, every relay (the step stops
 // the others for its length, walHoldOtherRelays, and a kill of one of them
-// must not start it again under the step); for a pause of a WAL relay, every
-// relay too (it pauses the slot's holder, whichever the plan drew, and its
-// check needs the other to take the slot over).
+// must not start it again under the step); for a relay's pause, every relay
+// too (with the WAL relay it pauses the slot's holder, whichever the plan
+// drew; with the polling relay it stops the others for a moment to catch the
+// target holding a lease; and its check needs another relay to take over).
 func (in *injector) resources(s chaos.Step) []string {
 	if s.Kind == chaos.FaultBrokerAlarm {
 		// No proxy fault of either side while the alarm holds (shipping's
@@ -95,7 +96,7 @@ func (in *injector) resources(s chaos.Step) []string {
 		// "broker", so the order makes no cycle.
 		return []string{resource(s), chaos.TargetAMQPOrders, chaos.TargetAMQPShipping, "postgres", "mongo"}
 	}
-	if _, ok := s.Kind.CrashPoint(); (ok || s.Kind == chaos.FaultPauseRelay) && os.Getenv("CHAOS_RELAY_MODE") == "wal" {
+	if _, ok := s.Kind.CrashPoint(); ok && os.Getenv("CHAOS_RELAY_MODE") == "wal" || s.Kind == chaos.FaultPauseRelay {
 		var names []string
 		for _, p := range in.c.relays {
 			names = append(names, p.spec.name)

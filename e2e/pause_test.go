@@ -324,16 +324,14 @@ func resumed(st *stopped, f *chaos.Fault) (time.Duration, error) {
 	return time.Since(f.Start), err
 }
 
-// pausePollingRelay pauses a polling relay past its lease, preferably while
-// it holds one: it is stopped right after its session ends a claim while
-// rows are leased (pg_stat_activity), again up to eight times, until rows
-// are leased (in flight, lease not ended) 700 ms after the SIGSTOP; those still
-// leased at the same attempt half a lease into the stop are the stopped
-// relay's (the other relay marks its own within milliseconds, or a second
-// on a loaded machine). At the end it counts which of those another relay claimed again after
-// their lease and published, and how many events the others published
-// meanwhile; the resumed relay then publishes its batch again (duplicates)
-// and finds the rows gone when it marks.
+// pausePollingRelay pauses a polling relay past its lease while it holds
+// one: the other relays are stopped for a moment (at most 3 s, half their
+// lease), so that the rows leased meanwhile are the target's, and the target
+// is stopped as soon as it holds some (up to three tries). At the end it
+// counts which of those another relay claimed again after their lease and
+// published, and how many events the others published meanwhile; the
+// resumed relay then publishes its batch again (duplicates) and finds the
+// rows gone when it marks.
 func (in *injector) pausePollingRelay(ctx context.Context, s chaos.Step, f *chaos.Fault, record func(string)) error {
 	db := &measureDB{c: in.c}
 	defer db.close()
@@ -352,60 +350,76 @@ func (in *injector) pausePollingRelay(ctx context.Context, s chaos.Step, f *chao
 		})
 		return out, err
 	}
-	var (
-		st    *stopped
-		rows  []leased
-		tries int
-		err   error
-	)
-	// publishing says the relay's last statement was a claim that ended a
-	// moment ago, and rows are leased: it is most likely publishing them.
-	// Its sessions carry its name (relayDatabaseURLFor).
-	publishing := func() bool {
-		var yes bool
-		err := db.do(ctx, func(ctx context.Context, conn *pgx.Conn) error {
-			return conn.QueryRow(ctx, `
-				SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-				               WHERE application_name = $1 AND state = 'idle'
-				                 AND position('WITH due AS' IN query) > 0 AND state_change > now() - interval '100 milliseconds')
-				   AND EXISTS (SELECT 1 FROM outbox WHERE in_flight AND next_attempt_at > now())`, s.Target).Scan(&yes)
-		})
-		return err == nil && yes
-	}
-	for tries = 1; ; tries++ {
-		for wait := time.Now().Add(3 * time.Second); time.Now().Before(wait) && ctx.Err() == nil && !publishing(); {
-			time.Sleep(10 * time.Millisecond)
+	// The target is the only relay running while the others are stopped
+	// for a moment (at most 3 s, half their lease): the rows leased then
+	// that were not before are its own.
+	var others []*stopped
+	contOthers := func() {
+		for _, o := range others {
+			_ = o.cont()
 		}
-		if st, err = in.stopProc(s.Target, f); err != nil {
+		others = nil
+	}
+	defer contOthers()
+	stopOthers := func() error {
+		for _, p := range in.c.relays {
+			if p.spec.name == s.Target {
+				continue
+			}
+			if inc := p.current(); inc != nil {
+				o, err := sigstop(inc.cmd.Process.Pid)
+				if err != nil {
+					return err
+				}
+				others = append(others, o)
+			}
+		}
+		return nil
+	}
+	minus := func(a, b []leased) []leased {
+		return slices.DeleteFunc(slices.Clone(a), func(r leased) bool { return slices.Contains(b, r) })
+	}
+	var (
+		st      *stopped
+		rows    []leased
+		tries   int
+		heldErr error
+	)
+	for tries = 1; ; tries++ {
+		if err := stopOthers(); err != nil {
 			return err
 		}
-		sleep(ctx, 700*time.Millisecond)
-		rows, err = held()
-		if len(rows) > 0 || tries == 8 || err != nil || ctx.Err() != nil {
+		before, _ := held()
+		var mine []leased
+		for wait := time.Now().Add(3 * time.Second); time.Now().Before(wait) && ctx.Err() == nil; time.Sleep(10 * time.Millisecond) {
+			if cur, err := held(); err == nil {
+				if mine = minus(cur, before); len(mine) > 0 {
+					break
+				}
+			}
+		}
+		var err error
+		st, err = in.stopProc(s.Target, f)
+		contOthers()
+		if err != nil {
+			return err
+		}
+		// Its mark may have landed between the read and the stop.
+		cur, err := held()
+		rows, heldErr = minus(mine, minus(mine, cur)), err
+		if len(rows) > 0 || tries == 3 || err != nil || ctx.Err() != nil {
 			break
 		}
 		if err := st.cont(); err != nil {
 			return err
 		}
-		sleep(ctx, time.Duration(100+50*tries)*time.Millisecond)
+		sleep(ctx, 200*time.Millisecond)
 	}
-	heldErr := err
 	defer func() { _ = st.cont() }()
-	// A batch of the other relay may be slow (a mark waiting for a writer,
-	// a loaded machine): the rows still leased, at the same attempt, 3 s
-	// into the stop (half the lease) are the stopped relay's.
-	if len(rows) > 0 {
-		sleep(ctx, time.Until(f.Start.Add(relayLease/2)))
-		still, err := held()
-		if err != nil {
-			heldErr, rows = err, nil
-		}
-		rows = slices.DeleteFunc(rows, func(r leased) bool { return !slices.Contains(still, r) })
-	}
 	hold := max(s.Hold, relayLease+2*time.Second)
 	sleep(ctx, time.Until(f.Start.Add(hold)))
 	// Read before SIGCONT: only the others can have published.
-	others, oerr := db.publishedSince(ctx, f.Start)
+	byOthers, oerr := db.publishedSince(ctx, f.Start)
 	takenOver := 0
 	var terr error
 	if len(rows) > 0 {
@@ -440,18 +454,18 @@ func (in *injector) pausePollingRelay(ctx context.Context, s chaos.Step, f *chao
 	case len(rows) == 0 && heldErr != nil:
 		lease = "its leased rows unknown: " + heldErr.Error()
 	case len(rows) == 0:
-		lease = fmt.Sprintf("it held no lease in %d tries (between batches)", tries)
+		lease = fmt.Sprintf("it claimed nothing in %d tries (no row due)", tries)
 	case terr != nil:
 		lease += ", what became of them unknown: " + terr.Error()
 	default:
 		f.Measures["taken_over"] = float64(takenOver)
 		lease += fmt.Sprintf(": %d of them claimed again after the lease and published by another relay", takenOver)
 	}
-	published := fmt.Sprintf("%d events published by the others meanwhile", others)
+	published := fmt.Sprintf("%d events published by the others meanwhile", byOthers)
 	if oerr != nil {
 		published = "events published meanwhile unknown: " + oerr.Error()
 	} else {
-		f.Measures["published_by_others"] = float64(others)
+		f.Measures["published_by_others"] = float64(byOthers)
 	}
 	record(fmt.Sprintf("SIGSTOP %.1fs (lease %v); %s; %s; SIGCONT", length.Seconds(), relayLease, lease, published))
 	return nil
