@@ -420,7 +420,7 @@ func (in *injector) pausePollingRelay(ctx context.Context, s chaos.Step, f *chao
 	sleep(ctx, time.Until(f.Start.Add(hold)))
 	// Read before SIGCONT: only the others can have published.
 	byOthers, oerr := db.publishedSince(ctx, f.Start)
-	takenOver := 0
+	takenOver, stillThere := 0, ""
 	var terr error
 	if len(rows) > 0 {
 		ids := make([]int64, len(rows))
@@ -440,6 +440,22 @@ func (in *injector) pausePollingRelay(ctx context.Context, s chaos.Step, f *chao
 					takenOver++
 				}
 			}
+			if err != nil || takenOver == len(rows) {
+				return err
+			}
+			// What became of the others, for the detail.
+			var states []string
+			err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+				rs, err := tx.Query(ctx, `
+					SELECT format('%s: attempts %s, in_flight %s, blocked %s, suspect %s, due in %s', id, attempts, in_flight, blocked, suspect,
+					              date_trunc('milliseconds', next_attempt_at - now()))
+					FROM outbox WHERE id = ANY($1) ORDER BY id`, ids)
+				if err == nil {
+					states, err = pgx.CollectRows(rs, pgx.RowTo[string])
+				}
+				return err
+			})
+			stillThere = strings.Join(states, "; ")
 			return err
 		})
 	}
@@ -460,6 +476,9 @@ func (in *injector) pausePollingRelay(ctx context.Context, s chaos.Step, f *chao
 	default:
 		f.Measures["taken_over"] = float64(takenOver)
 		lease += fmt.Sprintf(": %d of them claimed again after the lease and published by another relay", takenOver)
+		if stillThere != "" {
+			lease += " (still in the outbox: " + stillThere + ")"
+		}
 	}
 	published := fmt.Sprintf("%d events published by the others meanwhile", byOthers)
 	if oerr != nil {
