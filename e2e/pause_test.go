@@ -32,7 +32,10 @@ import (
 // relays' RELAY_LEASE (ordersEnv), and, with the WAL relay, the run's own
 // PostgreSQL's wal_sender_timeout (ownPostgresArgs) before it frees the
 // paused holder's slot, plus the waiting relay's TakeoverInterval (1s by
-// default).
+// default). A holder paused inside a transaction holds the slot's row until
+// the server ends its session (outboxwal's idle_in_transaction_session_timeout,
+// 10s), and the takeover waits for that: the pause goes on until the slot
+// moved (pauseWALRelay).
 const (
 	relayLease  = 6 * time.Second
 	walTakeover = 5*time.Second + time.Second
@@ -597,7 +600,7 @@ func (in *injector) pauseWALRelay(ctx context.Context, s chaos.Step, f *chaos.Fa
 	}
 	f.Measures = map[string]float64{"pause_s": length.Seconds(), "slot_moved_after_s": moved.Seconds(),
 		"epoch_before": float64(epoch), "epoch_taken": float64(newEpoc)}
-	record(fmt.Sprintf("SIGSTOP of %s, the slot's holder (the plan drew %s), %.1fs (wal_sender_timeout + takeover %v); the slot moved to %s (epoch %d -> %d) %.1fs into the pause; SIGCONT; %s",
+	record(fmt.Sprintf("SIGSTOP of %s, the slot's holder (the plan drew %s), %.1fs (wal_sender_timeout + takeover %v, or the holder's transaction ended by the server); the slot moved to %s (epoch %d -> %d) %.1fs into the pause; SIGCONT; %s",
 		holder, s.Target, length.Seconds(), walTakeover, newer, epoch, newEpoc, moved.Seconds(), after))
 	return nil
 }
