@@ -175,12 +175,17 @@
 // metric) and Stats().OldestUnconfirmedAge, and alert well before the disk
 // fills. Set max_slot_wal_keep_size on the server to cap what a slot may
 // retain: past it, PostgreSQL invalidates the slot ("wal_status = lost") to
-// save the server, the relay can no longer stream, and the events written in
-// the gap would not be published by it. Recover then by stopping the relays,
-// dropping the slot (Drop), and starting a relay: it creates a new slot and
-// hands every row still in the outbox over to polling, so nothing in the
-// outbox is lost; events published but not yet swept are published again.
-// Drop the slot of a relay you retire for good.
+// save the server (at its next checkpoint, terminating the WAL sender of a
+// relay that streams from it), and the slot can never be streamed from again.
+// The relay's next session finds the slot lost, drops it (an operator's too:
+// a lost slot retains nothing) and creates a new one, handing every row still
+// in the outbox over to polling, as for any new slot: the rows written while
+// the slot was lost are among them, so nothing in the outbox is lost, each
+// aggregate's events keep their order, and events published but not yet
+// swept are published again (duplicates). To free the disk before
+// max_slot_wal_keep_size does, stop the relays, drop the slot (Drop) and
+// start a relay: the same hand-over follows. Drop the slot of a relay you
+// retire for good.
 //
 // # Failover
 //

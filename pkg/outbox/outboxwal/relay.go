@@ -431,7 +431,9 @@ func (r *Relay) session(ctx context.Context) (progressed bool, err error) {
 //
 // A slot whose position is ahead of the server's WAL would skip every
 // transaction committed below that position: the relay remakes it when a
-// relay made it, and refuses an operator's.
+// relay made it, and refuses an operator's. A slot PostgreSQL invalidated
+// (wal_status = lost, past max_slot_wal_keep_size) can never be streamed
+// from again and retains nothing: the relay remakes it, whoever made it.
 //
 // It returns errOtherServer, and closes the pool connection it used, when
 // that connection reaches another server than server (the replication
@@ -461,16 +463,17 @@ func (r *Relay) ensureSlot(parent context.Context, conn *pgconn.PgConn, server s
 	}()
 
 	var (
-		plugin, comment       string
-		sameDB, exists, ahead bool
+		plugin, comment             string
+		sameDB, exists, ahead, lost bool
 	)
 	err = c.QueryRow(ctx, `
 SELECT s.slot_name IS NOT NULL, coalesce(s.plugin, ''), coalesce(s.database = current_database(), false),
        coalesce(obj_description(p.oid, 'pg_publication'), ''),
-       coalesce(s.confirmed_flush_lsn > pg_current_wal_lsn(), false)
+       coalesce(s.confirmed_flush_lsn > pg_current_wal_lsn(), false),
+       coalesce(s.wal_status = 'lost', false)
 FROM (SELECT 1) one
 LEFT JOIN pg_replication_slots s ON s.slot_name = $1
-LEFT JOIN pg_publication p ON p.pubname = $2`, r.cfg.Slot, r.cfg.Publication).Scan(&exists, &plugin, &sameDB, &comment, &ahead)
+LEFT JOIN pg_publication p ON p.pubname = $2`, r.cfg.Slot, r.cfg.Publication).Scan(&exists, &plugin, &sameDB, &comment, &ahead, &lost)
 	if err != nil {
 		return false, nil, fmt.Errorf("look for slot %s: %w", r.cfg.Slot, err)
 	}
@@ -478,6 +481,15 @@ LEFT JOIN pg_publication p ON p.pubname = $2`, r.cfg.Slot, r.cfg.Publication).Sc
 	switch {
 	case exists && (plugin != "pgoutput" || !sameDB):
 		return false, nil, fmt.Errorf("slot %s exists but is not a pgoutput logical slot of this database", r.cfg.Slot)
+	case exists && lost:
+		// PostgreSQL removed WAL the slot still needed (past
+		// max_slot_wal_keep_size): nothing can be streamed from it, and it
+		// retains nothing, so remaking it throws nothing away, an operator's
+		// slot included. The new slot's backlog hands every row still in the
+		// outbox over to polling: the rows written while the slot was lost
+		// are among them.
+		r.log.ErrorContext(ctx, "outbox WAL relay: the slot was invalidated by PostgreSQL (wal_status = lost: it retained more WAL than max_slot_wal_keep_size); making it again and handing the outbox's rows over to polling",
+			slog.String("slot", r.cfg.Slot))
 	case exists && ahead && !ours:
 		return false, nil, fmt.Errorf("slot %s is ahead of the server's WAL: it would skip the transactions committed below its position; drop it (a relay then makes a new one)", r.cfg.Slot)
 	case exists && ahead:
