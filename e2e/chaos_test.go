@@ -82,6 +82,7 @@ func TestChaos(t *testing.T) {
 	} else {
 		t.Logf("postgres: a cluster of the run's own (%s), restartable", pgBinDir)
 	}
+	profile = withoutUnavailableResourceFaults(skips, profile, provider, err)
 	topo := chaos.Topology{Relays: 2, Consumers: 2}
 	if profile.Name == "cluster" {
 		if err := rabbitClusterAvailable(); err != nil {
@@ -464,6 +465,9 @@ func (c *cluster) healAll(ctx context.Context) error {
 		errs = append(errs, err)
 	}
 	if err := c.ensureAllRunning(ctx); err != nil {
+		errs = append(errs, err)
+	}
+	if err := c.resetServerSettings(ctx); err != nil { // the resource faults' settings
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)

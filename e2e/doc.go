@@ -103,6 +103,27 @@
 //     PostgreSQL while it still reaches the broker (postgres_relay_cut);
 //   - MongoDB outage: the FerretDB process (or the container) killed and
 //     started again, and a toxiproxy cut in front of it;
+//   - in the long profile only, the resource faults (chaos.ResourceFaultKinds,
+//     resourcefaults_test.go), each measured in the report's fault_measures
+//     to show it took effect: MongoDB's replies cut while its requests pass
+//     (a limit_data toxic on the downstream only: writes land, shipping
+//     hears nothing; mongo_ack_loss); the run's own PostgreSQL out of
+//     connections (sessions of a role without superuser opened until the
+//     server refuses one, the services' sessions terminated and their slots
+//     taken too, superuser_reserved_connections left; postgres_max_connections);
+//     a transaction holding an xid and FOR UPDATE locks on an aggregate's
+//     head outbox row and its order row (postgres_long_transaction: rows of
+//     other aggregates must be published meanwhile, the locked row after);
+//     the WAL relay's slot invalidated by max_slot_wal_keep_size=1MB and WAL
+//     written past it (wal_slot_invalidated, WAL relay only: the relay must
+//     make a new slot); the data directory of the run's own PostgreSQL, and
+//     of the embedded FerretDB, moved onto a tmpfs of its own and shrunk to
+//     what it holds (postgres_disk_full, mongo_disk_full); fsync turned on
+//     and every fsync and fdatasync of PostgreSQL's processes delayed 50 ms
+//     by strace (postgres_slow_fsync). A kind this machine cannot inject
+//     (no PostgreSQL of the run's own, the polling relay, MongoDB in a
+//     container, no root to mount, no strace) is left out and the log says
+//     why;
 //   - poison messages published straight to the exchange: malformed JSON,
 //     no MessageId, an unknown event type, a body over shipping's limit.
 //     All but the unknown type must end in shipping's dead-letter queue with
@@ -204,7 +225,9 @@
 // (a PostgreSQL server or RabbitMQ node of the run's own, network
 // namespaces) is logged and listed in the report's identity, and fails the
 // run under CI=true unless its variable (CHAOS_OWN_POSTGRES,
-// CHAOS_OWN_BROKER, CHAOS_NETNS) was set to false.
+// CHAOS_OWN_BROKER, CHAOS_NETNS) was set to false. The disk-full faults
+// need root (mount -t tmpfs), slow fsync strace; TestChaosResourceFaults
+// runs each resource fault alone (-run 'TestChaosResourceFaults/<kind>').
 //
 // The first lines of the test's log name the seed and the provider
 // ("provider: local processes + embedded FerretDB" or "provider:

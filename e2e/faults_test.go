@@ -31,6 +31,8 @@ type injector struct {
 
 	mu    sync.Mutex
 	locks map[string]*sync.Mutex
+
+	disks dataDisks // the data directories the disk-full faults moved
 }
 
 func newInjector(c *cluster, rec *chaos.Recorder, poison *poisoner, logf func(string, ...any)) *injector {
@@ -74,6 +76,9 @@ func resource(s chaos.Step) string {
 	}
 	if _, ok := s.Kind.PoisonKind(); ok {
 		return "poison"
+	}
+	if r := resourceOf(s.Kind); r != "" {
+		return r
 	}
 	return s.Target
 }
@@ -255,7 +260,7 @@ func (in *injector) inject(ctx context.Context, s chaos.Step) error {
 	case chaos.FaultPostgresProxyLatency, chaos.FaultPostgresProxyTimeout, chaos.FaultPostgresProxyResetPeer, chaos.FaultPostgresRelayCut:
 		return in.postgresPath(ctx, s, &f, record)
 	default:
-		return fmt.Errorf("unknown fault kind %q", s.Kind)
+		return in.resourceFault(ctx, s, &f, record)
 	}
 	return nil
 }

@@ -28,6 +28,7 @@ type ownPostgres struct {
 	port string
 	bin  string // initdb's directory
 	cred *syscall.Credential
+	disk string // the filesystem of its own its data moved to (postgres_disk_full), unmounted by close
 }
 
 // ownPostgresBinDir finds initdb and postgres, or says why the run cannot
@@ -80,6 +81,10 @@ func startOwnPostgres(ctx context.Context, binDir string, cred *syscall.Credenti
 		_ = os.RemoveAll(dir)
 		return nil, fmt.Errorf("own PostgreSQL: initdb: %w\n%s", err, out)
 	}
+	if err := appendConf(filepath.Join(data, "postgresql.conf"), "fsync = off"); err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, err
+	}
 	port, err := freePort()
 	if err != nil {
 		_ = os.RemoveAll(dir)
@@ -106,13 +111,15 @@ func startOwnPostgres(ctx context.Context, binDir string, cred *syscall.Credenti
 
 // ownPostgresArgs are the postgres command line of a server of the run's own
 // (a primary or a standby) on data, port and socket directory dir.
-// fsync off: a process crash keeps what the OS has; only a machine crash
-// would need the flushes, and this cluster lives for one run.
+// fsync is off in its postgresql.conf (startOwnPostgres; a standby copies
+// it), not here, so that postgres_slow_fsync can turn it on with ALTER
+// SYSTEM: a process crash keeps what the OS has; only a machine crash would
+// need the flushes, and this cluster lives for one run.
 // wal_level=logical: the WAL relay (CHAOS_RELAY_MODE=wal) needs it; a
 // standby made from it (postgres_failover) keeps it when promoted.
 func ownPostgresArgs(data, port, dir string) []string {
 	return []string{"-D", data, "-p", port, "-k", dir, "-c", "listen_addresses=127.0.0.1",
-		"-c", "fsync=off", "-c", "max_connections=200", "-c", "wal_level=logical", "-c", "log_min_messages=warning",
+		"-c", "max_connections=200", "-c", "wal_level=logical", "-c", "log_min_messages=warning",
 		"-c", "wal_sender_timeout=5s"}
 }
 
@@ -154,5 +161,18 @@ func (pg *ownPostgres) close() error {
 	if pg.p != nil { // nil: a standby whose pg_basebackup failed
 		err = pg.p.close()
 	}
-	return errors.Join(err, os.RemoveAll(pg.dir))
+	return errors.Join(err, unmount(pg.disk), os.RemoveAll(pg.dir))
+}
+
+// appendConf appends a line to a configuration file.
+func appendConf(path, line string) error {
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		return fmt.Errorf("own PostgreSQL: %w", err)
+	}
+	_, werr := fmt.Fprintln(f, line)
+	if err := errors.Join(werr, f.Close()); err != nil {
+		return fmt.Errorf("own PostgreSQL: %w", err)
+	}
+	return nil
 }

@@ -78,6 +78,7 @@ func dockerAvailable(ctx context.Context) bool {
 type localMongo struct {
 	p    *proc
 	port string
+	disk string // the filesystem of its own its data moved to (mongo_disk_full), unmounted by close
 }
 
 func startLocalMongo(ctx context.Context, bin, runDir string, onExit func(exitEvent)) (*localMongo, error) {
@@ -117,7 +118,7 @@ func (m *localMongo) start(ctx context.Context) error {
 	return waitTCP(ctx, m.addr(), 30*time.Second)
 }
 
-func (m *localMongo) close(context.Context) error { return m.p.close() }
+func (m *localMongo) close(context.Context) error { return errors.Join(m.p.close(), unmount(m.disk)) }
 
 // containerMongo is a single-node MongoDB replica set in a container: the
 // inbox runs in its transaction mode there.

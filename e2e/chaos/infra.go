@@ -98,7 +98,7 @@ func faultMeasures(h History) []FaultMeasure {
 	calmP99 := p99(calm)
 	var out []FaultMeasure
 	for _, f := range h.Faults {
-		if !slices.Contains(InfraFaultKinds, f.Kind) && !slices.Contains(PauseAndPathFaultKinds, f.Kind) {
+		if !slices.Contains(InfraFaultKinds, f.Kind) && !slices.Contains(PauseAndPathFaultKinds, f.Kind) && !resourceFault(f.Kind) {
 			continue
 		}
 		m := FaultMeasure{Kind: f.Kind, Start: f.Start, Seconds: f.End.Sub(f.Start).Seconds(), Measures: f.Measures}

@@ -122,6 +122,9 @@ func (k FaultKind) PoisonKind() (PoisonKind, bool) {
 // Instant tells whether a fault is over once injected (a kill, a poison
 // message, a session kill), as opposed to an outage held for a while.
 func (k FaultKind) Instant() bool {
+	if resourceFault(k) {
+		return false
+	}
 	switch k {
 	case FaultBrokerProxyDown, FaultBrokerProxyResetPeer, FaultBrokerProxyLatency, FaultBrokerProxyTimeout,
 		FaultBrokerAppRestart, FaultPostgresRestart, FaultMongoRestart, FaultMongoProxyDown,
@@ -195,7 +198,8 @@ func ShortProfile() Profile {
 // LongProfile is the `make chaos` run: every kind, the broker app restart,
 // the infrastructure faults (InfraFaultKinds, and the broker alarm on a
 // broker node of the run's own, see OwnBrokerFaultKinds), the pauses and the
-// faults on the PostgreSQL path (PauseAndPathFaultKinds) included, many
+// faults on the PostgreSQL path (PauseAndPathFaultKinds) and the resource
+// faults (ResourceFaultKinds) included, many
 // faults over several minutes. Its rate is lower than the
 // short profile's: a 3-minute trial at 30 orders/s left shipping (on
 // FerretDB, on this shared 2-core machine) thousands of messages behind,
@@ -205,7 +209,7 @@ func LongProfile() Profile {
 	return Profile{
 		Name: "long", Load: 8 * time.Minute, Warmup: 5 * time.Second, Cooldown: 10 * time.Second,
 		Clients: 4, Rate: 12, CancelRatio: 0.4,
-		Kinds: slices.Concat(AllFaultKinds, InfraFaultKinds, OwnBrokerFaultKinds, PauseAndPathFaultKinds), Faults: 150,
+		Kinds: slices.Concat(AllFaultKinds, InfraFaultKinds, OwnBrokerFaultKinds, PauseAndPathFaultKinds, ResourceFaultKinds), Faults: 150,
 		Once:    []FaultKind{FaultRelayMassKill},
 		HoldMin: time.Second, HoldMax: 10 * time.Second,
 		// Up to 25 s: past shipping's AMQP heartbeat timeout too (10 s), so
@@ -320,7 +324,7 @@ func (p Profile) Validate() error {
 	for _, k := range p.Kinds {
 		if !slices.Contains(AllFaultKinds, k) && !slices.Contains(ClusterFaultKinds, k) &&
 			!slices.Contains(InfraFaultKinds, k) && !slices.Contains(OwnBrokerFaultKinds, k) &&
-			!slices.Contains(PauseAndPathFaultKinds, k) {
+			!slices.Contains(PauseAndPathFaultKinds, k) && !resourceFault(k) {
 			return fmt.Errorf("profile %s: unknown fault kind %q", p.Name, k)
 		}
 	}
@@ -371,7 +375,7 @@ func (t Topology) targets(k FaultKind) []string {
 		return shipping
 	case FaultBrokerProxyDown, FaultBrokerProxyResetPeer, FaultBrokerProxyLatency, FaultBrokerProxyTimeout:
 		return []string{TargetAMQPOrders, TargetAMQPShipping}
-	case FaultMongoRestart, FaultMongoProxyDown:
+	case FaultMongoRestart, FaultMongoProxyDown, FaultMongoAckLoss, FaultMongoDiskFull:
 		return []string{TargetMongo}
 	case FaultNodeKill, FaultNodeAppRestart, FaultNodeProxyDown, FaultNodeMajorityDown, FaultNodeWipe, FaultNodePartition, FaultBrokerAlarm:
 		var nodes []string
