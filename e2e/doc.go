@@ -227,7 +227,8 @@
 // run under CI=true unless its variable (CHAOS_OWN_POSTGRES,
 // CHAOS_OWN_BROKER, CHAOS_NETNS) was set to false. The disk-full faults
 // need root (mount -t tmpfs), slow fsync strace; TestChaosResourceFaults
-// runs each resource fault alone (-run 'TestChaosResourceFaults/<kind>').
+// runs each resource fault alone, with CHAOS_PROFILE=long only
+// (CHAOS_PROFILE=long go test -run 'TestChaosResourceFaults/<kind>' ./e2e/).
 //
 // The first lines of the test's log name the seed and the provider
 // ("provider: local processes + embedded FerretDB" or "provider:
