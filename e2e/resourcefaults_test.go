@@ -19,6 +19,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/outbox-inbox/reference/e2e/chaos"
 )
@@ -221,33 +224,62 @@ func logLinesSince(mark map[*proc]int64, words ...string) int {
 
 // mongoAckLoss lets shipping's requests reach MongoDB and cuts every reply
 // (a limit_data toxic of 0 bytes on the downstream only: the connection
-// closes at the first byte of the reply). A write sent on an open
-// connection lands, and shipping hears nothing back. Measured, read from
-// MongoDB directly: effects stored while the replies were cut (each one a
-// write whose reply never came); and the errors shipping logged.
+// closes at the first byte of the reply). A write in flight on an open
+// connection lands, and shipping hears nothing back; its connection is
+// gone, and a new one gets no handshake reply. So the cut comes and goes
+// through the hold (on for ackLossOn, off for ackLossOff, when shipping
+// connects again), each window cutting the replies of the writes in
+// flight. Measured, read from MongoDB directly: the effects stored from
+// the moment before each cut to its end, each one a write whose reply
+// never came (one stored in the instant between the count and the cut
+// would be counted too); and the errors shipping logged.
 func (in *injector) mongoAckLoss(ctx context.Context, s chaos.Step, f *chaos.Fault, record func(string)) error {
 	c := in.c
-	before, err := c.appliedCount(ctx)
-	if err != nil {
-		return err
-	}
 	mark := logMark(c.shipping)
-	name := fmt.Sprintf("chaos_ack_loss_%d", time.Now().UnixNano())
-	if err := c.toxi.addToxic(proxyMongo, name, "limit_data", "downstream", map[string]any{"bytes": 0}); err != nil {
-		return err
+	hctx := context.WithoutCancel(ctx) // the cut is always taken away
+	client, err := mongo.Connect(options.Client().ApplyURI("mongodb://" + c.mongo.addr() + "/" + c.mongo.uriQuery()).
+		SetServerSelectionTimeout(30 * time.Second))
+	if err != nil {
+		return fmt.Errorf("ack loss: %w", err)
+	}
+	defer func() { _ = client.Disconnect(hctx) }()
+	effects := client.Database(c.id).Collection(shipmentsCollection)
+	if _, err := effects.CountDocuments(ctx, bson.D{}); err != nil { // connected before the first cut
+		return fmt.Errorf("ack loss: %w", err)
 	}
 	f.Start = time.Now()
-	sleep(ctx, max(s.Hold, 3*time.Second))
-	during, cerr := c.appliedCount(context.WithoutCancel(ctx))
-	if err := errors.Join(c.toxi.removeToxic(context.WithoutCancel(ctx), proxyMongo, name), cerr); err != nil {
-		return err
+	var lost int64
+	windows := 0
+	for end := time.Now().Add(max(s.Hold, 3*time.Second)); time.Now().Before(end) && ctx.Err() == nil; windows++ {
+		before, err := effects.CountDocuments(hctx, bson.D{})
+		if err != nil {
+			return fmt.Errorf("ack loss: %w", err)
+		}
+		name := fmt.Sprintf("chaos_ack_loss_%d", time.Now().UnixNano())
+		if err := c.toxi.addToxic(proxyMongo, name, "limit_data", "downstream", map[string]any{"bytes": 0}); err != nil {
+			return err
+		}
+		sleep(ctx, ackLossOn)
+		after, err := effects.CountDocuments(hctx, bson.D{})
+		lost += after - before
+		if err := errors.Join(err, c.toxi.removeToxic(hctx, proxyMongo, name)); err != nil {
+			return err
+		}
+		sleep(ctx, ackLossOff)
 	}
 	errs := logLinesSince(mark, "level=ERROR", "level=WARN", `"level":"ERROR"`, `"level":"WARN"`)
-	f.Measures = map[string]float64{chaos.MeasureAckLossApplied: float64(during - before), chaos.MeasureAckLossErrors: float64(errs)}
-	record(fmt.Sprintf("MongoDB replies cut (limit_data 0 bytes downstream): %d effects stored with no reply to shipping, %d errors or warnings logged by shipping",
-		during-before, errs))
+	f.Measures = map[string]float64{chaos.MeasureAckLossApplied: float64(lost), chaos.MeasureAckLossErrors: float64(errs), "cut_windows": float64(windows)}
+	record(fmt.Sprintf("MongoDB replies cut (limit_data 0 bytes downstream) in %d windows of %v: %d effects stored with no reply to shipping, %d errors or warnings logged by shipping",
+		windows, ackLossOn, lost, errs))
 	return nil
 }
+
+// ackLossOn and ackLossOff are the windows of mongo_ack_loss: replies cut,
+// then let through while shipping connects again.
+const (
+	ackLossOn  = time.Second
+	ackLossOff = 500 * time.Millisecond
+)
 
 // hogApplication names the sessions postgresMaxConnections holds.
 const hogApplication = "chaos_max_connections"

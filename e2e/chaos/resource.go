@@ -11,9 +11,9 @@ import "slices"
 const (
 	// The toxiproxy in front of shipping's MongoDB passes the requests
 	// upstream but cuts the replies (a limit_data toxic on the downstream
-	// only): writes land, their acknowledgements never come, and shipping
-	// sees errors or timeouts for writes it made. Measured: effects that
-	// grew while shipping saw no reply.
+	// only), in windows of a second through the hold: writes land, their
+	// acknowledgements never come, and shipping sees errors for writes it
+	// made. Measured: effects stored while the replies were cut.
 	FaultMongoAckLoss FaultKind = "mongo_ack_loss"
 	// The run's own PostgreSQL out of connections: the harness opens
 	// sessions until the server refuses new ones (its
