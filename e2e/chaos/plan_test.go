@@ -131,8 +131,8 @@ func TestProfileFromEnv(t *testing.T) {
 	if err != nil || p.Name != "short" {
 		t.Fatalf("default: %v, %v", p.Name, err)
 	}
-	p, err = ProfileFromEnv(env("CHAOS_PROFILE", "long", "CHAOS_DURATION", "2m", "CHAOS_FAULTS", "40"))
-	if err != nil || p.Name != "long" || p.Load != 2*time.Minute || p.Faults != 40 {
+	p, err = ProfileFromEnv(env("CHAOS_PROFILE", "long", "CHAOS_DURATION", "2m", "CHAOS_FAULTS", "60"))
+	if err != nil || p.Name != "long" || p.Load != 2*time.Minute || p.Faults != 60 {
 		t.Fatalf("long with overrides: %+v, %v", p, err)
 	}
 	p, err = ProfileFromEnv(env("CHAOS_BROKER_RESTART", "true"))
