@@ -211,6 +211,7 @@
 //	CHAOS_PROVIDER       auto (default), local or testcontainers
 //	CHAOS_REPORT         report path (default e2e/chaos-report.json)
 //	CHAOS_RACE_SERVICES  true builds the services with -race too
+//	CHAOS_BUILD_TAGS     go build -tags for the services: a planted bug of make chaos-mutants (chaos.Mutants)
 //	CHAOS_KEEP_LOGS      true keeps the process logs (kept anyway on failure)
 //	CHAOS_OWN_POSTGRES   false runs on TEST_DATABASE_URL's server, without the restart, failover, stall, PostgreSQL pause and PostgreSQL path faults
 //	CHAOS_OWN_BROKER     false keeps the long profile on the machine's broker, without the broker alarm

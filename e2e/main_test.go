@@ -98,7 +98,8 @@ var builds struct {
 // buildBinaries builds the real services with `go build` into a temporary
 // directory, once per test binary: the suite tests what a user deploys, not
 // an in-process imitation. CHAOS_RACE_SERVICES=true builds them with -race
-// (slower, and hungry on 2 cores).
+// (slower, and hungry on 2 cores); CHAOS_BUILD_TAGS passes -tags, which
+// plants a bug of make chaos-mutants (chaos.Mutants) in them.
 func buildBinaries(t testing.TB) Binaries {
 	t.Helper()
 	builds.once.Do(func() {
@@ -120,6 +121,10 @@ func buildBinaries(t testing.TB) Binaries {
 			if os.Getenv("CHAOS_RACE_SERVICES") == "true" {
 				args = append(args, "-race")
 			}
+			tags := os.Getenv("CHAOS_BUILD_TAGS")
+			if tags != "" {
+				args = append(args, "-tags", tags)
+			}
 			args = append(args, "./services/orders", "./services/shipping", "./cmd/mongolocal")
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 			defer cancel()
@@ -130,7 +135,7 @@ func buildBinaries(t testing.TB) Binaries {
 			if err != nil {
 				return fmt.Errorf("go %s: %w\n%s", strings.Join(args, " "), err, out)
 			}
-			t.Logf("built orders, shipping and mongolocal in %v", time.Since(start).Round(100*time.Millisecond))
+			t.Logf("built orders, shipping and mongolocal in %v (build tags: %q)", time.Since(start).Round(100*time.Millisecond), tags)
 			builds.bins = Binaries{
 				Orders:     filepath.Join(dir, "orders"),
 				Shipping:   filepath.Join(dir, "shipping"),

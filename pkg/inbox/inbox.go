@@ -423,7 +423,7 @@ func (in *Inbox) Process(ctx context.Context, msgID string, handler Handler) (Re
 	if handler == nil {
 		return 0, errors.New("inbox: nil handler")
 	}
-	if in.cache.contains(msgID) {
+	if !mutantInboxNoDedup && in.cache.contains(msgID) {
 		if in.hooks.StartStep != nil || in.hooks.EndStep != nil {
 			in.endStep(in.startStep(ctx, StepCheck, msgID), StepCheck, msgID, StepResult{Duplicate: true, Cached: true})
 		}
@@ -525,6 +525,9 @@ func (in *Inbox) doneFields(now time.Time) bson.D {
 func (in *Inbox) IsDone(ctx context.Context, msgID string) (bool, error) {
 	if err := validMessageID(msgID); err != nil {
 		return false, err
+	}
+	if mutantInboxNoDedup {
+		return false, nil // a planted bug: see mutant_inbox_nodedup.go
 	}
 	if in.cache.contains(msgID) || in.buf.has(msgID) {
 		return true, nil

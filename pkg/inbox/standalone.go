@@ -30,6 +30,17 @@ func (in *Inbox) processStandalone(ctx context.Context, msgID string, handler Ha
 	if done {
 		return Duplicate, nil
 	}
+	if mutantInboxRecordFirst {
+		// A planted bug (mutant_inbox_recordfirst.go): the record first.
+		if err := in.recordDone(ctx, msgID); err != nil {
+			return 0, err
+		}
+		in.cache.add(msgID)
+		if err := handler(ctx); err != nil {
+			return 0, handlerError(err)
+		}
+		return Processed, nil
+	}
 	if err := handler(ctx); err != nil {
 		return 0, handlerError(err)
 	}

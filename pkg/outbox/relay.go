@@ -513,7 +513,21 @@ func (r *Relay) claimAndPublish(ctx context.Context, alone bool) (_ BatchResult,
 		return res, c.aloneDue, nil
 	}
 	sortRuns(envs)
+	if mutantRelayReorder {
+		slices.Reverse(envs) // a planted bug: see mutant_relay_reorder.go
+	}
 	leaseEnd := start.Add(r.cfg.Lease)
+	if mutantRelayMarkFirst {
+		// A planted bug (mutant_relay_markfirst.go): the mark first, then
+		// the publish, whose verdicts go unread.
+		res.Published, res.Unmarked, res.Err = r.mark(detached, envs, leaseEnd)
+		pctx, cancel := context.WithTimeout(detached, r.cfg.PublishTimeout)
+		r.pub.PublishBatch(pctx, envs)
+		cancel()
+		observe(ctx, r.cfg.Observer, Observation{Kind: KindConfirmed, IDs: ids(envs)})
+		r.batchDone(ctx, res)
+		return res, false, nil
+	}
 
 	pctx, cancel := context.WithTimeout(detached, r.cfg.PublishTimeout)
 	pubStart := time.Now()

@@ -200,7 +200,7 @@ func (s *Store) Create(ctx context.Context, n order.NewOrder, idem order.Idempot
 		}
 		endWrite(span, o, err)
 	}()
-	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	create := func(tx pgx.Tx) error {
 		o, replayed = order.Order{}, false
 		if idem.Key == "" {
 			return s.insert(ctx, tx, uuid.New(), n, headers, &o)
@@ -230,7 +230,12 @@ func (s *Store) Create(ctx context.Context, n order.NewOrder, idem order.Idempot
 		}
 		o, replayed = fromRow(row), true
 		return nil
-	})
+	}
+	if mutantOrdersAckFirst {
+		err = s.commitLater(ctx, create) // a planted bug: see mutant_orders_ackfirst.go
+	} else {
+		err = pgx.BeginFunc(ctx, s.pool, create)
+	}
 	if err != nil {
 		return order.Order{}, false, err
 	}

@@ -483,6 +483,9 @@ func (c *Consumer) handle(ctx context.Context, s *sessionState, d amqp.Delivery)
 		return // the session ends: leave it unacked, it returns to the queue
 	default:
 	}
+	if mutantShippingAckFirst {
+		_ = d.Ack(false) // a planted bug: see mutant_shipping_ackfirst.go
+	}
 	del := Delivery{
 		MessageID: d.MessageId, Type: d.Type, ContentType: d.ContentType, Exchange: d.Exchange, RoutingKey: d.RoutingKey,
 		Headers: d.Headers, Body: d.Body, Redelivered: d.Redelivered,
@@ -513,7 +516,7 @@ func (c *Consumer) handle(ctx context.Context, s *sessionState, d amqp.Delivery)
 				if m := c.cfg.Metrics; m != nil {
 					m.RepublishTimeouts.Inc()
 				}
-				if !s.isLost() {
+				if !s.isLost() && !mutantShippingAckFirst {
 					if nerr := d.Nack(false, true); nerr != nil {
 						c.log.WarnContext(ctx, "nack", "event_id", d.MessageId, "error", nerr)
 					}
@@ -583,6 +586,9 @@ func (c *Consumer) settle(ctx context.Context, s *sessionState, d amqp.Delivery,
 		c.log.WarnContext(ctx, "message dead-lettered", "event_id", d.MessageId, "reason", v.Reason, "error", v.Detail)
 	default:
 		return fmt.Errorf("unknown action %v", v.Action)
+	}
+	if mutantShippingAckFirst {
+		return nil // acknowledged as it arrived
 	}
 	// Acks go on the channel the delivery came from, never on a newer one.
 	if s.isLost() {
