@@ -45,7 +45,7 @@ chaos-cluster: services
 ## the bug's tag (CHAOS_BUILD_TAGS=mutant_<name>) and a report of its own
 ## (e2e/mutant-reports/<name>.json, its log beside it); then the matrix:
 ## mutant, seed, caught or not, the invariants and violation kinds seen.
-## Fails unless every mutant is caught. About 40 minutes on two cores, not
+## Fails unless every mutant is caught. 30 to 40 minutes on two cores, not
 ## part of test. MUTANTS=a,b runs only those. See docs/chaos.md.
 MUTANTS ?=
 chaos-mutants: services
