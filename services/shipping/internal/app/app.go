@@ -328,7 +328,8 @@ func (a *App) Run(parent context.Context) error {
 	ctx, stop := context.WithCancel(parent)
 	defer stop()
 	a.log.InfoContext(ctx, "shipping service starting", "http_addr", a.HTTPAddr(),
-		"queue", a.consumer.Topology().Queue, "exchange", a.consumer.Topology().Exchange)
+		"queue", a.consumer.Topology().Queue, "exchange", a.consumer.Topology().Exchange,
+		"effect_log_writer", a.store.Writer().String())
 
 	var wg sync.WaitGroup
 	errc := make(chan error, 1)

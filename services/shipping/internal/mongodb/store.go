@@ -10,6 +10,12 @@
 // ignores are stored too, without a payload, so the chain has no hole.
 // Every lookup selects by _id alone, which FerretDB serves from its primary
 // key.
+//
+// Each time Apply performs an event's effect for a message (applied now, or
+// found already applied by that same message) it also appends an entry to
+// the effect log (EffectLogCollection, see effectlog.go): the part of the
+// effect that is not idempotent by itself, so that a message handled twice
+// shows twice. The chaos suite's checker reads it as its witness of I2.
 package mongodb
 
 import (
@@ -37,12 +43,20 @@ const maxVersions = 10_000
 type Store struct {
 	db     *mongo.Database
 	events collection
+	// effects is the effect log; writer names this process in its entries.
+	effects inserter
+	writer  Writer
 }
 
 // collection is the part of *mongo.Collection the store uses.
 type collection interface {
 	Find(ctx context.Context, filter any, opts ...options.Lister[options.FindOptions]) (*mongo.Cursor, error)
 	FindOne(ctx context.Context, filter any, opts ...options.Lister[options.FindOneOptions]) *mongo.SingleResult
+	InsertOne(ctx context.Context, document any, opts ...options.Lister[options.InsertOneOptions]) (*mongo.InsertOneResult, error)
+}
+
+// inserter is the part of *mongo.Collection the effect log uses.
+type inserter interface {
 	InsertOne(ctx context.Context, document any, opts ...options.Lister[options.InsertOneOptions]) (*mongo.InsertOneResult, error)
 }
 
@@ -58,7 +72,13 @@ func New(db *mongo.Database, collection string) (*Store, error) {
 	// record and the message is acked right after this write, so the write
 	// itself must survive a mongod crash. Inside a transaction the driver
 	// sends no write concern with it; the commit's (majority) applies.
-	return &Store{db: db, events: db.Collection(collection, options.Collection().SetWriteConcern(writeconcern.Journaled()))}, nil
+	journaled := options.Collection().SetWriteConcern(writeconcern.Journaled())
+	return &Store{
+		db:      db,
+		events:  db.Collection(collection, journaled),
+		effects: db.Collection(EffectLogCollection, journaled),
+		writer:  NewWriter(),
+	}, nil
 }
 
 // record is a stored event.
@@ -97,7 +117,25 @@ func key(orderID string, version int64) string {
 // (standalone mode, FerretDB) a concurrent copy can still insert between the
 // read and the write: there the unique _id settles it, and the duplicate key
 // is read back as OutcomeAlreadyApplied or a conflict.
+//
+// Whenever the outcome is OutcomeApplied or OutcomeAlreadyApplied, Apply
+// appends an entry to the effect log before it returns (with the same ctx:
+// inside the transaction, when there is one); if that write fails, Apply
+// fails and the inbox records nothing.
 func (s *Store) Apply(ctx context.Context, messageID string, ev shipment.Event) (shipment.Outcome, error) {
+	started := time.Now().UTC()
+	o, err := s.apply(ctx, messageID, ev)
+	if err != nil {
+		return 0, err
+	}
+	if err := s.logEffect(ctx, messageID, ev, o, started); err != nil {
+		return 0, err
+	}
+	return o, nil
+}
+
+// apply is Apply without the effect log.
+func (s *Store) apply(ctx context.Context, messageID string, ev shipment.Event) (shipment.Outcome, error) {
 	id := key(ev.OrderID, ev.Version)
 	if o, err := s.existing(ctx, messageID, ev, id); o != 0 || err != nil {
 		return o, err
