@@ -91,6 +91,10 @@ type FinalState struct {
 	// after its death. The checker excuses an acknowledged operation the
 	// database lacks only when a dead primary holds it.
 	DeadPrimaries []DeadPrimaryState
+	// Effects, when set, is audited (witness.go): the effect log shows a
+	// message handled twice, the inbox holds a done record for every effect
+	// and none without one.
+	Effects *EffectsAudit
 }
 
 // DeadPrimaryState is what a primary held when a postgres_failover killed
@@ -130,6 +134,13 @@ type RunInfo struct {
 	RequireDuplicates bool
 	// Identity names the run in the report.
 	Identity RunIdentity
+	// InboxTransactions: shipping's inbox ran in transaction mode (a replica
+	// set), where nothing explains a second entry of the effect log.
+	InboxTransactions bool
+	// InboxRecordWindow is how long after its effect a standalone inbox's
+	// done record may still be unwritten without any fault (buffered
+	// records: the flush interval and the flush itself).
+	InboxRecordWindow time.Duration
 }
 
 // Violation is one broken invariant.
@@ -195,6 +206,30 @@ type Report struct {
 	Lost             int `json:"lost"`
 	DuplicateEffects int `json:"duplicate_effects"`
 	UnknownEffects   int `json:"unknown_effects"`
+	// EffectsAudited: the effect log and the inbox were read and audited
+	// (FinalState.Effects).
+	EffectsAudited bool `json:"effects_audited"`
+	// Duplicates by the layer that caught them. DuplicatesAbsorbedInbox and
+	// DuplicatesAbsorbedVersion are shipping's counter by label (the inbox's
+	// record; the shipment already held the message). WitnessEntries counts
+	// the effect log's entries; a message with more than one is a handler
+	// run again: explained (standalone mode: the writer of the earlier entry
+	// was killed before the inbox could record it, the copies ran within
+	// the record's window, a MongoDB fault cut the record's write; see
+	// WitnessExplanations) or not (a duplicate_effect, in DuplicateEffects).
+	DuplicatesAbsorbedInbox      int64                `json:"duplicates_absorbed_inbox"`
+	DuplicatesAbsorbedVersion    int64                `json:"duplicates_absorbed_version"`
+	WitnessEntries               int                  `json:"witness_entries"`
+	WitnessDuplicatesExplained   int                  `json:"witness_duplicates_explained"`
+	WitnessDuplicatesUnexplained int                  `json:"witness_duplicates_unexplained"`
+	WitnessExplanations          []WitnessExplanation `json:"witness_explanations,omitempty"`
+	// The inbox audit: InboxRecords done records read; InboxRecordsLost
+	// effects without a done record whose writer was killed before its
+	// buffered record was written (standalone mode); InboxAuditViolations
+	// effects without a record, records without an effect, claims left.
+	InboxRecords         int `json:"inbox_records"`
+	InboxRecordsLost     int `json:"inbox_records_lost"`
+	InboxAuditViolations int `json:"inbox_audit_violations"`
 	// I3
 	OutOfOrder int `json:"out_of_order"`
 	// I4
@@ -249,6 +284,7 @@ func Check(h History, s FinalState, run RunInfo) Report {
 	}}
 	c.ordersAcknowledged(h, s) // I1
 	c.eventsApplied(h, s)      // I2, I3
+	c.audit(h, s, run)         // I2: the effect log and the inbox
 	c.duplicates(run)          // I4
 	c.drain(run)               // I5
 	c.deadLetters(h, s)        // I6
@@ -563,5 +599,5 @@ func (r Report) Summary() string {
 		"lost=%d duplicate_effects=%d out_of_order=%d duplicates_delivered=%d dead_letters=%d/%d faults=%d drain=%.1fs/%.0fs",
 		verdict, r.Seed, r.Profile, r.Provider, r.OrdersAcknowledged, r.OrdersCommitted, r.EventsCommitted, r.EffectsApplied,
 		r.Lost, r.DuplicateEffects, r.OutOfOrder, r.DuplicatesDelivered, r.DeadLetters, r.DeadLettersExpected,
-		r.FaultsTotal, r.DrainSeconds, r.DrainBudgetSeconds)
+		r.FaultsTotal, r.DrainSeconds, r.DrainBudgetSeconds) + r.auditSummary()
 }

@@ -1,0 +1,299 @@
+package chaos
+
+import (
+	"cmp"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+)
+
+// WitnessEntry is one entry of shipping's effect log (shipment_effect_log,
+// services/shipping/internal/mongodb): shipping appends one each time its
+// handler performs a message's effect, applied or found already applied by
+// that same message, in the same inbox unit as the shipment. Unlike the
+// shipment, which keeps one document per order version, it is not
+// idempotent: a message handled twice shows twice.
+type WitnessEntry struct {
+	MessageID string `json:"message_id"`
+	OrderID   string `json:"order_id"`
+	Version   int64  `json:"version"`
+	EventType string `json:"event_type"`
+	// Started is when the handler run began (after the inbox's check), At
+	// when the entry was written.
+	Started time.Time `json:"started"`
+	At      time.Time `json:"at"`
+	// Writer is the process run that wrote it (Writer.ID).
+	Writer string `json:"writer"`
+}
+
+// Writer is one shipping process run, as the suite started it, with the
+// identity it writes effect-log entries under.
+type Writer struct {
+	// ID is the identity the process logged at start ("instance/pid").
+	ID          string `json:"id"`
+	Proc        string `json:"proc"`
+	Incarnation int    `json:"incarnation"`
+	// Exited is when the run ended, zero while it runs; Killed says it was
+	// SIGKILLed (a kill, a crash point), not stopped gracefully (a graceful
+	// stop writes the inbox's buffered records).
+	Exited time.Time `json:"exited,omitzero"`
+	Killed bool      `json:"killed,omitempty"`
+}
+
+// InboxRecord is a document of shipping's inbox collection (pkg/inbox).
+type InboxRecord struct {
+	MessageID string `json:"message_id"`
+	// State is "done", or "processing" for a claim (inbox leases, which
+	// shipping does not use).
+	State       string    `json:"state"`
+	ProcessedAt time.Time `json:"processed_at,omitzero"`
+}
+
+// StoredEffect is one document of shipping's shipment collection, no-ops
+// (an event type shipping ignores, recorded at its version) included.
+type StoredEffect struct {
+	MessageID string `json:"message_id"`
+	OrderID   string `json:"order_id"`
+	Version   int64  `json:"version"`
+	EventType string `json:"event_type"`
+	// Discarded: an operator skipped the version; it has no inbox record.
+	Discarded bool `json:"discarded,omitempty"`
+}
+
+// EffectsAudit is what the checker reads besides the shipments to audit
+// each effect: the effect log (the witness), the processes that wrote it,
+// the inbox's records, every stored effect document, and the duplicates the
+// consumers absorbed by layer.
+type EffectsAudit struct {
+	Witness []WitnessEntry
+	Writers []Writer
+	Inbox   []InboxRecord
+	Effects []StoredEffect
+	// DuplicatesByLayer is shipping_events_duplicate_total by its layer
+	// label: "inbox" (the inbox's record), "version" (the shipment already
+	// held the message: the store absorbed what the inbox let through).
+	DuplicatesByLayer map[string]int64
+}
+
+// WitnessExplanation says why a second entry of the effect log is not a
+// duplicate effect (standalone mode only).
+type WitnessExplanation struct {
+	MessageID string `json:"message_id"`
+	// Reason: writer_killed, record_window or mongo_fault.
+	Reason string `json:"reason"`
+	// Fault names the fault that explains it ("kind on target"), if any.
+	Fault  string `json:"fault,omitempty"`
+	Detail string `json:"detail"`
+}
+
+// shippingDeathKinds are the faults that SIGKILL a shipping process.
+var shippingDeathKinds = []FaultKind{FaultKillShipping, FaultCrashShippingAfterEffect, FaultCrashShippingAfterInbox}
+
+// mongoFaultKinds are the faults that can hold back or cut a standalone
+// inbox's record write (or the reply to a write) without killing the
+// process.
+var mongoFaultKinds = []FaultKind{FaultMongoRestart, FaultMongoProxyDown}
+
+// audit checks the effect log and the inbox against the stored effects (I2):
+//
+//   - a message with more than one effect-log entry was handled again: a
+//     duplicate_effect unless, in standalone mode, what the history shows
+//     explains each later entry (explainAgain); in transaction mode nothing
+//     does, the entry commits with the inbox record;
+//   - every stored effect has an entry, and every entry its effect;
+//   - every stored effect (but an operator's discard) has a done record,
+//     unless (standalone) its record was buffered when its writer was
+//     killed (lostRecord); every done record has its effect; no claim is
+//     left.
+func (c *checker) audit(h History, s FinalState, run RunInfo) {
+	a := s.Effects
+	if a == nil {
+		return
+	}
+	c.r.EffectsAudited = true
+	c.r.DuplicatesAbsorbedInbox = a.DuplicatesByLayer["inbox"]
+	c.r.DuplicatesAbsorbedVersion = a.DuplicatesByLayer["version"]
+	c.r.WitnessEntries = len(a.Witness)
+	writers := make(map[string]Writer, len(a.Writers))
+	for _, w := range a.Writers {
+		writers[w.ID] = w
+	}
+	entries := make(map[string][]WitnessEntry)
+	for _, e := range a.Witness {
+		entries[e.MessageID] = append(entries[e.MessageID], e)
+	}
+	effects := make(map[string]StoredEffect, len(a.Effects))
+	for _, e := range a.Effects {
+		effects[e.MessageID] = e
+	}
+	records := make(map[string]InboxRecord, len(a.Inbox))
+	for _, r := range a.Inbox {
+		records[r.MessageID] = r
+	}
+
+	for _, msg := range slices.Sorted(maps.Keys(entries)) {
+		es := entries[msg]
+		slices.SortStableFunc(es, func(x, y WitnessEntry) int { return cmp.Or(x.At.Compare(y.At), x.Started.Compare(y.Started)) })
+		if _, ok := effects[msg]; !ok {
+			c.violate(Violation{Invariant: "I2", Kind: "witness_without_effect", OrderID: es[0].OrderID, MessageID: msg,
+				Detail: fmt.Sprintf("the effect log shows %s v%d handled %d times, but no shipment holds it", es[0].EventType, es[0].Version, len(es))})
+		}
+		for i := 1; i < len(es); i++ {
+			x, ok := c.explainAgain(h, run, writers, es[i-1], es[i])
+			if ok {
+				c.r.WitnessDuplicatesExplained++
+				c.r.WitnessExplanations = append(c.r.WitnessExplanations, x)
+				continue
+			}
+			c.r.WitnessDuplicatesUnexplained++
+			c.r.DuplicateEffects++
+			mode := "standalone mode, no kill of the earlier writer, no MongoDB fault and no concurrent copy explains it"
+			if run.InboxTransactions {
+				mode = "transaction mode: the entry commits with the inbox record"
+			}
+			c.violate(Violation{Invariant: "I2", Kind: "duplicate_effect", OrderID: es[i].OrderID, MessageID: msg,
+				Detail: fmt.Sprintf("%s v%d handled again: entry %d by %s at %s after entry %d by %s at %s (%s)",
+					es[i].EventType, es[i].Version, i+1, es[i].Writer, es[i].Started.Format(time.RFC3339Nano),
+					i, es[i-1].Writer, es[i-1].At.Format(time.RFC3339Nano), mode)})
+		}
+	}
+
+	for _, msg := range slices.Sorted(maps.Keys(effects)) {
+		e := effects[msg]
+		if e.Discarded {
+			continue // an operator's skip: no handler ran, no record
+		}
+		es := entries[msg]
+		if len(es) == 0 {
+			c.violate(Violation{Invariant: "I2", Kind: "effect_without_witness", OrderID: e.OrderID, MessageID: msg,
+				Detail: fmt.Sprintf("shipment holds %s v%d, the effect log shows no run of it", e.EventType, e.Version)})
+		}
+		if _, ok := records[msg]; ok {
+			continue
+		}
+		if len(es) > 0 && !run.InboxTransactions {
+			if _, _, ok := c.killedBeforeRecord(h, run, writers, es[len(es)-1]); ok {
+				c.r.InboxRecordsLost++ // buffered when its writer was killed
+				continue
+			}
+		}
+		c.r.InboxAuditViolations++
+		c.violate(Violation{Invariant: "I2", Kind: "effect_without_inbox_record", OrderID: e.OrderID, MessageID: msg,
+			Detail: fmt.Sprintf("shipment holds %s v%d but the inbox has no done record of it, and no kill of its writer before the record was due explains that", e.EventType, e.Version)})
+	}
+
+	for _, msg := range slices.Sorted(maps.Keys(records)) {
+		r := records[msg]
+		if r.State != "done" {
+			c.r.InboxAuditViolations++
+			c.violate(Violation{Invariant: "I2", Kind: "inbox_record_not_done", MessageID: msg,
+				Detail: fmt.Sprintf("the inbox holds a %q record after the drain (shipping takes no claims)", r.State)})
+			continue
+		}
+		c.r.InboxRecords++
+		if e, ok := effects[msg]; !ok || e.Discarded {
+			c.r.InboxAuditViolations++
+			c.violate(Violation{Invariant: "I2", Kind: "inbox_record_without_effect", MessageID: msg,
+				Detail: fmt.Sprintf("the inbox records the message done (at %s) but no shipment holds its effect", r.ProcessedAt.Format(time.RFC3339Nano))})
+		}
+	}
+}
+
+// explainAgain says why later, a second run of earlier's message, is
+// allowed, if it is. Only in standalone mode, where the inbox checks its
+// record, runs the handler, then writes the record (buffered, within
+// run.InboxRecordWindow):
+//
+//   - writer_killed: earlier's writer was SIGKILLed by a fault after
+//     writing it, before its record was due (within the window, or later
+//     while a MongoDB fault held the record back) and before later's run
+//     began: the record died with it, the redelivery ran the handler again;
+//   - record_window: later's run began within the window after earlier was
+//     written: its inbox check came before the record could be there (two
+//     consumers with copies of one message);
+//   - mongo_fault: a MongoDB fault began within the window after earlier
+//     was written (its record's write was held back or cut) and later's run
+//     began within the window after the fault ended.
+//
+// A relay's redelivery seconds later, with no such fault, is not explained:
+// that is what an inbox that deduplicates nothing does.
+func (c *checker) explainAgain(h History, run RunInfo, writers map[string]Writer, earlier, later WitnessEntry) (WitnessExplanation, bool) {
+	if run.InboxTransactions {
+		return WitnessExplanation{}, false
+	}
+	x := WitnessExplanation{MessageID: later.MessageID}
+	window := run.InboxRecordWindow
+	if w, f, ok := c.killedBeforeRecord(h, run, writers, earlier); ok && !w.Exited.After(later.Started) && later.Writer != earlier.Writer {
+		x.Reason, x.Fault = "writer_killed", faultName(f)
+		x.Detail = fmt.Sprintf("%s #%d (%s) killed %s after its entry, before the run of %s began",
+			w.Proc, w.Incarnation, w.ID, w.Exited.Sub(earlier.At).Round(time.Millisecond), later.Writer)
+		return x, true
+	}
+	if d := later.Started.Sub(earlier.At); d <= window {
+		x.Reason = "record_window"
+		x.Detail = fmt.Sprintf("the run of %s began %s after the entry of %s, within the record's window %s",
+			later.Writer, d.Round(time.Millisecond), earlier.Writer, window)
+		return x, true
+	}
+	for _, f := range h.Faults {
+		if slices.Contains(mongoFaultKinds, f.Kind) && !f.Start.After(earlier.At.Add(window)) && !f.End.Before(earlier.At) &&
+			!later.Started.After(f.End.Add(window)) {
+			x.Reason, x.Fault = "mongo_fault", faultName(f)
+			x.Detail = fmt.Sprintf("%s from %s to %s held back the record of the entry at %s",
+				f.Kind, f.Start.Format(time.RFC3339Nano), f.End.Format(time.RFC3339Nano), earlier.At.Format(time.RFC3339Nano))
+			return x, true
+		}
+	}
+	return WitnessExplanation{}, false
+}
+
+// killedBeforeRecord returns e's writer and the fault that killed it, if a
+// shipping death fault on its process killed it after e was written and
+// before e's record was due: within run.InboxRecordWindow, or later while
+// a MongoDB fault that began within that window held the record back.
+func (c *checker) killedBeforeRecord(h History, run RunInfo, writers map[string]Writer, e WitnessEntry) (Writer, Fault, bool) {
+	w, ok := writers[e.Writer]
+	if !ok || !w.Killed || w.Exited.Before(e.At) {
+		return Writer{}, Fault{}, false
+	}
+	due := e.At.Add(run.InboxRecordWindow)
+	if w.Exited.After(due) {
+		held := false
+		for _, f := range h.Faults {
+			held = held || slices.Contains(mongoFaultKinds, f.Kind) && !f.Start.After(due) && !f.End.Before(e.At) &&
+				!w.Exited.After(f.End.Add(run.InboxRecordWindow))
+		}
+		if !held {
+			return Writer{}, Fault{}, false
+		}
+	}
+	const slack = time.Second // the fault's recorded times bracket the kill
+	for _, f := range h.Faults {
+		if slices.Contains(shippingDeathKinds, f.Kind) && f.Target == w.Proc &&
+			!w.Exited.Before(f.Start.Add(-slack)) && !w.Exited.After(f.End.Add(slack)) {
+			return w, f, true
+		}
+	}
+	return Writer{}, Fault{}, false
+}
+
+// faultName is "kind on target at start".
+func faultName(f Fault) string {
+	s := string(f.Kind)
+	if f.Target != "" {
+		s += " on " + f.Target
+	}
+	return s + " at " + f.Start.Format(time.RFC3339Nano)
+}
+
+// auditSummary is the effects audit's part of Summary, "" without one.
+func (r Report) auditSummary() string {
+	if !r.EffectsAudited {
+		return " effects_audit=none"
+	}
+	return fmt.Sprintf(" absorbed_by_inbox=%d absorbed_by_version=%d witness=%d witness_again_explained=%d witness_again_unexplained=%d"+
+		" inbox_records=%d inbox_records_lost=%d inbox_audit_violations=%d",
+		r.DuplicatesAbsorbedInbox, r.DuplicatesAbsorbedVersion, r.WitnessEntries, r.WitnessDuplicatesExplained,
+		r.WitnessDuplicatesUnexplained, r.InboxRecords, r.InboxRecordsLost, r.InboxAuditViolations)
+}
