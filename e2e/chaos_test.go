@@ -126,7 +126,8 @@ func TestChaos(t *testing.T) {
 // it damages the final state behind the system's back (an applied event
 // deleted from MongoDB, an effect of no committed event added, a real event
 // copied into the dead-letter queue, an acknowledged order deleted from
-// PostgreSQL), and requires the report to show each one. It exercises the
+// PostgreSQL, a second effect-log entry of an applied message, an applied
+// message's inbox record deleted), and requires the report to show each one. It exercises the
 // readers of the real stores, which the checker's unit tests cannot.
 func TestChaosCheckerSeesTampering(t *testing.T) {
 	if testing.Short() {
@@ -145,7 +146,7 @@ func TestChaosCheckerSeesTampering(t *testing.T) {
 		Clients: 2, Rate: 10, CancelRatio: 0.5,
 		HoldMin: time.Millisecond, HoldMax: time.Millisecond, DrainBudget: time.Minute,
 	}
-	var tampered struct{ lostMsg, fakeMsg, deadMsg, deletedOrder string }
+	var tampered struct{ lostMsg, fakeMsg, deadMsg, deletedOrder, againMsg, unrecordedMsg string }
 	report := runScenario(t, scenario{
 		seed: seed, profile: calm, provider: provider, topo: chaos.Topology{Relays: 1, Consumers: 1},
 		tamper: func(ctx context.Context, c *cluster, h chaos.History) error {
@@ -191,6 +192,12 @@ func TestChaosCheckerSeesTampering(t *testing.T) {
 			tampered.deadMsg = dead.MessageID
 			// 4. An acknowledged order gone from PostgreSQL (the last one).
 			tampered.deletedOrder = acked[len(acked)-1].OrderID
+			// 5. The second order's order.created handled again, as an
+			// inbox that deduplicates nothing would: a second entry in the
+			// effect log, by a writer of no process run, with no fault.
+			tampered.againMsg = first(acked[1].OrderID).MessageID
+			// 6. The third order's order.created without its done record.
+			tampered.unrecordedMsg = dead.MessageID
 
 			client, err := mongo.Connect(options.Client().ApplyURI("mongodb://" + c.mongo.addr() + "/" + c.mongo.uriQuery()))
 			if err != nil {
@@ -208,6 +215,19 @@ func TestChaosCheckerSeesTampering(t *testing.T) {
 			}); err != nil {
 				return fmt.Errorf("insert a fake effect: %w", err)
 			}
+			var entry bson.M
+			if err := client.Database(c.id).Collection(effectLogCollection).FindOne(ctx, bson.D{{Key: "message_id", Value: tampered.againMsg}}).Decode(&entry); err != nil {
+				return fmt.Errorf("read the effect log of %s: %w", tampered.againMsg, err)
+			}
+			entry["_id"], entry["writer"] = bson.NewObjectID(), "planted/0"
+			entry["started_at"], entry["at"] = time.Now(), time.Now()
+			if _, err := client.Database(c.id).Collection(effectLogCollection).InsertOne(ctx, entry); err != nil {
+				return fmt.Errorf("plant a second effect-log entry: %w", err)
+			}
+			if res, err := client.Database(c.id).Collection(inboxCollection).DeleteOne(ctx,
+				bson.D{{Key: "_id", Value: inboxConsumer + "/" + tampered.unrecordedMsg}}); err != nil || res.DeletedCount != 1 {
+				return fmt.Errorf("delete the inbox record of %s: %v (%v)", tampered.unrecordedMsg, err, res)
+			}
 			if err := publishConfirmed(ctx, c.amqpURL, "", amqp.Publishing{MessageId: dead.MessageID, Body: []byte("{}")}, deadLetterQueue); err != nil {
 				return fmt.Errorf("copy event %s into the dead-letter queue: %w", dead.MessageID, err)
 			}
@@ -224,6 +244,8 @@ func TestChaosCheckerSeesTampering(t *testing.T) {
 		{"I2", "unknown_effect", tampered.fakeMsg, ""},
 		{"I6", "unexpected_dead_letter", tampered.deadMsg, ""},
 		{"I1", "acknowledged_not_committed", "", tampered.deletedOrder},
+		{"I2", "duplicate_effect", tampered.againMsg, ""},
+		{"I2", "effect_without_inbox_record", tampered.unrecordedMsg, ""},
 	}
 	for _, w := range want {
 		found := false
@@ -235,9 +257,14 @@ func TestChaosCheckerSeesTampering(t *testing.T) {
 			t.Errorf("report misses %s %s (message %q, order %q): %v", w.invariant, w.kind, w.messageID, w.orderID, report.Violations)
 		}
 	}
-	if report.Lost != 1 || report.UnexpectedDeadLetters != 1 || report.AcknowledgedNotCommitted != 1 {
-		t.Errorf("lost=%d unexpected_dead_letters=%d acknowledged_not_committed=%d; want 1 each",
-			report.Lost, report.UnexpectedDeadLetters, report.AcknowledgedNotCommitted)
+	if report.Lost != 1 || report.UnexpectedDeadLetters != 1 || report.AcknowledgedNotCommitted != 1 ||
+		report.DuplicateEffects != 1 || report.WitnessDuplicatesUnexplained != 1 || !report.EffectsAudited {
+		t.Errorf("lost=%d unexpected_dead_letters=%d acknowledged_not_committed=%d duplicate_effects=%d witness_again_unexplained=%d; want 1 each (audited %v)",
+			report.Lost, report.UnexpectedDeadLetters, report.AcknowledgedNotCommitted, report.DuplicateEffects,
+			report.WitnessDuplicatesUnexplained, report.EffectsAudited)
+	}
+	if report.WitnessEntries == 0 || report.InboxRecords == 0 {
+		t.Errorf("witness=%d inbox_records=%d: the audit read nothing", report.WitnessEntries, report.InboxRecords)
 	}
 }
 
@@ -347,7 +374,8 @@ func runScenario(t *testing.T, sc scenario) chaos.Report {
 		Seed: sc.seed, Profile: sc.profile.Name, Provider: sc.provider,
 		Drained: drained, DrainTime: drainTime, DrainBudget: sc.profile.DrainBudget,
 		RequireKinds: sc.profile.Kinds, RequireDuplicates: len(sc.plan) > 0,
-		Identity: identity,
+		Identity:          identity,
+		InboxTransactions: sc.provider == providerTestcontainers, InboxRecordWindow: inboxRecordWindow,
 	})
 	// An unknown event type is acknowledged (the queues drained, and the
 	// checker requires it absent from the dead-letter queue), recorded as a
@@ -585,6 +613,9 @@ func (c *cluster) finalState(ctx context.Context, h chaos.History, dupes *duplic
 	}
 	s.DuplicatesDelivered = dupes.total()
 	s.DeadPrimaries = c.deadPrimaries
+	if s.Effects, err = c.readEffectsAudit(ctx, dupes); err != nil {
+		return s, err
+	}
 	return s, nil
 }
 
@@ -639,11 +670,11 @@ type duplicateScraper struct {
 	client *http.Client
 
 	mu   sync.Mutex
-	last map[string]float64 // "proc#incarnation" -> last value
+	last map[string]map[string]float64 // "proc#incarnation" -> layer -> last value
 }
 
 func newDuplicateScraper(procs []*proc, urls []string) *duplicateScraper {
-	return &duplicateScraper{procs: procs, urls: urls, client: &http.Client{Timeout: time.Second}, last: make(map[string]float64)}
+	return &duplicateScraper{procs: procs, urls: urls, client: &http.Client{Timeout: time.Second}, last: make(map[string]map[string]float64)}
 }
 
 func (d *duplicateScraper) run(ctx context.Context) {
@@ -667,40 +698,64 @@ func (d *duplicateScraper) scrape(ctx context.Context) {
 		if before == nil {
 			continue
 		}
-		v, ok := d.read(ctx, d.urls[i]+"/metrics")
+		byLayer, ok := d.read(ctx, d.urls[i]+"/metrics")
 		if !ok || p.current() != before {
 			continue // down, or restarted while we read: not attributable
 		}
 		d.mu.Lock()
 		key := p.spec.name + "#" + strconv.Itoa(before.n)
-		d.last[key] = max(d.last[key], v)
+		if d.last[key] == nil {
+			d.last[key] = make(map[string]float64)
+		}
+		for layer, v := range byLayer {
+			d.last[key][layer] = max(d.last[key][layer], v)
+		}
 		d.mu.Unlock()
 	}
 }
 
-func (d *duplicateScraper) read(ctx context.Context, url string) (float64, bool) {
+func (d *duplicateScraper) read(ctx context.Context, url string) (map[string]float64, bool) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
-		return 0, false
+		return nil, false
 	}
 	resp, err := d.client.Do(req)
 	if err != nil {
-		return 0, false
+		return nil, false
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
 	if err != nil || resp.StatusCode != http.StatusOK {
-		return 0, false
+		return nil, false
 	}
-	return scrapeCounter(string(b), duplicatesMetric)
+	if _, ok := scrapeCounter(string(b), duplicatesMetric); !ok {
+		return nil, false
+	}
+	return scrapeCounterBy(string(b), duplicatesMetric, "layer"), true
 }
 
+// total is the duplicates absorbed, every layer.
 func (d *duplicateScraper) total() int64 {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	var sum float64
-	for _, v := range d.last {
+	var sum int64
+	for _, v := range d.byLayer() {
 		sum += v
 	}
-	return int64(sum)
+	return sum
+}
+
+// byLayer is the duplicates absorbed by layer (inbox, version).
+func (d *duplicateScraper) byLayer() map[string]int64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	sum := make(map[string]float64)
+	for _, layers := range d.last {
+		for layer, v := range layers {
+			sum[layer] += v
+		}
+	}
+	out := make(map[string]int64, len(sum))
+	for layer, v := range sum {
+		out[layer] = int64(v)
+	}
+	return out
 }

@@ -139,15 +139,28 @@
 // one query (asking GET /shipments/{id} for each of thousands of orders takes
 // minutes on FerretDB), cross-checked against the API for a sample of orders
 // and for every poison message's fake order; the dead-letter queue's
-// contents; and the duplicates shipping absorbed (its
+// contents; the duplicates shipping absorbed (its
 // shipping_events_duplicate_total counter, scraped every second from each
-// consumer and summed over restarts). chaos.Check turns history and state
-// into the report, written as JSON and summed up in one line.
+// consumer, by layer, and summed over restarts); and the effects audit:
+// shipping's effect log (shipment_effect_log, one entry per run of a
+// message's effect, which the shipment's own order/version key cannot
+// show), its inbox collection's records, every shipment document, and the
+// process runs that wrote the log (each shipping process logs its
+// effect_log_writer at start; the supervisor's start and exit lines in its
+// log say which run it was, when it ended and whether it was SIGKILLed).
+// chaos.Check turns history and state into the report, written as JSON and
+// summed up in one line. A message with a second entry in the effect log is
+// a duplicate_effect unless, on FerretDB (standalone inbox), the writer of
+// the earlier entry was killed by a fault before its buffered record was
+// due, the copies ran within a second of each other, or a MongoDB fault held
+// the record back; with a replica set nothing explains it.
 //
 // TestChaosCheckerSeesTampering proves the suite can fail: after a calm run
 // it deletes an applied event from MongoDB, adds an effect of no committed
-// event, copies a real event into the dead-letter queue and deletes an
-// acknowledged order from PostgreSQL, and requires the report to show each.
+// event, copies a real event into the dead-letter queue, deletes an
+// acknowledged order from PostgreSQL, plants a second effect-log entry of
+// an applied message and deletes another's inbox record, and requires the
+// report to show each.
 //
 // # Restoring the machine
 //

@@ -142,7 +142,7 @@ func (p *proc) watch(inc *incarnation) {
 	defer p.wg.Done()
 	_ = inc.cmd.Wait() // the exit status is in ProcessState
 	inc.state = inc.cmd.ProcessState
-	fmt.Fprintf(p.log, "=== chaos: %s #%d exited: %v\n", p.spec.name, inc.n, inc.state)
+	fmt.Fprintf(p.log, "=== chaos: %s #%d exited: %v at %s\n", p.spec.name, inc.n, inc.state, time.Now().Format(time.RFC3339Nano))
 	p.mu.Lock()
 	expected := inc.expected
 	p.mu.Unlock()
