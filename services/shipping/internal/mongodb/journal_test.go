@@ -13,7 +13,7 @@ import (
 // milliseconds later. On a standalone mongod an unjournaled effect can be
 // lost by a crash after that ack, so the effect itself is written with j:
 // true (inside a transaction the driver leaves the write concern to the
-// commit).
+// commit), and so is its effect-log entry.
 func TestEffectsAreWrittenWithAJournaledWriteConcern(t *testing.T) {
 	t.Parallel()
 	db, cmds := mongotest.Watched(t)
@@ -28,8 +28,8 @@ func TestEffectsAreWrittenWithAJournaledWriteConcern(t *testing.T) {
 		t.Fatal(err)
 	}
 	inserts := cmds.Named("insert")
-	if len(inserts) != 2 {
-		t.Fatalf("%d inserts, want 2", len(inserts))
+	if len(inserts) != 3 {
+		t.Fatalf("%d inserts, want 3 (the effect, its effect-log entry, the skip)", len(inserts))
 	}
 	for _, e := range inserts {
 		j, ok := e.Command.Lookup("writeConcern", "j").BooleanOK()
