@@ -152,8 +152,10 @@
 // summed up in one line. A message with a second entry in the effect log is
 // a duplicate_effect unless, on FerretDB (standalone inbox), the writer of
 // the earlier entry was killed by a fault before its buffered record was
-// due, the copies ran within a second of each other, or a MongoDB fault held
-// the record back; with a replica set nothing explains it.
+// due, the copies ran within a second of each other, a MongoDB fault held
+// the record back, or a fault cut shipping's broker session while the
+// earlier run wrote (the consumer cancels its in-flight handlers); with a
+// replica set nothing explains it.
 //
 // TestChaosCheckerSeesTampering proves the suite can fail: after a calm run
 // it deletes an applied event from MongoDB, adds an effect of no committed

@@ -80,7 +80,7 @@ type EffectsAudit struct {
 // duplicate effect (standalone mode only).
 type WitnessExplanation struct {
 	MessageID string `json:"message_id"`
-	// Reason: writer_killed, record_window or mongo_fault.
+	// Reason: writer_killed, record_window, mongo_fault or session_lost.
 	Reason string `json:"reason"`
 	// Fault names the fault that explains it ("kind on target"), if any.
 	Fault  string `json:"fault,omitempty"`
@@ -148,7 +148,7 @@ func (c *checker) audit(h History, s FinalState, run RunInfo) {
 			}
 			c.r.WitnessDuplicatesUnexplained++
 			c.r.DuplicateEffects++
-			mode := "standalone mode, no kill of the earlier writer, no MongoDB fault and no concurrent copy explains it"
+			mode := "standalone mode, no kill of the earlier writer, no MongoDB fault, no cut of shipping's broker session and no concurrent copy explains it"
 			if run.InboxTransactions {
 				mode = "transaction mode: the entry commits with the inbox record"
 			}
@@ -200,6 +200,29 @@ func (c *checker) audit(h History, s FinalState, run RunInfo) {
 	}
 }
 
+// sessionCutKinds are the faults that can end a shipping consumer's broker
+// session: the consumer then cancels its in-flight handlers, and one
+// cancelled after its writes reached MongoDB (its error, or the write's
+// lost reply, leaves no inbox record) runs again on the redelivery.
+var sessionCutKinds = []FaultKind{
+	FaultBrokerProxyDown, FaultBrokerProxyResetPeer, FaultBrokerProxyTimeout, FaultBrokerCloseConnections,
+	FaultBrokerAppRestart, FaultNodeKill, FaultNodeKillLeader, FaultNodeAppRestart, FaultNodeProxyDown,
+	FaultNodeMajorityDown, FaultNodeWipe, FaultNodePartition,
+}
+
+// cutsShipping says f can end a shipping consumer's broker session: a
+// session-cutting kind, and for a proxy fault, on shipping's proxy.
+func cutsShipping(f Fault) bool {
+	if !slices.Contains(sessionCutKinds, f.Kind) {
+		return false
+	}
+	switch f.Kind {
+	case FaultBrokerProxyDown, FaultBrokerProxyResetPeer, FaultBrokerProxyTimeout:
+		return f.Target == "" || f.Target == TargetAMQPShipping
+	}
+	return true
+}
+
 // explainAgain says why later, a second run of earlier's message, is
 // allowed, if it is. Only in standalone mode, where the inbox checks its
 // record, runs the handler, then writes the record (buffered, within
@@ -214,7 +237,12 @@ func (c *checker) audit(h History, s FinalState, run RunInfo) {
 //     consumers with copies of one message);
 //   - mongo_fault: a MongoDB fault began within the window after earlier
 //     was written (its record's write was held back or cut) and later's run
-//     began within the window after the fault ended.
+//     began within the window after the fault ended;
+//   - session_lost: earlier was written while a fault cut shipping's broker
+//     session (from the window before the fault to the window after it):
+//     the consumer cancels its in-flight handlers then, and a handler
+//     cancelled after its writes landed returns an error, so the inbox
+//     records nothing and the redelivery runs it again.
 //
 // A relay's redelivery seconds later, with no such fault, is not explained:
 // that is what an inbox that deduplicates nothing does.
@@ -242,6 +270,14 @@ func (c *checker) explainAgain(h History, run RunInfo, writers map[string]Writer
 			x.Reason, x.Fault = "mongo_fault", faultName(f)
 			x.Detail = fmt.Sprintf("%s from %s to %s held back the record of the entry at %s",
 				f.Kind, f.Start.Format(time.RFC3339Nano), f.End.Format(time.RFC3339Nano), earlier.At.Format(time.RFC3339Nano))
+			return x, true
+		}
+	}
+	for _, f := range h.Faults {
+		if cutsShipping(f) && !earlier.At.Before(f.Start.Add(-window)) && !earlier.At.After(f.End.Add(window)) {
+			x.Reason, x.Fault = "session_lost", faultName(f)
+			x.Detail = fmt.Sprintf("the entry at %s was written while %s cut shipping's broker session (until %s); the run of %s handled the redelivery",
+				earlier.At.Format(time.RFC3339Nano), f.Kind, f.End.Format(time.RFC3339Nano), later.Writer)
 			return x, true
 		}
 	}

@@ -115,6 +115,21 @@ func TestAuditCatchesEachBug(t *testing.T) {
 			e := again(s, "2", "w2/200", 20*time.Second)
 			h.Faults = append(h.Faults, Fault{Kind: FaultMongoRestart, Start: e.Started.Add(-20 * time.Second), End: e.Started.Add(-15 * time.Second)})
 		}, "duplicate_effect", "2"},
+		{"a broker cut of the orders API's connection only", func(h *History, s *FinalState, run *RunInfo) {
+			e := again(s, "2", "w1/100", 8*time.Second)
+			at := e.Started.Add(-8 * time.Second)
+			h.Faults = append(h.Faults, Fault{Kind: FaultBrokerProxyResetPeer, Target: TargetAMQPOrders, Start: at.Add(200 * time.Millisecond), End: at.Add(3 * time.Second)})
+		}, "duplicate_effect", "2"},
+		{"shipping's broker session cut long after the earlier entry", func(h *History, s *FinalState, run *RunInfo) {
+			e := again(s, "2", "w1/100", 8*time.Second)
+			h.Faults = append(h.Faults, Fault{Kind: FaultBrokerProxyDown, Target: TargetAMQPShipping, Start: e.Started.Add(-5 * time.Second), End: e.Started.Add(-3 * time.Second)})
+		}, "duplicate_effect", "2"},
+		{"shipping's broker session cut while the handler wrote, in transaction mode", func(h *History, s *FinalState, run *RunInfo) {
+			e := again(s, "2", "w1/100", 8*time.Second)
+			at := e.Started.Add(-8 * time.Second)
+			h.Faults = append(h.Faults, Fault{Kind: FaultBrokerCloseConnections, Start: at, End: at.Add(time.Second)})
+			run.InboxTransactions = true
+		}, "duplicate_effect", "2"},
 		{"a done record without its effect", func(h *History, s *FinalState, run *RunInfo) {
 			s.Effects.Inbox = append(s.Effects.Inbox, InboxRecord{MessageID: "77", State: "done", ProcessedAt: t0w})
 		}, "inbox_record_without_effect", "77"},
@@ -186,6 +201,11 @@ func TestAuditExplainsWhatStandaloneAllows(t *testing.T) {
 			e := again(s, "2", "w2/200", 8*time.Second)
 			h.Faults = append(h.Faults, Fault{Kind: FaultMongoProxyDown, Start: e.Started.Add(-8*time.Second + 5*time.Millisecond), End: e.Started.Add(-500 * time.Millisecond)})
 		}, "mongo_fault", 0},
+		{"shipping's broker session cut while the handler wrote: its cancelled run recorded nothing, the redelivery ran again", func(h *History, s *FinalState) {
+			e := again(s, "2", "w1/100", 8*time.Second)
+			at := e.Started.Add(-8 * time.Second)
+			h.Faults = append(h.Faults, Fault{Kind: FaultBrokerProxyResetPeer, Target: TargetAMQPShipping, Start: at.Add(200 * time.Millisecond), End: at.Add(3 * time.Second)})
+		}, "session_lost", 0},
 		{"a buffered record lost with its writer, acked, never delivered again", func(h *History, s *FinalState) {
 			s.Effects.Inbox = slices.DeleteFunc(s.Effects.Inbox, func(r InboxRecord) bool { return r.MessageID == "4" })
 			killed(h, s, FaultKillShipping, t0w.Add(11*time.Second+5*time.Millisecond))

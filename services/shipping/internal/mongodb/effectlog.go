@@ -30,8 +30,10 @@ import (
 //     record, runs the handler, then records the message. A handler run
 //     again for the same message (a crash after the effect and before the
 //     record was written, a buffered record lost with its process, the
-//     record's write cut by a MongoDB fault, two consumers handling copies of
-//     one message before either record was written) finds its version
+//     record's write cut by a MongoDB fault, a handler cancelled after its
+//     writes landed because the consumer's broker session ended, two
+//     consumers handling copies of one message before either record was
+//     written) finds its version
 //     already applied and leaves the shipment alone, but appends a second
 //     entry. That entry is the non-idempotent part of the effect: code that
 //     copies this service and does something that is not idempotent in the
