@@ -93,7 +93,7 @@ var shippingDeathKinds = []FaultKind{FaultKillShipping, FaultCrashShippingAfterE
 // mongoFaultKinds are the faults that can hold back or cut a standalone
 // inbox's record write (or the reply to a write) without killing the
 // process.
-var mongoFaultKinds = []FaultKind{FaultMongoRestart, FaultMongoProxyDown}
+var mongoFaultKinds = []FaultKind{FaultMongoRestart, FaultMongoProxyDown, FaultMongoAckLoss, FaultMongoDiskFull}
 
 // audit checks the effect log and the inbox against the stored effects (I2):
 //
@@ -208,6 +208,9 @@ var sessionCutKinds = []FaultKind{
 	FaultBrokerProxyDown, FaultBrokerProxyResetPeer, FaultBrokerProxyTimeout, FaultBrokerCloseConnections,
 	FaultBrokerAppRestart, FaultNodeKill, FaultNodeKillLeader, FaultNodeAppRestart, FaultNodeProxyDown,
 	FaultNodeMajorityDown, FaultNodeWipe, FaultNodePartition,
+	// A paused consumer outlives its heartbeat: the broker closes its
+	// connection and hands its unacked deliveries to the other consumer.
+	FaultPauseShipping,
 }
 
 // cutsShipping says f can end a shipping consumer's broker session: a

@@ -206,6 +206,15 @@ func TestAuditExplainsWhatStandaloneAllows(t *testing.T) {
 			at := e.Started.Add(-8 * time.Second)
 			h.Faults = append(h.Faults, Fault{Kind: FaultBrokerProxyResetPeer, Target: TargetAMQPShipping, Start: at.Add(200 * time.Millisecond), End: at.Add(3 * time.Second)})
 		}, "session_lost", 0},
+		{"the consumer paused past its heartbeat after the handler wrote: the other consumer ran the redelivery", func(h *History, s *FinalState) {
+			e := again(s, "2", "w2/200", 14*time.Second)
+			at := e.Started.Add(-14 * time.Second)
+			h.Faults = append(h.Faults, Fault{Kind: FaultPauseShipping, Target: "shipping-0", Start: at.Add(300 * time.Millisecond), End: at.Add(12 * time.Second)})
+		}, "session_lost", 0},
+		{"a MongoDB reply lost after the record's write landed elsewhere: the copy ran again", func(h *History, s *FinalState) {
+			e := again(s, "2", "w2/200", 6*time.Second)
+			h.Faults = append(h.Faults, Fault{Kind: FaultMongoAckLoss, Start: e.Started.Add(-6*time.Second + 5*time.Millisecond), End: e.Started.Add(-time.Second)})
+		}, "mongo_fault", 0},
 		{"a buffered record lost with its writer, acked, never delivered again", func(h *History, s *FinalState) {
 			s.Effects.Inbox = slices.DeleteFunc(s.Effects.Inbox, func(r InboxRecord) bool { return r.MessageID == "4" })
 			killed(h, s, FaultKillShipping, t0w.Add(11*time.Second+5*time.Millisecond))
