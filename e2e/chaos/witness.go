@@ -141,6 +141,13 @@ func (c *checker) audit(h History, s FinalState, run RunInfo) {
 		}
 		for i := 1; i < len(es); i++ {
 			x, ok := c.explainAgain(h, run, writers, es[i-1], es[i])
+			if r, held := records[msg]; ok && held && recordedBefore(h, run, writers, r, es[i]) {
+				// Whatever else happened, the inbox held the message's done
+				// record before this run began: its check should have
+				// answered Duplicate (a redelivery after a session cut is
+				// exactly what the record is for).
+				ok = false
+			}
 			if ok {
 				c.r.WitnessDuplicatesExplained++
 				c.r.WitnessExplanations = append(c.r.WitnessExplanations, x)
@@ -222,6 +229,29 @@ func cutsShipping(f Fault) bool {
 	switch f.Kind {
 	case FaultBrokerProxyDown, FaultBrokerProxyResetPeer, FaultBrokerProxyTimeout:
 		return f.Target == "" || f.Target == TargetAMQPShipping
+	}
+	return true
+}
+
+// recordedBefore says the inbox held r, the message's done record, before
+// later's run began: written more than the record's window before it, with
+// no MongoDB fault (which can hold a buffered record back) from then on, and
+// no pause of later's own consumer between a check it may have made before
+// the record was written and its run.
+func recordedBefore(h History, run RunInfo, writers map[string]Writer, r InboxRecord, later WitnessEntry) bool {
+	if run.InboxTransactions || r.State != "done" || r.ProcessedAt.IsZero() ||
+		!r.ProcessedAt.Add(run.InboxRecordWindow).Before(later.Started) {
+		return false
+	}
+	for _, f := range h.Faults {
+		switch {
+		case slices.Contains(mongoFaultKinds, f.Kind) &&
+			!f.Start.After(later.Started) && !f.End.Before(r.ProcessedAt.Add(-run.InboxRecordWindow)):
+			return false
+		case f.Kind == FaultPauseShipping && f.Target == writers[later.Writer].Proc &&
+			!f.Start.After(r.ProcessedAt.Add(run.InboxRecordWindow)) && !f.End.After(later.Started):
+			return false
+		}
 	}
 	return true
 }

@@ -46,6 +46,10 @@ func again(s *FinalState, msg, writer string, after time.Duration) WitnessEntry 
 	e.At = e.Started.Add(2 * time.Millisecond)
 	e.Writer = writer
 	s.Effects.Witness = append(s.Effects.Witness, e)
+	// The earlier run left no record (it died, or was cancelled, first):
+	// the done record is the later run's.
+	r := slices.IndexFunc(s.Effects.Inbox, func(r InboxRecord) bool { return r.MessageID == msg })
+	s.Effects.Inbox[r].ProcessedAt = e.At.Add(time.Millisecond)
 	return e
 }
 
@@ -239,5 +243,31 @@ func TestAuditExplainsWhatStandaloneAllows(t *testing.T) {
 				t.Errorf("explained %d: %+v; want one, %s", r.WitnessDuplicatesExplained, r.WitnessExplanations, tt.reason)
 			}
 		})
+	}
+}
+
+// An inbox that deduplicates nothing runs a redelivery again although its
+// done record was there: a cut of shipping's broker session (or a pause)
+// explains a redelivery, not a second run past a record the check should
+// have found.
+func TestAuditDoesNotExcuseARunPastItsDoneRecord(t *testing.T) {
+	for _, kind := range []FaultKind{FaultBrokerCloseConnections, FaultPauseShipping} {
+		h, s, run := witnessed()
+		i := slices.IndexFunc(s.Effects.Witness, func(e WitnessEntry) bool { return e.MessageID == "2" })
+		first := s.Effects.Witness[i]
+		e := first
+		e.Started = first.At.Add(8 * time.Second)
+		e.At = e.Started.Add(2 * time.Millisecond)
+		e.Writer = "w2/200"                              // the other consumer took the redelivery
+		s.Effects.Witness = append(s.Effects.Witness, e) // the record stays the first run's
+		h.Faults = append(h.Faults, Fault{Kind: kind, Target: "shipping-1", Start: first.At.Add(-200 * time.Millisecond), End: first.At.Add(-100 * time.Millisecond)})
+		if kind == FaultBrokerCloseConnections {
+			h.Faults[len(h.Faults)-1].End = first.At.Add(3 * time.Second)
+		}
+		r := Check(h, s, run)
+		if r.WitnessDuplicatesUnexplained != 1 || r.DuplicateEffects != 1 {
+			t.Errorf("%s: unexplained %d, duplicate_effects %d, explained %+v; want the second run unexplained",
+				kind, r.WitnessDuplicatesUnexplained, r.DuplicateEffects, r.WitnessExplanations)
+		}
 	}
 }
