@@ -14,6 +14,7 @@ import (
 const (
 	EventCreated   = "order.created"
 	EventCancelled = "order.cancelled"
+	EventAmended   = "order.amended"
 )
 
 // Order statuses (the orders API's `status`).
@@ -41,6 +42,9 @@ type CommittedEvent struct {
 	OrderID   string `json:"order_id"`
 	Version   int64  `json:"version"`
 	Type      string `json:"type"`
+	// Note is an order.amended event's note (its payload's), empty for the
+	// other types.
+	Note string `json:"note,omitempty"`
 	// DeadLettered: the relay gave up on the row. The suite never asks for
 	// that, so such an event counts as lost.
 	DeadLettered bool `json:"dead_lettered,omitempty"`
@@ -187,6 +191,15 @@ type Report struct {
 	EventsCommitted     int `json:"events_committed"`
 	EffectsApplied      int `json:"effects_applied"`
 
+	// Amendments: POST /orders/{id}/amendments, each an order's next
+	// version.
+	AmendmentsAcknowledged int `json:"amendments_acknowledged"`
+	AmendmentsFailed       int `json:"amendments_failed"`
+	AmendmentsUnknown      int `json:"amendments_unknown"`
+	// OrderVersions counts the committed orders by version: how long the
+	// chains of events the run drove were.
+	OrderVersions map[int64]int `json:"order_versions"`
+
 	// I1
 	AcknowledgedNotCommitted int `json:"acknowledged_not_committed"`
 	FailedButCommitted       int `json:"failed_but_committed"`
@@ -320,20 +333,42 @@ func (c *checker) violate(v Violation) {
 	}
 }
 
-// I1: every acknowledged order (and cancel) is committed; nothing reported
-// failed was committed. Also: each committed order carries exactly the events
-// its state implies, written in the same transaction.
+// I1: every acknowledged order (and cancel, and amendment) is committed;
+// nothing reported failed was committed. Also: each committed order carries
+// exactly the events its state implies, written in the same transaction:
+// v1 order.created, then its amendments (order.amended), then at most one
+// order.cancelled as the last version, versions without gaps up to the
+// order's.
 func (c *checker) ordersAcknowledged(h History, s FinalState) {
 	byID := make(map[string]CommittedOrder, len(s.Orders))
 	byKey := make(map[string][]CommittedOrder, len(s.Orders))
+	c.r.OrderVersions = make(map[int64]int)
 	for _, o := range s.Orders {
 		byID[o.ID] = o
 		byKey[o.Key] = append(byKey[o.Key], o)
+		c.r.OrderVersions[o.Version]++
 	}
 	for _, key := range slices.Sorted(maps.Keys(byKey)) {
 		if os := byKey[key]; key != "" && len(os) > 1 {
 			c.violate(Violation{Invariant: "I1", Kind: "idempotency_broken", OrderID: os[0].ID,
 				Detail: fmt.Sprintf("%d orders committed for Idempotency-Key %q", len(os), key)})
+		}
+	}
+	amended := amendmentsByNote(s.Events)
+	atVersion := make(map[VersionKey]CommittedEvent, len(s.Events))
+	for _, e := range s.Events {
+		atVersion[VersionKey{e.OrderID, e.Version}] = e
+	}
+	for _, k := range slices.SortedFunc(maps.Keys(amended), func(a, b noteRef) int {
+		return cmp.Or(cmp.Compare(a.orderID, b.orderID), cmp.Compare(a.note, b.note))
+	}) {
+		if es := amended[k]; len(es) > 1 {
+			var vs []string
+			for _, e := range es {
+				vs = append(vs, fmt.Sprintf("v%d", e.Version))
+			}
+			c.violate(Violation{Invariant: "I1", Kind: "idempotency_broken", OrderID: k.orderID,
+				Detail: fmt.Sprintf("amendment %q committed %d times (%s)", k.note, len(es), strings.Join(vs, ", "))})
 		}
 	}
 	for _, op := range h.Ops {
@@ -342,6 +377,8 @@ func (c *checker) ordersAcknowledged(h History, s FinalState) {
 			c.checkCreate(op, byID, byKey)
 		case OpCancel:
 			c.checkCancel(op, byID)
+		case OpAmend:
+			c.checkAmend(op, amended, atVersion)
 		}
 	}
 
@@ -350,27 +387,110 @@ func (c *checker) ordersAcknowledged(h History, s FinalState) {
 		events[e.OrderID] = append(events[e.OrderID], e)
 	}
 	for _, o := range s.Orders {
-		want := []string{EventCreated}
-		if o.Status == StatusCancelled {
-			want = append(want, EventCancelled)
-		}
-		got := events[o.ID]
+		got := slices.Clone(events[o.ID])
 		slices.SortFunc(got, func(a, b CommittedEvent) int { return cmp.Compare(a.Version, b.Version) })
 		var desc []string
-		ok := len(got) == len(want) && int64(len(want)) == o.Version
-		for i, e := range got {
+		for _, e := range got {
 			desc = append(desc, fmt.Sprintf("v%d %s", e.Version, e.Type))
-			ok = ok && i < len(want) && e.Type == want[i] && e.Version == int64(i+1)
 		}
-		if !ok {
+		if !chainMatches(o, got) {
 			c.violate(Violation{Invariant: "I1", Kind: "order_events_mismatch", OrderID: o.ID,
-				Detail: fmt.Sprintf("order is %s at version %d but its outbox holds [%s]", o.Status, o.Version, strings.Join(desc, ", "))})
+				Detail: fmt.Sprintf("order is %s at version %d but its outbox holds [%s]; want v1 %s, then %s, then %s only if cancelled",
+					o.Status, o.Version, strings.Join(desc, ", "), EventCreated, EventAmended, EventCancelled)})
 		}
 		delete(events, o.ID)
 	}
 	for _, id := range slices.Sorted(maps.Keys(events)) {
 		c.violate(Violation{Invariant: "I1", Kind: "event_without_order", OrderID: id,
 			Detail: fmt.Sprintf("%d outbox events for an order that was never committed", len(events[id]))})
+	}
+}
+
+// chainMatches says whether an order's events, sorted by version, are those
+// its row implies: versions 1 to o.Version, v1 order.created, the last
+// order.cancelled when the order is cancelled, every other one
+// order.amended.
+func chainMatches(o CommittedOrder, events []CommittedEvent) bool {
+	if int64(len(events)) != o.Version || len(events) == 0 {
+		return false
+	}
+	last := len(events) - 1
+	for i, e := range events {
+		want := EventAmended
+		switch {
+		case i == 0:
+			want = EventCreated
+		case i == last && o.Status == StatusCancelled:
+			want = EventCancelled
+		}
+		if e.Version != int64(i+1) || e.Type != want {
+			return false
+		}
+	}
+	return o.Status != StatusCancelled || last > 0
+}
+
+// VersionKey names one version of one order.
+type VersionKey struct {
+	OrderID string
+	Version int64
+}
+
+// noteRef names an amendment by its order and note, which the workload
+// makes unique (it holds the amendment's Idempotency-Key).
+type noteRef struct{ orderID, note string }
+
+// amendmentsByNote returns the committed order.amended events by order and
+// note.
+func amendmentsByNote(events []CommittedEvent) map[noteRef][]CommittedEvent {
+	m := make(map[noteRef][]CommittedEvent)
+	for _, e := range events {
+		if e.Type == EventAmended {
+			k := noteRef{e.OrderID, e.Note}
+			m[k] = append(m[k], e)
+		}
+	}
+	for _, es := range m {
+		slices.SortFunc(es, func(a, b CommittedEvent) int { return cmp.Compare(a.Version, b.Version) })
+	}
+	return m
+}
+
+// checkAmend: an acknowledged amendment is committed as the version it was
+// answered with, carrying its note; a refused one is not committed at all;
+// an unknown one may be either (at most once: ordersAcknowledged counts the
+// commits of each note).
+func (c *checker) checkAmend(op Op, amended map[noteRef][]CommittedEvent, atVersion map[VersionKey]CommittedEvent) {
+	es := amended[noteRef{op.OrderID, op.Note}]
+	switch op.Outcome {
+	case OutcomeOK:
+		c.r.AmendmentsAcknowledged++
+		other, taken := atVersion[VersionKey{op.OrderID, op.Version}]
+		switch {
+		case len(es) == 0 && c.failovers.holdsAmendment(op.OrderID, op.Note):
+			c.r.LostByDatabaseFailover++
+		case len(es) == 0 && taken && other.Type == EventAmended:
+			c.r.AcknowledgedNotCommitted++
+			c.violate(Violation{Invariant: "I1", Kind: "amendment_content_mismatch", OrderID: op.OrderID, MessageID: other.MessageID,
+				Detail: fmt.Sprintf("amendment %q was answered %d as v%d with note %q, but v%d is committed as %s with note %q",
+					op.Key, op.Status, op.Version, op.Note, other.Version, other.Type, other.Note)})
+		case len(es) == 0:
+			c.r.AcknowledgedNotCommitted++
+			c.violate(Violation{Invariant: "I1", Kind: "acknowledged_amendment_not_committed", OrderID: op.OrderID,
+				Detail: fmt.Sprintf("amendment %q was answered %d as v%d but no order.amended with its note is committed", op.Key, op.Status, op.Version)})
+		case es[0].Version != op.Version:
+			c.violate(Violation{Invariant: "I1", Kind: "amendment_content_mismatch", OrderID: op.OrderID, MessageID: es[0].MessageID,
+				Detail: fmt.Sprintf("amendment %q was answered as v%d but its note is committed at v%d", op.Key, op.Version, es[0].Version)})
+		}
+	case OutcomeFailed:
+		c.r.AmendmentsFailed++
+		if len(es) > 0 {
+			c.r.FailedButCommitted++
+			c.violate(Violation{Invariant: "I1", Kind: "failed_but_committed", OrderID: op.OrderID, MessageID: es[0].MessageID,
+				Detail: fmt.Sprintf("amendment %q was refused (HTTP %d: %s) but is committed as v%d", op.Key, op.Status, op.Err, es[0].Version)})
+		}
+	default:
+		c.r.AmendmentsUnknown++
 	}
 }
 

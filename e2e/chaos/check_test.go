@@ -2,6 +2,8 @@ package chaos
 
 import (
 	"encoding/json"
+	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -457,5 +459,224 @@ func TestCheckFailoverExcusesOnlyWhatTheDeadPrimaryHeld(t *testing.T) {
 	d.Orders = append(d.Orders, CommittedOrder{ID: "o1", Key: "k1", Status: StatusCreated, Version: 1})
 	if r := Check(h, s, run); r.OK || !hasViolation(r, "I1", "acknowledged_cancel_not_committed") {
 		t.Errorf("a cancel on no primary: ok=%v %v; want an I1 acknowledged_cancel_not_committed", r.OK, r.Violations)
+	}
+}
+
+// chainLength is the number of versions of withChain's order: create,
+// amendments, cancel.
+const chainLength = 12
+
+// withChain adds to a correct run an order o6 driven to chainLength
+// versions: v1 order.created, v2 ... v11 order.amended (each acknowledged,
+// with a note naming its key), v12 order.cancelled; every event applied in
+// order.
+func withChain(h *History, s *FinalState) {
+	h.Ops = append(h.Ops, Op{Kind: OpCreate, Key: "k6", OrderID: "o6", Outcome: OutcomeOK, Status: 201})
+	s.Orders = append(s.Orders, CommittedOrder{ID: "o6", Key: "k6", Status: StatusCancelled, Version: chainLength})
+	applied := []AppliedEvent{{"6-1", EventCreated, 1}}
+	s.Events = append(s.Events, CommittedEvent{MessageID: "6-1", OrderID: "o6", Version: 1, Type: EventCreated})
+	for v := int64(2); v < chainLength; v++ {
+		key := fmt.Sprintf("a6-%d", v)
+		msg := fmt.Sprintf("6-%d", v)
+		h.Ops = append(h.Ops, Op{Kind: OpAmend, Key: key, OrderID: "o6", Note: "note " + key, Version: v, Outcome: OutcomeOK, Status: 201})
+		s.Events = append(s.Events, CommittedEvent{MessageID: msg, OrderID: "o6", Version: v, Type: EventAmended, Note: "note " + key})
+		applied = append(applied, AppliedEvent{msg, EventAmended, v})
+	}
+	msg := fmt.Sprintf("6-%d", chainLength)
+	h.Ops = append(h.Ops, Op{Kind: OpCancel, OrderID: "o6", Outcome: OutcomeOK, Status: 200})
+	s.Events = append(s.Events, CommittedEvent{MessageID: msg, OrderID: "o6", Version: chainLength, Type: EventCancelled})
+	applied = append(applied, AppliedEvent{msg, EventCancelled, chainLength})
+	s.Shipments = append(s.Shipments, Shipment{OrderID: "o6", Status: "cancelled", Events: applied})
+}
+
+// eventIndex returns the index in s.Events of order's event at version.
+func eventIndex(t *testing.T, s *FinalState, orderID string, version int64) int {
+	t.Helper()
+	i := slices.IndexFunc(s.Events, func(e CommittedEvent) bool { return e.OrderID == orderID && e.Version == version })
+	if i < 0 {
+		t.Fatalf("no event v%d of %s", version, orderID)
+	}
+	return i
+}
+
+func TestCheckPassesALongChain(t *testing.T) {
+	h, s, run := baseline()
+	withChain(&h, &s)
+	r := Check(h, s, run)
+	if !r.OK {
+		t.Fatalf("Check of a correct run with a %d-version order: %v", chainLength, r.Violations)
+	}
+	if r.AmendmentsAcknowledged != chainLength-2 || r.AmendmentsFailed != 0 || r.AmendmentsUnknown != 0 {
+		t.Errorf("amendments acknowledged/failed/unknown = %d/%d/%d, want %d/0/0",
+			r.AmendmentsAcknowledged, r.AmendmentsFailed, r.AmendmentsUnknown, chainLength-2)
+	}
+	want := map[int64]int{1: 2, 2: 1, chainLength: 1}
+	if !maps.Equal(r.OrderVersions, want) {
+		t.Errorf("OrderVersions = %v, want %v", r.OrderVersions, want)
+	}
+}
+
+// TestCheckCatchesChainBugs breaks a correct run with a long chain in one
+// way per case.
+func TestCheckCatchesChainBugs(t *testing.T) {
+	tests := []struct {
+		name      string
+		break_    func(t *testing.T, h *History, s *FinalState)
+		invariant string
+		kind      string
+	}{
+		{
+			name: "acknowledged amendment not committed",
+			break_: func(t *testing.T, h *History, s *FinalState) {
+				// The order stops at v11: v12's cancel moved down, v11's
+				// amendment gone with its effect.
+				i := eventIndex(t, s, "o6", chainLength-1)
+				s.Events = slices.Delete(s.Events, i, i+1)
+				s.Events[eventIndex(t, s, "o6", chainLength)].Version = chainLength - 1
+				s.Orders[3].Version = chainLength - 1
+				sh := &s.Shipments[3]
+				sh.Events = slices.Delete(sh.Events, chainLength-2, chainLength-1)
+				sh.Events[chainLength-2].Version = chainLength - 1
+			},
+			invariant: "I1", kind: "acknowledged_amendment_not_committed",
+		},
+		{
+			name: "amendment committed with another note",
+			break_: func(t *testing.T, _ *History, s *FinalState) {
+				s.Events[eventIndex(t, s, "o6", 5)].Note = "note a6-4"
+			},
+			invariant: "I1", kind: "amendment_content_mismatch",
+		},
+		{
+			name: "amendment answered with the wrong version",
+			break_: func(_ *testing.T, h *History, _ *FinalState) {
+				for i := range h.Ops {
+					if h.Ops[i].Kind == OpAmend && h.Ops[i].Version == 7 {
+						h.Ops[i].Version = 8
+					}
+				}
+			},
+			invariant: "I1", kind: "amendment_content_mismatch",
+		},
+		{
+			name: "refused amendment committed",
+			break_: func(_ *testing.T, h *History, _ *FinalState) {
+				for i := range h.Ops {
+					if h.Ops[i].Kind == OpAmend && h.Ops[i].Version == 4 {
+						h.Ops[i].Outcome, h.Ops[i].Version, h.Ops[i].Status = OutcomeFailed, 0, 409
+					}
+				}
+			},
+			invariant: "I1", kind: "failed_but_committed",
+		},
+		{
+			name: "one amendment key, two versions",
+			break_: func(t *testing.T, _ *History, s *FinalState) {
+				// v3 holds v2's note: a retry made a second version.
+				s.Events[eventIndex(t, s, "o6", 3)].Note = "note a6-2"
+			},
+			invariant: "I1", kind: "idempotency_broken",
+		},
+		{
+			name: "amendment after the cancel",
+			break_: func(t *testing.T, _ *History, s *FinalState) {
+				a, c := eventIndex(t, s, "o6", chainLength-1), eventIndex(t, s, "o6", chainLength)
+				s.Events[a].Type, s.Events[c].Type = EventCancelled, EventAmended
+				s.Events[c].Note, s.Events[a].Note = s.Events[a].Note, ""
+			},
+			invariant: "I1", kind: "order_events_mismatch",
+		},
+		{
+			name: "an amendment where order.created belongs",
+			break_: func(t *testing.T, _ *History, s *FinalState) {
+				s.Events[eventIndex(t, s, "o6", 1)].Type = EventAmended
+			},
+			invariant: "I1", kind: "order_events_mismatch",
+		},
+		{
+			name: "a version missing in the outbox",
+			break_: func(t *testing.T, _ *History, s *FinalState) {
+				i := eventIndex(t, s, "o6", 6)
+				s.Events = slices.Delete(s.Events, i, i+1)
+			},
+			invariant: "I1", kind: "order_events_mismatch",
+		},
+		{
+			name: "amendments applied out of order",
+			break_: func(_ *testing.T, _ *History, s *FinalState) {
+				e := s.Shipments[3].Events
+				e[6], e[7] = e[7], e[6]
+			},
+			invariant: "I3", kind: "out_of_order",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h, s, run := baseline()
+			withChain(&h, &s)
+			tt.break_(t, &h, &s)
+			r := Check(h, s, run)
+			if r.OK {
+				t.Fatal("Check reported OK")
+			}
+			if !slices.ContainsFunc(r.Violations, func(v Violation) bool { return v.Invariant == tt.invariant && v.Kind == tt.kind }) {
+				t.Errorf("no %s %s violation in %v", tt.invariant, tt.kind, r.Violations)
+			}
+		})
+	}
+}
+
+func TestCheckToleratesUnknownAmendments(t *testing.T) {
+	tests := []struct {
+		name   string
+		change func(h *History, s *FinalState)
+	}{
+		{"an unknown amendment that did commit", func(h *History, _ *FinalState) {
+			for i := range h.Ops {
+				if h.Ops[i].Kind == OpAmend && h.Ops[i].Version == 5 {
+					h.Ops[i].Outcome, h.Ops[i].Version, h.Ops[i].Status = OutcomeUnknown, 0, 503
+				}
+			}
+		}},
+		{"an unknown amendment that did not commit", func(h *History, _ *FinalState) {
+			h.Ops = append(h.Ops, Op{Kind: OpAmend, Key: "a6-x", OrderID: "o6", Note: "note a6-x", Outcome: OutcomeUnknown})
+		}},
+		{"an amendment refused on the cancelled order", func(h *History, _ *FinalState) {
+			h.Ops = append(h.Ops, Op{Kind: OpAmend, Key: "a2-x", OrderID: "o2", Note: "note a2-x", Outcome: OutcomeFailed, Status: 409})
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h, s, run := baseline()
+			withChain(&h, &s)
+			tt.change(&h, &s)
+			if r := Check(h, s, run); !r.OK {
+				t.Errorf("Check: %v", r.Violations)
+			}
+		})
+	}
+}
+
+// An acknowledged amendment the database lacks is the failover's loss only
+// when a dead primary holds it, note and all.
+func TestCheckFailoverExcusesAnAmendmentOnlyWhenTheDeadPrimaryHeldIt(t *testing.T) {
+	t0 := time.Date(2026, 12, 3, 9, 0, 0, 0, time.UTC)
+	created := CommittedEvent{MessageID: "9", OrderID: "o9", Version: 1, Type: EventCreated, CreatedAt: t0.Add(300 * time.Millisecond)}
+	amended := CommittedEvent{MessageID: "9-2", OrderID: "o9", Version: 2, Type: EventAmended, Note: "gift wrap", CreatedAt: t0.Add(350 * time.Millisecond)}
+	amend := Op{Kind: OpAmend, Key: "a9", OrderID: "o9", Note: "gift wrap", Version: 2, Outcome: OutcomeOK, Status: 201,
+		Start: t0.Add(340 * time.Millisecond), End: t0.Add(400 * time.Millisecond)}
+
+	h, s, run := failoverRun(t0.Add(400*time.Millisecond), t0, created, amended)
+	h.Ops = append(h.Ops, amend)
+	if r := Check(h, s, run); !r.OK || r.LostByDatabaseFailover != 2 {
+		t.Errorf("create and amendment held by the dead primary: ok=%v lost_by_database_failover=%d %v; want 2 and no violation",
+			r.OK, r.LostByDatabaseFailover, r.Violations)
+	}
+	other := amended
+	other.Note = "another note"
+	h, s, run = failoverRun(t0.Add(400*time.Millisecond), t0, created, other)
+	h.Ops = append(h.Ops, amend)
+	if r := Check(h, s, run); r.OK || !hasViolation(r, "I1", "acknowledged_amendment_not_committed") {
+		t.Errorf("the dead primary holds another note: ok=%v %v; want acknowledged_amendment_not_committed", r.OK, r.Violations)
 	}
 }

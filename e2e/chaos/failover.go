@@ -63,6 +63,19 @@ func (f failovers) holdsCancel(id string) bool {
 	return slices.ContainsFunc(f, func(d deadPrimary) bool { o, ok := d.orders[id]; return ok && o.Status == StatusCancelled })
 }
 
+// holdsAmendment tells whether a dead primary holds the amendment of order
+// id with note.
+func (f failovers) holdsAmendment(id, note string) bool {
+	return slices.ContainsFunc(f, func(d deadPrimary) bool {
+		for _, e := range d.events {
+			if e.OrderID == id && e.Type == EventAmended && e.Note == note {
+				return true
+			}
+		}
+		return false
+	})
+}
+
 // event returns the outbox row of a dead primary published as messageID.
 func (f failovers) event(messageID string) (CommittedEvent, bool) {
 	for _, d := range slices.Backward(f) {

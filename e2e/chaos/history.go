@@ -14,6 +14,9 @@ type OpKind string
 const (
 	OpCreate OpKind = "create"
 	OpCancel OpKind = "cancel"
+	// OpAmend is POST /orders/{id}/amendments: the order's next version, an
+	// order.amended event carrying the op's Note.
+	OpAmend OpKind = "amend"
 )
 
 // Outcome is what the client learnt about an operation.
@@ -21,8 +24,9 @@ type Outcome string
 
 // Outcomes of an operation, as seen by the client that performed it.
 const (
-	// OutcomeOK: the API acknowledged the operation (201 for a create, 200 for
-	// a cancel). The checker requires its effect to be committed.
+	// OutcomeOK: the API acknowledged the operation (201 for a create or an
+	// amendment, 200 for a cancel). The checker requires its effect to be
+	// committed.
 	OutcomeOK Outcome = "ok"
 	// OutcomeFailed: the API refused the operation for good (a 4xx that a retry
 	// cannot change). The checker requires that nothing was committed.
@@ -35,13 +39,21 @@ const (
 // Op is one client operation, after all its retries.
 type Op struct {
 	Kind OpKind `json:"kind"`
-	// Key is the Idempotency-Key of a create. The workload also sends it as the
-	// order's customer_id, so a committed order names the operation that made
-	// it even when the client never learnt the order's id.
+	// Key is the Idempotency-Key of a create or an amendment. The workload
+	// also sends a create's as the order's customer_id, so a committed order
+	// names the operation that made it even when the client never learnt the
+	// order's id.
 	Key string `json:"key,omitempty"`
 	// OrderID is the order's id: the one a create was answered with (empty
-	// when its outcome is not ok), or the one a cancel was sent for.
-	OrderID  string    `json:"order_id,omitempty"`
+	// when its outcome is not ok), or the one a cancel or an amendment was
+	// sent for.
+	OrderID string `json:"order_id,omitempty"`
+	// Note is an amendment's note, unique in the run (the workload puts the
+	// amendment's key in it), so that its order.amended event names it.
+	Note string `json:"note,omitempty"`
+	// Version is the order version an acknowledged amendment was answered
+	// with (0 otherwise).
+	Version  int64     `json:"version,omitempty"`
 	Outcome  Outcome   `json:"outcome"`
 	Attempts int       `json:"attempts"`
 	Status   int       `json:"status,omitempty"` // last HTTP status, 0 when none came back
