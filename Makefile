@@ -53,13 +53,15 @@ chaos-mutants: services
 
 ## fuzz: run each fuzz target for FUZZTIME (default 2m each), from its
 ## committed corpus (testdata/fuzz) on: any message Enqueue accepts is
-## published by each relay, anything else is refused with ErrInvalidMessage.
-## make test replays the corpus only. A failing input is written to the
+## published by each relay, anything else is refused with ErrInvalidMessage;
+## any amendment body the orders API validates is refused on its note or
+## carried unchanged by its order.amended event. make test replays the corpus only. A failing input is written to the
 ## target's testdata/fuzz: commit it with its fix.
 FUZZTIME ?= 2m
 fuzz: services
 	$(GO) test -count=1 -run '^$$' -fuzz '^FuzzEnqueueToPollingRelay$$' -fuzztime $(FUZZTIME) ./pkg/outbox/
 	$(GO) test -count=1 -run '^$$' -fuzz '^FuzzEnqueueToWALRelay$$' -fuzztime $(FUZZTIME) ./pkg/outbox/outboxwal/
+	$(GO) test -count=1 -run '^$$' -fuzz '^FuzzAmendRequest$$' -fuzztime $(FUZZTIME) ./services/orders/internal/order/
 
 ## bench: measure the performance goals of docs/guarantees.md against their baselines
 ## (15 to 20 minutes, relay_start_backlog's million-row drains included; not part

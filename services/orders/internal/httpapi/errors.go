@@ -50,6 +50,8 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 		status, detail = http.StatusUnprocessableEntity, errorDetail{Code: "invalid_field", Message: ve.Error(), Field: ve.Field}
 	case errors.Is(err, order.ErrNotFound):
 		status, detail = http.StatusNotFound, errorDetail{Code: "not_found", Message: err.Error()}
+	case errors.Is(err, order.ErrCancelled):
+		status, detail = http.StatusConflict, errorDetail{Code: "order_cancelled", Message: err.Error()}
 	case errors.Is(err, order.ErrIdempotencyKeyReused):
 		status, detail = http.StatusUnprocessableEntity, errorDetail{Code: "idempotency_key_reused", Message: err.Error()}
 	case errors.Is(r.Context().Err(), context.Canceled):

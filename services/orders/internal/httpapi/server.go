@@ -29,7 +29,7 @@ import (
 // MaxBodyBytes bounds a request body; a larger one gets 413.
 const MaxBodyBytes = 64 << 10
 
-// Orders is what the API needs from the order store. Create and Cancel store
+// Orders is what the API needs from the order store. Create, Amend and Cancel store
 // the trace context of ctx (the request's span, or the client's context with
 // tracing off) with the event; headers are extra event headers (the API gives
 // none).
@@ -37,6 +37,9 @@ type Orders interface {
 	Create(ctx context.Context, n order.NewOrder, idem order.Idempotency, headers map[string]string) (order.Order, bool, error)
 	Get(ctx context.Context, id string) (order.Order, error)
 	Cancel(ctx context.Context, id string, headers map[string]string) (order.Order, bool, error)
+	// Amend makes the order's next version with a's note, once per
+	// idempotency key (true: an amendment already made under the key).
+	Amend(ctx context.Context, id string, a order.NewAmendment, idem order.Idempotency, headers map[string]string) (order.Amendment, bool, error)
 	Ping(ctx context.Context) error
 }
 
@@ -111,6 +114,7 @@ func New(cfg Config) (*Server, error) {
 	r.Post("/orders", s.handle(s.createOrder))
 	r.Get("/orders/{id}", s.handle(s.getOrder))
 	r.Post("/orders/{id}/cancel", s.handle(s.cancelOrder))
+	r.Post("/orders/{id}/amendments", s.handle(s.amendOrder))
 	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
@@ -227,6 +231,44 @@ func (s *Server) cancelOrder(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// amendOrder makes the order's next version (an order.amended event). The
+// Idempotency-Key is required: a client that does not know whether its
+// amendment committed sends it again with the same key and gets the version
+// it made (Idempotent-Replayed: true), never a second one.
+func (s *Server) amendOrder(w http.ResponseWriter, r *http.Request) error {
+	id, err := orderID(r)
+	if err != nil {
+		return err
+	}
+	key, err := order.RequireIdempotencyKey(r.Header.Values("Idempotency-Key"))
+	if err != nil {
+		return err
+	}
+	var req order.AmendRequest
+	if err := decodeJSON(w, r, &req); err != nil {
+		return err
+	}
+	a, err := req.Validate()
+	if err != nil {
+		return err
+	}
+	am, replayed, err := s.orders.Amend(r.Context(), id, a, order.Idempotency{Key: key, RequestHash: requestHash(a)}, nil)
+	if err != nil {
+		return err
+	}
+	if !replayed {
+		s.wake()
+		s.logger.InfoContext(r.Context(), "order amended", "aggregate_id", am.OrderID, "version", am.Version)
+	}
+	s.crash.Hit(crashpoint.OrdersAfterCommitBeforeResponse)
+	w.Header().Set("Location", "/orders/"+am.OrderID)
+	if replayed {
+		w.Header().Set("Idempotent-Replayed", "true")
+	}
+	writeJSON(w, http.StatusCreated, am)
+	return nil
+}
+
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
@@ -271,10 +313,11 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, v any) error {
 	return nil
 }
 
-// requestHash identifies a create request by its meaning, so a retry that
-// re-encodes the same order differently (spacing, key order) still matches.
-func requestHash(n order.NewOrder) []byte {
-	b, _ := json.Marshal(n) // a NewOrder always encodes
+// requestHash identifies a request (a create's NewOrder, an amendment's
+// NewAmendment) by its meaning, so a retry that re-encodes it differently
+// (spacing, key order) still matches.
+func requestHash[T order.NewOrder | order.NewAmendment](n T) []byte {
+	b, _ := json.Marshal(n) // plain strings and integers always encode
 	sum := sha256.Sum256(b)
 	return sum[:]
 }

@@ -21,6 +21,18 @@ type CancelledPayload struct {
 	CancelledAt time.Time `json:"cancelled_at"`
 }
 
+// AmendedPayload is the body of an order.amended event (docs/events.md).
+type AmendedPayload struct {
+	OrderID   string    `json:"order_id"`
+	Note      string    `json:"note"`
+	AmendedAt time.Time `json:"amended_at"`
+}
+
+// AmendedEvent returns the order.amended payload of a.
+func AmendedEvent(a Amendment) ([]byte, error) {
+	return json.Marshal(AmendedPayload{OrderID: a.OrderID, Note: a.Note, AmendedAt: a.AmendedAt.UTC()})
+}
+
 // CreatedEvent returns the order.created payload of o.
 func CreatedEvent(o Order) ([]byte, error) {
 	return json.Marshal(CreatedPayload{

@@ -23,6 +23,7 @@ const (
 	AggregateType  = "order"
 	EventCreated   = "order.created"
 	EventCancelled = "order.cancelled"
+	EventAmended   = "order.amended"
 )
 
 // Limits on a create request. They keep a single order, its JSON and its total
@@ -33,6 +34,8 @@ const (
 	MaxUnitPrice   = 1_000_000_000_000 // 10^12 minor units
 	MaxTextLength  = 128
 	MaxIdemKeySize = 255
+	// MaxNoteLength bounds an amendment's note, in characters.
+	MaxNoteLength = 500
 )
 
 var (
@@ -41,6 +44,8 @@ var (
 	// ErrIdempotencyKeyReused: the Idempotency-Key was first used with a
 	// different request body.
 	ErrIdempotencyKeyReused = errors.New("idempotency key reused with a different request")
+	// ErrCancelled: the order is cancelled, so it takes no amendment.
+	ErrCancelled = errors.New("order is cancelled")
 )
 
 // ValidationError says which field of a request is wrong and why.
@@ -61,15 +66,17 @@ type Item struct {
 
 // Order is an order as stored and returned by the API.
 type Order struct {
-	ID         string    `json:"id"`
-	CustomerID string    `json:"customer_id"`
-	Currency   string    `json:"currency"`
-	Items      []Item    `json:"items"`
-	Total      int64     `json:"total"`
-	Status     string    `json:"status"`
-	Version    int64     `json:"version"`
-	CreatedAt  time.Time `json:"created_at"`
-	UpdatedAt  time.Time `json:"updated_at"`
+	ID         string `json:"id"`
+	CustomerID string `json:"customer_id"`
+	Currency   string `json:"currency"`
+	Items      []Item `json:"items"`
+	Total      int64  `json:"total"`
+	Status     string `json:"status"`
+	Version    int64  `json:"version"`
+	// Note is the note of the order's last amendment; empty before one.
+	Note      string    `json:"note,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+	UpdatedAt time.Time `json:"updated_at"`
 }
 
 // CreateRequest is the body of POST /orders. Pointers tell a missing field from
@@ -169,15 +176,62 @@ func CheckIdempotencyKey(k string) error {
 	return nil
 }
 
-func checkText(s string) error {
+// AmendRequest is the body of POST /orders/{id}/amendments: a new note for
+// the order (a delivery instruction, a correction), which replaces the last
+// one and makes the order's next version.
+type AmendRequest struct {
+	Note *string `json:"note"`
+}
+
+// NewAmendment is a validated amendment request, ready to be stored.
+type NewAmendment struct {
+	Note string `json:"note"`
+}
+
+// Amendment is a committed amendment: the version of its order it made.
+type Amendment struct {
+	OrderID   string    `json:"order_id"`
+	Version   int64     `json:"version"`
+	Note      string    `json:"note"`
+	AmendedAt time.Time `json:"amended_at"`
+}
+
+// Validate checks r and returns the amendment it describes, or a
+// *ValidationError naming the bad field.
+func (r AmendRequest) Validate() (NewAmendment, error) {
+	if r.Note == nil {
+		return NewAmendment{}, &ValidationError{"note", "is required"}
+	}
+	if err := checkTextLen(*r.Note, MaxNoteLength); err != nil {
+		return NewAmendment{}, &ValidationError{"note", err.Error()}
+	}
+	return NewAmendment{Note: *r.Note}, nil
+}
+
+// RequireIdempotencyKey is CheckIdempotencyKey for a request that must carry
+// a key: an amendment, which only a key makes safe to send again.
+func RequireIdempotencyKey(values []string) (string, error) {
+	switch len(values) {
+	case 0:
+		return "", &ValidationError{"Idempotency-Key", "is required: it makes a retry of the same request safe"}
+	case 1:
+		return values[0], CheckIdempotencyKey(values[0])
+	default:
+		return "", &ValidationError{"Idempotency-Key", "send one Idempotency-Key header"}
+	}
+}
+
+func checkText(s string) error { return checkTextLen(s, MaxTextLength) }
+
+func checkTextLen(s string, maxLen int) error {
 	if strings.TrimSpace(s) == "" {
 		return errors.New("must not be empty")
 	}
 	if !utf8.ValidString(s) {
 		return errors.New("must be valid UTF-8")
 	}
-	if utf8.RuneCountInString(s) > MaxTextLength {
-		return fmt.Errorf("must be at most %d characters", MaxTextLength)
+	if utf8.RuneCountInString(s) > maxLen {
+		return fmt.Errorf("must be at most %d characters", maxLen)
 	}
 	for _, r := range s {
 		if r == 0 {

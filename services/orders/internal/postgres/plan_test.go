@@ -71,8 +71,8 @@ func tracedPool(t *testing.T, pool *pgxpool.Pool, rec *recorder) *pgxpool.Pool {
 	return traced
 }
 
-// Reading or cancelling one order must not scan the orders table: every
-// statement Get and Cancel send that touches orders finds the row through
+// Reading, amending or cancelling one order must not scan the orders table:
+// every statement Get, Amend and Cancel send that touches orders finds the row through
 // its primary key, so their cost stays flat as the table grows.
 func TestGetAndCancelUseThePrimaryKey(t *testing.T) {
 	t.Parallel()
@@ -101,6 +101,10 @@ func TestGetAndCancelUseThePrimaryKey(t *testing.T) {
 	}{
 		{"Get", func() error { _, err := store.Get(ctx, o.ID); return err }},
 		{"Get of an upper-case id", func() error { _, err := store.Get(ctx, strings.ToUpper(o.ID)); return err }},
+		{"Amend", func() error {
+			_, _, err := store.Amend(ctx, o.ID, order.NewAmendment{Note: "n"}, order.Idempotency{Key: "k", RequestHash: []byte{1}}, nil)
+			return err
+		}},
 		{"Cancel", func() error { _, _, err := store.Cancel(ctx, o.ID, nil); return err }},
 	} {
 		rec.take()
@@ -144,7 +148,7 @@ func TestGetAndCancelUseThePrimaryKey(t *testing.T) {
 	}
 }
 
-// An id that is not a UUID names no order: Get and Cancel answer ErrNotFound
+// An id that is not a UUID names no order: Get, Cancel and Amend answer ErrNotFound
 // without asking the database.
 func TestInvalidIDIsNotFoundWithoutAQuery(t *testing.T) {
 	t.Parallel()
@@ -158,6 +162,9 @@ func TestInvalidIDIsNotFoundWithoutAQuery(t *testing.T) {
 		}
 		if _, _, err := store.Cancel(ctx, id, nil); !errors.Is(err, order.ErrNotFound) {
 			t.Errorf("Cancel(%q) error = %v, want ErrNotFound", id, err)
+		}
+		if _, _, err := store.Amend(ctx, id, order.NewAmendment{Note: "n"}, order.Idempotency{Key: "k"}, nil); !errors.Is(err, order.ErrNotFound) {
+			t.Errorf("Amend(%q) error = %v, want ErrNotFound", id, err)
 		}
 	}
 	if seen := rec.take(); len(seen) != 0 {

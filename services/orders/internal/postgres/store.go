@@ -146,7 +146,8 @@ func endWrite(span trace.Span, o order.Order, err error) {
 		}
 		// A client's mistake (no such order, a reused key) is the answer, not
 		// a failure of the write.
-		if err != nil && !errors.Is(err, order.ErrNotFound) && !errors.Is(err, order.ErrIdempotencyKeyReused) {
+		if err != nil && !errors.Is(err, order.ErrNotFound) && !errors.Is(err, order.ErrIdempotencyKeyReused) &&
+			!errors.Is(err, order.ErrCancelled) {
 			span.RecordError(err)
 			span.SetStatus(codes.Error, err.Error())
 		}
@@ -170,7 +171,7 @@ func (s *Store) Ping(ctx context.Context) error { return s.pool.Ping(ctx) }
 func fromRow(r ordersdb.Order) order.Order {
 	return order.Order{
 		ID: r.ID.String(), CustomerID: r.CustomerID, Currency: r.Currency, Items: r.Items, Total: r.Total,
-		Status: r.Status, Version: r.Version, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt,
+		Status: r.Status, Version: r.Version, Note: r.Note, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt,
 	}
 }
 
@@ -360,6 +361,97 @@ func (s *Store) Cancel(ctx context.Context, id string, headers map[string]string
 		return order.Order{}, false, err
 	}
 	return o, changed, nil
+}
+
+// Amend gives the order with id its next version, with a's note, and writes
+// its order.amended event in the same transaction. The key idem is required:
+// an amendment already made under it (the client's retry) is returned with
+// replayed=true and nothing is written, even if the order has moved on or
+// been cancelled since; a key used for another note is
+// order.ErrIdempotencyKeyReused. A cancelled order takes no new amendment
+// (order.ErrCancelled). The order row is locked first, so concurrent
+// amendments of one order make one version each, and two requests with one
+// key one version between them.
+func (s *Store) Amend(ctx context.Context, id string, a order.NewAmendment, idem order.Idempotency, headers map[string]string) (am order.Amendment, replayed bool, err error) {
+	ctx, span := s.startWrite(ctx, "orders.amend")
+	var o order.Order
+	defer func() {
+		if span.IsRecording() {
+			span.SetAttributes(attrReplayed.Bool(replayed))
+			if err == nil && !replayed {
+				span.SetAttributes(attrEventEnqueued.String(order.EventAmended))
+			}
+		}
+		endWrite(span, o, err)
+	}()
+	if idem.Key == "" {
+		return order.Amendment{}, false, &order.ValidationError{Field: "Idempotency-Key", Message: "is required"}
+	}
+	key, err := parseID(id)
+	if err != nil {
+		return order.Amendment{}, false, err
+	}
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		am, replayed, o = order.Amendment{}, false, order.Order{}
+		q := s.queries.WithTx(tx)
+		row, err := q.LockOrder(ctx, key)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return order.ErrNotFound
+		}
+		if err != nil {
+			return fmt.Errorf("lock order: %w", err)
+		}
+		o = fromRow(row)
+		// The key first: a retry of an amendment that committed is answered
+		// with it whatever happened to the order since.
+		prev, err := q.GetAmendment(ctx, ordersdb.GetAmendmentParams{OrderID: key, IdempotencyKey: idem.Key})
+		switch {
+		case err == nil:
+			if !bytes.Equal(prev.RequestHash, idem.RequestHash) {
+				return order.ErrIdempotencyKeyReused
+			}
+			am = order.Amendment{OrderID: o.ID, Version: prev.Version, Note: prev.Note, AmendedAt: prev.CreatedAt}
+			replayed = true
+			return nil
+		case !errors.Is(err, pgx.ErrNoRows):
+			return fmt.Errorf("read amendment of idempotency key: %w", err)
+		}
+		if row.Status == order.StatusCancelled {
+			return order.ErrCancelled
+		}
+		if row, err = q.AmendOrder(ctx, ordersdb.AmendOrderParams{ID: key, Note: a.Note}); err != nil {
+			return fmt.Errorf("amend order: %w", err)
+		}
+		o = fromRow(row)
+		am = order.Amendment{OrderID: o.ID, Version: o.Version, Note: o.Note, AmendedAt: o.UpdatedAt}
+		if err := q.InsertAmendment(ctx, ordersdb.InsertAmendmentParams{
+			OrderID: key, IdempotencyKey: idem.Key, RequestHash: idem.RequestHash,
+			Version: am.Version, Note: am.Note, CreatedAt: am.AmendedAt,
+		}); err != nil {
+			return fmt.Errorf("record amendment: %w", err)
+		}
+		payload, err := order.AmendedEvent(am)
+		if err != nil {
+			return fmt.Errorf("encode order.amended: %w", err)
+		}
+		create, headers := s.startCreate(ctx, order.EventAmended, o, headers)
+		_, err = s.writer.Enqueue(ctx, tx, outbox.Message{
+			AggregateType: order.AggregateType, AggregateID: o.ID, EventType: order.EventAmended,
+			Payload: payload, Headers: headers,
+		})
+		if err != nil {
+			err = fmt.Errorf("enqueue order.amended: %w", err)
+		}
+		endSpan(create, err)
+		if err != nil {
+			return err
+		}
+		return s.runBeforeCommit(ctx, tx)
+	})
+	if err != nil {
+		return order.Amendment{}, false, err
+	}
+	return am, replayed, nil
 }
 
 func (s *Store) runBeforeCommit(ctx context.Context, tx pgx.Tx) error {

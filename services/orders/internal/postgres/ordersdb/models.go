@@ -28,4 +28,14 @@ type Order struct {
 	Version    int64
 	CreatedAt  time.Time
 	UpdatedAt  time.Time
+	Note       string
+}
+
+type OrderAmendment struct {
+	OrderID        uuid.UUID
+	IdempotencyKey string
+	RequestHash    []byte
+	Version        int64
+	Note           string
+	CreatedAt      time.Time
 }

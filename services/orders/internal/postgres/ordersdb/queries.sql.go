@@ -13,10 +13,41 @@ import (
 	"github.com/outbox-inbox/reference/services/orders/internal/order"
 )
 
+const amendOrder = `-- name: AmendOrder :one
+UPDATE orders SET note = $2, version = version + 1, updated_at = now()
+WHERE id = $1
+RETURNING id, customer_id, currency, items, total, status, version, created_at, updated_at, note
+`
+
+type AmendOrderParams struct {
+	ID   uuid.UUID
+	Note string
+}
+
+// Gives a created order its next version with the amendment's note, and
+// returns it as it now is.
+func (q *Queries) AmendOrder(ctx context.Context, arg AmendOrderParams) (Order, error) {
+	row := q.db.QueryRow(ctx, amendOrder, arg.ID, arg.Note)
+	var i Order
+	err := row.Scan(
+		&i.ID,
+		&i.CustomerID,
+		&i.Currency,
+		&i.Items,
+		&i.Total,
+		&i.Status,
+		&i.Version,
+		&i.CreatedAt,
+		&i.UpdatedAt,
+		&i.Note,
+	)
+	return i, err
+}
+
 const cancelOrder = `-- name: CancelOrder :one
 UPDATE orders SET status = 'cancelled', version = version + 1, updated_at = now()
 WHERE id = $1
-RETURNING id, customer_id, currency, items, total, status, version, created_at, updated_at
+RETURNING id, customer_id, currency, items, total, status, version, created_at, updated_at, note
 `
 
 // Cancels a created order and returns it as it now is.
@@ -33,6 +64,7 @@ func (q *Queries) CancelOrder(ctx context.Context, id uuid.UUID) (Order, error) 
 		&i.Version,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.Note,
 	)
 	return i, err
 }
@@ -58,6 +90,38 @@ func (q *Queries) ClaimIdempotencyKey(ctx context.Context, arg ClaimIdempotencyK
 	return order_id, err
 }
 
+const getAmendment = `-- name: GetAmendment :one
+SELECT version, request_hash, note, created_at FROM order_amendments
+WHERE order_id = $1 AND idempotency_key = $2
+`
+
+type GetAmendmentParams struct {
+	OrderID        uuid.UUID
+	IdempotencyKey string
+}
+
+type GetAmendmentRow struct {
+	Version     int64
+	RequestHash []byte
+	Note        string
+	CreatedAt   time.Time
+}
+
+// Finds an amendment by its key, through the primary key. Run after
+// LockOrder: a new statement, whose snapshot sees the commit of a concurrent
+// transaction with the same key that held the lock before.
+func (q *Queries) GetAmendment(ctx context.Context, arg GetAmendmentParams) (GetAmendmentRow, error) {
+	row := q.db.QueryRow(ctx, getAmendment, arg.OrderID, arg.IdempotencyKey)
+	var i GetAmendmentRow
+	err := row.Scan(
+		&i.Version,
+		&i.RequestHash,
+		&i.Note,
+		&i.CreatedAt,
+	)
+	return i, err
+}
+
 const getIdempotencyKey = `-- name: GetIdempotencyKey :one
 SELECT request_hash, order_id FROM idempotency_keys WHERE key = $1
 `
@@ -77,7 +141,7 @@ func (q *Queries) GetIdempotencyKey(ctx context.Context, key string) (GetIdempot
 }
 
 const getOrder = `-- name: GetOrder :one
-SELECT id, customer_id, currency, items, total, status, version, created_at, updated_at FROM orders WHERE id = $1
+SELECT id, customer_id, currency, items, total, status, version, created_at, updated_at, note FROM orders WHERE id = $1
 `
 
 // Finds the order through the primary key.
@@ -94,8 +158,37 @@ func (q *Queries) GetOrder(ctx context.Context, id uuid.UUID) (Order, error) {
 		&i.Version,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.Note,
 	)
 	return i, err
+}
+
+const insertAmendment = `-- name: InsertAmendment :exec
+INSERT INTO order_amendments (order_id, idempotency_key, request_hash, version, note, created_at)
+VALUES ($1, $2, $3, $4, $5, $6)
+`
+
+type InsertAmendmentParams struct {
+	OrderID        uuid.UUID
+	IdempotencyKey string
+	RequestHash    []byte
+	Version        int64
+	Note           string
+	CreatedAt      time.Time
+}
+
+// Records the amendment under its Idempotency-Key, in the transaction that
+// made its version.
+func (q *Queries) InsertAmendment(ctx context.Context, arg InsertAmendmentParams) error {
+	_, err := q.db.Exec(ctx, insertAmendment,
+		arg.OrderID,
+		arg.IdempotencyKey,
+		arg.RequestHash,
+		arg.Version,
+		arg.Note,
+		arg.CreatedAt,
+	)
+	return err
 }
 
 const insertOrder = `-- name: InsertOrder :exec
@@ -132,10 +225,11 @@ func (q *Queries) InsertOrder(ctx context.Context, arg InsertOrderParams) error 
 }
 
 const lockOrder = `-- name: LockOrder :one
-SELECT id, customer_id, currency, items, total, status, version, created_at, updated_at FROM orders WHERE id = $1 FOR UPDATE
+SELECT id, customer_id, currency, items, total, status, version, created_at, updated_at, note FROM orders WHERE id = $1 FOR UPDATE
 `
 
-// Cancel locks the order first, so concurrent cancels produce one event.
+// Cancel and Amend lock the order first, so concurrent cancels produce one
+// event, and concurrent amendments one version each.
 func (q *Queries) LockOrder(ctx context.Context, id uuid.UUID) (Order, error) {
 	row := q.db.QueryRow(ctx, lockOrder, id)
 	var i Order
@@ -149,6 +243,7 @@ func (q *Queries) LockOrder(ctx context.Context, id uuid.UUID) (Order, error) {
 		&i.Version,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.Note,
 	)
 	return i, err
 }
