@@ -92,6 +92,7 @@ type record struct {
 	Discarded bool                `bson:"discarded,omitempty"`
 	Created   *shipment.Created   `bson:"created,omitempty"`
 	Cancelled *shipment.Cancelled `bson:"cancelled,omitempty"`
+	Amended   *shipment.Amended   `bson:"amended,omitempty"`
 }
 
 func key(orderID string, version int64) string {
@@ -158,6 +159,7 @@ func (s *Store) apply(ctx context.Context, messageID string, ev shipment.Event) 
 		AppliedAt: time.Now().UTC(),
 		Created:   ev.Created,
 		Cancelled: ev.Cancelled,
+		Amended:   ev.Amended,
 	}
 	_, err := s.events.InsertOne(ctx, rec)
 	if err == nil {
@@ -224,6 +226,7 @@ func (s *Store) Get(ctx context.Context, orderID string) (shipment.Shipment, err
 				AppliedAt: r.AppliedAt, Discarded: r.Discarded},
 			Created:   r.Created,
 			Cancelled: r.Cancelled,
+			Amended:   r.Amended,
 		})
 	}
 	return shipment.Build(orderID, recs)

@@ -2,6 +2,7 @@ package mongodb_test
 
 import (
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 
@@ -91,5 +92,38 @@ func TestConcurrentCopiesOfAnEventApplyOnce(t *testing.T) {
 	wg.Wait()
 	if applied != 1 {
 		t.Fatalf("%d copies reported Applied, want exactly 1", applied)
+	}
+}
+
+// An order's amendments are stored at their versions with their notes, and
+// Get shows the last one; a copy of one is recognised by its version.
+func TestApplyStoresAmendments(t *testing.T) {
+	t.Parallel()
+	s, err := mongodb.New(mongotest.Database(t), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	if _, err := s.Apply(ctx, "1", ev(shipment.TypeCreated, 1)); err != nil {
+		t.Fatal(err)
+	}
+	amend := func(v int64) shipment.Event {
+		return shipment.Event{Type: shipment.TypeAmended, OrderID: "o-1", Version: v,
+			Amended: &shipment.Amended{OrderID: "o-1", Note: fmt.Sprintf("note %d", v)}}
+	}
+	if _, err := s.Apply(ctx, "a3", amend(3)); !errors.Is(err, shipment.ErrGap) {
+		t.Fatalf("v3 before v2: %v, want ErrGap", err)
+	}
+	for v := int64(2); v <= 12; v++ {
+		if o, err := s.Apply(ctx, fmt.Sprintf("a%d", v), amend(v)); err != nil || o != shipment.OutcomeApplied {
+			t.Fatalf("amendment v%d: %v, %v", v, o, err)
+		}
+	}
+	if o, err := s.Apply(ctx, "a7", amend(7)); err != nil || o != shipment.OutcomeAlreadyApplied {
+		t.Fatalf("v7 again: %v, %v; want AlreadyApplied", o, err)
+	}
+	sh, err := s.Get(ctx, "o-1")
+	if err != nil || sh.Version != 12 || sh.Note != "note 12" || len(sh.Events) != 12 || sh.Events[11].EventType != shipment.TypeAmended {
+		t.Fatalf("shipment %+v, %v", sh, err)
 	}
 }

@@ -83,6 +83,10 @@ type Message struct {
 // MaxBodyBytes bounds an event's body.
 const MaxBodyBytes = 1 << 20
 
+// MaxNoteBytes bounds an order.amended note: the orders API takes at most
+// 500 characters, up to 2,000 bytes of UTF-8.
+const MaxNoteBytes = 4096
+
 // Decode validates m, in either envelope (see IsCloudEvent), into an Event.
 // An event type this service does not
 // handle decodes to an Event with Ignored set, placed by its aggregate_id
@@ -118,7 +122,7 @@ func Decode(m Message) (Event, error) {
 	if err != nil {
 		return Event{}, invalid(ReasonInvalidVersion, "%v", err)
 	}
-	if typ != TypeCreated && typ != TypeCancelled {
+	if typ != TypeCreated && typ != TypeCancelled && typ != TypeAmended {
 		return decodeIgnored(m, typ, version)
 	}
 	if typ == TypeCreated && version != 1 {
@@ -149,6 +153,18 @@ func Decode(m Message) (Event, error) {
 			return Event{}, invalid(ReasonMalformedPayload, "order_id: %v", err)
 		}
 		ev.OrderID, ev.Cancelled = c.OrderID, &c
+	case TypeAmended:
+		var a Amended
+		if err := decodeJSON(m.Body, &a); err != nil {
+			return Event{}, err
+		}
+		if err := text(a.OrderID, 200); err != nil {
+			return Event{}, invalid(ReasonMalformedPayload, "order_id: %v", err)
+		}
+		if err := text(a.Note, MaxNoteBytes); err != nil {
+			return Event{}, invalid(ReasonMalformedPayload, "note: %v", err)
+		}
+		ev.OrderID, ev.Amended = a.OrderID, &a
 	}
 	if agg, ok := m.Headers[headerAggregateID].(string); ok && agg != "" && agg != ev.OrderID {
 		return Event{}, invalid(ReasonMalformedPayload, "payload order_id %q differs from header aggregate_id %q", ev.OrderID, agg)

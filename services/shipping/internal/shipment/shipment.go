@@ -24,6 +24,7 @@ import (
 const (
 	TypeCreated   = "order.created"
 	TypeCancelled = "order.cancelled"
+	TypeAmended   = "order.amended"
 )
 
 // Shipment statuses.
@@ -65,6 +66,14 @@ type Cancelled struct {
 	CancelledAt time.Time `json:"cancelled_at" bson:"cancelled_at"`
 }
 
+// Amended is the payload of order.amended: the order's new note, which
+// replaces the one before.
+type Amended struct {
+	OrderID   string    `json:"order_id" bson:"order_id"`
+	Note      string    `json:"note" bson:"note"`
+	AmendedAt time.Time `json:"amended_at" bson:"amended_at"`
+}
+
 // Outcome says what applying an event to its shipment did.
 type Outcome int
 
@@ -87,6 +96,7 @@ type Event struct {
 	AggregateType string
 	Created       *Created   // set for TypeCreated
 	Cancelled     *Cancelled // set for TypeCancelled
+	Amended       *Amended   // set for TypeAmended
 	// Ignored marks an event type this service does not handle. It is still
 	// recorded at its version, as a no-op, so that the order's later
 	// versions, which count it, can apply.
@@ -106,14 +116,16 @@ type Applied struct {
 
 // Shipment is the state built from an order's applied events.
 type Shipment struct {
-	OrderID    string    `json:"order_id"`
-	Status     string    `json:"status"`
-	Version    int64     `json:"version"`
-	CustomerID string    `json:"customer_id,omitempty"`
-	Currency   string    `json:"currency,omitempty"`
-	Items      []Item    `json:"items,omitempty"`
-	Total      int64     `json:"total"`
-	Events     []Applied `json:"events"`
+	OrderID    string `json:"order_id"`
+	Status     string `json:"status"`
+	Version    int64  `json:"version"`
+	CustomerID string `json:"customer_id,omitempty"`
+	Currency   string `json:"currency,omitempty"`
+	Items      []Item `json:"items,omitempty"`
+	Total      int64  `json:"total"`
+	// Note is the note of the last amendment applied, empty before one.
+	Note   string    `json:"note,omitempty"`
+	Events []Applied `json:"events"`
 }
 
 // Record is one applied event with its data, as a store keeps it.
@@ -121,6 +133,7 @@ type Record struct {
 	Applied
 	Created   *Created
 	Cancelled *Cancelled
+	Amended   *Amended
 }
 
 // Build folds an order's records, in version order, into its shipment.
@@ -140,6 +153,8 @@ func Build(orderID string, records []Record) (Shipment, error) {
 		case r.EventType == TypeCreated && r.Created != nil:
 			s.Status = StatusPending
 			s.CustomerID, s.Currency, s.Items, s.Total = r.Created.CustomerID, r.Created.Currency, r.Created.Items, r.Created.Total
+		case r.EventType == TypeAmended && r.Amended != nil:
+			s.Note = r.Amended.Note
 		case r.EventType == TypeCancelled:
 			s.Status = StatusCancelled
 		}
