@@ -324,6 +324,7 @@ func runScenario(t *testing.T, sc scenario) chaos.Report {
 	wl, err := chaos.NewWorkload(chaos.WorkloadConfig{
 		BaseURL: c.ordersURL, Recorder: rec, KeyPrefix: c.id, Seed: sc.seed,
 		Clients: sc.profile.Clients, Rate: sc.profile.Rate, CancelRatio: sc.profile.CancelRatio,
+		AmendRatio: sc.profile.AmendRatio,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -41,8 +41,11 @@
 //
 // A workload of concurrent clients creates orders with an Idempotency-Key
 // (sent again on every retry, and also used as the order's customer_id so a
-// committed order names the request that made it) and cancels some of them,
-// at once or a little later. Each operation is retried on transport errors,
+// committed order names the request that made it), amends a share of them
+// right after (POST /orders/{id}/amendments, a seeded 4 to 18 times back to
+// back, each with a key of its own and a note naming it, so those orders
+// reach 5 to 20 versions and the relays publish runs of one order's events),
+// and cancels some of them, at once or a little later. Each operation is retried on transport errors,
 // timeouts and 5xx until it gets an answer or gives up, and is recorded as
 // ok, failed (a 4xx) or unknown.
 //

@@ -51,9 +51,9 @@ func readOrders(ctx context.Context, db *pgxpool.Pool) ([]chaos.CommittedOrder, 
 // still waiting for the relay (pending, not dead-lettered).
 func readEvents(ctx context.Context, db *pgxpool.Pool) ([]chaos.CommittedEvent, int, error) {
 	rows, err := db.Query(ctx, `
-		SELECT id, created_at, aggregate_id, aggregate_version, event_type, dead_lettered_at IS NOT NULL, true, NULL::timestamptz FROM outbox
+		SELECT id, created_at, aggregate_id, aggregate_version, event_type, coalesce(payload->>'note', ''), dead_lettered_at IS NOT NULL, true, NULL::timestamptz FROM outbox
 		UNION ALL
-		SELECT id, created_at, aggregate_id, aggregate_version, event_type, false, false, published_at FROM outbox_published`)
+		SELECT id, created_at, aggregate_id, aggregate_version, event_type, coalesce(payload->>'note', ''), false, false, published_at FROM outbox_published`)
 	if err != nil {
 		return nil, 0, fmt.Errorf("read outbox: %w", err)
 	}
@@ -69,7 +69,7 @@ func readEvents(ctx context.Context, db *pgxpool.Pool) ([]chaos.CommittedEvent, 
 			unmarked  bool
 			published *time.Time
 		)
-		if err := rows.Scan(&id, &createdAt, &e.OrderID, &e.Version, &e.Type, &e.DeadLettered, &unmarked, &published); err != nil {
+		if err := rows.Scan(&id, &createdAt, &e.OrderID, &e.Version, &e.Type, &e.Note, &e.DeadLettered, &unmarked, &published); err != nil {
 			rows.Close()
 			return nil, 0, fmt.Errorf("read outbox: %w", err)
 		}

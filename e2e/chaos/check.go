@@ -203,7 +203,7 @@ type Report struct {
 	// I1
 	AcknowledgedNotCommitted int `json:"acknowledged_not_committed"`
 	FailedButCommitted       int `json:"failed_but_committed"`
-	// LostByDatabaseFailover counts acknowledged creates and cancels the
+	// LostByDatabaseFailover counts acknowledged creates, amendments and cancels the
 	// database lacks that a primary killed by an asynchronous failover
 	// (postgres_failover) held, read back after its death
 	// (FinalState.DeadPrimaries): the loss asynchronous replication allows,

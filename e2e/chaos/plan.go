@@ -155,6 +155,9 @@ type Profile struct {
 	Rate float64
 	// CancelRatio is the share of acknowledged orders the workload cancels.
 	CancelRatio float64
+	// AmendRatio is the share of acknowledged orders the workload amends
+	// 4 to 18 times (WorkloadConfig.AmendRatio): orders of 5 to 20 versions.
+	AmendRatio float64
 	// Kinds are the fault kinds of the run; each is injected at least once.
 	Kinds []FaultKind
 	// Faults is the number of faults to schedule, at least len(Kinds).
@@ -187,7 +190,7 @@ func ShortProfile() Profile {
 	kinds = append(kinds, ShortPauseAndPathKinds...)
 	return Profile{
 		Name: "short", Load: 80 * time.Second, Warmup: 4 * time.Second, Cooldown: 6 * time.Second,
-		Clients: 4, Rate: 20, CancelRatio: 0.4,
+		Clients: 4, Rate: 20, CancelRatio: 0.4, AmendRatio: 0.4,
 		Kinds: kinds, Faults: len(kinds) + 6, Once: []FaultKind{FaultRelayMassKill},
 		HoldMin: time.Second, HoldMax: 4 * time.Second,
 		PauseMin: 9 * time.Second, PauseMax: 12 * time.Second,
@@ -208,7 +211,7 @@ func ShortProfile() Profile {
 func LongProfile() Profile {
 	return Profile{
 		Name: "long", Load: 8 * time.Minute, Warmup: 5 * time.Second, Cooldown: 10 * time.Second,
-		Clients: 4, Rate: 12, CancelRatio: 0.4,
+		Clients: 4, Rate: 12, CancelRatio: 0.4, AmendRatio: 0.4,
 		Kinds: slices.Concat(AllFaultKinds, InfraFaultKinds, OwnBrokerFaultKinds, PauseAndPathFaultKinds, ResourceFaultKinds), Faults: 150,
 		Once:    []FaultKind{FaultRelayMassKill},
 		HoldMin: time.Second, HoldMax: 10 * time.Second,
@@ -231,7 +234,7 @@ func ClusterProfile() Profile {
 	kinds = append(kinds, ShortPauseAndPathKinds...)
 	return Profile{
 		Name: "cluster", Load: 5 * time.Minute, Warmup: 10 * time.Second, Cooldown: 10 * time.Second,
-		Clients: 4, Rate: 8, CancelRatio: 0.4,
+		Clients: 4, Rate: 8, CancelRatio: 0.4, AmendRatio: 0.4,
 		Kinds: kinds, Faults: len(kinds) + 12,
 		HoldMin: time.Second, HoldMax: 8 * time.Second,
 		PauseMin: 9 * time.Second, PauseMax: 12 * time.Second,

@@ -34,6 +34,15 @@ type WorkloadConfig struct {
 	// at once (so create and cancel travel together), half a few operations
 	// later. Default: 0.
 	CancelRatio float64
+	// AmendRatio is the share of acknowledged orders a client amends, right
+	// after their create and before any cancel: AmendMin to AmendMax
+	// amendments (a seeded number), each with a key of its own sent again on
+	// every retry, so such an order reaches AmendMin+2 to AmendMax+2
+	// versions with its cancel. Default: 0.
+	AmendRatio float64
+	// AmendMin and AmendMax bound an amended order's amendments. Default: 4
+	// and 18 (orders of 5 to 20 versions).
+	AmendMin, AmendMax int
 	// Seed makes each client's choices reproducible (not their timing).
 	Seed int64
 	// AttemptTimeout bounds one HTTP attempt. Default: 3s.
@@ -48,8 +57,8 @@ type WorkloadConfig struct {
 	Logger *slog.Logger
 }
 
-// Workload is a set of concurrent clients creating and cancelling orders
-// through the orders API, retrying with the same Idempotency-Key until they
+// Workload is a set of concurrent clients creating, amending and cancelling
+// orders through the orders API, retrying with the same Idempotency-Key until they
 // get an answer, and recording each operation's outcome.
 type Workload struct {
 	cfg      WorkloadConfig
@@ -64,6 +73,8 @@ func NewWorkload(cfg WorkloadConfig) (*Workload, error) {
 	cfg.Rate = cmp.Or(cfg.Rate, 20)
 	cfg.AttemptTimeout = cmp.Or(cfg.AttemptTimeout, 3*time.Second)
 	cfg.OpTimeout = cmp.Or(cfg.OpTimeout, 45*time.Second)
+	cfg.AmendMin = cmp.Or(cfg.AmendMin, 4)
+	cfg.AmendMax = cmp.Or(cfg.AmendMax, 18)
 	switch {
 	case !strings.HasPrefix(cfg.BaseURL, "http://") && !strings.HasPrefix(cfg.BaseURL, "https://"):
 		return nil, fmt.Errorf("workload: BaseURL %q: want an http:// or https:// URL", cfg.BaseURL)
@@ -73,6 +84,8 @@ func NewWorkload(cfg WorkloadConfig) (*Workload, error) {
 		return nil, fmt.Errorf("workload: KeyPrefix %q: want 1 to 64 bytes of [A-Za-z0-9_-]", cfg.KeyPrefix)
 	case cfg.Clients < 1 || cfg.Rate < 0 || cfg.CancelRatio < 0 || cfg.CancelRatio > 1:
 		return nil, fmt.Errorf("workload: want Clients >= 1, Rate > 0, CancelRatio in [0, 1]; got %d, %v, %v", cfg.Clients, cfg.Rate, cfg.CancelRatio)
+	case cfg.AmendRatio < 0 || cfg.AmendRatio > 1 || cfg.AmendMin < 1 || cfg.AmendMax < cfg.AmendMin:
+		return nil, fmt.Errorf("workload: want AmendRatio in [0, 1], 1 <= AmendMin <= AmendMax; got %v, %d, %d", cfg.AmendRatio, cfg.AmendMin, cfg.AmendMax)
 	case cfg.AttemptTimeout < 0 || cfg.OpTimeout < cfg.AttemptTimeout:
 		return nil, fmt.Errorf("workload: want 0 < AttemptTimeout <= OpTimeout; got %v, %v", cfg.AttemptTimeout, cfg.OpTimeout)
 	}
@@ -142,7 +155,17 @@ func (w *Workload) client1(ctx context.Context, id int) {
 		// what it started, as a real one would, so few outcomes stay unknown.
 		opCtx := context.WithoutCancel(ctx)
 
-		op := w.create(opCtx, fmt.Sprintf("%s-c%d-%d", w.cfg.KeyPrefix, id, n), rng)
+		key := fmt.Sprintf("%s-c%d-%d", w.cfg.KeyPrefix, id, n)
+		op := w.create(opCtx, key, rng)
+		if op.Outcome == OutcomeOK && rng.Float64() < w.cfg.AmendRatio {
+			// Back to back, so that the relay finds runs of one order's
+			// events in its batches. An amendment whose outcome stays
+			// unknown does not stop the chain: the checker reads versions
+			// from what committed.
+			for i := range w.cfg.AmendMin + rng.IntN(w.cfg.AmendMax-w.cfg.AmendMin+1) {
+				w.amend(opCtx, op.OrderID, fmt.Sprintf("%s-a%d", key, i+1), rng)
+			}
+		}
 		if op.Outcome == OutcomeOK && rng.Float64() < w.cfg.CancelRatio {
 			if rng.IntN(2) == 0 {
 				w.cancel(opCtx, op.OrderID)
@@ -190,6 +213,18 @@ func (w *Workload) cancel(ctx context.Context, orderID string) Op {
 	return op
 }
 
+var noteWords = []string{"leave at the door", "ring twice", "call on arrival", "back entrance", "fragile", "after 6 pm"}
+
+// amend sends an amendment with key as its Idempotency-Key and a note that
+// names the key, so that its order.amended event names the operation.
+func (w *Workload) amend(ctx context.Context, orderID, key string, rng *rand.Rand) Op {
+	note := key + ": " + noteWords[rng.IntN(len(noteWords))]
+	b, _ := json.Marshal(map[string]string{"note": note}) // a string always encodes
+	op := Op{Kind: OpAmend, Key: key, OrderID: orderID, Note: note}
+	w.do(ctx, &op, http.MethodPost, "/orders/"+orderID+"/amendments", b, map[string]string{"Idempotency-Key": key}, http.StatusCreated)
+	return op
+}
+
 // do sends the request until it gets a definitive answer or OpTimeout passes,
 // fills op's outcome and records it.
 func (w *Workload) do(ctx context.Context, op *Op, method, path string, body []byte, header map[string]string, okStatus int) {
@@ -199,7 +234,7 @@ func (w *Workload) do(ctx context.Context, op *Op, method, path string, body []b
 	backoff := 50 * time.Millisecond
 	for {
 		op.Attempts++
-		status, orderID, err := w.attempt(ctx, method, path, body, header)
+		status, ans, err := w.attempt(ctx, method, path, body, header)
 		op.Status = status
 		op.Err = ""
 		if err != nil {
@@ -209,7 +244,10 @@ func (w *Workload) do(ctx context.Context, op *Op, method, path string, body []b
 		case err == nil && status == okStatus:
 			op.Outcome = OutcomeOK
 			if op.OrderID == "" {
-				op.OrderID = orderID
+				op.OrderID = ans.id
+			}
+			if op.Kind == OpAmend {
+				op.Version = ans.version
 			}
 		case status >= 400 && status < 500 && !retryableStatus(status):
 			op.Outcome = OutcomeFailed
@@ -245,14 +283,22 @@ func retryableStatus(status int) bool {
 	return status == http.StatusRequestTimeout || status == http.StatusTooManyRequests || status == 499
 }
 
+// answer is what a 2xx body says: the order's id (an order's id, an
+// amendment's order_id) and, for an amendment, its version.
+type answer struct {
+	id      string
+	version int64
+}
+
 // attempt sends one request and returns the status and, for a 2xx, the order
-// id in the body. err describes a transport failure or an error body.
-func (w *Workload) attempt(ctx context.Context, method, path string, body []byte, header map[string]string) (int, string, error) {
+// id (and version) in the body. err describes a transport failure or an
+// error body.
+func (w *Workload) attempt(ctx context.Context, method, path string, body []byte, header map[string]string) (int, answer, error) {
 	ctx, cancel := context.WithTimeout(ctx, w.cfg.AttemptTimeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, method, w.cfg.BaseURL+path, bytes.NewReader(body))
 	if err != nil {
-		return 0, "", fmt.Errorf("build request: %w", err)
+		return 0, answer{}, fmt.Errorf("build request: %w", err)
 	}
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
@@ -262,21 +308,23 @@ func (w *Workload) attempt(ctx context.Context, method, path string, body []byte
 	}
 	resp, err := w.client.Do(req)
 	if err != nil {
-		return 0, "", err
+		return 0, answer{}, err
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	if err != nil {
-		return resp.StatusCode, "", fmt.Errorf("read response: %w", err)
+		return resp.StatusCode, answer{}, fmt.Errorf("read response: %w", err)
 	}
 	if resp.StatusCode >= 300 {
-		return resp.StatusCode, "", fmt.Errorf("HTTP %d: %s", resp.StatusCode, strings.TrimSpace(string(b)))
+		return resp.StatusCode, answer{}, fmt.Errorf("HTTP %d: %s", resp.StatusCode, strings.TrimSpace(string(b)))
 	}
 	var o struct {
-		ID string `json:"id"`
+		ID      string `json:"id"`
+		OrderID string `json:"order_id"`
+		Version int64  `json:"version"`
 	}
-	if err := json.Unmarshal(b, &o); err != nil || o.ID == "" {
-		return resp.StatusCode, "", fmt.Errorf("HTTP %d with an unreadable order %q", resp.StatusCode, b)
+	if err := json.Unmarshal(b, &o); err != nil || cmp.Or(o.ID, o.OrderID) == "" {
+		return resp.StatusCode, answer{}, fmt.Errorf("HTTP %d with an unreadable order %q", resp.StatusCode, b)
 	}
-	return resp.StatusCode, o.ID, nil
+	return resp.StatusCode, answer{cmp.Or(o.ID, o.OrderID), o.Version}, nil
 }

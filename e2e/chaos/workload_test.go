@@ -26,11 +26,13 @@ type fakeOrders struct {
 	n        int
 	byKey    map[string]string // key -> order id
 	status   map[string]string // order id -> status
+	version  map[string]int64  // order id -> version
+	amended  map[string]int64  // order id + "/" + amendment key -> version
 	requests int
 }
 
 func newFakeOrders() *fakeOrders {
-	return &fakeOrders{byKey: map[string]string{}, status: map[string]string{}}
+	return &fakeOrders{byKey: map[string]string{}, status: map[string]string{}, version: map[string]int64{}, amended: map[string]int64{}}
 }
 
 func (f *fakeOrders) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -55,14 +57,42 @@ func (f *fakeOrders) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if id = f.byKey[key]; id == "" {
 			f.n++
 			id = fmt.Sprintf("order-%d", f.n)
-			f.byKey[key], f.status[id] = id, StatusCreated
+			f.byKey[key], f.status[id], f.version[id] = id, StatusCreated, 1
 		}
 		code = http.StatusCreated
+	case r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/amendments"):
+		id = strings.TrimSuffix(strings.TrimPrefix(r.URL.Path, "/orders/"), "/amendments")
+		var body struct{ Note string }
+		key := r.Header.Get("Idempotency-Key")
+		if err := json.NewDecoder(r.Body).Decode(&body); err != nil || key == "" || !strings.HasPrefix(body.Note, key+": ") {
+			http.Error(w, "bad amendment", http.StatusBadRequest)
+			return
+		}
+		if f.status[id] != StatusCreated {
+			http.Error(w, "not amendable", http.StatusConflict)
+			return
+		}
+		v, done := f.amended[id+"/"+key]
+		if !done {
+			f.version[id]++
+			v = f.version[id]
+			f.amended[id+"/"+key] = v
+		}
+		if mode == 1 {
+			panic(http.ErrAbortHandler)
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		_ = json.NewEncoder(w).Encode(map[string]any{"order_id": id, "version": v, "note": body.Note})
+		return
 	case r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/cancel"):
 		id = strings.TrimSuffix(strings.TrimPrefix(r.URL.Path, "/orders/"), "/cancel")
 		if f.status[id] == "" {
 			http.Error(w, "not found", http.StatusNotFound)
 			return
+		}
+		if f.status[id] != StatusCancelled {
+			f.version[id]++
 		}
 		f.status[id] = StatusCancelled
 	default:
@@ -126,6 +156,71 @@ func TestWorkloadRetriesUntilAcknowledged(t *testing.T) {
 	}
 	if len(fake.byKey) != creates {
 		t.Errorf("server holds %d orders for %d acknowledged creates: a retry made a second order", len(fake.byKey), creates)
+	}
+}
+
+// Amended orders get AmendMin to AmendMax amendments, each acknowledged
+// with its order's next version, before any cancel; retries of an
+// amendment make no second version.
+func TestWorkloadDrivesChains(t *testing.T) {
+	fake := newFakeOrders()
+	srv := httptest.NewServer(fake)
+	defer srv.Close()
+
+	var rec Recorder
+	w, err := NewWorkload(WorkloadConfig{
+		BaseURL: srv.URL, Recorder: &rec, KeyPrefix: "t", Clients: 2, Rate: 100, CancelRatio: 0.5, Seed: 3,
+		AmendRatio: 1, AmendMin: 4, AmendMax: 18, AttemptTimeout: time.Second, OpTimeout: 10 * time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 800*time.Millisecond)
+	defer cancel()
+	if err := w.Run(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	h := rec.History()
+	fake.mu.Lock()
+	defer fake.mu.Unlock()
+	amends := make(map[string][]Op)
+	cancelled := make(map[string]bool)
+	for _, op := range h.Ops {
+		if op.Outcome != OutcomeOK {
+			t.Errorf("%+v: want ok", op)
+			continue
+		}
+		switch op.Kind {
+		case OpAmend:
+			if cancelled[op.OrderID] {
+				t.Errorf("amendment %s sent after its order's cancel", op.Key)
+			}
+			if want := fake.amended[op.OrderID+"/"+op.Key]; op.Version != want || want == 0 {
+				t.Errorf("amendment %s acknowledged as v%d, the server made v%d", op.Key, op.Version, want)
+			}
+			amends[op.OrderID] = append(amends[op.OrderID], op)
+		case OpCancel:
+			cancelled[op.OrderID] = true
+		}
+	}
+	lengths := make(map[int]bool)
+	for id, ops := range amends {
+		if len(ops) < 4 || len(ops) > 18 {
+			t.Errorf("order %s got %d amendments, want 4 to 18", id, len(ops))
+		}
+		for i, op := range ops {
+			if op.Version != int64(i+2) {
+				t.Errorf("order %s: amendment %d is v%d, want v%d", id, i, op.Version, i+2)
+			}
+		}
+		lengths[len(ops)] = true
+	}
+	if len(amends) < 3 || len(lengths) < 2 || len(cancelled) == 0 {
+		t.Errorf("%d orders amended with %d distinct lengths, %d cancelled; want several of each", len(amends), len(lengths), len(cancelled))
+	}
+	if n := len(fake.amended); n != len(h.Ops)-len(fake.byKey)-len(cancelled) {
+		t.Errorf("server holds %d amendments for %d acknowledged: a retry made a second version", n, len(h.Ops)-len(fake.byKey)-len(cancelled))
 	}
 }
 
@@ -202,6 +297,8 @@ func TestNewWorkloadRejectsBadConfig(t *testing.T) {
 		{"prefix too long", func(c *WorkloadConfig) { c.KeyPrefix = strings.Repeat("k", 65) }},
 		{"negative clients", func(c *WorkloadConfig) { c.Clients = -1 }},
 		{"cancel ratio above one", func(c *WorkloadConfig) { c.CancelRatio = 1.5 }},
+		{"amend ratio above one", func(c *WorkloadConfig) { c.AmendRatio = 2 }},
+		{"amend max below min", func(c *WorkloadConfig) { c.AmendMin, c.AmendMax = 5, 3 }},
 		{"op timeout below attempt timeout", func(c *WorkloadConfig) { c.AttemptTimeout, c.OpTimeout = time.Second, time.Millisecond }},
 	}
 	if _, err := NewWorkload(ok); err != nil {
