@@ -353,7 +353,7 @@ func readShipments(ctx context.Context, uri, database, collection string) (map[s
 	})
 	out := make(map[string]chaos.Shipment)
 	for _, r := range recs {
-		if r.Discarded || (r.EventType != chaos.EventCreated && r.EventType != chaos.EventCancelled) {
+		if r.Discarded || (r.EventType != chaos.EventCreated && r.EventType != chaos.EventAmended && r.EventType != chaos.EventCancelled) {
 			// A no-op: an event type shipping ignores, recorded at its
 			// version so that later versions apply, or a version an operator
 			// discarded. No effect.
