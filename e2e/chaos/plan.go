@@ -190,7 +190,7 @@ func ShortProfile() Profile {
 	kinds = append(kinds, ShortPauseAndPathKinds...)
 	return Profile{
 		Name: "short", Load: 80 * time.Second, Warmup: 4 * time.Second, Cooldown: 6 * time.Second,
-		Clients: 4, Rate: 20, CancelRatio: 0.4, AmendRatio: 0.4,
+		Clients: 4, Rate: 20, CancelRatio: 0.4, AmendRatio: 0.2,
 		Kinds: kinds, Faults: len(kinds) + 6, Once: []FaultKind{FaultRelayMassKill},
 		HoldMin: time.Second, HoldMax: 4 * time.Second,
 		PauseMin: 9 * time.Second, PauseMax: 12 * time.Second,
