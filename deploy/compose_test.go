@@ -73,7 +73,7 @@ var (
 	// oneShot runs to completion before the apps that need it.
 	oneShot = []string{"migrate"}
 	// monitoring watches the others (monitoring_test.go checks its wiring).
-	monitoring = []string{"alertmanager", "grafana", "postgres-exporter", "prometheus"}
+	monitoring = []string{"alertmanager", "audit", "grafana", "postgres-exporter", "prometheus"}
 	// tracingBackend receives the services' spans (tracing_test.go checks it).
 	tracingBackend = []string{"jaeger"}
 )
@@ -133,6 +133,9 @@ func TestHealthchecksAndStartOrder(t *testing.T) {
 		"relay":    {"orders", "rabbitmq"},
 		"shipping": {"mongodb", "rabbitmq"},
 		"loadgen":  {"orders", "shipping"},
+		// The loss audit reads the outbox (its schema made by migrate) and
+		// shipping's inbox.
+		"audit": {"migrate", "mongodb", "postgres"},
 		// Prometheus scrapes whatever is up, from the start, and the
 		// exporter connects to the database at each scrape.
 		"prometheus":        nil,
@@ -274,6 +277,17 @@ func TestEnvironmentWiring(t *testing.T) {
 		t.Errorf("shipping has DATABASE_URL: it must not touch the orders database")
 	}
 
+	// The loss audit reads both stores, as the services they belong to.
+	audit := service(t, p, "audit")
+	for key, from := range map[string]string{"DATABASE_URL": "orders", "MONGO_URI": "shipping"} {
+		if got, want := env(t, audit, key), env(t, service(t, p, from), key); got != want {
+			t.Errorf("audit %s = %q, want %s's %q", key, got, from, want)
+		}
+	}
+	if cmd := strings.Join(audit.Command, " "); !strings.Contains(cmd, "-every=") || !strings.Contains(cmd, "-metrics-addr=0.0.0.0:9464") {
+		t.Errorf("audit command %q: want -every=... and -metrics-addr=0.0.0.0:9464 (its /metrics reachable from Prometheus)", cmd)
+	}
+
 	lg := service(t, p, "loadgen")
 	if !strings.Contains(strings.Join(lg.Command, " "), "http://orders:8080") {
 		t.Errorf("loadgen does not target http://orders:8080: %v", lg.Command)
@@ -342,7 +356,7 @@ func TestPortsArePublishedOnLoopbackAndCanBeMoved(t *testing.T) {
 		"orders:8080": "8080", "shipping:8081": "8081", "postgres:5432": "5432",
 		"rabbitmq:5672": "5672", "rabbitmq:15672": "15672", "mongodb:27017": "27017",
 		"prometheus:9090": "9090", "grafana:3000": "3000", "alertmanager:9093": "9093",
-		"jaeger:16686": "16686", "jaeger:4318": "4318",
+		"jaeger:16686": "16686", "jaeger:4318": "4318", "audit:9464": "9464",
 	}
 	check := func(p *types.Project, want map[string]string) {
 		t.Helper()
@@ -370,12 +384,12 @@ func TestPortsArePublishedOnLoopbackAndCanBeMoved(t *testing.T) {
 		"ORDERS_PORT": "18080", "SHIPPING_PORT": "18081", "POSTGRES_PORT": "15432",
 		"RABBITMQ_PORT": "15673", "RABBITMQ_UI_PORT": "25672", "MONGO_PORT": "37017",
 		"PROMETHEUS_PORT": "19090", "GRAFANA_PORT": "13000", "ALERTMANAGER_PORT": "19093",
-		"JAEGER_UI_PORT": "26686", "JAEGER_OTLP_PORT": "14318",
+		"JAEGER_UI_PORT": "26686", "JAEGER_OTLP_PORT": "14318", "AUDIT_PORT": "19464",
 	}), map[string]string{
 		"orders:8080": "18080", "shipping:8081": "18081", "postgres:5432": "15432",
 		"rabbitmq:5672": "15673", "rabbitmq:15672": "25672", "mongodb:27017": "37017",
 		"prometheus:9090": "19090", "grafana:3000": "13000", "alertmanager:9093": "19093",
-		"jaeger:16686": "26686", "jaeger:4318": "14318",
+		"jaeger:16686": "26686", "jaeger:4318": "14318", "audit:9464": "19464",
 	})
 }
 
@@ -583,8 +597,8 @@ func TestImagesAreBuiltFromThisRepository(t *testing.T) {
 			t.Errorf("%s: name the built image (image:) so `docker compose exec` and logs are readable", name)
 		}
 	}
-	if built != 5 {
-		t.Errorf("%d services build an image, want 5 (migrate, orders, relay, shipping, loadgen)", built)
+	if built != 6 {
+		t.Errorf("%d services build an image, want 6 (migrate, orders, relay, shipping, loadgen, audit)", built)
 	}
 }
 

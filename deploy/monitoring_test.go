@@ -130,6 +130,8 @@ func scrapeJobs(t *testing.T, p *types.Project) map[string]scrapeJob {
 		"rabbitmq-queues":   {append([]string{"rabbitmq"}, clusterNodes...), "15692", rabbitQueueFamilies},
 		"rabbitmq-cluster":  {clusterNodes, "15692", "/metrics"},
 		"alertmanager":      {[]string{"alertmanager"}, "9093", "/metrics"},
+		// The loss audit's -metrics-addr.
+		"audit": {[]string{"audit"}, "9464", "/metrics"},
 	}
 	for _, name := range apps {
 		jobs[name] = scrapeJob{[]string{name}, httpAddrPort(t, service(t, p, name)), "/metrics"}

@@ -648,7 +648,7 @@ func TestContinuousModeServesGauges(t *testing.T) {
 	var names []string
 	for _, line := range strings.Split(string(rules), "\n") {
 		if strings.Contains(line, "expr:") {
-			names = append(names, regexp.MustCompile(`\baudit_[a-z_]+`).FindAllString(line, -1)...)
+			names = append(names, regexp.MustCompile(`\b(audit|process)_[a-z_]+`).FindAllString(line, -1)...)
 		}
 	}
 	if len(names) == 0 {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/outbox-inbox/reference/internal/audit"
@@ -46,7 +47,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "audit_runs_total", Help: "Audits run, by result: whole, not_whole, error.",
 		}, []string{"result"}),
 	}
-	for _, c := range []prometheus.Collector{m.events, m.checked, m.lastSuccess, m.duration, m.runs} {
+	// process_start_time_seconds among them: AuditNotRunning counts from the
+	// process's start until its first audit completes.
+	process := collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})
+	for _, c := range []prometheus.Collector{m.events, m.checked, m.lastSuccess, m.duration, m.runs, process} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register metrics: %w", err)
 		}
