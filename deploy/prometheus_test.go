@@ -308,10 +308,15 @@ func markdownAnchors(doc string) map[string]bool {
 // each alert, promtool test rules runs the alert's own tests against broken
 // copies of it, and each copy must make some test fail. The copies: the
 // alert never fires; it always fires; each threshold it compares with
-// halved and doubled (0 becomes 1 and -1); each range window and offset
-// halved and doubled; its `for` dropped, halved and doubled (none becomes
-// 1m); and, in each recording rule it reads, each window halved and doubled
-// wherever the rule uses it (a recorded ratio's two rates share a window).
+// halved and doubled (0 becomes 1 and -1); each of those comparisons
+// reversed; each range window and offset halved and doubled; its `for`
+// dropped, halved and doubled (none becomes 1m); each job matcher widened to
+// any job; each `up == 1` read as `up`; `or on () absent(M)` added for each
+// metric M it reads (not already under absent()); and, in each recording
+// rule it reads, each window halved and doubled wherever the rule uses it
+// (a recorded ratio's two rates share a window), each job matcher widened
+// and each `up == 1` read as `up`. It logs the copies made and caught, by
+// kind.
 // Each copy is loaded alone, with the recording rules it reads, so that
 // promtool evaluates one alert, not all of them.
 func TestAlertRuleUnitTestsCatchBrokenAlerts(t *testing.T) {
@@ -401,7 +406,21 @@ func brokenAlertsAreCaught(t *testing.T, alertRules string, tests []string) {
 	// One promtool run for all of them; it reports each file in turn.
 	t.Logf("%d broken copies of the alerts, %d test files", len(mutants), len(all))
 	out, _ := runPromtool(t, dir, append([]string{"test", "rules"}, all...)...)
+	total, caughtBy := map[string]int{}, map[string]int{}
+	defer func() {
+		var kinds []string
+		for k := range total {
+			kinds = append(kinds, fmt.Sprintf("%s %d/%d", k, caughtBy[k], total[k]))
+		}
+		slices.Sort(kinds)
+		n, c := 0, 0
+		for k := range total {
+			n, c = n+total[k], c+caughtBy[k]
+		}
+		t.Logf("%s: %d of %d broken copies caught (%s)", alertRules, c, n, strings.Join(kinds, ", "))
+	}()
 	for _, m := range mutants {
+		total[m.kind]++
 		caught := false
 		for _, f := range m.files {
 			i := strings.Index(out, "Unit Testing:  "+f)
@@ -416,6 +435,8 @@ func brokenAlertsAreCaught(t *testing.T, alertRules string, tests []string) {
 		}
 		if !caught {
 			t.Errorf("alert %s: its unit tests pass when %s", m.alert, m.what)
+		} else {
+			caughtBy[m.kind]++
 		}
 	}
 }
@@ -436,6 +457,7 @@ func writeYAML(t *testing.T, path string, v any) {
 // rule record that it reads.
 type mutation struct {
 	alert, what string
+	kind        string // for the count by kind: threshold, window, for, ...
 	expr        string
 	forDur      *string
 	record      string
@@ -451,9 +473,9 @@ var (
 // alertMutations returns the broken copies of r that its tests must catch.
 func alertMutations(t *testing.T, r rule) []mutation {
 	t.Helper()
-	ms := []mutation{{alert: r.Alert, what: "it never fires", expr: "vector(1) > 2"}}
+	ms := []mutation{{alert: r.Alert, kind: "never fires", what: "it never fires", expr: "vector(1) > 2"}}
 	if !alwaysFiring[r.Alert] {
-		ms = append(ms, mutation{alert: r.Alert, what: "it always fires", expr: "vector(1)"})
+		ms = append(ms, mutation{alert: r.Alert, kind: "always fires", what: "it always fires", expr: "vector(1)"})
 	}
 	masked := quotedOrBraced(r.Expr)
 	for _, loc := range thresholdRe.FindAllStringSubmatchIndex(r.Expr, -1) {
@@ -472,9 +494,31 @@ func alertMutations(t *testing.T, r rule) []mutation {
 		op := r.Expr[loc[2]:loc[3]]
 		for _, a := range alts {
 			n := strconv.FormatFloat(a, 'g', -1, 64)
-			ms = append(ms, mutation{alert: r.Alert,
+			ms = append(ms, mutation{alert: r.Alert, kind: "threshold",
 				what: fmt.Sprintf("%s %s becomes %s %s", op, r.Expr[numStart:numEnd], op, n),
 				expr: r.Expr[:numStart] + n + r.Expr[numEnd:]})
+		}
+	}
+	// Each comparison with a threshold reversed.
+	for _, loc := range thresholdRe.FindAllStringSubmatchIndex(r.Expr, -1) {
+		if masked[loc[0]] || loc[7] < len(r.Expr) && isIdentByte(r.Expr[loc[7]]) {
+			continue
+		}
+		op := r.Expr[loc[2]:loc[3]]
+		ms = append(ms, mutation{alert: r.Alert, kind: "operator",
+			what: fmt.Sprintf("%s becomes %s in %q", op, reversedOp[op], r.Expr[loc[0]:loc[1]]),
+			expr: r.Expr[:loc[2]] + reversedOp[op] + r.Expr[loc[3]:]})
+	}
+	ms = append(ms, selectorMutations(r.Alert, "", r.Expr)...)
+	// The alert also fires when a metric it reads is absent.
+	if names, err := metricNames(r.Expr); err == nil && !alwaysFiring[r.Alert] {
+		for _, n := range names {
+			if regexp.MustCompile(`absent\(\s*` + regexp.QuoteMeta(n) + `\b`).MatchString(r.Expr) {
+				continue // already there
+			}
+			ms = append(ms, mutation{alert: r.Alert, kind: "or absent",
+				what: fmt.Sprintf("`or on () absent(%s)` is added", n),
+				expr: "(" + r.Expr + ") or on () absent(" + n + ")"})
 		}
 	}
 	for _, loc := range windowRe.FindAllStringSubmatchIndex(r.Expr, -1) {
@@ -485,7 +529,7 @@ func alertMutations(t *testing.T, r rule) []mutation {
 		d := promDuration(t, r.Expr[start:end])
 		for _, a := range []time.Duration{d / 2, d * 2} {
 			n := strconv.Itoa(int(a.Seconds())) + "s"
-			ms = append(ms, mutation{alert: r.Alert,
+			ms = append(ms, mutation{alert: r.Alert, kind: "window",
 				what: fmt.Sprintf("the window %s becomes %s in %q", r.Expr[start:end], n, r.Expr[loc[0]:loc[1]]),
 				expr: r.Expr[:start] + n + r.Expr[end:]})
 		}
@@ -504,7 +548,7 @@ func alertMutations(t *testing.T, r rule) []mutation {
 	}
 	for _, f := range fors {
 		n := strconv.Itoa(int(f.Seconds())) + "s"
-		ms = append(ms, mutation{alert: r.Alert, what: fmt.Sprintf("for %q becomes %s", r.For, n), forDur: &n})
+		ms = append(ms, mutation{alert: r.Alert, kind: "for", what: fmt.Sprintf("for %q becomes %s", r.For, n), forDur: &n})
 	}
 	for i := range ms {
 		if ms[i].expr == "" {
@@ -514,11 +558,47 @@ func alertMutations(t *testing.T, r rule) []mutation {
 	return ms
 }
 
+var (
+	// reversedOp is the comparison that holds where op does not.
+	reversedOp = map[string]string{">": "<=", "<": ">=", ">=": "<", "<=": ">", "==": "!=", "!=": "=="}
+	// A job matcher: widened, it reads another job's series.
+	jobMatcherRe = regexp.MustCompile(`\bjob\s*(=~|=)\s*"([^"]*)"`)
+	// up filtered to its healthy targets: without the filter, a target
+	// scraped but down counts (count(up) for count(up == 1)).
+	upHealthyRe = regexp.MustCompile(`\b(up(?:\{[^}]*\})?)\s*==\s*1\b`)
+)
+
+// selectorMutations returns the copies of expr (of the alert alert, or of
+// the recording rule record it reads) with each job matcher widened to any
+// job, and each `up == 1` read as `up`.
+func selectorMutations(alert, record, expr string) []mutation {
+	var ms []mutation
+	where := ""
+	if record != "" {
+		where = " in the recording rule " + record
+	}
+	for _, loc := range jobMatcherRe.FindAllStringSubmatchIndex(expr, -1) {
+		if expr[loc[4]:loc[5]] == ".+" {
+			continue
+		}
+		ms = append(ms, mutation{alert: alert, record: record, kind: "job matcher",
+			what: fmt.Sprintf("%s becomes job=~\".+\"%s", expr[loc[0]:loc[1]], where),
+			expr: expr[:loc[0]] + `job=~".+"` + expr[loc[1]:]})
+	}
+	for _, loc := range upHealthyRe.FindAllStringSubmatchIndex(expr, -1) {
+		ms = append(ms, mutation{alert: alert, record: record, kind: "up == 1",
+			what: fmt.Sprintf("%s becomes %s%s", expr[loc[0]:loc[1]], expr[loc[2]:loc[3]], where),
+			expr: expr[:loc[0]] + expr[loc[2]:loc[3]] + expr[loc[1]:]})
+	}
+	return ms
+}
+
 // recordingMutations returns the copies of the recording rule rr, read by
-// alert, with each of its windows halved and doubled wherever it occurs.
+// alert, with each of its windows halved and doubled wherever it occurs,
+// and its selectors mutated as an alert's (selectorMutations).
 func recordingMutations(t *testing.T, alert string, rr rule) []mutation {
 	t.Helper()
-	var ms []mutation
+	ms := selectorMutations(alert, rr.Record, rr.Expr)
 	seen := map[string]bool{}
 	for _, m := range windowRe.FindAllStringSubmatch(rr.Expr, -1) {
 		lit := m[1] + m[2]
@@ -535,7 +615,7 @@ func recordingMutations(t *testing.T, alert string, rr rule) []mutation {
 				}
 				return strings.Replace(w, lit, n, 1)
 			})
-			ms = append(ms, mutation{alert: alert, record: rr.Record, expr: expr,
+			ms = append(ms, mutation{alert: alert, record: rr.Record, expr: expr, kind: "window",
 				what: fmt.Sprintf("the window %s becomes %s in the recording rule %s", lit, n, rr.Record)})
 		}
 	}
