@@ -3,11 +3,13 @@ package deploy_test
 import (
 	"cmp"
 	"encoding/json"
+	"maps"
 	"net"
 	"net/url"
 	"os"
 	"path"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -531,5 +533,88 @@ func TestDashboardShowsTheSLOTheBrokerAndTheSlots(t *testing.T) {
 		if !shown[metric] {
 			t.Errorf("no panel shows %s (with exemplars: %v)", metric, exemplars)
 		}
+	}
+}
+
+// The runbook's table of scrape jobs (docs/operations.md, "Running it") is
+// prometheus.yml's: every job has a row naming it, with its port and its
+// path (and query), and no row names a job prometheus.yml does not have.
+func TestRunbookListsTheScrapeJobs(t *testing.T) {
+	t.Parallel()
+	raw, err := os.ReadFile(promConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg promConfigFile
+	if err := yaml.Unmarshal(raw, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	doc, err := os.ReadFile(runbook)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := map[string]string{} // job -> its row's last cell
+	inTable := false
+	for _, line := range strings.Split(string(doc), "\n") {
+		if strings.HasPrefix(line, "| job | what | port, path |") {
+			inTable = true
+			continue
+		}
+		if !inTable || strings.HasPrefix(line, "| ---") {
+			continue
+		}
+		if !strings.HasPrefix(line, "|") {
+			if len(rows) > 0 {
+				break
+			}
+			continue
+		}
+		cells := strings.Split(strings.Trim(line, "|"), " | ")
+		for _, m := range regexp.MustCompile("`([a-z-]+)`").FindAllStringSubmatch(cells[0], -1) {
+			rows[m[1]] = cells[len(cells)-1]
+		}
+	}
+	if len(rows) == 0 {
+		t.Fatalf("%s has no table of scrape jobs (| job | what | port, path |)", runbook)
+	}
+	for _, sc := range cfg.ScrapeConfigs {
+		cell, ok := rows[sc.JobName]
+		delete(rows, sc.JobName)
+		if !ok {
+			t.Errorf("%s: job %s has no row", runbook, sc.JobName)
+			continue
+		}
+		path := cmp.Or(sc.MetricsPath, "/metrics")
+		if len(sc.Params) > 0 {
+			var q []string
+			for _, k := range slices.Sorted(maps.Keys(sc.Params)) {
+				for _, v := range sc.Params[k] {
+					q = append(q, k+"="+v)
+				}
+			}
+			path += "?" + strings.Join(q, "&")
+		}
+		var ports []string
+		for _, sd := range sc.DNSSDConfigs {
+			ports = append(ports, strconv.Itoa(sd.Port))
+		}
+		for _, st := range sc.StaticConfigs {
+			for _, target := range st.Targets {
+				if _, p, err := net.SplitHostPort(target); err == nil {
+					ports = append(ports, p)
+				}
+			}
+		}
+		if !strings.Contains(cell, "`"+path+"`") {
+			t.Errorf("%s: job %s's row says %q, want its path `%s`", runbook, sc.JobName, cell, path)
+		}
+		for _, p := range ports {
+			if !strings.Contains(cell, p) {
+				t.Errorf("%s: job %s's row says %q, want its port %s", runbook, sc.JobName, cell, p)
+			}
+		}
+	}
+	for job := range rows {
+		t.Errorf("%s lists a job %s that prometheus.yml does not scrape", runbook, job)
 	}
 }
