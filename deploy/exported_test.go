@@ -323,7 +323,9 @@ func exportedMetrics(t *testing.T) map[string]bool {
 
 	scrapes := map[string][]string{
 		// The API's own, the relay's, and the backlog read from the database.
-		"http://" + apiAddr + "/metrics":      {"orders_created_total", "outbox_published_total", "outbox_pending"},
+		// http_server_request_duration_seconds once a request was answered:
+		// the scrapes themselves are.
+		"http://" + apiAddr + "/metrics":      {"orders_created_total", "outbox_published_total", "outbox_pending", "http_server_request_duration_seconds_count"},
 		"http://" + relayAddr + "/metrics":    {"outbox_published_total", "outbox_pending"},
 		"http://" + shippingAddr + "/metrics": {"shipping_events_processed_total", "shipping_commit_to_applied_seconds_bucket"},
 	}

@@ -36,6 +36,11 @@ func TestMetricsCountOrdersCreatedAndCancelled(t *testing.T) {
 		}
 	}
 	waitMetrics(t, base, "\norders_created_total 2\n", "\norders_cancelled_total 1\n")
+	// Every request, replays included, by route pattern (the API's
+	// request metrics, which the availability alerts read).
+	waitMetrics(t, base,
+		"\nhttp_server_request_duration_seconds_count{code=\"201\",method=\"POST\",route=\"/orders\"} 3\n",
+		"\nhttp_server_request_duration_seconds_count{code=\"200\",method=\"POST\",route=\"/orders/{id}/cancel\"} 2\n")
 }
 
 // outbox_publisher_ready is what the standalone relay's /readyz says of the

@@ -90,6 +90,7 @@ func serve(ctx context.Context, getenv func(string) string, logOut io.Writer, te
 		AdminToken: cfg.AdminToken,
 		Wake:       wake,
 		Metrics:    promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
+		Requests:   metrics.NewRequests(reg),
 		Crash:      crash,
 		Logger:     logger,
 

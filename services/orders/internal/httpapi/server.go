@@ -57,6 +57,9 @@ type Config struct {
 	Wake func()
 	// Metrics serves /metrics. Default: nil (404).
 	Metrics http.Handler
+	// Requests records every request answered, by route pattern. Default:
+	// nil (not recorded).
+	Requests RequestObserver
 	// Crash kills the process at named points for the e2e suite. Default: nil.
 	Crash *crashpoint.Trigger
 	// Logger. Default: slog.Default().
@@ -104,6 +107,9 @@ func New(cfg Config) (*Server, error) {
 		s.wake = func() {}
 	}
 	r := chi.NewRouter()
+	if cfg.Requests != nil {
+		r.Use(measured(cfg.Requests))
+	}
 	r.Use(nameByRoute)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, &apiError{http.StatusNotFound, "not_found", "no such endpoint"})

@@ -64,7 +64,8 @@ func traced(h http.Handler, tp trace.TracerProvider, prop propagation.TextMapPro
 		otelhttp.WithTracerProvider(tp),
 		otelhttp.WithPropagators(prop),
 		otelhttp.WithPublicEndpointFn(func(r *http.Request) bool { return !trusted(r) }),
-		// The service's metrics are Prometheus's; otelhttp's would go nowhere.
+		// The service's metrics are Prometheus's (the requests' are
+		// Config.Requests, by route); otelhttp's would go nowhere.
 		otelhttp.WithMeterProvider(metricnoop.NewMeterProvider()),
 		otelhttp.WithFilter(func(r *http.Request) bool {
 			switch r.URL.Path {
