@@ -653,3 +653,26 @@ func TestDataIsKeptInNamedVolumes(t *testing.T) {
 		}
 	}
 }
+
+// The compose PostgreSQL runs with what the WAL relay needs
+// (docs/wal-relay.md): wal_level=logical, with replication slots and WAL
+// senders to spare.
+func TestComposePostgresCanServeTheWALRelay(t *testing.T) {
+	t.Parallel()
+	pg := service(t, load(t, nil), "postgres")
+	settings := map[string]string{}
+	for i := 0; i+1 < len(pg.Command); i++ {
+		if pg.Command[i] == "-c" {
+			k, v, _ := strings.Cut(pg.Command[i+1], "=")
+			settings[k] = v
+		}
+	}
+	if len(pg.Command) == 0 || pg.Command[0] != "postgres" || settings["wal_level"] != "logical" {
+		t.Errorf("postgres command %v: want postgres -c wal_level=logical", pg.Command)
+	}
+	for _, k := range []string{"max_replication_slots", "max_wal_senders"} {
+		if n, err := strconv.Atoi(settings[k]); err != nil || n < 1 {
+			t.Errorf("postgres command %v: want -c %s=N, N >= 1", pg.Command, k)
+		}
+	}
+}

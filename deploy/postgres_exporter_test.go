@@ -106,9 +106,9 @@ func scrapeLines(u string, each func(string) error) error {
 
 // slotState is what the exporter says of one replication slot.
 type slotState struct {
-	walStatus                                string
-	active, retained, safeWALSize, walAtRisk float64
-	series                                   int
+	walStatus                                              string
+	active, retained, confirmedLag, safeWALSize, walAtRisk float64
+	series                                                 int
 }
 
 // waitSlot scrapes u until ok holds for the slot's state, and returns it.
@@ -132,6 +132,8 @@ func waitSlot(t *testing.T, u, slot, what string, ok func(slotState) bool) slotS
 					st.active = s.value
 				case "pg_replication_slots_retained_bytes":
 					st.retained = s.value
+				case "pg_replication_slots_confirmed_lag_bytes":
+					st.confirmedLag = s.value
 				case "pg_replication_slots_safe_wal_size_bytes":
 					st.safeWALSize = s.value
 				case "pg_replication_slots_wal_at_risk":
@@ -173,7 +175,7 @@ func TestPostgresExporterSeesReplicationSlots(t *testing.T) {
 	}
 	metrics := startPostgresExporter(t, dbURL)
 
-	st := waitSlot(t, metrics, slot, "an idle slot", func(s slotState) bool { return s.series == 4 && s.walStatus == "reserved" })
+	st := waitSlot(t, metrics, slot, "an idle slot", func(s slotState) bool { return s.series == 5 && s.walStatus == "reserved" })
 	if st.active != 0 || st.walAtRisk != 0 || st.safeWALSize <= 0 {
 		t.Errorf("idle slot: %+v, want inactive, not at risk, and a safe WAL size (max_slot_wal_keep_size is set)", st)
 	}
@@ -206,6 +208,10 @@ func TestPostgresExporterSeesReplicationSlots(t *testing.T) {
 	st = waitSlot(t, metrics, slot, "a slot at risk", func(s slotState) bool { return s.walAtRisk == 1 })
 	if st.walStatus != "unreserved" && st.walStatus != "lost" {
 		t.Errorf("slot at risk with wal_status %q, want unreserved or lost", st.walStatus)
+	}
+	// The consumer acknowledged nothing of those segments either.
+	if st.confirmedLag <= 4*16<<20 {
+		t.Errorf("slot at risk is %v bytes behind its acknowledged position, want more than the 4 segments written since it was streamed", st.confirmedLag)
 	}
 	if st.walStatus == "unreserved" && st.retained <= before+16<<20 {
 		t.Errorf("unreserved slot retains %v bytes (%v before 5 WAL segments were written)", st.retained, before)
