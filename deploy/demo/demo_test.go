@@ -121,14 +121,21 @@ func buildBinaries(t *testing.T) string {
 	return dir
 }
 
-func freePort(t *testing.T) string {
+// freePorts returns n distinct free addresses on 127.0.0.1: every listener
+// is held open until all n are taken, so the kernel cannot hand the same
+// port out twice (one closed at once can come back at the next call).
+func freePorts(t *testing.T, n int) []string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	addrs := make([]string, n)
+	for i := range addrs {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		addrs[i] = ln.Addr().String()
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return addrs
 }
 
 // runningDemo is one run of the demo in the test process.
@@ -257,9 +264,10 @@ func TestDemoRunsTheSystemLocally(t *testing.T) {
 	amqpURL := demoVhost(t)
 	bin := buildBinaries(t)
 	state := t.TempDir()
-	orders, shipping, relay, relay2, ui, mongo := freePort(t), freePort(t), freePort(t), freePort(t), freePort(t), freePort(t)
+	ports := freePorts(t, 7)
+	orders, shipping, relay, relay2, ui, mongo, audit := ports[0], ports[1], ports[2], ports[3], ports[4], ports[5], ports[6]
 	args := []string{"-bin", bin, "-state", state, "-orders-addr", orders, "-shipping-addr", shipping,
-		"-relay-addr", relay, "-relay2-addr", relay2, "-ui-addr", ui, "-audit-addr", freePort(t)}
+		"-relay-addr", relay, "-relay2-addr", relay2, "-ui-addr", ui, "-audit-addr", audit}
 	env := map[string]string{"DATABASE_URL": dbURL, "AMQP_URL": amqpURL, "MONGO_URI": "mongodb://" + mongo + "/shipping"}
 
 	d := startDemo(t, args, env)

@@ -398,9 +398,10 @@ func TestLiveViewInABrowser(t *testing.T) {
 	bin := buildBinaries(t)
 	t.Logf("binaries built: %s", time.Since(start).Round(time.Millisecond))
 	state0 := t.TempDir()
-	orders, shipping, relay, relay2, ui, mongo := freePort(t), freePort(t), freePort(t), freePort(t), freePort(t), freePort(t)
+	ports := freePorts(t, 7)
+	orders, shipping, relay, relay2, ui, mongo, audit := ports[0], ports[1], ports[2], ports[3], ports[4], ports[5], ports[6]
 	args := []string{"-bin", bin, "-state", state0, "-orders-addr", orders, "-shipping-addr", shipping,
-		"-relay-addr", relay, "-relay2-addr", relay2, "-ui-addr", ui, "-audit-addr", freePort(t)}
+		"-relay-addr", relay, "-relay2-addr", relay2, "-ui-addr", ui, "-audit-addr", audit}
 	const jaeger = "http://jaeger.test:16686"
 	env := map[string]string{"DATABASE_URL": dbURL, "AMQP_URL": amqpURL, "MONGO_URI": "mongodb://" + mongo + "/shipping", "JAEGER_UI": jaeger}
 	d := startDemo(t, args, env)
