@@ -232,6 +232,10 @@ func (a *auditor) audit(ctx context.Context, now time.Time) (*audit.Report, erro
 	return audit.Run(ctx, audit.Config{
 		Producer: a.events, Consumer: a.inbox, Accountant: a.accounts,
 		Since: since, Until: until, Grace: a.opts.grace, Now: now,
+		// Purges go by published_at, never before created_at: the outbox
+		// holds every event created after now - retention (the margin
+		// covers this clock against the database's).
+		Horizon:  now.Add(-a.opts.retention + audit.DefaultClockSkew),
 		Examples: examples, InboxPageSize: a.opts.inboxPageSize,
 	})
 }

@@ -32,7 +32,7 @@ type metrics struct {
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		events: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "audit_events", Help: "Events of the last audit's window, by bucket (applied, unrecorded, missing, phantom, pending, dead_lettered, discarded, held).",
+			Name: "audit_events", Help: "Events of the last audit's window, by bucket (applied, unrecorded, missing, phantom, pending, dead_lettered, discarded, held; applied_before_window counts inbox records).",
 		}, []string{"bucket"}),
 		checked: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "audit_checked_events", Help: "Committed events the last audit judged.",

@@ -15,8 +15,8 @@
 // (outbox.MessageID), whose byte order agrees with the ids' numeric order
 // among ids of the same number of digits, so the producer side is read as
 // one stream per number of digits, merged by byte order. A record under the
-// id alone (the message id of earlier versions) sorts just before its event
-// and matches it.
+// id alone (the message id of earlier versions) sorts just before its event,
+// and before the other records of its id.
 //
 // What each bucket means, for an event created in [Since, Until):
 //
@@ -36,10 +36,30 @@
 //   - missing: none of the above, older than that: committed and published,
 //     or committed long ago, and not applied.
 //   - phantom: an inbox record, processed at or after Since - ClockSkew,
-//     whose message id is no event the outbox holds at all: never
-//     committed (or published and purged since: keep Since inside the
-//     outbox's retention, with a margin), or committed on a primary that a
-//     failover lost, its outbox id handed out again since to another event.
+//     whose message id is no event the outbox holds: not an outbox id, or
+//     an id the outbox does not hold although the creation time the message
+//     id carries is within what it keeps (at or after the Horizon), or an
+//     id the outbox holds under another creation time (committed on a
+//     primary that a failover lost, its id handed out again since), or an
+//     id alone (see below) that another record names with a creation time.
+//
+// And for the inbox records of events created before Since:
+//
+//   - applied_before_window: an inbox record, processed at or after Since
+//   - ClockSkew, of an event created before Since (by the creation time
+//     its message id carries): the outbox holds that event, or no longer
+//     holds it because it was created before the Horizon (purged by its
+//     retention: a dead letter replayed long after it was published). Not
+//     judged, not a phantom.
+//
+// A record under the id alone (the message id of earlier versions, which
+// carries no creation time) matches the one event the outbox holds under
+// that id, unless a record with a creation time names that id too: then it
+// cannot be told from the message of another event of that id (one a
+// failover lost), or it is the same event applied a second time, under its
+// other id, and it is a phantom. Such a record whose id the outbox no
+// longer holds is a phantom too: without a creation time nothing tells that
+// it is older than the outbox's retention.
 //
 // An event is judged by the snapshot each page was read in: one that
 // commits, or whose record is written, after the scan went past its id is
@@ -53,6 +73,8 @@ import (
 	"fmt"
 	"iter"
 	"math"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/outbox-inbox/reference/pkg/inbox"
@@ -126,6 +148,11 @@ type Config struct {
 	Grace time.Duration
 	// Now is the audit's time. Default time.Now().
 	Now time.Time
+	// Horizon is the creation time from which the producer holds every
+	// event it committed (its retention, less a margin): a record of an
+	// event created before min(Horizon, Since) that the producer no longer
+	// holds is not a phantom. Default Since.
+	Horizon time.Time
 	// ClockSkew widens the inbox side's window: records processed from
 	// Since - ClockSkew on are read. Default DefaultClockSkew.
 	ClockSkew time.Duration
@@ -171,6 +198,10 @@ type Report struct {
 	DeadLettered Bucket    `json:"dead_lettered"`
 	Discarded    Bucket    `json:"discarded"`
 	Held         Bucket    `json:"held"`
+	// AppliedBeforeWindow counts the inbox records read whose event was
+	// created before Since (by the creation time their message id
+	// carries): not judged, not phantoms.
+	AppliedBeforeWindow Bucket `json:"applied_before_window"`
 	// InboxRecords is how many inbox records the audit read.
 	InboxRecords int64 `json:"inbox_records"`
 }
@@ -183,6 +214,7 @@ func (r *Report) Buckets() map[string]*Bucket {
 	return map[string]*Bucket{
 		"applied": &r.Applied, "unrecorded": &r.Unrecorded, "missing": &r.Missing, "phantom": &r.Phantom,
 		"pending": &r.Pending, "dead_lettered": &r.DeadLettered, "discarded": &r.Discarded, "held": &r.Held,
+		"applied_before_window": &r.AppliedBeforeWindow,
 	}
 }
 
@@ -221,6 +253,7 @@ type auditor struct {
 	unapplied []outbox.LoggedEvent // events to ask the accountant about
 	keys      map[int64]string     // the byte-order keys of unapplied
 	stale     time.Time            // Now - Grace
+	horizon   time.Time            // min(Horizon, Since)
 }
 
 // Run audits cfg's window.
@@ -234,7 +267,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	for _, b := range r.Buckets() {
 		b.Examples = []string{}
 	}
-	a := &auditor{cfg: cfg, r: r, keys: map[int64]string{}, stale: cfg.Now.Add(-cfg.Grace)}
+	a := &auditor{cfg: cfg, r: r, keys: map[int64]string{}, stale: cfg.Now.Add(-cfg.Grace), horizon: cfg.Since}
+	if !cfg.Horizon.IsZero() && cfg.Horizon.Before(cfg.Since) {
+		a.horizon = cfg.Horizon
+	}
 	if err := a.merge(ctx); err != nil {
 		return nil, err
 	}
@@ -254,11 +290,26 @@ func (a *auditor) merge(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	rec, err, rok := next()
+	recs := &peekable{next: next}
+	rec, rok, err := recs.pop()
 	if err != nil {
 		return err
 	}
 	for eok || rok {
+		if rok {
+			ambiguous, err := a.ambiguous(rec, recs)
+			if err != nil {
+				return err
+			}
+			if ambiguous {
+				a.r.InboxRecords++
+				a.add(&a.r.Phantom, rec.MessageID)
+				if rec, rok, err = recs.pop(); err != nil {
+					return err
+				}
+				continue
+			}
+		}
 		switch {
 		case !rok || eok && ekey < rec.MessageID:
 			err = a.notRecorded(ctx, e, ekey)
@@ -271,7 +322,7 @@ func (a *auditor) merge(ctx context.Context) error {
 			a.r.InboxRecords++
 			err = a.notCommitted(ctx, rec.MessageID)
 			if err == nil {
-				rec, err, rok = next()
+				rec, rok, err = recs.pop()
 			}
 		default:
 			a.r.InboxRecords++
@@ -279,7 +330,7 @@ func (a *auditor) merge(ctx context.Context) error {
 				a.add(&a.r.Applied, ekey)
 			}
 			if e, ekey, eok, err = events(); err == nil {
-				rec, err, rok = next()
+				rec, rok, err = recs.pop()
 			}
 		}
 		if err != nil {
@@ -290,6 +341,53 @@ func (a *auditor) merge(ctx context.Context) error {
 		return err
 	}
 	return a.account(ctx)
+}
+
+// peekable is the inbox's stream with a look-ahead of one record.
+type peekable struct {
+	next func() (inbox.RecordedMessage, error, bool)
+	head inbox.RecordedMessage
+	has  bool
+}
+
+func (p *peekable) pop() (inbox.RecordedMessage, bool, error) {
+	if p.has {
+		p.has = false
+		return p.head, true, nil
+	}
+	r, err, ok := p.next()
+	return r, ok, err
+}
+
+func (p *peekable) peek() (inbox.RecordedMessage, bool, error) {
+	if !p.has {
+		r, err, ok := p.next()
+		if err != nil || !ok {
+			return r, false, err
+		}
+		p.head, p.has = r, true
+	}
+	return p.head, true, nil
+}
+
+// ambiguous reports whether rec is a record under an outbox id alone (the
+// message id of earlier versions) that a record with a creation time
+// names too: the records of one outbox id are next to each other in byte
+// order, the id alone first. Such a record cannot be told from the message
+// of another event of that id (one a failover lost), or is the event
+// applied a second time, under its other id: it matches no event.
+func (a *auditor) ambiguous(rec inbox.RecordedMessage, recs *peekable) (bool, error) {
+	if strings.IndexByte(rec.MessageID, '-') >= 0 {
+		return false, nil
+	}
+	if _, _, err := outbox.ParseMessageID(rec.MessageID); err != nil {
+		return false, nil
+	}
+	next, ok, err := recs.peek()
+	if err != nil || !ok {
+		return false, err
+	}
+	return strings.HasPrefix(next.MessageID, rec.MessageID+"-"), nil
 }
 
 // pull opens a stream for the merge: read ahead in a goroutine of its own,
@@ -485,7 +583,9 @@ func (a *auditor) notCommitted(ctx context.Context, msgID string) error {
 }
 
 // lookUp looks the unmatched inbox ids up in the outbox: those it holds
-// were created before Since; the others are phantoms.
+// under the same creation time were created before Since, or committed
+// after the scan went past them; those it does not hold were created
+// before the horizon (purged since, not judged) or are phantoms.
 func (a *auditor) lookUp(ctx context.Context) error {
 	if len(a.unmatched) == 0 {
 		return nil
@@ -498,16 +598,37 @@ func (a *auditor) lookUp(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("audit: look up %d inbox ids in the outbox: %w", len(ids), err)
 	}
-	known := make(map[int64]outbox.LoggedEvent, len(found))
+	held := make(map[int64][]outbox.LoggedEvent, len(found))
 	for _, e := range found {
-		known[e.ID] = e
+		held[e.ID] = append(held[e.ID], e)
 	}
-	// An event of the same outbox id but another creation time is not the
-	// one recorded: the database lost that one (a failover) and handed its
-	// id out again.
-	for i, id := range ids {
-		if e, ok := known[id]; !ok || !e.SentAs(a.unmatched[i]) {
-			a.add(&a.r.Phantom, a.unmatched[i])
+	for i, msgID := range a.unmatched {
+		evs := held[ids[i]]
+		_, created, _ := outbox.ParseMessageID(msgID)
+		switch {
+		case created.IsZero():
+			// The id alone names the one event the outbox holds under it
+			// (ambiguous took those a record with a creation time names
+			// too).
+			if len(evs) != 1 {
+				a.add(&a.r.Phantom, msgID)
+			} else if evs[0].CreatedAt.Before(a.cfg.Since) {
+				a.add(&a.r.AppliedBeforeWindow, msgID)
+			}
+		case slices.ContainsFunc(evs, func(e outbox.LoggedEvent) bool { return e.SentAs(msgID) }):
+			if created.Before(a.cfg.Since) {
+				a.add(&a.r.AppliedBeforeWindow, msgID)
+			}
+		case len(evs) == 0 && created.Before(a.horizon):
+			// Older than what the outbox keeps: it applied an event the
+			// outbox purged since (a dead letter replayed late).
+			a.add(&a.r.AppliedBeforeWindow, msgID)
+		default:
+			// Not held though the outbox keeps events that old; or an
+			// event of the same outbox id but another creation time is
+			// not the one recorded: the database lost that one (a
+			// failover) and handed its id out again.
+			a.add(&a.r.Phantom, msgID)
 		}
 	}
 	a.unmatched = a.unmatched[:0]
