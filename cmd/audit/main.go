@@ -20,8 +20,9 @@
 // end: -since is now - OUTBOX_RETENTION + -grace (published rows older than
 // that are being purged, and their inbox records would look like phantoms),
 // -until is now - -grace (younger events may still be in flight). -since and
-// -until take a time (RFC 3339) or a duration before now ("24h"). See
-// docs/audit.md.
+// -until take a time (RFC 3339) or a duration before now ("24h"). The grace
+// defaults to shipping's -max-deferral-age (30m) + 15m: a message shipping
+// still defers is on its way, not missing. See docs/audit.md.
 package main
 
 import (

@@ -41,7 +41,7 @@ type settings struct {
 	databaseURL, mongoURI, mongoDB string
 	retention                      time.Duration
 	since, until                   bound
-	grace                          time.Duration
+	grace, maxDeferral             time.Duration
 	consumer, collection           string
 	examples                       int
 	pageSize, inboxPageSize        int
@@ -117,7 +117,8 @@ func parse(args []string, getenv func(string) string, stdout io.Writer) (setting
 	fs.SetOutput(stdout)
 	fs.Var(&o.since, "since", "start of the window: a time (RFC 3339) or a duration before now (default: OUTBOX_RETENTION - grace before now)")
 	fs.Var(&o.until, "until", "end of the window, excluded: a time or a duration before now (default: grace before now)")
-	fs.DurationVar(&o.grace, "grace", audit.DefaultGrace, "how long an event may be in flight: younger ones not applied are pending, older ones missing")
+	fs.DurationVar(&o.grace, "grace", 0, "how long an event may be in flight: younger ones not applied are pending, older ones missing (default -max-deferral-age + 15m)")
+	fs.DurationVar(&o.maxDeferral, "max-deferral-age", accounting.DefaultMaxDeferralAge, "shipping's -max-deferral-age: how long it may defer a message before it dead-letters it (the default grace outlasts it)")
 	fs.DurationVar(&o.retention, "retention", o.retention, "how long the outbox keeps published rows (env OUTBOX_RETENTION)")
 	fs.StringVar(&o.consumer, "consumer", "shipping", "the inbox's consumer name")
 	fs.StringVar(&o.collection, "collection", "inbox", "the inbox's collection")
@@ -133,14 +134,19 @@ func parse(args []string, getenv func(string) string, stdout io.Writer) (setting
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
+	graceSet := false
+	fs.Visit(func(f *flag.Flag) { graceSet = graceSet || f.Name == "grace" })
+	if !graceSet {
+		o.grace = audit.GraceFor(o.maxDeferral)
+	}
 	cs, err := connstring.ParseAndValidate(o.mongoURI)
 	if err != nil {
 		return o, fmt.Errorf("MONGO_URI: %w", err)
 	}
 	o.mongoDB = cmp.Or(cs.Database, defaultMongoDB)
 	var problems []string
-	if o.grace <= 0 {
-		problems = append(problems, fmt.Sprintf("-grace %v: want a positive duration", o.grace))
+	if o.grace <= 0 || o.maxDeferral < 0 {
+		problems = append(problems, fmt.Sprintf("-grace %v, -max-deferral-age %v: want a positive grace, a deferral age of 0 or more", o.grace, o.maxDeferral))
 	}
 	if !o.since.set && o.retention <= 2*o.grace {
 		problems = append(problems, fmt.Sprintf("-retention %v: want more than twice -grace (%v), or give -since", o.retention, o.grace))

@@ -116,10 +116,16 @@ var (
 
 // Defaults.
 const (
-	// DefaultGrace covers what delays an event by design: a relay's lease
-	// after it died (30s), retries with backoff, the consumer's deferrals
-	// while it waits for an earlier version (about five minutes).
-	DefaultGrace = 15 * time.Minute
+	// DeliveryMargin covers what delays an event by design besides the
+	// consumer's deferrals: a relay's lease after it died (30s), the
+	// relay's retries with backoff, the consumer's attempts before it
+	// defers, a redelivery after the last deferral.
+	DeliveryMargin = 15 * time.Minute
+	// DefaultGrace is GraceFor a consumer that defers a message for up to
+	// 30 minutes before it dead-letters it (shipping's default
+	// -max-deferral-age): a message still being deferred is on its way,
+	// not missing.
+	DefaultGrace = 30*time.Minute + DeliveryMargin
 	// DefaultClockSkew is how far the consumer's clock (processed_at) may
 	// be behind the producer database's (created_at).
 	DefaultClockSkew = time.Minute
@@ -132,6 +138,11 @@ const (
 	DefaultPrefetch = 4
 	PrefetchBatch   = 1000
 )
+
+// GraceFor returns the grace for a consumer that keeps deferring a message
+// for up to maxDeferral before it dead-letters it (then the event is held,
+// or applied): maxDeferral + DeliveryMargin.
+func GraceFor(maxDeferral time.Duration) time.Duration { return maxDeferral + DeliveryMargin }
 
 // Config configures an audit.
 type Config struct {
