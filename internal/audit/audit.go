@@ -176,6 +176,9 @@ type Config struct {
 	// Accountant.Account) carries, at most outbox.MaxEventLookup. Default
 	// DefaultLookupBatch.
 	LookupBatch int
+	// Observe, when set, is called with every event the audit judges and
+	// whether the inbox recorded it (Incremental builds its state on it).
+	Observe func(e outbox.LoggedEvent, recorded bool)
 	// Prefetch is how many batches of PrefetchBatch items each stream (the
 	// inbox's, and the outbox's one per number of digits) reads ahead, in a
 	// goroutine of its own, so that the two stores work at the same time
@@ -254,6 +257,12 @@ func (c Config) withDefaults() (Config, error) {
 		c.Examples = 0
 	}
 	return c, nil
+}
+
+// withDefaults0 is c with the window of a cycle, and its defaults.
+func (c Config) withDefaults0(since, until, now time.Time) (Config, error) {
+	c.Since, c.Until, c.Now = since, until, now
+	return c.withDefaults()
 }
 
 // auditor is one run.
@@ -339,6 +348,9 @@ func (a *auditor) merge(ctx context.Context) error {
 			a.r.InboxRecords++
 			if a.judged(e) {
 				a.add(&a.r.Applied, ekey)
+				if a.cfg.Observe != nil {
+					a.cfg.Observe(e, true)
+				}
 			}
 			if e, ekey, eok, err = events(); err == nil {
 				rec, rok, err = recs.pop()
@@ -520,6 +532,9 @@ func (a *auditor) add(b *Bucket, id string) {
 func (a *auditor) notRecorded(ctx context.Context, e outbox.LoggedEvent, key string) error {
 	if !a.judged(e) {
 		return nil
+	}
+	if a.cfg.Observe != nil {
+		a.cfg.Observe(e, false)
 	}
 	switch e.State {
 	case outbox.EventDeadLettered:
