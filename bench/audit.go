@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
@@ -174,10 +176,80 @@ func (b *bench) runAudit(ctx context.Context) ([]Figure, error) {
 		"heap_in_use_before_mib": base >> 20, "heap_in_use_peak_mib": peakHeap >> 20,
 		"event_log_page": outbox.DefaultEventLogPage, "inbox_page": inboxPage, "prefetch_batches": audit.DefaultPrefetch,
 	}
-	return []Figure{newFigure("audit", "events/s", auditRate, inboxRead, Goal{ValueAtLeast, 100_000},
+	incremental, err := b.auditIncremental(ctx, pool, db, events, n, r.Seconds)
+	if err != nil {
+		return nil, err
+	}
+	return []Figure{incremental, newFigure("audit", "events/s", auditRate, inboxRead, Goal{ValueAtLeast, 100_000},
 		fmt.Sprintf("events audited per second by internal/audit (cmd/audit): %d published events in PostgreSQL against as many done records in shipping's inbox on FerretDB (a process of its own), merged by id; the audit's heap peaked at %d MiB",
 			n, peakHeap>>20),
 		"the same inbox records read alone (Inbox.Recorded, the audit's query: one page, which FerretDB reads and sorts whole)", details)}, nil
+}
+
+// auditIncremental measures one cycle of the incremental audit (cmd/audit
+// -every) after n/100 new events over the n of the history: its first
+// cycle, a full audit, builds its state; then n/100 events are committed
+// (outbox.Enqueue, a thousand a transaction) and recorded in the inbox, and
+// the next cycle is timed. The baseline is the full audit's time
+// (fullSeconds).
+func (b *bench) auditIncremental(ctx context.Context, pool *pgxpool.Pool, db *mongo.Database, events *outbox.EventLog, n int, fullSeconds float64) (Figure, error) {
+	reader, err := inbox.New(db, inbox.Config{Consumer: "shipping"})
+	if err != nil {
+		return Figure{}, err
+	}
+	inc, err := audit.NewIncremental(audit.IncrementalConfig{
+		Config: audit.Config{Producer: events, Consumer: reader, InboxPageSize: n + 1}, Done: reader,
+	})
+	if err != nil {
+		return Figure{}, err
+	}
+	since := time.Now().Add(-8 * 24 * time.Hour)
+	now := time.Now()
+	first, err := inc.Cycle(ctx, since, now.Add(time.Minute), now)
+	if err != nil {
+		return Figure{}, fmt.Errorf("incremental audit, first cycle: %w", err)
+	}
+	if first.Checked != int64(n) || first.Applied.Count != int64(n) {
+		return Figure{}, fmt.Errorf("incremental audit, first cycle: checked %d, applied %d, want %d", first.Checked, first.Applied.Count, n)
+	}
+	added := max(n/100, 1)
+	var msgIDs []string
+	for i := 0; i < added; i += 1000 {
+		msgs := make([]outbox.Message, min(1000, added-i))
+		for j := range msgs {
+			msgs[j] = outbox.Message{AggregateType: "order", AggregateID: fmt.Sprintf("new-%d", i+j), EventType: "order.created", Payload: []byte(`{}`)}
+		}
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			enq, err := outbox.Enqueue(ctx, tx, msgs...)
+			for _, e := range enq {
+				msgIDs = append(msgIDs, outbox.MessageID(e.ID, e.CreatedAt))
+			}
+			return err
+		})
+		if err != nil {
+			return Figure{}, fmt.Errorf("commit the new events: %w", err)
+		}
+	}
+	writer, err := inbox.New(db, inbox.Config{Consumer: "shipping", Standalone: inbox.StandaloneConfig{FlushInterval: 10 * time.Millisecond}})
+	if err != nil {
+		return Figure{}, err
+	}
+	if err := recordAll(ctx, writer, msgIDs, 16); err != nil {
+		return Figure{}, fmt.Errorf("record the new events: %w", err)
+	}
+	now = time.Now()
+	r, err := inc.Cycle(ctx, since, now.Add(time.Minute), now)
+	if err != nil {
+		return Figure{}, fmt.Errorf("incremental audit, second cycle: %w", err)
+	}
+	if r.Checked != int64(n+added) || r.Applied.Count != int64(n+added) || !r.Whole() {
+		return Figure{}, fmt.Errorf("incremental audit, second cycle: checked %d, applied %d, want %d", r.Checked, r.Applied.Count, n+added)
+	}
+	b.log.Info("audit: incremental cycle", "history", n, "new_events", added, "seconds", r.Seconds, "first_cycle_seconds", first.Seconds)
+	return newFigure("audit_incremental", "s", r.Seconds, fullSeconds, Goal{ValueAtMost, 2},
+		fmt.Sprintf("seconds of one incremental audit cycle (cmd/audit -every) after %d new events committed and recorded over a history of %d: the outbox read above its watermark (PostgreSQL), the new events looked up by _id in shipping's inbox on FerretDB", added, n),
+		"the full audit of the same history (seconds)",
+		map[string]any{"history": n, "new_events": added, "first_cycle_seconds": first.Seconds, "lookups": audit.DefaultLookups}), nil
 }
 
 // memoryInbox is an inbox that recorded the messages ids, held in memory

@@ -6,6 +6,8 @@
 //
 //	go run ./cmd/audit                     one audit; exit 1 when an event is missing or an inbox record is a phantom
 //	go run ./cmd/audit -every 1m           audit every minute and serve the counts as Prometheus gauges on -metrics-addr
+//	                                       (incrementally: a full audit first and every -full-every, 6h; the
+//	                                       cycles between read only new events and those not applied yet)
 //	make audit                             one audit of the demo's databases
 //
 // Environment (defaults: this machine's local services, as the services use

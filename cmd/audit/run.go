@@ -46,7 +46,7 @@ type settings struct {
 	examples                       int
 	pageSize, inboxPageSize        int
 	accounting                     bool
-	every                          time.Duration
+	every, fullEvery               time.Duration
 	metricsAddr                    string
 	level                          slog.Level
 }
@@ -127,6 +127,7 @@ func parse(args []string, getenv func(string) string, stdout io.Writer) (setting
 	fs.IntVar(&o.inboxPageSize, "inbox-page-size", inbox.DefaultRecordedPage, "inbox records read per query (FerretDB reads the whole collection for each: raise it above its size there)")
 	fs.BoolVar(&o.accounting, "accounting", true, "ask shipping's stores (shipments, dead letters, parked messages) about events its inbox has no record of")
 	fs.DurationVar(&o.every, "every", 0, "audit again at this interval and serve the counts on -metrics-addr (default: once, then exit)")
+	fs.DurationVar(&o.fullEvery, "full-every", audit.DefaultFullEvery, "with -every: how often a cycle is a full audit (the cycles between read only what changed, and carry the last full audit's phantoms)")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", defaultMetricsAddr, "with -every: where /metrics and /report are served")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -150,6 +151,9 @@ func parse(args []string, getenv func(string) string, stdout io.Writer) (setting
 	}
 	if !o.since.set && o.retention <= 2*o.grace {
 		problems = append(problems, fmt.Sprintf("-retention %v: want more than twice -grace (%v), or give -since", o.retention, o.grace))
+	}
+	if o.fullEvery <= 0 {
+		problems = append(problems, fmt.Sprintf("-full-every %v: want a positive duration", o.fullEvery))
 	}
 	if o.every < 0 || o.every > 0 && o.every < time.Second {
 		problems = append(problems, fmt.Sprintf("-every %v: want at least 1s (or 0: once)", o.every))
@@ -179,6 +183,7 @@ type auditor struct {
 	events   *outbox.EventLog
 	inbox    *inbox.Inbox
 	accounts audit.Accountant
+	inc      *audit.Incremental // -every's cycles
 }
 
 func newAuditor(ctx context.Context, o settings) (*auditor, error) {
@@ -215,7 +220,29 @@ func newAuditor(ctx context.Context, o settings) (*auditor, error) {
 			return fail(err)
 		}
 	}
+	if o.every > 0 {
+		cfg := a.config()
+		if a.inc, err = audit.NewIncremental(audit.IncrementalConfig{Config: cfg, Done: a.inbox, FullEvery: o.fullEvery, Retention: o.retention}); err != nil {
+			return fail(err)
+		}
+	}
 	return a, nil
+}
+
+// config is an audit's configuration, but for its window.
+func (a *auditor) config() audit.Config {
+	examples := a.opts.examples
+	if examples == 0 {
+		examples = -1
+	}
+	cfg := audit.Config{
+		Producer: a.events, Consumer: a.inbox, Grace: a.opts.grace,
+		Examples: examples, InboxPageSize: a.opts.inboxPageSize,
+	}
+	if a.accounts != nil {
+		cfg.Accountant = a.accounts
+	}
+	return cfg
 }
 
 func (a *auditor) close() {
@@ -225,25 +252,23 @@ func (a *auditor) close() {
 	a.pool.Close()
 }
 
-// audit runs one audit of the window at now.
+// audit runs one audit of the window at now: a full one, or with -every a
+// cycle of the incremental audit.
 func (a *auditor) audit(ctx context.Context, now time.Time) (*audit.Report, error) {
 	since, until := a.opts.window(now)
 	if !since.Before(until) {
 		return nil, fmt.Errorf("empty window: since %s is not before until %s", since.Format(time.RFC3339), until.Format(time.RFC3339))
 	}
-	examples := a.opts.examples
-	if examples == 0 {
-		examples = -1
+	if a.inc != nil {
+		return a.inc.Cycle(ctx, since, until, now)
 	}
-	return audit.Run(ctx, audit.Config{
-		Producer: a.events, Consumer: a.inbox, Accountant: a.accounts,
-		Since: since, Until: until, Grace: a.opts.grace, Now: now,
-		// Purges go by published_at, never before created_at: the outbox
-		// holds every event created after now - retention (the margin
-		// covers this clock against the database's).
-		Horizon:  now.Add(-a.opts.retention + audit.DefaultClockSkew),
-		Examples: examples, InboxPageSize: a.opts.inboxPageSize,
-	})
+	cfg := a.config()
+	cfg.Since, cfg.Until, cfg.Now = since, until, now
+	// Purges go by published_at, never before created_at: the outbox
+	// holds every event created after now - retention (the margin covers
+	// this clock against the database's).
+	cfg.Horizon = now.Add(-a.opts.retention + audit.DefaultClockSkew)
+	return audit.Run(ctx, cfg)
 }
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {

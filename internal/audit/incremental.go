@@ -47,6 +47,9 @@ type IncrementalConfig struct {
 	// DefaultCommitLag, DefaultFullEvery, DefaultLookups.
 	Bucket, CommitLag, FullEvery time.Duration
 	Lookups                      int
+	// Retention, when set, is how long the outbox keeps published events:
+	// a full audit's Horizon is its now - Retention + ClockSkew.
+	Retention time.Duration
 }
 
 // tally is what an incremental audit keeps of one bucket of creation
@@ -86,8 +89,8 @@ type Incremental struct {
 
 // NewIncremental returns an incremental audit.
 func NewIncremental(cfg IncrementalConfig) (*Incremental, error) {
-	if cfg.Done == nil || cfg.Bucket < 0 || cfg.CommitLag < 0 || cfg.FullEvery < 0 || cfg.Lookups < 0 {
-		return nil, errors.New("audit: incremental: Done is required; Bucket, CommitLag, FullEvery, Lookups must not be negative")
+	if cfg.Done == nil || cfg.Bucket < 0 || cfg.CommitLag < 0 || cfg.FullEvery < 0 || cfg.Lookups < 0 || cfg.Retention < 0 {
+		return nil, errors.New("audit: incremental: Done is required; Bucket, CommitLag, FullEvery, Lookups, Retention must not be negative")
 	}
 	cfg.Bucket = cmp.Or(cfg.Bucket, DefaultBucket)
 	cfg.CommitLag = cmp.Or(cfg.CommitLag, DefaultCommitLag)
@@ -131,8 +134,10 @@ func (in *Incremental) recorded(e outbox.LoggedEvent) {
 	delete(in.open, e.ID)
 }
 
-// Cycle audits [since, until) at now; the window is narrowed to whole
-// buckets (Report.Since and Until say which).
+// Cycle audits [since, until) at now, both bounds rounded up to whole
+// buckets (Report.Since and Until say which): the events of the bucket that
+// holds until are judged (so "until now" includes the last events), and a
+// bucket that holds since, which the full audit read in part, is not.
 func (in *Incremental) Cycle(ctx context.Context, since, until, now time.Time) (*Report, error) {
 	start := time.Now()
 	if in.full == nil || in.refull || now.Sub(in.fullAt) >= in.cfg.FullEvery {
@@ -168,6 +173,9 @@ func (in *Incremental) fullAudit(ctx context.Context, since, now time.Time) erro
 	// Until past every event: all are judged; each cycle's report takes
 	// its own window from the buckets.
 	cfg.Since, cfg.Until, cfg.Now = since, now.Add(24*time.Hour), now
+	if in.cfg.Retention > 0 {
+		cfg.Horizon = now.Add(-in.cfg.Retention + cmp.Or(cfg.ClockSkew, DefaultClockSkew))
+	}
 	cfg.Observe = func(e outbox.LoggedEvent, recorded bool) {
 		in.count(e, recorded)
 		if !recorded {
@@ -294,7 +302,7 @@ func (in *Incremental) lookUpOpen(ctx context.Context) error {
 	return nil
 }
 
-// report builds a report of [since, until), narrowed to whole buckets,
+// report builds a report of [since, until), rounded up to whole buckets,
 // from the tallies and the open events; it drops what is older than since.
 func (in *Incremental) report(ctx context.Context, since, until, now time.Time) (*Report, error) {
 	cfg, err := in.cfg.Config.withDefaults0(since, until, now)
@@ -302,7 +310,7 @@ func (in *Incremental) report(ctx context.Context, since, until, now time.Time) 
 		return nil, err
 	}
 	first := (since.UnixNano() + int64(in.cfg.Bucket) - 1) / int64(in.cfg.Bucket) // the first whole bucket
-	last := until.UnixNano() / int64(in.cfg.Bucket)                               // the first bucket not whole
+	last := (until.UnixNano() + int64(in.cfg.Bucket) - 1) / int64(in.cfg.Bucket)  // the first bucket after until
 	r := &Report{Since: time.Unix(0, first*int64(in.cfg.Bucket)).UTC(), Until: time.Unix(0, last*int64(in.cfg.Bucket)).UTC(),
 		Grace: cfg.Grace.String(), AuditedAt: now}
 	for _, b := range r.Buckets() {
