@@ -209,8 +209,8 @@ func (in *Incremental) prune() {
 // step reads what changed since the last cycle.
 func (in *Incremental) step(ctx context.Context, now time.Time) error {
 	cutoff := in.cutoff(now)
-	seen := 0
-	fresh := map[int64]bool{}
+	seen, added := 0, 0
+	fresh := map[int64]bool{} // events read in this scan: their state is current
 	watermark := in.watermark
 	for e, err := range in.cfg.Producer.Events(ctx, outbox.EventWindow{MinID: in.watermark + 1}) {
 		if err != nil {
@@ -224,18 +224,19 @@ func (in *Incremental) step(ctx context.Context, now time.Time) error {
 				in.refull = true // another event under a counted id
 			}
 			seen++
-			if o, ok := in.open[e.ID]; ok && o.State != e.State {
+			if _, ok := in.open[e.ID]; ok {
 				in.open[e.ID] = e
 				fresh[e.ID] = true
 			}
 			continue
 		}
+		added++
 		in.count(e, false)
 		in.tail[e.ID] = e.CreatedAt
 		in.open[e.ID] = e
 		fresh[e.ID] = true
 	}
-	if seen < len(in.tail)-len(fresh) || in.refull {
+	if seen < len(in.tail)-added || in.refull {
 		// The outbox no longer holds events it had: a failover lost them,
 		// and may hand their ids out again below the watermark.
 		in.refull = true

@@ -145,3 +145,35 @@ func TestIncrementalAuditsInFullAfterTheOutboxLostAnEvent(t *testing.T) {
 		t.Fatalf("after the loss: phantom %d, missing %d; want 1 and 1 (a full audit)", r.Phantom.Count, r.Missing.Count)
 	}
 }
+
+// The same when the failover lost an event outright while another event of
+// the last minutes, not applied yet, changed state.
+func TestIncrementalAuditsInFullAfterTheOutboxLostAnEventOutright(t *testing.T) {
+	p, c := &producer{}, &consumer{}
+	d := &done{c: c}
+	for id := int64(1); id <= 50; id++ {
+		e := outbox.LoggedEvent{ID: id, CreatedAt: now.Add(-time.Duration(51-id) * 10 * time.Second), State: outbox.EventPublished}
+		if id == 48 {
+			e.State = outbox.EventPending // not applied yet
+		} else {
+			c.records = append(c.records, inbox.RecordedMessage{MessageID: e.MessageID(), ProcessedAt: now})
+		}
+		p.events = append(p.events, e)
+	}
+	inc, err := audit.NewIncremental(audit.IncrementalConfig{Config: audit.Config{Producer: p, Consumer: c}, Done: d})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := inc.Cycle(context.Background(), now.Add(-time.Hour), now, now); err != nil {
+		t.Fatal(err)
+	}
+	p.events[47].State, p.events[47].Since = outbox.EventDeadLettered, now
+	p.events = slices.Delete(p.events, 48, 49) // event 49, applied, lost
+	r, err := inc.Cycle(context.Background(), now.Add(-time.Hour), now, now.Add(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Phantom.Count != 1 || r.DeadLettered.Count != 1 || r.Checked != 49 {
+		t.Fatalf("after the loss: phantom %d, dead-lettered %d, checked %d; want 1, 1, 49 (a full audit)", r.Phantom.Count, r.DeadLettered.Count, r.Checked)
+	}
+}
