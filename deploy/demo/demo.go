@@ -167,11 +167,12 @@ func (d *demo) startAll(ctx context.Context) error {
 	// which the live view shows. Its window runs up to now (-until 0s):
 	// an event younger than its grace and not applied yet is pending, not
 	// missing. FerretDB reads and sorts the whole inbox for each page:
-	// one page holds it all.
+	// one page holds it all. Every cycle is a full audit (-full-every as
+	// long as -every), so that a phantom shows at the next one.
 	specs = append(specs, procSpec{
 		name: "audit",
 		path: bin("audit"),
-		args: []string{"-every", d.cfg.AuditEvery.String(), "-metrics-addr", d.cfg.AuditAddr,
+		args: []string{"-every", d.cfg.AuditEvery.String(), "-full-every", d.cfg.AuditEvery.String(), "-metrics-addr", d.cfg.AuditAddr,
 			"-grace", auditGrace.String(), "-until", "0s", "-inbox-page-size", "10000000"},
 		env:     []string{"DATABASE_URL=" + d.cfg.DatabaseURL, "MONGO_URI=" + d.cfg.MongoURI},
 		ready:   httpReady("http://" + d.cfg.AuditAddr + "/healthz"),
