@@ -64,6 +64,12 @@
 // An event is judged by the snapshot each page was read in: one that
 // commits, or whose record is written, after the scan went past its id is
 // judged by the next audit.
+//
+// Run reads the whole window of both stores. Incremental audits again and
+// again at the cost of what changed: a full audit (Run) now and then, and
+// between them the outbox's new events and, by message id, the events the
+// inbox had not recorded yet, counted per bucket of creation times (see
+// Incremental for what its cycles cannot see).
 package audit
 
 import (
