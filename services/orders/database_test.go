@@ -269,7 +269,7 @@ func TestCommandsRefuseAMissingOrOutdatedSchema(t *testing.T) {
 	if out, err := runCommand(t.Context(), env, "migrate"); err != nil {
 		t.Fatalf("migrate: %v %s", err, out)
 	}
-	if _, err := pool.Exec(t.Context(), "DROP TABLE idempotency_keys, orders"); err != nil {
+	if _, err := pool.Exec(t.Context(), "DROP TABLE order_amendments, idempotency_keys, orders"); err != nil {
 		t.Fatal(err)
 	}
 	check("no orders table", `table "orders"`, [][]string{{"serve"}})
