@@ -99,6 +99,11 @@ type FinalState struct {
 	// message handled twice, the inbox holds a done record for every effect
 	// and none without one.
 	Effects *EffectsAudit
+	// PublishOrder, when set, is what the publish-order tap saw
+	// (publishorder.go): I3 on the order the relays published each
+	// aggregate's events in, which shipping's version gate hides from the
+	// effects.
+	PublishOrder *PublishOrder
 }
 
 // DeadPrimaryState is what a primary held when a postgres_failover killed
@@ -245,6 +250,21 @@ type Report struct {
 	InboxAuditViolations int `json:"inbox_audit_violations"`
 	// I3
 	OutOfOrder int `json:"out_of_order"`
+	// I3 on publication (publishorder.go): PublishOrderChecked says the
+	// run had the tap; PublishOrderSighted and PublishOrderUnsighted count
+	// the committed events the tap saw and missed; PublishedOutOfOrder the
+	// aggregates' consecutive events whose first copies the tap saw
+	// inverted (violations); PublishedOutOfOrderResent the inversions
+	// excused because the later event was published again after the
+	// earlier one's first copy (a run behind an event whose publish
+	// failed); PublishOrderTapReconnects how often the tap's consumer lost
+	// its connection.
+	PublishOrderChecked       bool `json:"publish_order_checked"`
+	PublishOrderSighted       int  `json:"publish_order_sighted"`
+	PublishOrderUnsighted     int  `json:"publish_order_unsighted"`
+	PublishedOutOfOrder       int  `json:"published_out_of_order"`
+	PublishedOutOfOrderResent int  `json:"published_out_of_order_resent"`
+	PublishOrderTapReconnects int  `json:"publish_order_tap_reconnects"`
 	// I4
 	DuplicatesDelivered int64 `json:"duplicates_delivered"`
 	// I5
@@ -297,6 +317,7 @@ func Check(h History, s FinalState, run RunInfo) Report {
 	}}
 	c.ordersAcknowledged(h, s) // I1
 	c.eventsApplied(h, s)      // I2, I3
+	c.publishOrder(s)          // I3: the order of publication
 	c.audit(h, s, run)         // I2: the effect log and the inbox
 	c.duplicates(run)          // I4
 	c.drain(run)               // I5
@@ -719,5 +740,5 @@ func (r Report) Summary() string {
 		"lost=%d duplicate_effects=%d out_of_order=%d duplicates_delivered=%d dead_letters=%d/%d faults=%d drain=%.1fs/%.0fs",
 		verdict, r.Seed, r.Profile, r.Provider, r.OrdersAcknowledged, r.OrdersCommitted, r.EventsCommitted, r.EffectsApplied,
 		r.Lost, r.DuplicateEffects, r.OutOfOrder, r.DuplicatesDelivered, r.DeadLetters, r.DeadLettersExpected,
-		r.FaultsTotal, r.DrainSeconds, r.DrainBudgetSeconds) + r.auditSummary()
+		r.FaultsTotal, r.DrainSeconds, r.DrainBudgetSeconds) + r.publishOrderSummary() + r.auditSummary()
 }
