@@ -312,6 +312,17 @@ func runScenario(t *testing.T, sc scenario) chaos.Report {
 	defer func() { _ = c.healAll(context.WithoutCancel(ctx)) }()
 	c.assertQuorumQueues(ctx, "before the faults")
 
+	// The publish-order tap, declared before any event is published.
+	tapURLs, err := c.directAMQPURLs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tap, err := startPublishTap(ctx, tapURLs, c.rabbit != nil, t.Logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tap.stop()
+
 	rec := &chaos.Recorder{}
 	poison := &poisoner{amqpURL: c.amqpURL, runID: c.id, oversize: maxMessageBytes + 1024}
 	in := newInjector(c, rec, poison, t.Logf)
@@ -371,6 +382,10 @@ func runScenario(t *testing.T, sc scenario) chaos.Report {
 	if err != nil {
 		t.Fatalf("read the final state: %v", err)
 	}
+	if state.PublishOrder, err = tap.finish(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("publish-order tap: %d message ids, %d reconnects", len(state.PublishOrder.Sightings), state.PublishOrder.Reconnects)
 	report := chaos.Check(h, state, chaos.RunInfo{
 		Seed: sc.seed, Profile: sc.profile.Name, Provider: sc.provider,
 		Drained: drained, DrainTime: drainTime, DrainBudget: sc.profile.DrainBudget,
@@ -573,7 +588,7 @@ func (c *cluster) busy(ctx context.Context) (string, error) {
 	}
 	var busy []string
 	for q, n := range depths {
-		if n > 0 && q != deadLetterQueue {
+		if n > 0 && q != deadLetterQueue && q != publishTapQueue {
 			busy = append(busy, fmt.Sprintf("%s=%d", q, n))
 		}
 	}

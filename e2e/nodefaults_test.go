@@ -270,7 +270,8 @@ const localConnectionsExpr = `[case catch rabbit_networking:connection_info(P, [
 	_ -> ok
 end || P <- rabbit_networking:local_connections()], ok.`
 
-// connections lists the run's client connections, asking each node that
+// connections lists the run's client connections (the services', not the
+// publish-order tap's), asking each node that
 // answers for its own (rabbit_networking:local_connections):
 // rabbitmqctl list_connections streams the other nodes' answers straight
 // to the CLI's Erlang node, which nodes in namespaces cannot reach, and
@@ -292,8 +293,8 @@ func (rc *rabbitCluster) connections(ctx context.Context, vhost string) ([]broke
 		answered++
 		for line := range strings.SplitSeq(out, "\n") {
 			f := strings.Split(strings.TrimSpace(line), "\t")
-			if len(f) != 4 || f[0] != vhost {
-				continue
+			if len(f) != 4 || f[0] != vhost || f[2] == publishTapConnName {
+				continue // the harness's tap, straight to a node, is no client under test
 			}
 			c := brokerConn{node: chaos.NodeName(n.i), name: f[2], state: f[3]}
 			if ms, err := strconv.ParseInt(f[1], 10, 64); err == nil {
