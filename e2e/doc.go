@@ -150,7 +150,14 @@
 // show), its inbox collection's records, every shipment document, and the
 // process runs that wrote the log (each shipping process logs its
 // effect_log_writer at start; the supervisor's start and exit lines in its
-// log say which run it was, when it ended and whether it was SIGKILLed).
+// log say which run it was, when it ended and whether it was SIGKILLed);
+// and what the publish-order tap saw: a queue of the harness's own
+// (chaos.publish-order-tap, declared before the load, bound to
+// orders.events with shipping's key order.*; a durable classic queue on
+// the machine's broker, a quorum queue on a broker of the run's own),
+// consumed straight from the broker with manual acks and a new connection
+// after each loss, which numbers its deliveries and gives each message id's
+// first and last (chaos.PublishOrder), read once the queue is empty.
 // chaos.Check turns history and state into the report, written as JSON and
 // summed up in one line. A message with a second entry in the effect log is
 // a duplicate_effect unless, on FerretDB (standalone inbox), the writer of
