@@ -33,7 +33,6 @@ import (
 	"github.com/outbox-inbox/reference/pkg/outbox"
 	"github.com/outbox-inbox/reference/services/shipping/internal/deadletter"
 	"github.com/outbox-inbox/reference/services/shipping/internal/mongodb"
-	"github.com/outbox-inbox/reference/services/shipping/internal/processor"
 	"github.com/outbox-inbox/reference/services/shipping/internal/shipment"
 )
 
@@ -41,7 +40,7 @@ import (
 // message after its first deferral (its -max-deferral-age) before it
 // dead-letters it: a message may be on its way that long and more, applied
 // or held in the end, and an audit's grace must outlast it.
-const DefaultMaxDeferralAge = processor.DefaultMaxDeferralAge
+const DefaultMaxDeferralAge = shipment.DefaultMaxDeferralAge
 
 // MaxEvents bounds one Account call.
 const MaxEvents = min(mongodb.MaxLookup, deadletter.MaxLookup)

@@ -192,7 +192,7 @@ const (
 	DefaultMaxAttempts           = 5
 	DefaultMaxDeferrals          = 300
 	DefaultMaxTransientDeferrals = 20
-	DefaultMaxDeferralAge        = 30 * time.Minute
+	DefaultMaxDeferralAge        = shipment.DefaultMaxDeferralAge
 )
 
 // Processor is the shipping service's rabbitmq.Handler.

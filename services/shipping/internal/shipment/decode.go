@@ -8,6 +8,7 @@ import (
 	"io"
 	"math"
 	"strings"
+	"time"
 	"unicode/utf8"
 )
 
@@ -15,6 +16,12 @@ import (
 // dead-lettered message's x-dead-letter-reason header and labels the
 // dead-letter metric.
 type Reason string
+
+// DefaultMaxDeferralAge is how long, by default, shipping keeps deferring a
+// message after its first deferral before it dead-letters it (the
+// processor's MaxDeferralAge, -max-deferral-age): the loss audit's grace
+// must outlast it.
+const DefaultMaxDeferralAge = 30 * time.Minute
 
 // Dead-letter reasons.
 const (
