@@ -478,8 +478,10 @@ func TestACheckThenInsertRaceFailsOnAnyServer(t *testing.T) {
 			t.Errorf("a finding outside concurrent: %s", e)
 		}
 	}
-	if n != 4 { // 2 aggregates x 2 versions, each message applied twice
-		t.Errorf("%d concurrent findings, want 4 (every message):\n%s", n, strings.Join(f.errors, "\n"))
+	// The race is the scheduler's: most messages lose it, not always all
+	// four (2 aggregates x 2 versions); one is enough to fail the subject.
+	if n < 1 || n > 4 {
+		t.Errorf("%d concurrent findings, want 1 to 4 (one per message that lost the race):\n%s", n, strings.Join(f.errors, "\n"))
 	}
 }
 
