@@ -242,7 +242,10 @@ func TestServePublishesOrderEvents(t *testing.T) {
 // waitMetrics waits until base's /metrics contains every one of want.
 func waitMetrics(t *testing.T, base string, want ...string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	// A WAL relay is active once its slot exists, and creating a logical
+	// slot waits for every transaction open on the server, other tests'
+	// included: on a shared server that took over 10 s.
+	deadline := time.Now().Add(60 * time.Second)
 	for {
 		resp, err := http.Get(base + "/metrics")
 		if err != nil {
