@@ -805,25 +805,31 @@ func (in *injector) toxicOn(ctx context.Context, proxies []string, s chaos.Step,
 	return nil
 }
 
+// shellWithTwoChildren runs sh -c script as a supervised process (closed
+// when the test ends) and waits until it has two children.
+func shellWithTwoChildren(t *testing.T, script string) (p *proc, pid int, kids []int) {
+	t.Helper()
+	sh, err := exec.LookPath("sh")
+	if err != nil {
+		t.Fatalf("no sh: %v", err)
+	}
+	p, err = newProc(procSpec{name: "parent", bin: sh, args: []string{"-c", script}}, t.TempDir(), func(exitEvent) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.close() })
+	if pid, _, err = p.pid(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { kids, _ = children(pid); return len(kids) == 2 })
+	return p, pid, kids
+}
+
 // The pause's own parts: a process and its children stopped (state T in
 // /proc) and running again after SIGCONT, and resumeAll continuing whatever
 // a step left stopped.
 func TestSigstopStopsAChildrenTreeAndResumeAllContinuesIt(t *testing.T) {
-	sh, err := exec.LookPath("sh")
-	if err != nil {
-		t.Skip("no sh")
-	}
-	p, err := newProc(procSpec{name: "parent", bin: sh, args: []string{"-c", "sleep 60 & sleep 60 & wait"}}, t.TempDir(), func(exitEvent) {})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.close()
-	pid, _, err := p.pid()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var kids []int
-	waitFor(t, func() bool { kids, _ = children(pid); return len(kids) == 2 })
+	p, pid, kids := shellWithTwoChildren(t, "sleep 60 & sleep 60 & wait")
 	st, err := sigstop(pid, kids...)
 	if err != nil {
 		t.Fatal(err)
@@ -863,21 +869,7 @@ func TestSigstopStopsAChildrenTreeAndResumeAllContinuesIt(t *testing.T) {
 // runs no more. The pause goes on (seen in a run: "process 27155 not stopped
 // 5s after SIGSTOP (state Z)" failed pause_postgres).
 func TestSigstopTakesAChildThatExitedForStopped(t *testing.T) {
-	sh, err := exec.LookPath("sh")
-	if err != nil {
-		t.Skip("no sh")
-	}
-	p, err := newProc(procSpec{name: "parent", bin: sh, args: []string{"-c", "sleep 0.3 & sleep 60 & wait"}}, t.TempDir(), func(exitEvent) {})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.close()
-	pid, _, err := p.pid()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var kids []int
-	waitFor(t, func() bool { kids, _ = children(pid); return len(kids) == 2 })
+	_, pid, kids := shellWithTwoChildren(t, "sleep 0.3 & sleep 60 & wait")
 	parent, err := sigstop(pid)
 	if err != nil {
 		t.Fatal(err)
