@@ -98,7 +98,7 @@ func testCancelArrivingBeforeItsCreateIsAppliedAfterIt(t *testing.T, e *env) {
 	// The order of application, not Store.Get (which stops at the first
 	// missing version, and so cannot see a cancel applied without its
 	// create).
-	if vs := e.order.versions("order-2"); fmt.Sprint(vs) != "[1 2]" {
+	if vs := e.order.waitVersions(t, "order-2", 2); fmt.Sprint(vs) != "[1 2]" {
 		t.Fatalf("application order %v, want [1 2]", vs)
 	}
 }

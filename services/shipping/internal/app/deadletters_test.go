@@ -137,7 +137,7 @@ func TestDeadLetterParksItsOrderUntilReplayedWhileOthersFlow(t *testing.T) {
 	}
 	s := e.waitShipment("held-1", 2)
 	wantEvents(t, s, "1601", "1602")
-	if vs := e.order.versions("held-1"); fmt.Sprint(vs) != "[1 2]" {
+	if vs := e.order.waitVersions(t, "held-1", 2); fmt.Sprint(vs) != "[1 2]" {
 		t.Fatalf("application order %v, want [1 2]", vs)
 	}
 	e.waitDrained(a)
@@ -175,7 +175,7 @@ func TestDiscardedDeadLetterReleasesTheRestOfItsOrder(t *testing.T) {
 	if s.Status != shipment.StatusCancelled || !s.Events[1].Discarded || s.Events[2].Discarded {
 		t.Fatalf("shipment %+v: want cancelled by version 3, version 2 discarded", s)
 	}
-	if vs := e.order.versions("disc-1"); fmt.Sprint(vs) != "[1 3]" {
+	if vs := e.order.waitVersions(t, "disc-1", 2); fmt.Sprint(vs) != "[1 3]" {
 		t.Fatalf("application order %v, want [1 3] (2 discarded)", vs)
 	}
 }
@@ -241,7 +241,7 @@ func TestDeadLetteredVersionAppliedByAnotherCopyReleasesItsOrder(t *testing.T) {
 	e.pub.publish(created("1901", "again-1")) // the relay's second copy
 	s := e.waitShipment("again-1", 2)
 	wantEvents(t, s, "1901", "1902")
-	if vs := e.order.versions("again-1"); fmt.Sprint(vs) != "[1 2]" {
+	if vs := e.order.waitVersions(t, "again-1", 2); fmt.Sprint(vs) != "[1 2]" {
 		t.Fatalf("application order %v, want [1 2]", vs)
 	}
 	waitFor(t, 10*time.Second, "the gauges back to 0", func() bool { return gauge(a, "held") == 0 && gauge(a, "parked") == 0 })
@@ -313,7 +313,7 @@ func TestGapDeadLetterIsReplayedWhenItsPredecessorApplies(t *testing.T) {
 	e.pub.publish(created("2101", "gap-1")) // the predecessor, late
 	s := e.waitShipment("gap-1", 2)
 	wantEvents(t, s, "2101", "2102")
-	if vs := e.order.versions("gap-1"); fmt.Sprint(vs) != "[1 2]" {
+	if vs := e.order.waitVersions(t, "gap-1", 2); fmt.Sprint(vs) != "[1 2]" {
 		t.Fatalf("application order %v, want [1 2]", vs)
 	}
 	waitFor(t, 10*time.Second, "the gauges back to 0", func() bool { return gauge(a, "held") == 0 && gauge(a, "parked") == 0 })

@@ -46,7 +46,7 @@ func testEventTypeUnknownToShippingStillAdvancesItsOrder(t *testing.T, e *env) {
 	if n := value(a.Metrics().UnknownType); n != 1 {
 		t.Errorf("unknown-type count %v, want 1", n)
 	}
-	if vs := e.order.versions("order-12"); fmt.Sprint(vs) != "[1 2 3]" {
+	if vs := e.order.waitVersions(t, "order-12", 3); fmt.Sprint(vs) != "[1 2 3]" {
 		t.Errorf("application order %v, want [1 2 3]", vs)
 	}
 }

@@ -252,6 +252,20 @@ func (r *applyRecorder) versions(orderID string) []int64 {
 	return out
 }
 
+// waitVersions waits until n versions of orderID were recorded and returns
+// them. A test that saw the shipment's last version in the store still
+// waits: the recorder notes a call once Store.Apply has returned, after its
+// write is visible.
+func (r *applyRecorder) waitVersions(t *testing.T, orderID string, n int) []int64 {
+	t.Helper()
+	var vs []int64
+	waitFor(t, 10*time.Second, fmt.Sprintf("%d applications of %s recorded", n, orderID), func() bool {
+		vs = r.versions(orderID)
+		return len(vs) >= n
+	})
+	return vs
+}
+
 // wantInOrder fails unless every order's versions were applied in the order
 // 1, 2, 3, ...: no version's call returned before its predecessor's call
 // began (in transaction mode an attempt that was rolled back may be seen
