@@ -160,6 +160,8 @@ func TestBrokerOutage(t *testing.T) {
 	waitActive(t, relay)
 	first := enqueue(t, pool, msg("a", "order.created"))
 	b.waitIDs("the first event", first)
+	// Delivered is not yet swept: the row goes once the confirm is handled.
+	waitFor(t, "the first event swept", 30*time.Second, outboxEmpty(pool))
 
 	p.Stop()
 	var during []outbox.Enqueued
