@@ -175,8 +175,19 @@ func TestWorkloadDrivesChains(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(t.Context(), 800*time.Millisecond)
+	// The run stops on what it has seen, not after a fixed time: under a
+	// loaded race-enabled build an 800 ms run saw two orders.
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
+	go func() {
+		for ctx.Err() == nil {
+			if enoughChains(rec.History()) {
+				cancel()
+				return
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
 	if err := w.Run(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -222,6 +233,22 @@ func TestWorkloadDrivesChains(t *testing.T) {
 	if n := len(fake.amended); n != len(h.Ops)-len(fake.byKey)-len(cancelled) {
 		t.Errorf("server holds %d amendments for %d acknowledged: a retry made a second version", n, len(h.Ops)-len(fake.byKey)-len(cancelled))
 	}
+}
+
+// enoughChains says whether h holds at least 4 orders with amendments and
+// a cancel, enough for two chain lengths to be likely once they finish.
+func enoughChains(h History) bool {
+	amended := make(map[string]bool)
+	cancels := 0
+	for _, op := range h.Ops {
+		switch op.Kind {
+		case OpAmend:
+			amended[op.OrderID] = true
+		case OpCancel:
+			cancels++
+		}
+	}
+	return len(amended) >= 5 && cancels > 0
 }
 
 func TestWorkloadOutcomes(t *testing.T) {
