@@ -55,13 +55,8 @@ func outboxChain(t *testing.T, pool *pgxpool.Pool, orderID string) []string {
 // its order.amended event commit together, for chains of any length.
 func TestAmendmentsMakeTheNextVersions(t *testing.T) {
 	t.Parallel()
-	pool := pgtest.NewPool(t)
-	store := postgres.NewStore(pool, postgres.StoreConfig{})
+	pool, store, o := storeWithOrder(t)
 	ctx := context.Background()
-	o, _, err := store.Create(ctx, newOrder(), order.Idempotency{}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 	rng := rand.New(rand.NewPCG(uint64(len(t.Name())), 7))
 	n := 4 + rng.IntN(16) // 5 to 20 versions
 	want := []string{"v1 order.created "}
@@ -97,13 +92,8 @@ func TestAmendmentsMakeTheNextVersions(t *testing.T) {
 // nothing.
 func TestAmendIsIdempotentByKeyAndRefusedOnACancelledOrder(t *testing.T) {
 	t.Parallel()
-	pool := pgtest.NewPool(t)
-	store := postgres.NewStore(pool, postgres.StoreConfig{})
+	pool, store, o := storeWithOrder(t)
 	ctx := context.Background()
-	o, _, err := store.Create(ctx, newOrder(), order.Idempotency{}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 	first, _, err := store.Amend(ctx, o.ID, order.NewAmendment{Note: "ring twice"}, amendKey("k1", "ring twice"), nil)
 	if err != nil {
 		t.Fatal(err)
@@ -152,13 +142,8 @@ func TestAmendIsIdempotentByKeyAndRefusedOnACancelledOrder(t *testing.T) {
 // concurrent retries with one key make one between them.
 func TestConcurrentAmendmentsMakeOneVersionEach(t *testing.T) {
 	t.Parallel()
-	pool := pgtest.NewPool(t)
-	store := postgres.NewStore(pool, postgres.StoreConfig{})
+	pool, store, o := storeWithOrder(t)
 	ctx := context.Background()
-	o, _, err := store.Create(ctx, newOrder(), order.Idempotency{}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 	const distinct, copies = 6, 4
 	versions := make([]int64, distinct*copies)
 	errs := make([]error, len(versions))

@@ -322,12 +322,9 @@ func (s *Store) Cancel(ctx context.Context, id string, headers map[string]string
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		o, changed = order.Order{}, false
 		q := s.queries.WithTx(tx)
-		row, err := q.LockOrder(ctx, key)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return order.ErrNotFound
-		}
+		row, err := lockOrder(ctx, q, key)
 		if err != nil {
-			return fmt.Errorf("lock order: %w", err)
+			return err
 		}
 		if row.Status == order.StatusCancelled {
 			o = fromRow(row)
@@ -341,17 +338,7 @@ func (s *Store) Cancel(ctx context.Context, id string, headers map[string]string
 		if err != nil {
 			return fmt.Errorf("encode order.cancelled: %w", err)
 		}
-		// The event joins the generated queries' transaction: same tx.
-		create, headers := s.startCreate(ctx, order.EventCancelled, o, headers)
-		_, err = s.writer.Enqueue(ctx, tx, outbox.Message{
-			AggregateType: order.AggregateType, AggregateID: o.ID, EventType: order.EventCancelled,
-			Payload: payload, Headers: headers,
-		})
-		if err != nil {
-			err = fmt.Errorf("enqueue order.cancelled: %w", err)
-		}
-		endSpan(create, err)
-		if err != nil {
+		if err := s.enqueueEvent(ctx, tx, order.EventCancelled, o, payload, headers); err != nil {
 			return err
 		}
 		changed = true
@@ -394,12 +381,9 @@ func (s *Store) Amend(ctx context.Context, id string, a order.NewAmendment, idem
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		am, replayed, o = order.Amendment{}, false, order.Order{}
 		q := s.queries.WithTx(tx)
-		row, err := q.LockOrder(ctx, key)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return order.ErrNotFound
-		}
+		row, err := lockOrder(ctx, q, key)
 		if err != nil {
-			return fmt.Errorf("lock order: %w", err)
+			return err
 		}
 		o = fromRow(row)
 		// The key first: a retry of an amendment that committed is answered
@@ -434,16 +418,7 @@ func (s *Store) Amend(ctx context.Context, id string, a order.NewAmendment, idem
 		if err != nil {
 			return fmt.Errorf("encode order.amended: %w", err)
 		}
-		create, headers := s.startCreate(ctx, order.EventAmended, o, headers)
-		_, err = s.writer.Enqueue(ctx, tx, outbox.Message{
-			AggregateType: order.AggregateType, AggregateID: o.ID, EventType: order.EventAmended,
-			Payload: payload, Headers: headers,
-		})
-		if err != nil {
-			err = fmt.Errorf("enqueue order.amended: %w", err)
-		}
-		endSpan(create, err)
-		if err != nil {
+		if err := s.enqueueEvent(ctx, tx, order.EventAmended, o, payload, headers); err != nil {
 			return err
 		}
 		return s.runBeforeCommit(ctx, tx)
@@ -452,6 +427,34 @@ func (s *Store) Amend(ctx context.Context, id string, a order.NewAmendment, idem
 		return order.Amendment{}, false, err
 	}
 	return am, replayed, nil
+}
+
+// lockOrder locks the order row with key for the rest of tx, or returns
+// order.ErrNotFound.
+func lockOrder(ctx context.Context, q *ordersdb.Queries, key uuid.UUID) (ordersdb.Order, error) {
+	row, err := q.LockOrder(ctx, key)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ordersdb.Order{}, order.ErrNotFound
+	}
+	if err != nil {
+		return ordersdb.Order{}, fmt.Errorf("lock order: %w", err)
+	}
+	return row, nil
+}
+
+// enqueueEvent writes o's event of type eventType into the outbox in tx, the
+// transaction that changed o, under a create span of its own.
+func (s *Store) enqueueEvent(ctx context.Context, tx pgx.Tx, eventType string, o order.Order, payload []byte, headers map[string]string) error {
+	create, headers := s.startCreate(ctx, eventType, o, headers)
+	_, err := s.writer.Enqueue(ctx, tx, outbox.Message{
+		AggregateType: order.AggregateType, AggregateID: o.ID, EventType: eventType,
+		Payload: payload, Headers: headers,
+	})
+	if err != nil {
+		err = fmt.Errorf("enqueue %s: %w", eventType, err)
+	}
+	endSpan(create, err)
+	return err
 }
 
 func (s *Store) runBeforeCommit(ctx context.Context, tx pgx.Tx) error {

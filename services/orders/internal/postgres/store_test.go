@@ -9,12 +9,26 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-inbox/reference/pkg/outbox"
 	"github.com/outbox-inbox/reference/services/orders/internal/order"
 	"github.com/outbox-inbox/reference/services/orders/internal/postgres"
 	"github.com/outbox-inbox/reference/services/orders/internal/postgres/pgtest"
 )
+
+// storeWithOrder returns a store on a database of the test's own that holds
+// one new order, o.
+func storeWithOrder(t *testing.T) (*pgxpool.Pool, *postgres.Store, order.Order) {
+	t.Helper()
+	pool := pgtest.NewPool(t)
+	store := postgres.NewStore(pool, postgres.StoreConfig{})
+	o, _, err := store.Create(context.Background(), newOrder(), order.Idempotency{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pool, store, o
+}
 
 func newOrder() order.NewOrder {
 	return order.NewOrder{CustomerID: "c-42", Currency: "EUR", Items: []order.Item{{SKU: "sku-1", Quantity: 2, UnitPrice: 1250}}, Total: 2500}
@@ -169,13 +183,8 @@ func TestConcurrentRetriesWithOneKeyCreateOneOrder(t *testing.T) {
 
 func TestConcurrentCancelsEmitOneEvent(t *testing.T) {
 	t.Parallel()
-	pool := pgtest.NewPool(t)
-	store := postgres.NewStore(pool, postgres.StoreConfig{})
+	pool, store, o := storeWithOrder(t)
 	ctx := context.Background()
-	o, _, err := store.Create(ctx, newOrder(), order.Idempotency{}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 
 	const n = 8
 	changed := make([]bool, n)
@@ -266,13 +275,8 @@ func TestCreateWithARejectedEventWritesNothing(t *testing.T) {
 // stays created at version 1 and no event is written.
 func TestCancelWithARejectedEventWritesNothing(t *testing.T) {
 	t.Parallel()
-	pool := pgtest.NewPool(t)
-	store := postgres.NewStore(pool, postgres.StoreConfig{})
+	pool, store, o := storeWithOrder(t)
 	ctx := context.Background()
-	o, _, err := store.Create(ctx, newOrder(), order.Idempotency{}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 
 	if _, changed, err := store.Cancel(ctx, o.ID, badHeaders); !errors.Is(err, outbox.ErrInvalidMessage) || changed {
 		t.Errorf("cancel error = %v changed=%v, want ErrInvalidMessage and no change", err, changed)
