@@ -125,6 +125,7 @@ const (
 
 const (
 	dbTimeout              = 10 * time.Second
+	slotCreateTimeout      = 2 * time.Minute // see ensureSlot
 	maxErrorText           = 2000
 	sweepChunk             = 10_000
 	minInterval            = time.Millisecond

@@ -26,7 +26,9 @@
 // runs no DDL on the outbox table). It creates what is the WAL relay's own
 // when missing: the publication (FOR TABLE outbox WITH (publish = 'insert')),
 // the slot, and the table outbox_wal_slots (Schema: one row per slot, see
-// Failover). Prepare does the same from a deployment step. Start as many
+// Failover). Prepare does the same from a deployment step. Creating the slot
+// waits for every transaction then running on the server, in any database,
+// to end (at most 2 minutes, with a warning after 10 s). Start as many
 // relays as you like on one slot: one streams, the others wait (looking at
 // the slot through the pool, without a WAL sender) and take over within
 // TakeoverInterval of the slot becoming free (see Failover). Never run the

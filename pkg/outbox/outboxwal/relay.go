@@ -509,9 +509,19 @@ LEFT JOIN pg_publication p ON p.pubname = $2`, r.cfg.Slot, r.cfg.Publication).Sc
 	if err := r.commentPublication(ctx, c, "creating"); err != nil {
 		return false, nil, err
 	}
-	res, err := pglogrepl.CreateReplicationSlot(ctx, conn, r.cfg.Slot, "pgoutput", pglogrepl.CreateReplicationSlotOptions{
+	// Creating a logical slot waits for every transaction running on the
+	// server, in any database, to end: its own deadline, longer than a
+	// statement's, and a warning once it waits longer than one.
+	cctx, ccancel := context.WithTimeout(parent, slotCreateTimeout)
+	defer ccancel()
+	slow := time.AfterFunc(dbTimeout, func() {
+		r.log.WarnContext(cctx, "outbox WAL relay: creating the slot waits for the transactions running on the server (in any database) to end",
+			slog.String("slot", r.cfg.Slot), slog.Duration("waited", dbTimeout), slog.Duration("limit", slotCreateTimeout))
+	})
+	res, err := pglogrepl.CreateReplicationSlot(cctx, conn, r.cfg.Slot, "pgoutput", pglogrepl.CreateReplicationSlotOptions{
 		Mode: pglogrepl.LogicalReplication, SnapshotAction: "EXPORT_SNAPSHOT",
 	})
+	slow.Stop()
 	if err != nil {
 		return false, nil, fmt.Errorf("create slot %s: %w", r.cfg.Slot, err)
 	}
