@@ -355,3 +355,123 @@ func TestOrderGuaranteeIsWordedTheSameEverywhere(t *testing.T) {
 		}
 	}
 }
+
+// index is the declarations of every Go file the repository tracks.
+func (r repo) index(t *testing.T) *doccheck.Index {
+	t.Helper()
+	x := doccheck.NewIndex("github.com/outbox-inbox/reference")
+	for _, f := range r.files {
+		if strings.HasSuffix(f, ".go") && !strings.Contains("/"+f, "/testdata/") {
+			if err := x.Add(f, r.read(t, f)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	return x
+}
+
+// Every Go name the tour cites is declared in a file its stop links to (or,
+// qualified, in the package it names): a renamed function, or a name sent to
+// the wrong file, fails here.
+func TestTourNamesExist(t *testing.T) {
+	r := trackedFiles(t)
+	x := r.index(t)
+	const tour = "docs/tour.md"
+	checked := 0
+	for _, sec := range doccheck.Sections(r.read(t, tour)) {
+		var files []string
+		for _, l := range sec.Links {
+			p, _, _ := strings.Cut(l.Target, "#")
+			if strings.HasSuffix(p, ".go") && !doccheck.External(p) {
+				files = append(files, path.Clean(path.Join(path.Dir(tour), p)))
+			}
+		}
+		for _, s := range sec.Spans {
+			if !doccheck.IsGoName(s.Text) {
+				continue
+			}
+			checked++
+			if why := x.Resolve(s.Text, files); why != "" {
+				t.Errorf("%s:%d: `%s` (section %q): %s", tour, s.Line, s.Text, sec.Heading, why)
+			}
+		}
+	}
+	if checked < 50 {
+		t.Errorf("checked %d names in %s: the parser lost most of them", checked, tour)
+	}
+}
+
+// Resolve fails on a name nobody declares, on a name sent to a file that
+// does not declare it, and on a field path that breaks; it follows struct
+// fields by type, qualified names into their package, and leaves names of
+// third-party packages alone.
+func TestResolveFailsOnWhatIsNotDeclared(t *testing.T) {
+	x := doccheck.NewIndex("example.com/m")
+	for f, src := range map[string]string{
+		"a/a.go": "package a\nimport (\n\"github.com/jackc/pgx/v5\"\n\"example.com/m/b\"\n)\n" +
+			"type Config struct{ Standalone StandaloneConfig; pgx.Tx }\ntype StandaloneConfig struct{ Lease int }\n" +
+			"type Relay struct{}\nfunc (r *Relay) Run() {}\nconst budget = 1\nvar _ = b.X\n",
+		"a/b.go": "package a\nfunc (r Relay) mark() {}\n",
+		"b/b.go": "package b\nvar X = 1\n",
+	} {
+		if err := x.Add(f, src); err != nil {
+			t.Fatal(err)
+		}
+	}
+	here := []string{"a/a.go"}
+	for _, ok := range []string{"Config", "Relay.Run", "Config.Standalone.Lease", "Config.Tx", "budget", "b.X", "pgx.Batch", "a.Relay.mark"} {
+		if why := x.Resolve(ok, here); why != "" {
+			t.Errorf("Resolve(%q) = %q, want it found", ok, why)
+		}
+	}
+	for _, bad := range []string{"defaultTxBudget", "Relay.mark", "Relay.Stop", "Config.Standalone.Lapse", "Config.Lease.X", "b.Y", "c.Z"} {
+		if why := x.Resolve(bad, here); why == "" {
+			t.Errorf("Resolve(%q) found it, want a failure", bad)
+		}
+	}
+	for span, want := range map[string]bool{
+		"Relay.Run": true, "takeSlot": true, "outboxsql.UnblockNextSQL": true,
+		"order.created": false, "blocked": false, "INSERT": false, "CRASH_POINT": false,
+		"TestX": false, "FOR NO KEY UPDATE": false, "pkg/outbox": false,
+	} {
+		if got := doccheck.IsGoName(span); got != want {
+			t.Errorf("IsGoName(%q) = %v, want %v", span, got, want)
+		}
+	}
+}
+
+// The README's Go code is the first code block of pkg/outbox's "Minimal use"
+// and of pkg/inbox's "Use", and is compiled: snippets_test.go holds it
+// verbatim, so an undefined name or an unchecked error there fails the build
+// or go vet, and an edit of one copy alone fails here.
+func TestReadmeCodeIsCompiled(t *testing.T) {
+	r := trackedFiles(t)
+	compiled := r.read(t, "internal/doccheck/snippets_test.go")
+	blocks := doccheck.GoBlocks(r.read(t, "README.md"))
+	docs := []struct{ file, heading string }{{"pkg/outbox/doc.go", "Minimal use"}, {"pkg/inbox/doc.go", "Use"}}
+	if len(blocks) != len(docs) {
+		t.Fatalf("README.md has %d go blocks, want %d: one per package doc of %v", len(blocks), len(docs), docs)
+	}
+	for i, d := range docs {
+		if !strings.Contains(compiled, blocks[i]) {
+			t.Errorf("README.md's go block %d is not in internal/doccheck/snippets_test.go, where it compiles:\n%s", i+1, blocks[i])
+		}
+		if got := doccheck.DocCodeBlock(r.read(t, d.file), d.heading); got != blocks[i] {
+			t.Errorf("the first code block of %s's %q is not README.md's go block %d:\n%s", d.file, d.heading, i+1, got)
+		}
+	}
+}
+
+func TestDocCodeBlockTakesTheSectionsFirstBlock(t *testing.T) {
+	src := "// Package p.\n//\n// # Other\n//\n//\tno()\n//\n// # Use\n//\n// Text.\n//\n//\tfunc f() {\n//\t\tg()\n//\n//\t\th()\n//\t}\n//\n// More.\n//\n//\tnot()\npackage p\n"
+	if got, want := doccheck.DocCodeBlock(src, "Use"), "func f() {\n\tg()\n\n\th()\n}\n"; got != want {
+		t.Errorf("DocCodeBlock = %q, want %q", got, want)
+	}
+	if got := doccheck.DocCodeBlock(src, "Missing"); got != "" {
+		t.Errorf("DocCodeBlock of a missing section = %q", got)
+	}
+	md := "text\n```go\nx := 1\n```\n```sh\nls\n```\n~~~go\ny()\n~~~\n"
+	if got := doccheck.GoBlocks(md); !slices.Equal(got, []string{"x := 1\n", "y()\n"}) {
+		t.Errorf("GoBlocks = %q", got)
+	}
+}

@@ -22,24 +22,37 @@
 //
 // # Use
 //
-//	in, err := inbox.New(db, inbox.Config{Consumer: "shipping"})
-//	err = in.EnsureIndexes(ctx)                  // at start
-//	go in.RunPurger(ctx, inbox.DefaultPurgeInterval) // no TTL index: hourly
-//	defer in.Close(shutdownCtx)                  // after the consumer stopped acking
-//
-//	res, err := in.Process(ctx, delivery.MessageId, func(ctx context.Context) error {
-//		return shipments.Apply(ctx, event)       // use THIS ctx; see "Handler rules"
-//	})
-//	switch {
-//	case err == nil:
-//		delivery.Ack(false)                      // res is Processed or Duplicate
-//	case errors.Is(err, inbox.ErrTransient):     // transaction mode: try again later,
-//		retryLater(delivery)                     // not a failure of the handler
-//	case errors.Is(err, inbox.ErrHandler):
-//		countFailureOrDeadLetter(delivery, err)  // the handler's own error, wrapped
-//	default:
-//		retryLater(delivery)                     // the database failed; do not ack
+//	// consume applies each delivery's effect once, and acks it only after.
+//	func consume(ctx context.Context, db *mongo.Database, deliveries <-chan amqp.Delivery, apply func(context.Context, amqp.Delivery) error) (err error) {
+//		in, err := inbox.New(db, inbox.Config{Consumer: "shipping"})
+//		if err != nil {
+//			return err
+//		}
+//		defer func() { err = errors.Join(err, in.Close(context.WithoutCancel(ctx))) }()
+//		if err := in.EnsureIndexes(ctx); err != nil {
+//			return err
+//		}
+//		for d := range deliveries {
+//			_, err := in.Process(ctx, d.MessageId, func(ctx context.Context) error {
+//				return apply(ctx, d) // use this ctx: in transaction mode it carries the session
+//			})
+//			switch {
+//			case err == nil: // applied now, or applied before: a duplicate
+//				err = d.Ack(false)
+//			case errors.Is(err, inbox.ErrHandler), errors.Is(err, inbox.ErrInvalidMessageID):
+//				err = d.Reject(false) // dead-letter it (count the handler's failures first)
+//			default: // the database failed, or ErrTransient: deliver it again later
+//				err = d.Nack(false, true)
+//			}
+//			if err != nil {
+//				return fmt.Errorf("settle message %s: %w", d.MessageId, err)
+//			}
+//		}
+//		return nil
 //	}
+//
+// On a server without TTL indexes (FerretDB), also run
+// go in.RunPurger(ctx, DefaultPurgeInterval) (see "Retention").
 //
 // Acknowledge the delivery only after Process returned without error. A
 // record is the inbox's promise that the effect is durable; the ack is the

@@ -51,36 +51,54 @@
 //
 // # Minimal use
 //
-// Create the tables with Migrate, from a deployment step or at every start: on
-// an up-to-date schema it reads the catalog and locks nothing. A real upgrade
-// takes each table lock with a short lock_timeout, retrying with backoff while
-// business transactions hold the table (and logging which), and builds new
-// indexes CONCURRENTLY, so readers and writers are never queued behind it for
-// longer than that timeout (see MigrateWithConfig). Schema is the same SQL for
-// your own migration tool; run as is, it takes those locks without the
-// timeout. A process that starts can call CheckSchema instead: it reads the
+// Run Migrate from a deployment step (it is safe at every start too: on an
+// up-to-date schema it reads the catalog and locks nothing), and CheckSchema
+// when a process starts. A real upgrade takes each table lock with a short
+// lock_timeout, retrying with backoff while business transactions hold the
+// table (and logging which), and builds new indexes CONCURRENTLY, so readers
+// and writers are never queued behind it for longer than that timeout (see
+// MigrateWithConfig). Schema is the same SQL for your own migration tool; run
+// as is, it takes those locks without the timeout. CheckSchema reads the
 // catalog only and fails with ErrSchemaMissing or ErrSchemaOutdated, or with
 // ErrSchemaTooNew when a later version of this package migrated the database
 // and does not let this one run (Schema records its version, and the oldest
 // version that may run against it, as the comment of the outbox table).
-// Then, in the transaction that changes the business state:
+// Then write each event in the transaction that changes the business state,
+// and run a relay, here with the RabbitMQ publisher of package outboxamqp:
 //
-//	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-//		if _, err := tx.Exec(ctx, "INSERT INTO orders ...", ...); err != nil {
+//	// placeOrder stores an order and its event in one transaction: both or neither.
+//	func placeOrder(ctx context.Context, pool *pgxpool.Pool, orderID string, payload []byte) error {
+//		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+//			if _, err := tx.Exec(ctx, "INSERT INTO orders (id) VALUES ($1)", orderID); err != nil {
+//				return fmt.Errorf("insert order %s: %w", orderID, err)
+//			}
+//			_, err := outbox.Enqueue(ctx, tx, outbox.Message{
+//				AggregateType: "order",
+//				AggregateID:   orderID,
+//				EventType:     "order.created",
+//				Payload:       payload, // JSON
+//			})
+//			return err // ErrInvalidMessage: the broker could never take it; nothing is written
+//		})
+//	}
+//
+//	// runRelay publishes the committed events to RabbitMQ until ctx ends.
+//	func runRelay(ctx context.Context, pool *pgxpool.Pool, amqpURL string) error {
+//		if err := outbox.CheckSchema(ctx, pool); err != nil {
+//			return err // ErrSchemaMissing: outbox.Migrate has not run
+//		}
+//		pub, err := outboxamqp.NewPublisher(outboxamqp.Config{URL: amqpURL, Exchange: "orders.events"})
+//		if err != nil {
 //			return err
 //		}
-//		_, err := outbox.Enqueue(ctx, tx, outbox.Message{
-//			AggregateType: "order",
-//			AggregateID:   orderID,
-//			EventType:     "order.created",
-//			Payload:       payload, // JSON
-//			Headers:       map[string]string{"traceparent": traceparent},
-//		})
-//		return err
-//	})
-//	if err == nil {
-//		relay.Wake() // publish now rather than at the next poll
+//		relay, err := outbox.NewRelay(pool, pub, outbox.RelayConfig{})
+//		if err != nil {
+//			return errors.Join(err, pub.Close())
+//		}
+//		return errors.Join(relay.Run(ctx), pub.Close()) // Run returns nil once ctx ends
 //	}
+//
+// Call relay.Wake after a commit to publish now rather than at the next poll.
 //
 // Enqueue costs one round trip of its own. Writer.Queue puts the same
 // statements into the pgx.Batch that carries the business change instead, so
@@ -93,15 +111,6 @@
 //		return err // invalid message: nothing queued
 //	}
 //	return tx.SendBatch(ctx, b).Close()
-//
-// And run a relay, here with the RabbitMQ publisher of package outboxamqp:
-//
-//	pub, err := outboxamqp.NewPublisher(outboxamqp.Config{URL: amqpURL, Exchange: "orders.events"})
-//	...
-//	defer pub.Close()
-//	relay, err := outbox.NewRelay(pool, pub, outbox.RelayConfig{Logger: logger})
-//	...
-//	err = relay.Run(ctx) // until ctx is cancelled
 //
 // Any type that keeps the contract of Publisher can replace outboxamqp.
 //
