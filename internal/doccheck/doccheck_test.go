@@ -55,11 +55,12 @@ func (r repo) read(t *testing.T, f string) string {
 	return string(b)
 }
 
-// markdown are the pages whose links are checked: the README and docs/.
+// markdown are the pages whose links are checked: the README and every page
+// under docs/, subdirectories included.
 func (r repo) markdown() []string {
 	var md []string
 	for _, f := range r.files {
-		if f == "README.md" || (path.Dir(f) == "docs" && strings.HasSuffix(f, ".md")) {
+		if f == "README.md" || (strings.HasPrefix(f, "docs/") && strings.HasSuffix(f, ".md")) {
 			md = append(md, f)
 		}
 	}
