@@ -346,11 +346,15 @@ func exportedMetrics(t *testing.T) map[string]bool {
 	scrapes[startPostgresExporter(t, walDB)] = []string{"pg_up", "pg_replication_slots_active", "pg_replication_slots_wal_at_risk"}
 
 	// The broker's, aggregated and per queue (as the compose Prometheus
-	// scrapes it), with a queue to show.
+	// scrapes it), with a queue to show and a consumer that acked on it.
 	brokerURL, brokerMetrics := privateRabbitMQ(t)
 	declareQueue(t, brokerURL, "shipping.order-events")
-	scrapes[brokerMetrics+"/metrics"] = []string{"rabbitmq_alarms_memory_used_watermark", "rabbitmq_global_messages_unroutable_returned_total"}
-	scrapes[brokerMetrics+rabbitQueueFamilies] = []string{"rabbitmq_detailed_queue_messages_ready", "rabbitmq_detailed_queue_consumers"}
+	consumeAndAck(t, brokerURL, "shipping.order-events")
+	scrapes[brokerMetrics+"/metrics"] = []string{"rabbitmq_alarms_memory_used_watermark", "rabbitmq_global_messages_unroutable_returned_total",
+		"rabbitmq_process_resident_memory_bytes", "rabbitmq_resident_memory_limit_bytes",
+		"rabbitmq_disk_space_available_bytes", "rabbitmq_disk_space_available_limit_bytes"}
+	scrapes[brokerMetrics+rabbitQueueFamilies] = []string{"rabbitmq_detailed_queue_messages_ready", "rabbitmq_detailed_queue_consumers",
+		"rabbitmq_detailed_queue_messages_unacked", "rabbitmq_detailed_channel_messages_acked_total"}
 
 	known := map[string]bool{}
 	for u, want := range scrapes {
@@ -375,6 +379,39 @@ func declareQueue(t *testing.T, amqpURL, name string) {
 	}
 	if _, err := ch.QueueDeclare(name, true, false, false, false, nil); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// consumeAndAck publishes a message to queue and consumes it with a manual
+// ack, on a channel left open until the test ends: the broker counts acks
+// per channel and queue only while the channel lives.
+func consumeAndAck(t *testing.T, amqpURL, queue string) {
+	t.Helper()
+	conn, err := amqp.Dial(amqpURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := ch.PublishWithContext(ctx, "", queue, false, false, amqp.Publishing{Body: []byte("ack me")}); err != nil {
+		t.Fatal(err)
+	}
+	deliveries, err := ch.Consume(queue, "", false, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case d := <-deliveries:
+		if err := d.Ack(false); err != nil {
+			t.Fatal(err)
+		}
+	case <-ctx.Done():
+		t.Fatalf("no delivery from %s: %v", queue, ctx.Err())
 	}
 }
 

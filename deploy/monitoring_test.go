@@ -117,9 +117,10 @@ type scrapeJob struct {
 
 // rabbitQueueFamilies are the per-queue metric families of
 // rabbitmq_prometheus the rules read (rabbitmq_detailed_queue_messages*,
-// rabbitmq_detailed_queue_consumers); its aggregated /metrics has no queue
-// label, and its /metrics/per-object no resource alarms.
-const rabbitQueueFamilies = "/metrics/detailed?family=queue_coarse_metrics&family=queue_consumer_count"
+// rabbitmq_detailed_queue_consumers, rabbitmq_detailed_channel_messages_acked_total);
+// its aggregated /metrics has no queue label, and its /metrics/per-object
+// no resource alarms.
+const rabbitQueueFamilies = "/metrics/detailed?family=queue_coarse_metrics&family=queue_consumer_count&family=channel_queue_metrics"
 
 // scrapeJobs are the jobs the rules and the dashboard read, by job name.
 // The applications' ports are those their HTTP_ADDR listens on.
