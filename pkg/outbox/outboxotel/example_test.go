@@ -77,6 +77,6 @@ func Example() {
 	// sent 7 with baggage "tenant=acme"
 	// create orders.events (producer) in trace 4bf92f35…, parent orders.create
 	// orders.create (internal) in trace 4bf92f35…, parent the client's span
-	// publish orders.events (producer) in trace 4bf92f35…, parent create orders.events, linked to create orders.events
+	// publish orders.events (client) in trace 4bf92f35…, parent create orders.events, linked to create orders.events
 	// stored with the event: [baggage traceparent]
 }

@@ -13,14 +13,17 @@
 // # The write side
 //
 // A writer starts a PRODUCER span named "create <destination>" for each
-// event, in the transaction that writes it, and stores that span's context
+// event, in the transaction that writes it, stores that span's context
 // (W3C traceparent, tracestate) with the event, with the baggage it allows
-// (LimitBaggage):
+// (LimitBaggage), and records the message id the event is sent under:
 //
 //	ctx, create := tracer.Start(ctx, "create orders.events", trace.WithSpanKind(trace.SpanKindProducer),
 //		trace.WithAttributes(semconv.MessagingOperationTypeCreate, ...))
 //	headers := outboxotel.InjectHeaders(outboxotel.LimitBaggage(ctx, []string{"tenant"}, 512), propagator, nil)
-//	_, err := writer.Enqueue(ctx, tx, outbox.Message{..., Headers: headers})
+//	enqueued, err := writer.Enqueue(ctx, tx, outbox.Message{..., Headers: headers})
+//	if err == nil {
+//		create.SetAttributes(semconv.MessagingMessageID(enqueued[0].MessageID()))
+//	}
 //	create.End()
 //
 // That creation context travels with the message unchanged: the relay sends
@@ -38,10 +41,12 @@
 //	relay, _ := outbox.NewRelay(pool, pub, outbox.RelayConfig{...})
 //
 // For each envelope it reads the stored creation context and starts a span
-// of kind PRODUCER named "publish <exchange>", with the messaging semantic
-// conventions' attributes (and server.address and server.port when the
+// named "publish <exchange>", with the messaging semantic conventions'
+// attributes (and server.address and server.port when the
 // inner publisher names the node it is connected to), linked to the
-// creation context. The span is that context's child when the event is
+// creation context. As the conventions say, it is of kind CLIENT, the
+// create span being the message's PRODUCER span; an event stored without a
+// creation context gets a PRODUCER publish span, the root of a trace. The span is that context's child when the event is
 // younger than Config.ParentMaxAge (30 seconds by default), so the usual
 // order, written and published within milliseconds, is one trace; an event
 // that waited longer (a broker outage, a relay down for an hour) is
@@ -323,7 +328,15 @@ func (p *Publisher) start(ctx context.Context, m outbox.Envelope, now time.Time,
 		AttrEventType.String(m.EventType),
 		AttrAttempt.Int(m.Attempt),
 	)
-	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(attrs...)}
+	// The messaging conventions: a send span is PRODUCER when it is the
+	// message's creation context, CLIENT when a create span is. The stored
+	// context is the creation context; without one, the publish is the
+	// message's only span.
+	kind := trace.SpanKindProducer
+	if creation.IsValid() {
+		kind = trace.SpanKindClient
+	}
+	opts := []trace.SpanStartOption{trace.WithSpanKind(kind), trace.WithAttributes(attrs...)}
 	parent := base
 	if creation.IsValid() {
 		opts = append(opts, trace.WithLinks(trace.Link{SpanContext: creation}))

@@ -122,8 +122,9 @@ func TestPublishSpanIsAChildOfAYoungCreationContextAndLinksToIt(t *testing.T) {
 		t.Fatalf("%d spans, want 1", len(spans))
 	}
 	s := spans[0]
-	if s.Name != "publish orders.events" || s.SpanKind != trace.SpanKindProducer {
-		t.Fatalf("span %q kind %v", s.Name, s.SpanKind)
+	// A create span exists (its context is stored): the send span is CLIENT.
+	if s.Name != "publish orders.events" || s.SpanKind != trace.SpanKindClient {
+		t.Fatalf("span %q kind %v, want client", s.Name, s.SpanKind)
 	}
 	if s.Parent.TraceID().String() != traceID || s.Parent.SpanID().String() != parentID || !s.Parent.IsRemote() {
 		t.Fatalf("parent %v, want the stored context", s.Parent)
@@ -183,6 +184,9 @@ func TestOldEventIsPublishedInATraceOfItsOwnLinkedToItsCreation(t *testing.T) {
 		}
 		if len(s.Links) != 1 || s.Links[0].SpanContext.SpanID().String() != parentID {
 			t.Errorf("max age %v, age %v: links %v, want one to the creation context", c.maxAge, c.age, s.Links)
+		}
+		if s.SpanKind != trace.SpanKindClient {
+			t.Errorf("max age %v, age %v: kind %v, want client (a create span exists)", c.maxAge, c.age, s.SpanKind)
 		}
 	}
 }
@@ -311,6 +315,10 @@ func TestNoStoredContextStartsATrace(t *testing.T) {
 	spans := exp.GetSpans()
 	if len(spans) != 1 || spans[0].Parent.IsValid() || len(spans[0].Links) != 0 {
 		t.Fatalf("spans %v, want one root span without links", spans)
+	}
+	// No create span: the send span is the message's PRODUCER span.
+	if spans[0].SpanKind != trace.SpanKindProducer {
+		t.Fatalf("span kind %v, want producer", spans[0].SpanKind)
 	}
 	if h := inner.got[0][0].Headers; len(h) != 0 {
 		t.Fatalf("headers %v, want none", h)

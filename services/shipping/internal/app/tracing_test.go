@@ -193,6 +193,10 @@ func TestTraceContinuesFromTheHeadersThroughTheInboxAndADuplicateStaysInIt(t *te
 	if kids["ack "+queue].SpanKind() != trace.SpanKindClient {
 		t.Errorf("ack span kind %v, want client", kids["ack "+queue].SpanKind())
 	}
+	wantAttrs(t, kids["ack "+queue], map[string]any{
+		"messaging.operation.type": "settle", "messaging.destination.name": "orders.events",
+		"messaging.destination.subscription.name": queue, "messaging.message.id": "tr-1",
+	})
 	sc, bag := tr.seen.get("order-tr-1")
 	if sc.SpanID() != kids["apply shipment"].SpanContext().SpanID() {
 		t.Errorf("the effect ran in span %s, not in its apply span", sc.SpanID())

@@ -87,6 +87,7 @@ func (p *AMQPPublisher) Publish(ctx context.Context, m Message) error {
 	if err != nil {
 		span.RecordError(err)
 		span.SetStatus(codes.Error, err.Error())
+		span.SetAttributes(semconv.ErrorTypeKey.String(rabbitmq.ErrorType(err)))
 		// Whatever failed (the connection, a confirm that never came), the
 		// next Publish starts on a fresh connection: a late confirm or
 		// return of this message must not be taken for the next one's.
@@ -203,7 +204,7 @@ func (p *AMQPPublisher) publish(ctx context.Context, m Message, headers amqp.Tab
 	}
 	select {
 	case <-p.returns:
-		return fmt.Errorf("publish message %s: %w", m.MessageID, errors.New("returned: queue "+p.Queue+" does not exist"))
+		return fmt.Errorf("publish message %s: queue %s does not exist: %w", m.MessageID, p.Queue, rabbitmq.ErrReturned)
 	default:
 	}
 	return nil

@@ -2,11 +2,13 @@ package deadletter_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
@@ -14,6 +16,7 @@ import (
 	"github.com/outbox-inbox/reference/internal/tracing"
 	"github.com/outbox-inbox/reference/services/shipping/internal/amqptest"
 	"github.com/outbox-inbox/reference/services/shipping/internal/deadletter"
+	"github.com/outbox-inbox/reference/services/shipping/internal/rabbitmq"
 )
 
 // A replayed dead letter stays in the trace kept with it: its publish span
@@ -98,4 +101,37 @@ func replayQueue(t *testing.T) (string, *amqp.Channel) {
 		t.Fatal(err)
 	}
 	return url, ch
+}
+
+// A replay the broker returns (its queue is gone) ends its publish span as
+// an error with error.type.
+func TestFailedReplayPublishSpanCarriesErrorType(t *testing.T) {
+	t.Parallel()
+	url, _ := replayQueue(t)
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	defer func() { _ = tp.Shutdown(context.Background()) }()
+	pub := &deadletter.AMQPPublisher{URL: url, Queue: "no-such-queue", TracerProvider: tp, Propagator: tracing.Propagator()}
+	t.Cleanup(func() { _ = pub.Close() })
+	if err := pub.Publish(t.Context(), deadletter.Message{MessageID: "m-1", Body: []byte("{}")}); !errors.Is(err, rabbitmq.ErrReturned) {
+		t.Fatalf("replay to a missing queue: %v, want it returned", err)
+	}
+	var span sdktrace.ReadOnlySpan
+	for _, s := range rec.Ended() {
+		if s.Name() == "publish no-such-queue" {
+			span = s
+		}
+	}
+	if span == nil {
+		t.Fatal("no publish span")
+	}
+	var errType string
+	for _, kv := range span.Attributes() {
+		if kv.Key == "error.type" {
+			errType = kv.Value.AsString()
+		}
+	}
+	if span.Status().Code != codes.Error || errType != rabbitmq.ErrorTypeUnroutable {
+		t.Fatalf("publish span status %v, error.type %q: want an error, %q", span.Status(), errType, rabbitmq.ErrorTypeUnroutable)
+	}
 }

@@ -523,7 +523,7 @@ func (c *Consumer) handle(ctx context.Context, s *sessionState, d amqp.Delivery)
 				}
 				return
 			}
-			if errors.Is(err, errReturned) || errors.Is(err, errNoExchange) {
+			if errors.Is(err, ErrReturned) || errors.Is(err, errNoExchange) {
 				// Its queue or exchange is gone: a new session redeclares
 				// it, and the delivery, unacked, comes again.
 				c.log.WarnContext(ctx, "republished copy not routed; ending the session to redeclare the topology",
@@ -556,10 +556,7 @@ func (c *Consumer) settle(ctx context.Context, s *sessionState, d amqp.Delivery,
 	case Ack:
 	case Defer:
 		msg := c.copyOf(d, v.Headers)
-		pctx, span := c.tr.startPublish(ctx, "", c.cfg.Topology.DelayQueue, v.Reason, &msg)
-		err := s.pub.publish(pctx, "", c.cfg.Topology.DelayQueue, msg)
-		endSpan(span, err)
-		if err != nil {
+		if err := republish(ctx, &c.tr, s.pub, "", c.cfg.Topology.DelayQueue, v.Reason, msg); err != nil {
 			return fmt.Errorf("defer to %s: %w", c.cfg.Topology.DelayQueue, err)
 		}
 		if m := c.cfg.Metrics; m != nil {
@@ -574,10 +571,7 @@ func (c *Consumer) settle(ctx context.Context, s *sessionState, d amqp.Delivery,
 		h[HeaderError] = truncate(v.Detail, 1024)
 		h[HeaderDeadLetteredBy] = c.cfg.ConnectionName
 		msg := c.copyOf(d, h)
-		pctx, span := c.tr.startPublish(ctx, c.cfg.Topology.DeadLetterExchange, d.RoutingKey, v.Reason, &msg)
-		err := s.pub.publish(pctx, c.cfg.Topology.DeadLetterExchange, d.RoutingKey, msg)
-		endSpan(span, err)
-		if err != nil {
+		if err := republish(ctx, &c.tr, s.pub, c.cfg.Topology.DeadLetterExchange, d.RoutingKey, v.Reason, msg); err != nil {
 			return fmt.Errorf("dead-letter to %s: %w", c.cfg.Topology.DeadLetterExchange, err)
 		}
 		if m := c.cfg.Metrics; m != nil {
@@ -594,13 +588,27 @@ func (c *Consumer) settle(ctx context.Context, s *sessionState, d amqp.Delivery,
 	if s.isLost() {
 		return errors.New("connection lost before ack")
 	}
-	span := c.tr.startAck(ctx, &d)
-	err := d.Ack(false)
-	endSpan(span, err)
-	if err != nil {
+	if err := ack(ctx, &c.tr, &d); err != nil {
 		return fmt.Errorf("ack: %w", err)
 	}
 	return nil
+}
+
+// republish publishes msg, a copy of a delivery, to exchange with key,
+// under its publish span (a child of the process span in ctx).
+func republish(ctx context.Context, tr *tracing, pub *republisher, exchange, key, reason string, msg amqp.Publishing) error {
+	pctx, span := tr.startPublish(ctx, exchange, key, reason, &msg)
+	err := pub.publish(pctx, exchange, key, msg)
+	endSpan(span, err)
+	return err
+}
+
+// ack acks d under its ack span (a child of the process span in ctx).
+func ack(ctx context.Context, tr *tracing, d *amqp.Delivery) error {
+	span := tr.startAck(ctx, d)
+	err := d.Ack(false)
+	endSpan(span, err)
+	return err
 }
 
 // copyOf is the message to republish for d, with extra headers set.

@@ -22,9 +22,11 @@ const headerPublishSeq = "x-shipping-publish-seq"
 
 var (
 	errPublisherClosed = errors.New("publisher channel closed")
-	errReturned        = errors.New("message returned by the broker: no queue bound for it")
-	errNoExchange      = errors.New("exchange not found: the broker closed the publishing channel")
-	errNacked          = errors.New("message nacked by the broker")
+	// ErrReturned: the broker returned a mandatory message, no queue being
+	// bound for it.
+	ErrReturned   = errors.New("message returned by the broker: no queue bound for it")
+	errNoExchange = errors.New("exchange not found: the broker closed the publishing channel")
+	errNacked     = errors.New("message nacked by the broker")
 	// errConfirmTimeout: no confirm within the republisher's timeout (the
 	// broker blocks the publishing connection under a resource alarm, or
 	// the queue has no leader).
@@ -119,7 +121,7 @@ func (p *publisher) drain(confirms <-chan amqp.Confirmation, returns <-chan amqp
 			case !c.Ack:
 				pp.result <- errNacked
 			case pp.returned:
-				pp.result <- errReturned
+				pp.result <- ErrReturned
 			default:
 				pp.result <- nil
 			}

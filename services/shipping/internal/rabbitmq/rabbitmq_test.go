@@ -117,8 +117,8 @@ func TestPublisherReportsUnroutableMessages(t *testing.T) {
 	}
 	defer pub.close()
 	for range 3 {
-		if err := pub.publish(t.Context(), "", "nowhere", amqp.Publishing{Body: []byte("x")}); !errors.Is(err, errReturned) {
-			t.Fatalf("publish to a missing queue: %v, want errReturned", err)
+		if err := pub.publish(t.Context(), "", "nowhere", amqp.Publishing{Body: []byte("x")}); !errors.Is(err, ErrReturned) {
+			t.Fatalf("publish to a missing queue: %v, want ErrReturned", err)
 		}
 		if err := pub.publish(t.Context(), "", "there", amqp.Publishing{Body: []byte("x")}); err != nil {
 			t.Fatalf("publish to an existing queue: %v", err)

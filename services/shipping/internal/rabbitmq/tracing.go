@@ -3,6 +3,7 @@ package rabbitmq
 import (
 	"cmp"
 	"context"
+	"errors"
 	"maps"
 	"net"
 	"strconv"
@@ -293,6 +294,7 @@ func (t *tracing) startAck(ctx context.Context, d *amqp.Delivery) trace.Span {
 		semconv.MessagingSystemRabbitMQ,
 		semconv.MessagingOperationTypeSettle,
 		semconv.MessagingOperationName("ack"),
+		semconv.MessagingDestinationName(d.Exchange),
 		t.queue,
 		semconv.MessagingMessageID(d.MessageId),
 		semconv.MessagingRabbitMQMessageDeliveryTag(int(d.DeliveryTag)),
@@ -300,7 +302,8 @@ func (t *tracing) startAck(ctx context.Context, d *amqp.Delivery) trace.Span {
 	return span
 }
 
-// endSpan ends a child span, recording err.
+// endSpan ends a child span (a republished copy's publish, an ack),
+// recording err and its error.type.
 func endSpan(span trace.Span, err error) {
 	if span == nil {
 		return
@@ -308,6 +311,39 @@ func endSpan(span trace.Span, err error) {
 	if err != nil {
 		span.RecordError(err)
 		span.SetStatus(codes.Error, err.Error())
+		span.SetAttributes(semconv.ErrorTypeKey.String(ErrorType(err)))
 	}
 	span.End()
+}
+
+// The error.type values of failed publish and ack spans, beside an AMQP
+// reply code (e.g. "406") and the conventions' fallback "_OTHER".
+const (
+	ErrorTypeUnroutable    = "unroutable"         // ErrReturned
+	ErrorTypeNoExchange    = "exchange_not_found" // the broker closed the channel: no such exchange
+	ErrorTypeNacked        = "nacked"
+	ErrorTypeTimeout       = "timeout"        // no confirm in time, a context deadline
+	ErrorTypeChannelClosed = "channel_closed" // the channel or connection is gone
+)
+
+// ErrorType is a publish's or an ack's error as error.type: a
+// low-cardinality class, not the message.
+func ErrorType(err error) string {
+	var amqpErr *amqp.Error
+	switch {
+	case errors.Is(err, ErrReturned):
+		return ErrorTypeUnroutable
+	case errors.Is(err, errNoExchange):
+		return ErrorTypeNoExchange
+	case errors.Is(err, errNacked):
+		return ErrorTypeNacked
+	case errors.Is(err, errConfirmTimeout), errors.Is(err, context.DeadlineExceeded):
+		return ErrorTypeTimeout
+	case errors.Is(err, errPublisherClosed), errors.Is(err, amqp.ErrClosed):
+		return ErrorTypeChannelClosed
+	case errors.As(err, &amqpErr):
+		return strconv.Itoa(amqpErr.Code)
+	default:
+		return semconv.ErrorTypeOther.Value.AsString()
+	}
 }

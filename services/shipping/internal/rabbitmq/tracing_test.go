@@ -2,12 +2,23 @@ package rabbitmq
 
 import (
 	"context"
+	"errors"
+	"log/slog"
+	"maps"
+	"slices"
 	"testing"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/outbox-inbox/reference/services/shipping/internal/amqpaddr"
+	"github.com/outbox-inbox/reference/services/shipping/internal/amqptest"
 )
 
 // With tracing off (a no-op provider) a delivery's spans cost nothing: no
@@ -87,6 +98,109 @@ func TestCloudEventsTracingExtensionIsTheContextWithoutATraceHeader(t *testing.T
 		d := &amqp.Delivery{Headers: amqp.Table{"cloudEvents_time": at}}
 		if got := tr.young(d); got != want {
 			t.Errorf("created %s, now %s: young %v, want %v", at, now.Format(time.RFC3339), got, want)
+		}
+	}
+}
+
+// spanAttr returns the attribute k of s.
+func spanAttr(s sdktrace.ReadOnlySpan, k attribute.Key) attribute.Value {
+	for _, kv := range s.Attributes() {
+		if kv.Key == k {
+			return kv.Value
+		}
+	}
+	return attribute.Value{}
+}
+
+// On the real broker: a republished copy the broker returns (no queue for
+// it) and an ack on a channel that closed end their spans as errors with
+// error.type; the ack span names the exchange the delivery came through
+// (messaging.destination.name); spans that succeed carry no error.type.
+func TestFailedRepublishAndAckSpansCarryErrorType(t *testing.T) {
+	_, url := amqptest.VHost(t)
+	conn, ch := channel(t, url)
+	defer conn.Close()
+	const queue = "traced"
+	if _, err := ch.QueueDeclare(queue, true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.QueueBind(queue, queue, "amq.direct", false, nil); err != nil {
+		t.Fatal(err)
+	}
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	defer func() { _ = tp.Shutdown(context.Background()) }()
+	tr := newTracing(tp, nil, queue, 0)
+	ctx, process := tp.Tracer("test").Start(t.Context(), "process")
+	defer process.End()
+
+	nodes, err := amqpaddr.New(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub := &republisher{nodes: nodes, name: "tracing-test", inFlight: 4, log: slog.New(slog.DiscardHandler)}
+	defer pub.close()
+	if err := republish(ctx, &tr, pub, "", "no-such-queue", "gap", amqp.Publishing{MessageId: "m-lost"}); !errors.Is(err, ErrReturned) {
+		t.Fatalf("republish to a missing queue: %v, want it returned", err)
+	}
+	if err := republish(ctx, &tr, pub, "amq.direct", queue, "gap", amqp.Publishing{MessageId: "m-1"}); err != nil {
+		t.Fatalf("republish: %v", err)
+	}
+
+	deliveries, err := ch.Consume(queue, "", false, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d amqp.Delivery
+	select {
+	case d = <-deliveries:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no delivery")
+	}
+	if err := ack(ctx, &tr, &d); err != nil {
+		t.Fatalf("ack: %v", err)
+	}
+	if err := ch.Publish("amq.direct", queue, false, false, amqp.Publishing{MessageId: "m-2"}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case d = <-deliveries:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no second delivery")
+	}
+	if err := ch.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := ack(ctx, &tr, &d); !errors.Is(err, amqp.ErrClosed) {
+		t.Fatalf("ack on a closed channel: %v, want amqp.ErrClosed", err)
+	}
+
+	byMessage := map[string]sdktrace.ReadOnlySpan{}
+	for _, s := range rec.Ended() {
+		byMessage[s.Name()+" "+spanAttr(s, "messaging.message.id").AsString()] = s
+	}
+	for key, want := range map[string]struct {
+		errType string
+		dest    string
+	}{
+		"publish no-such-queue m-lost": {ErrorTypeUnroutable, ""},
+		"publish amq.direct m-1":       {"", "amq.direct"},
+		"ack traced m-1":               {"", "amq.direct"},
+		"ack traced m-2":               {ErrorTypeChannelClosed, "amq.direct"},
+	} {
+		s, ok := byMessage[key]
+		if !ok {
+			t.Errorf("no span %q among %v", key, slices.Collect(maps.Keys(byMessage)))
+			continue
+		}
+		if got := spanAttr(s, "error.type").AsString(); got != want.errType {
+			t.Errorf("%s: error.type %q, want %q", key, got, want.errType)
+		}
+		if failed := s.Status().Code == codes.Error; failed != (want.errType != "") {
+			t.Errorf("%s: status %v", key, s.Status())
+		}
+		if v := spanAttr(s, "messaging.destination.name"); v.Type() != attribute.STRING || v.AsString() != want.dest {
+			t.Errorf("%s: messaging.destination.name %v, want %q", key, v.Emit(), want.dest)
 		}
 	}
 }
