@@ -144,8 +144,8 @@ func linksTo(s tracetest.SpanStub, sc trace.SpanContext) bool {
 // PostgreSQL and RabbitMQ: the server span is the write span's parent; the
 // write span is the parent of the event's PRODUCER create span, whose
 // context is stored with the event and is what the AMQP message carries,
-// with the allowed baggage only; each publish attempt is a PRODUCER child
-// of the create span (the event is young) linked to it. A first attempt
+// with the allowed baggage only, and which records the message id; each
+// publish attempt is a CLIENT child of the create span (the event is young) linked to it. A first attempt
 // that fails (unroutable: no queue bound yet) has error.type, and its retry
 // is another span. A log line written in the request carries its trace id.
 // An unsampled request records nothing, and its message still carries the
@@ -221,7 +221,7 @@ func TestOneTraceFromRequestToBroker(t *testing.T) {
 	}
 	for k, want := range map[attribute.Key]string{
 		"messaging.system": "rabbitmq", "messaging.operation.type": "create", "messaging.destination.name": "orders.events",
-		"outbox.aggregate.id": orderID, "outbox.event.type": "order.created",
+		"outbox.aggregate.id": orderID, "outbox.event.type": "order.created", "messaging.message.id": m.MessageId,
 	} {
 		if got := attr(create, k).AsString(); got != want {
 			t.Errorf("create span: %s = %q, want %q", k, got, want)
@@ -243,8 +243,9 @@ func TestOneTraceFromRequestToBroker(t *testing.T) {
 		if p.Status.Code != wantCode || attr(p, "outbox.attempt").AsInt64() != int64(i+1) || attr(p, "error.type").AsString() != wantErrType {
 			t.Errorf("publish %d: status %v attempt %v error.type %q, want %v, attempt %d and %q", i, p.Status, attr(p, "outbox.attempt"), attr(p, "error.type").AsString(), wantCode, i+1, wantErrType)
 		}
-		if p.Parent.SpanID() != create.SpanContext.SpanID() || !p.Parent.IsRemote() || p.SpanKind != trace.SpanKindProducer || !linksTo(p, create.SpanContext) {
-			t.Errorf("%s: parent %v kind %v links %v, want a producer child of the stored create span, linked to it", p.Name, p.Parent, p.SpanKind, p.Links)
+		// The create span is the message's PRODUCER span: the publish is CLIENT.
+		if p.Parent.SpanID() != create.SpanContext.SpanID() || !p.Parent.IsRemote() || p.SpanKind != trace.SpanKindClient || !linksTo(p, create.SpanContext) {
+			t.Errorf("%s: parent %v kind %v links %v, want a client child of the stored create span, linked to it", p.Name, p.Parent, p.SpanKind, p.Links)
 		}
 		for k, want := range map[attribute.Key]string{
 			"messaging.system": "rabbitmq", "messaging.operation.type": "send", "messaging.destination.name": "orders.events",

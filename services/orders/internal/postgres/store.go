@@ -138,6 +138,15 @@ func endSpan(span trace.Span, err error) {
 	span.End()
 }
 
+// endCreate ends an event's create span with the enqueue's outcome and,
+// the row written, messaging.message.id: the id the event is sent under.
+func endCreate(span trace.Span, enqueued []outbox.Enqueued, err error) {
+	if err == nil && len(enqueued) == 1 && span.IsRecording() {
+		span.SetAttributes(semconv.MessagingMessageID(enqueued[0].MessageID()))
+	}
+	endSpan(span, err)
+}
+
 // endWrite ends a write span with the transaction's outcome.
 func endWrite(span trace.Span, o order.Order, err error) {
 	if span.IsRecording() {
@@ -267,10 +276,11 @@ func (s *Store) insert(ctx context.Context, tx pgx.Tx, id uuid.UUID, n order.New
 		return fmt.Errorf("queue order insert: %w", err)
 	}
 	create, headers := s.startCreate(ctx, order.EventCreated, *o, headers)
-	if _, err := s.writer.Queue(b, outbox.Message{
+	q, err := s.writer.Queue(b, outbox.Message{
 		AggregateType: order.AggregateType, AggregateID: o.ID, EventType: order.EventCreated,
 		Payload: payload, Headers: headers,
-	}); err != nil {
+	})
+	if err != nil {
 		err = fmt.Errorf("enqueue order.created: %w", err)
 		endSpan(create, err)
 		return err
@@ -280,7 +290,14 @@ func (s *Store) insert(ctx context.Context, tx pgx.Tx, id uuid.UUID, n order.New
 		endSpan(create, err)
 		return err
 	}
-	endSpan(create, nil)
+	enqueued, err := q.Enqueued()
+	if err != nil {
+		err = fmt.Errorf("order.created event: %w", err)
+	}
+	endCreate(create, enqueued, err)
+	if err != nil {
+		return err
+	}
 	return s.runBeforeCommit(ctx, tx)
 }
 
@@ -446,14 +463,14 @@ func lockOrder(ctx context.Context, q *ordersdb.Queries, key uuid.UUID) (ordersd
 // transaction that changed o, under a create span of its own.
 func (s *Store) enqueueEvent(ctx context.Context, tx pgx.Tx, eventType string, o order.Order, payload []byte, headers map[string]string) error {
 	create, headers := s.startCreate(ctx, eventType, o, headers)
-	_, err := s.writer.Enqueue(ctx, tx, outbox.Message{
+	enqueued, err := s.writer.Enqueue(ctx, tx, outbox.Message{
 		AggregateType: order.AggregateType, AggregateID: o.ID, EventType: eventType,
 		Payload: payload, Headers: headers,
 	})
 	if err != nil {
 		err = fmt.Errorf("enqueue %s: %w", eventType, err)
 	}
-	endSpan(create, err)
+	endCreate(create, enqueued, err)
 	return err
 }
 
