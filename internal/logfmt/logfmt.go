@@ -6,6 +6,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"slices"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
@@ -29,29 +30,63 @@ func New(w io.Writer, level slog.Leveler, service string) *slog.Logger {
 
 // WithTrace returns h adding trace_id and span_id to every record logged
 // with a context that holds a valid span context (recorded or not: an
-// unsampled trace's id still joins the logs of its request).
+// unsampled trace's id still joins the logs of its request). They are
+// top-level keys of the record even under a group (logger.WithGroup), where
+// a log backend looks for them.
 func WithTrace(h slog.Handler) slog.Handler {
 	if _, ok := h.(traceHandler); ok {
 		return h
 	}
-	return traceHandler{h}
+	return traceHandler{Handler: h}
 }
 
-type traceHandler struct{ slog.Handler }
+// traceHandler is Handler (with all its attributes and groups) and, once a
+// group was opened, top: the handler before the first group, and rest: the
+// attributes and groups added since, in order, to replay on top under the
+// trace ids.
+type traceHandler struct {
+	slog.Handler
+	top  slog.Handler
+	rest []func(slog.Handler) slog.Handler
+}
 
 var _ slog.Handler = traceHandler{}
 
 func (h traceHandler) Handle(ctx context.Context, r slog.Record) error {
-	if sc := trace.SpanContextFromContext(ctx); sc.IsValid() {
-		r.AddAttrs(slog.String("trace_id", sc.TraceID().String()), slog.String("span_id", sc.SpanID().String()))
+	sc := trace.SpanContextFromContext(ctx)
+	if !sc.IsValid() {
+		return h.Handler.Handle(ctx, r)
 	}
-	return h.Handler.Handle(ctx, r)
+	ids := []slog.Attr{slog.String("trace_id", sc.TraceID().String()), slog.String("span_id", sc.SpanID().String())}
+	if h.top == nil {
+		r.AddAttrs(ids...)
+		return h.Handler.Handle(ctx, r)
+	}
+	// Under a group the record's attributes land in it: the ids go on the
+	// handler before the group, and the groups are opened again after them.
+	g := h.top.WithAttrs(ids)
+	for _, f := range h.rest {
+		g = f(g)
+	}
+	return g.Handle(ctx, r)
 }
 
 func (h traceHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
-	return traceHandler{h.Handler.WithAttrs(attrs)}
+	out := traceHandler{Handler: h.Handler.WithAttrs(attrs), top: h.top}
+	if h.top != nil {
+		out.rest = append(slices.Clip(h.rest), func(g slog.Handler) slog.Handler { return g.WithAttrs(attrs) })
+	}
+	return out
 }
 
 func (h traceHandler) WithGroup(name string) slog.Handler {
-	return traceHandler{h.Handler.WithGroup(name)}
+	if name == "" {
+		return h
+	}
+	out := traceHandler{Handler: h.Handler.WithGroup(name), top: h.top, rest: slices.Clip(h.rest)}
+	if out.top == nil {
+		out.top = h.Handler
+	}
+	out.rest = append(out.rest, func(g slog.Handler) slog.Handler { return g.WithGroup(name) })
+	return out
 }

@@ -35,6 +35,9 @@
 // OTEL_RESOURCE_ATTRIBUTES sets one, so that replicas of one service (the
 // relays) are told apart.
 //
+// service.version is the binary's version (Version), from its build
+// information: nothing to set at build time.
+//
 // Nothing here touches OpenTelemetry's global state: the provider and the
 // propagator are handed to whoever needs them.
 package tracing
@@ -45,6 +48,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"runtime/debug"
 	"strings"
 
 	"github.com/google/uuid"
@@ -58,6 +62,41 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 )
+
+// Version is the service.version of the process's resource: the main
+// module's version in the binary's build information (a release tag, or
+// the pseudo-version `go build` stamps from the VCS commit, such as
+// v0.0.0-20260101120000-0123456789ab, with +dirty for a modified tree),
+// else the VCS revision (12 digits, -dirty when modified), else "devel" (a
+// build without VCS information, a test binary).
+func Version() string { return version(debug.ReadBuildInfo) }
+
+func version(read func() (*debug.BuildInfo, bool)) string {
+	info, ok := read()
+	if !ok {
+		return "devel"
+	}
+	if v := info.Main.Version; v != "" && v != "(devel)" {
+		return v
+	}
+	rev, modified := "", false
+	for _, s := range info.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.modified":
+			modified = s.Value == "true"
+		}
+	}
+	if rev == "" {
+		return "devel"
+	}
+	rev = rev[:min(len(rev), 12)]
+	if modified {
+		rev += "-dirty"
+	}
+	return rev
+}
 
 // Telemetry is what a service needs to trace: a TracerProvider to start
 // spans with, the propagator that reads and writes trace context and baggage
@@ -225,9 +264,10 @@ func setup(ctx context.Context, defaultServiceName string, logger *slog.Logger, 
 	}
 	res, err := resource.New(ctx,
 		resource.WithTelemetrySDK(),
-		resource.WithAttributes(semconv.ServiceName(defaultServiceName), semconv.ServiceInstanceID(uuid.NewString())),
+		resource.WithAttributes(semconv.ServiceName(defaultServiceName), semconv.ServiceInstanceID(uuid.NewString()),
+			semconv.ServiceVersion(Version())),
 		// Later detectors win: OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME
-		// override the default name and instance id.
+		// override the default name, instance id and version.
 		resource.WithFromEnv(),
 	)
 	if err != nil {
@@ -246,8 +286,9 @@ func setup(ctx context.Context, defaultServiceName string, logger *slog.Logger, 
 	)
 	name, _ := res.Set().Value(semconv.ServiceNameKey)
 	instance, _ := res.Set().Value(semconv.ServiceInstanceIDKey)
+	ver, _ := res.Set().Value(semconv.ServiceVersionKey)
 	logger.Info("tracing on", "exporter", d.exporter.String(), "reason", d.reason,
-		"service_name", name.AsString(), "service_instance_id", instance.AsString())
+		"service_name", name.AsString(), "service_instance_id", instance.AsString(), "service_version", ver.AsString())
 	return &Telemetry{
 		TracerProvider: tp,
 		Propagator:     prop,

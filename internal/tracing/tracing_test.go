@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"testing"
@@ -411,6 +412,48 @@ func TestDisabled(t *testing.T) {
 	for _, f := range fields {
 		if !want[f] {
 			t.Fatalf("fields = %v", fields)
+		}
+	}
+}
+
+// The resource carries service.version, the binary's (Version), unless
+// OTEL_RESOURCE_ATTRIBUTES names one.
+func TestServiceVersion(t *testing.T) {
+	setEnv(t, map[string]string{"OTEL_TRACES_EXPORTER": "console"})
+	var buf bytes.Buffer
+	traceOne(t, &buf, "publish")
+	if got := readConsole(t, &buf)[0].resource("service.version"); got == "" || got != Version() {
+		t.Fatalf("service.version %q, want the binary's %q", got, Version())
+	}
+	setEnv(t, map[string]string{"OTEL_TRACES_EXPORTER": "console", "OTEL_RESOURCE_ATTRIBUTES": "service.version=1.2.3"})
+	buf.Reset()
+	traceOne(t, &buf, "publish")
+	if got := readConsole(t, &buf)[0].resource("service.version"); got != "1.2.3" {
+		t.Fatalf("service.version %q, want OTEL_RESOURCE_ATTRIBUTES' 1.2.3", got)
+	}
+}
+
+// Version reads the build information: the module's version, else the VCS
+// revision, else "devel".
+func TestVersionFromBuildInfo(t *testing.T) {
+	vcs := func(rev, modified string) []debug.BuildSetting {
+		return []debug.BuildSetting{{Key: "vcs", Value: "git"}, {Key: "vcs.revision", Value: rev}, {Key: "vcs.modified", Value: modified}}
+	}
+	const rev = "0123456789abcdef0123456789abcdef01234567"
+	for _, c := range []struct {
+		info *debug.BuildInfo
+		want string
+	}{
+		{&debug.BuildInfo{Main: debug.Module{Version: "v1.4.0"}, Settings: vcs(rev, "false")}, "v1.4.0"},
+		{&debug.BuildInfo{Main: debug.Module{Version: "v0.0.0-20260101120000-0123456789ab+dirty"}}, "v0.0.0-20260101120000-0123456789ab+dirty"},
+		{&debug.BuildInfo{Main: debug.Module{Version: "(devel)"}, Settings: vcs(rev, "false")}, "0123456789ab"},
+		{&debug.BuildInfo{Main: debug.Module{Version: "(devel)"}, Settings: vcs(rev, "true")}, "0123456789ab-dirty"},
+		{&debug.BuildInfo{Main: debug.Module{Version: "(devel)"}}, "devel"},
+		{nil, "devel"},
+	} {
+		got := version(func() (*debug.BuildInfo, bool) { return c.info, c.info != nil })
+		if got != c.want {
+			t.Errorf("build info %+v: version %q, want %q", c.info, got, c.want)
 		}
 	}
 }
