@@ -19,6 +19,7 @@ import (
 type recordedSpan struct {
 	Service  string // the resource's service.name
 	Instance string // the resource's service.instance.id
+	Version  string // the resource's service.version
 	Name     string
 	Kind     tracepb.Span_SpanKind
 	TraceID  string // hex
@@ -107,7 +108,7 @@ func (r *otlpReceiver) export(w http.ResponseWriter, req *http.Request) {
 	var got []recordedSpan
 	for _, rs := range msg.GetResourceSpans() {
 		res := attrMap(rs.GetResource().GetAttributes())
-		service, instance := res["service.name"], res["service.instance.id"]
+		service, instance, version := res["service.name"], res["service.instance.id"], res["service.version"]
 		for _, ss := range rs.GetScopeSpans() {
 			for _, s := range ss.GetSpans() {
 				var links []string
@@ -115,7 +116,7 @@ func (r *otlpReceiver) export(w http.ResponseWriter, req *http.Request) {
 					links = append(links, hex.EncodeToString(l.GetTraceId())+"/"+hex.EncodeToString(l.GetSpanId()))
 				}
 				got = append(got, recordedSpan{
-					Service: fmt.Sprint(service), Instance: fmt.Sprint(instance), Links: links,
+					Service: fmt.Sprint(service), Instance: fmt.Sprint(instance), Version: fmt.Sprint(version), Links: links,
 					Name: s.GetName(), Kind: s.GetKind(),
 					TraceID: hex.EncodeToString(s.GetTraceId()), SpanID: hex.EncodeToString(s.GetSpanId()),
 					ParentID: hex.EncodeToString(s.GetParentSpanId()), Status: s.GetStatus().GetCode(),

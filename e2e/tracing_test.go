@@ -20,11 +20,12 @@ import (
 //
 //   - a sampled order gives one trace: the orders server span, the write
 //     span, the event's create span (PRODUCER), whose context the message
-//     carries; the relay's publish span (PRODUCER, with the messaging
-//     attributes) and shipping's process span (CONSUMER) are both children
+//     carries, with its message id; the relay's publish span (CLIENT, with
+//     the messaging attributes) and shipping's process span (CONSUMER) are both children
 //     of the create span (the event is young) and link to it; the client's
 //     allowed baggage is in the message shipping receives; each process
-//     says which instance it is (service.instance.id);
+//     says which instance it is (service.instance.id) and its version
+//     (service.version);
 //   - an unsampled order records no span in either process, and the message
 //     shipping applies still carries its trace id, unsampled, and baggage;
 //   - the same message delivered again (as after a lost ack) is processed
@@ -227,8 +228,11 @@ func TestOneTraceAcrossProcesses(t *testing.T) {
 	if create.ParentID != write.SpanID || create.Kind != tracepb.Span_SPAN_KIND_PRODUCER || create.Attrs["messaging.operation.type"] != "create" {
 		t.Errorf("create span %v (%v), want a producer create span under the write span %s", create, create.Attrs, write.SpanID)
 	}
-	if publish.ParentID != create.SpanID || !publish.linksTo(create) || publish.Kind != tracepb.Span_SPAN_KIND_PRODUCER {
-		t.Errorf("publish span %v (links %v), want a producer child of the create span %s, linked to it", publish, publish.Links, create.SpanID)
+	if publish.ParentID != create.SpanID || !publish.linksTo(create) || publish.Kind != tracepb.Span_SPAN_KIND_CLIENT {
+		t.Errorf("publish span %v (links %v), want a client child of the create span %s, linked to it", publish, publish.Links, create.SpanID)
+	}
+	if create.Attrs["messaging.message.id"] != msg.MessageId {
+		t.Errorf("create span messaging.message.id %v, want the message's %s", create.Attrs["messaging.message.id"], msg.MessageId)
 	}
 	if process.Name != "process orders.events" || process.ParentID != create.SpanID || !process.linksTo(create) {
 		t.Errorf("shipping process span %v (links %v), want process orders.events, a child of the create span %s, linked to it", process, process.Links, create.SpanID)
@@ -239,6 +243,9 @@ func TestOneTraceAcrossProcesses(t *testing.T) {
 	for _, s := range []recordedSpan{server, publish, process} {
 		if len(s.Instance) != 36 {
 			t.Errorf("%v: service.instance.id %q, want a UUID of the process", s, s.Instance)
+		}
+		if s.Version == "" || s.Version == "<nil>" {
+			t.Errorf("%v: no service.version", s)
 		}
 	}
 	if server.Instance != publish.Instance || server.Instance == process.Instance {
