@@ -23,8 +23,10 @@ var update = flag.Bool("update", false, "rewrite testdata/*.api from the package
 var packages = []string{
 	"pkg/outbox",
 	"pkg/outbox/outboxamqp",
+	"pkg/outbox/outboxnats",
 	"pkg/outbox/outboxotel",
 	"pkg/outbox/outboxwal",
+	"pkg/outbox/publishertest",
 	"pkg/inbox",
 	"pkg/inbox/inboxcheck",
 	"pkg/inbox/inboxotel",

@@ -463,10 +463,16 @@
 //     (outboxotel only: the OpenTelemetry API);
 //   - go.opentelemetry.io/otel/sdk (outboxotel's tests only: they record
 //     spans in memory);
+//   - github.com/nats-io/nats.go (outboxnats only: the NATS JetStream
+//     publisher);
+//   - github.com/nats-io/nats-server/v2 (outboxnats's tests only: a NATS
+//     server with JetStream, run in the test process);
 //   - go.uber.org/goleak (the tests only: no goroutine outlives them);
 //
 // and their own dependencies, marked indirect. Delete the subpackages you do
 // not use, and their modules go with them. The tests need PostgreSQL
 // (TEST_DATABASE_URL, default the local server; outboxwal's need
-// wal_level=logical) and RabbitMQ (TEST_AMQP_URL, default the local broker).
+// wal_level=logical) and RabbitMQ (TEST_AMQP_URL, default the local broker);
+// outboxnats's run their own NATS server. The publisher conformance kit,
+// publishertest, is for your own publisher's tests.
 package outbox
