@@ -156,12 +156,29 @@ type drainResult struct {
 	cpu     cpuUse // over the same interval, when a meter was given
 }
 
+// relayPublisher is a relay's publisher, closed after its drain.
+type relayPublisher interface {
+	outbox.Publisher
+	Close() error
+}
+
+// newRelayPublisher returns relay i's publisher.
+type newRelayPublisher func(i int) (relayPublisher, error)
+
+// amqpPublishers makes each relay an outboxamqp publisher of its own to the
+// broker at url.
+func amqpPublishers(url string, log *slog.Logger) newRelayPublisher {
+	return func(i int) (relayPublisher, error) {
+		return outboxamqp.NewPublisher(outboxamqp.Config{URL: url, Exchange: exchange, ConnectionName: fmt.Sprintf("bench-relay-%d", i), Logger: log})
+	}
+}
+
 // drainWithRelays runs relays relays (each with its own pool and broker
 // connection, as separate processes would have) against a backlog of n rows
 // and returns the time from their start until the n-th row was marked
 // published. With a meter, it also reads the CPU the parties spent over
 // that interval (label names its profile).
-func drainWithRelays(ctx context.Context, poolCfg *pgxpool.Config, url string, n, relays int, cfg outbox.RelayConfig, log *slog.Logger, meter *cpuMeter, label string) (drainResult, error) {
+func drainWithRelays(ctx context.Context, poolCfg *pgxpool.Config, newPub newRelayPublisher, n, relays int, cfg outbox.RelayConfig, log *slog.Logger, meter *cpuMeter, label string) (drainResult, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
@@ -198,7 +215,7 @@ func drainWithRelays(ctx context.Context, poolCfg *pgxpool.Config, url string, n
 	timer := newSQLTimer()
 	type instance struct {
 		pool  *pgxpool.Pool
-		pub   *outboxamqp.Publisher
+		pub   relayPublisher
 		relay *outbox.Relay
 	}
 	var insts []instance
@@ -215,7 +232,7 @@ func drainWithRelays(ctx context.Context, poolCfg *pgxpool.Config, url string, n
 		if err != nil {
 			return drainResult{}, fmt.Errorf("relay %d pool: %w", i, err)
 		}
-		pub, err := outboxamqp.NewPublisher(outboxamqp.Config{URL: url, Exchange: exchange, ConnectionName: fmt.Sprintf("bench-relay-%d", i), Logger: log})
+		pub, err := newPub(i)
 		if err != nil {
 			pool.Close()
 			return drainResult{}, err
@@ -361,7 +378,7 @@ func (b *bench) runRelayDrain(ctx context.Context) ([]Figure, error) {
 			if err := seed(); err != nil {
 				return nil, err
 			}
-			res, err := drainWithRelays(ctx, poolCfg, url, n, relays, b.relayConfig(), b.quiet, meter, fmt.Sprintf("relay_drain_%d_rep%d", relays, rep))
+			res, err := drainWithRelays(ctx, poolCfg, amqpPublishers(url, b.quiet), n, relays, b.relayConfig(), b.quiet, meter, fmt.Sprintf("relay_drain_%d_rep%d", relays, rep))
 			if err != nil {
 				return nil, fmt.Errorf("%d relay(s): %w", relays, err)
 			}

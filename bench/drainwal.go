@@ -256,7 +256,7 @@ func (b *bench) runRelayDrainWAL(ctx context.Context) ([]Figure, error) {
 		if err := seed(); err != nil {
 			return nil, err
 		}
-		res, err := drainWithRelays(ctx, poolCfg, url, n, 1, b.relayConfig(), b.quiet, meter, fmt.Sprintf("relay_drain_wal_poll_rep%d", rep))
+		res, err := drainWithRelays(ctx, poolCfg, amqpPublishers(url, b.quiet), n, 1, b.relayConfig(), b.quiet, meter, fmt.Sprintf("relay_drain_wal_poll_rep%d", rep))
 		if err != nil {
 			return nil, fmt.Errorf("polling relay: %w", err)
 		}

@@ -47,7 +47,7 @@ func (b *bench) runHotAggregate(ctx context.Context) ([]Figure, error) {
 		if err := seed(ctx, pool, n); err != nil {
 			return 0, err
 		}
-		res, err := drainWithRelays(ctx, poolCfg, url, n, 1, b.relayConfig(), b.quiet, nil, "hot_aggregate_"+what)
+		res, err := drainWithRelays(ctx, poolCfg, amqpPublishers(url, b.quiet), n, 1, b.relayConfig(), b.quiet, nil, "hot_aggregate_"+what)
 		if err != nil {
 			return 0, fmt.Errorf("%s: %w", what, err)
 		}

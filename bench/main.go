@@ -7,7 +7,7 @@
 //	go run ./bench -only relay_drain   some figures, comma-separated
 //	go run ./bench -quick              smaller sizes, to check the harness
 //
-// Figures: relay_drain, relay_drain_wal, relay_start_backlog, hot_aggregate (with hot_aggregate_writers and hot_aggregate_wal), relay_recovery,
+// Figures: relay_drain, relay_drain_wal, relay_drain_nats, relay_start_backlog, hot_aggregate (with hot_aggregate_writers and hot_aggregate_wal), relay_recovery,
 // write_overhead, read_flat, e2e_latency, claim_flat, status_scrape,
 // inbox_throughput, audit (with audit_incremental).
 // See docs/benchmarks.md for what each
@@ -21,6 +21,7 @@
 //	BENCH_AMQP_URL      the broker (default TEST_AMQP_URL, else amqp://guest:guest@127.0.0.1:5672/)
 //	BENCH_BROKER=private  a RabbitMQ node of the run's own instead (internal/rabbitnode, on a free
 //	                    port, stopped at the end): no other traffic on it, nothing else restarts it
+//	BENCH_NATS_URL      the NATS server of relay_drain_nats (default: one with JetStream in the benchmark's process)
 //	BENCH_OUT           where the JSON goes (default bench-results.json)
 //	BENCH_REPS          repetitions of the throughput figures (default 3)
 //	BENCH_RELAY_BATCH_SIZE, BENCH_RELAY_WORKERS  relay tuning (default: the orders service's)
@@ -69,7 +70,7 @@ func main() {
 
 // figureOrder is the order figures run in: those that need the shipping
 // service and pkg/inbox last.
-var figureOrder = []string{"relay_drain", "relay_drain_wal", "relay_start_backlog", "hot_aggregate", "relay_recovery", "write_overhead", "read_flat", "claim_flat", "status_scrape", "inbox_throughput", "audit", "e2e_latency", "e2e_latency_wal"}
+var figureOrder = []string{"relay_drain", "relay_drain_wal", "relay_drain_nats", "relay_start_backlog", "hot_aggregate", "relay_recovery", "write_overhead", "read_flat", "claim_flat", "status_scrape", "inbox_throughput", "audit", "e2e_latency", "e2e_latency_wal"}
 
 // config holds the sizes of one run.
 type config struct {
@@ -282,6 +283,7 @@ func (b *bench) runFigures(ctx context.Context, selected []string, report *Repor
 	runners := map[string]func(context.Context) ([]Figure, error){
 		"relay_drain":         b.runRelayDrain,
 		"relay_drain_wal":     b.runRelayDrainWAL,
+		"relay_drain_nats":    b.runRelayDrainNATS,
 		"relay_start_backlog": b.runRelayStartBacklog,
 		"hot_aggregate":       b.runHotAggregate,
 		"relay_recovery":      b.runRelayRecovery,

@@ -164,7 +164,7 @@ func (b *bench) runRelayRecovery(ctx context.Context) ([]Figure, error) {
 		return err
 	}
 	drain := func(what string, duplicates int) (drainResult, error) {
-		res, err := drainWithRelays(ctx, poolCfg, url, n, 1, cfg, b.quiet, nil, "")
+		res, err := drainWithRelays(ctx, poolCfg, amqpPublishers(url, b.quiet), n, 1, cfg, b.quiet, nil, "")
 		if err != nil {
 			return res, fmt.Errorf("%s: %w", what, err)
 		}
