@@ -2,10 +2,12 @@ package outboxnats_test
 
 import (
 	"context"
+	"os"
 	"testing"
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/outbox-inbox/reference/pkg/outbox"
 	"github.com/outbox-inbox/reference/pkg/outbox/internal/outboxtest"
 	"github.com/outbox-inbox/reference/pkg/outbox/publishertest"
 )
@@ -48,5 +50,9 @@ func newConformanceTarget(t *testing.T, url string) publishertest.Target {
 		}
 		return out, nil
 	}
-	return publishertest.Target{Publisher: p, Close: p.Close, Stored: read, Link: px}
+	var pub outbox.Publisher = p
+	if os.Getenv(kitMutantEnv) == "duplicate" {
+		pub = &failsDuplicates{Publisher: p, seen: map[string]bool{}}
+	}
+	return publishertest.Target{Publisher: pub, Close: p.Close, Stored: read, Link: px}
 }
