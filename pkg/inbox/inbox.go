@@ -48,6 +48,10 @@ const (
 	// Duplicate: the message was already recorded as done; the handler did
 	// not run.
 	Duplicate
+	// AlreadyApplied (Gate only): the gate had the message's version
+	// applied by this message, the inbox no record of it; the handler did
+	// not run, and the message is recorded now.
+	AlreadyApplied
 )
 
 func (r Result) String() string {
@@ -56,6 +60,8 @@ func (r Result) String() string {
 		return "processed"
 	case Duplicate:
 		return "duplicate"
+	case AlreadyApplied:
+		return "already applied"
 	default:
 		return fmt.Sprintf("Result(%d)", int(r))
 	}
@@ -254,8 +260,8 @@ func New(db *mongo.Database, cfg Config) (*Inbox, error) {
 		return nil, fmt.Errorf("inbox: Consumer %q: want 1 to 256 bytes of UTF-8 without NUL or '/'", cfg.Consumer)
 	}
 	coll := cmp.Or(cfg.Collection, DefaultCollection)
-	if strings.ContainsAny(coll, "$\x00") || strings.HasPrefix(coll, ".") || strings.HasPrefix(coll, "system.") || len(coll) > 200 || !utf8.ValidString(coll) {
-		return nil, fmt.Errorf("inbox: Collection %q: not a valid collection name", coll)
+	if err := validCollection(coll); err != nil {
+		return nil, fmt.Errorf("inbox: Collection %q: %w", coll, err)
 	}
 	switch cfg.Mode {
 	case "", ModeAuto, ModeTransaction, ModeStandalone:
@@ -469,6 +475,13 @@ func (in *Inbox) beyondHorizon(ctx context.Context, msgID string) (beyond bool, 
 		return true, Duplicate, nil
 	}
 	return true, 0, fmt.Errorf("%w: message %s was created %v ago, records are kept %v", ErrBeyondHorizon, msgID, age.Round(time.Second), in.retention)
+}
+
+func validCollection(name string) error {
+	if strings.ContainsAny(name, "$\x00") || strings.HasPrefix(name, ".") || strings.HasPrefix(name, "system.") || len(name) > 200 || !utf8.ValidString(name) {
+		return errors.New("not a valid collection name")
+	}
+	return nil
 }
 
 func validMessageID(id string) error {
