@@ -346,6 +346,35 @@
 // retention) is refused the same way: the inbox cannot tell it from one it
 // forgot.
 //
+// # Version order
+//
+// The inbox deduplicates by message id, so it applies an aggregate's
+// messages in the order they arrive, and a broker delivers a retried earlier
+// message after a later one. Gate keeps each aggregate's messages in version
+// order, for a handler blind to order:
+//
+//	gate, err := inbox.NewGate(in, inbox.GateConfig{})
+//	res, err := gate.Process(ctx, msgID, inbox.Position{Aggregate: orderID, Version: v}, handler)
+//	// errors.Is(err, inbox.ErrGap): redeliver later (a delay queue), bounded, then park or dead-letter
+//
+// It marks each applied version in a collection of its own (one document per
+// consumer, aggregate and version, inserted once, read by _id) and runs
+// version n only when n-1 is marked (FirstVersion needs none). A version
+// this message holds is AlreadyApplied (no handler run), one another
+// message holds a *ConflictError. Gate.Skip marks a version without an
+// effect (a discarded message, or an aggregate's last version applied
+// before the gate). The order of writes is effect, mark, record:
+//
+//   - crash after the effect, before the mark: the redelivery runs the
+//     (idempotent) handler again; later versions wait meanwhile;
+//   - crash after the mark, before the record: the redelivery finds the
+//     mark, AlreadyApplied;
+//   - a mark before the effect would let n+1 pass a lost n.
+//
+// Marks are only inserted, so a check that n-1 is there cannot go stale,
+// also on FerretDB. In ModeTransaction the reads, the mark, the record and
+// the effect share the transaction. Marks do not expire.
+//
 // # Failure modes
 //
 //   - MongoDB unreachable: Process returns the driver's error. Do not ack;
@@ -424,6 +453,8 @@
 //   - go.opentelemetry.io/otel/sdk (inboxotel's tests only: they record
 //     spans in memory and choose samplers);
 //   - go.uber.org/goleak (the tests only: no goroutine outlives them);
+//   - github.com/rabbitmq/amqp091-go (the tests only: the gate through a
+//     RabbitMQ queue, TEST_AMQP_URL, default the local broker);
 //
 // and their own dependencies, marked indirect; no server, container library
 // or embedded database. Run the tests with TEST_MONGO_URI, and
@@ -436,6 +467,10 @@
 //
 //	{_id, consumer, message_id, state: "done", processed_at, expire_at}
 //	{_id, consumer, message_id, state: "processing", owner, lease_until, expire_at}  // Lease claims
+//
+// A Gate's marks (default collection "inbox_gate"), _id "consumer/aggregate/version":
+//
+//	{_id, consumer, aggregate, version, message_id, applied_at, skipped?}
 //
 // The unique _id makes the pair unique without any secondary index, so a
 // missing EnsureIndexes call costs retention, never correctness.
