@@ -105,5 +105,6 @@ func Example() {
 	// plain insert: crash_inside: applied twice
 	// plain insert: concurrent: applied twice
 	// plain insert: out_of_order: out of order
+	// plain insert: shuffled: out of order
 	// plain insert: expired_record: applied twice
 }

@@ -55,6 +55,11 @@
 //     broker redelivers a rejected message. An order-sensitive handler must
 //     hold a version back until the one before it is applied; an
 //     order-insensitive one must still apply each once.
+//   - shuffled: each aggregate's versions delivered in swapped pairs (2, 1,
+//     4, 3, ...), each delivery made twice in a row, the second to another
+//     consumer instance; a delivery that fails (a gap) is delivered again
+//     after the others. An order-blind handler fails it; one behind a
+//     version gate (Subject.Gate) must pass it.
 //   - foreign_context: one delivery of each message whose handler gets a
 //     context cancelled before it runs: a handler that still applies its
 //     effect does its database work with another context. In ModeTransaction
@@ -64,6 +69,12 @@
 //     the record meets. The handler must find its effect and do nothing (in
 //     ModeTransaction it must read before it writes: a duplicate key aborts
 //     the transaction).
+//
+// With Subject.Gate, every delivery goes through the gate it returns
+// (inbox.Gate), at the message's aggregate and version, in every scenario:
+// the handler may then be blind to order, and the check tests the gate; a
+// gate that lets a version through before its predecessor fails
+// out_of_order and shuffled.
 //
 // A delivery whose Process call fails is delivered again, up to
 // MaxDeliveries times; a message still not acknowledged then is reported
@@ -153,12 +164,25 @@ type Subject struct {
 	Aggregates int
 	// MaxDeliveries bounds the deliveries of one message. Default 20.
 	MaxDeliveries int
+	// Gate, when set, returns the version gate each delivery goes through,
+	// for each inbox the check makes (Process is called with the message's
+	// AggregateID and Version as its Position):
+	//
+	//	Gate: func(in *inbox.Inbox) (inboxcheck.Gate, error) { return inbox.NewGate(in, inbox.GateConfig{}) },
+	//
+	// Default: nil, deliveries go through Inbox.Process.
+	Gate func(in *inbox.Inbox) (Gate, error)
 	// OrderInsensitive says the handler's effect does not depend on the
 	// order its messages are applied in (a set of facts, a sum): the check
 	// then wants each message applied once, in any order, and reports no
 	// OutOfOrder finding. By default an effect is order-sensitive: each
 	// aggregate's messages must be applied in version order.
 	OrderInsensitive bool
+}
+
+// Gate is a version gate, as *inbox.Gate is.
+type Gate interface {
+	Process(ctx context.Context, msgID string, pos inbox.Position, h inbox.Handler) (inbox.Result, error)
 }
 
 // Problems a Finding reports.
@@ -198,6 +222,8 @@ func (u Unchecked) String() string {
 type Report struct {
 	// Mode is the mode the inboxes ran in.
 	Mode inbox.Mode
+	// Gated: the deliveries went through Subject.Gate.
+	Gated bool
 	// Deliveries counts the Process calls made.
 	Deliveries int
 	// Crashes counts the deliveries crash_inside interrupted inside the
@@ -219,9 +245,9 @@ func (r *Report) String() string {
 		if r.orderInsensitive {
 			clean = "every message applied once (order not checked: Subject.OrderInsensitive)"
 		}
-		lines = append(lines, fmt.Sprintf("inboxcheck: %s mode, %d deliveries: %s", r.Mode, r.Deliveries, clean))
+		lines = append(lines, fmt.Sprintf("inboxcheck: %s mode%s, %d deliveries: %s", r.Mode, r.gated(), r.Deliveries, clean))
 	} else {
-		lines = append(lines, fmt.Sprintf("inboxcheck: %s mode, %d deliveries: %d findings", r.Mode, r.Deliveries, len(r.Findings)))
+		lines = append(lines, fmt.Sprintf("inboxcheck: %s mode%s, %d deliveries: %d findings", r.Mode, r.gated(), r.Deliveries, len(r.Findings)))
 	}
 	for _, f := range r.Findings {
 		lines = append(lines, "  "+f.String())
@@ -230,6 +256,13 @@ func (r *Report) String() string {
 		lines = append(lines, "  "+u.String())
 	}
 	return strings.Join(lines, "\n")
+}
+
+func (r *Report) gated() string {
+	if r.Gated {
+		return " through a version gate"
+	}
+	return ""
 }
 
 // Run checks s on db and fails t with each finding (t.Errorf), or with the
@@ -266,7 +299,8 @@ func Check(ctx context.Context, db *mongo.Database, s Subject) (*Report, error) 
 	s.MaxDeliveries = cmp.Or(s.MaxDeliveries, 20)
 	b := make([]byte, 6)
 	_, _ = rand.Read(b)
-	c := &checker{db: db, s: s, run: "inboxcheck-" + hex.EncodeToString(b), report: &Report{orderInsensitive: s.OrderInsensitive}, gaveUp: map[string]bool{}}
+	c := &checker{db: db, s: s, run: "inboxcheck-" + hex.EncodeToString(b), report: &Report{orderInsensitive: s.OrderInsensitive, Gated: s.Gate != nil},
+		gaveUp: map[string]bool{}, gates: map[*inbox.Inbox]Gate{}}
 	switch ok, err := monitored(ctx, db); {
 	case err != nil:
 		return nil, err
@@ -292,6 +326,7 @@ func Check(ctx context.Context, db *mongo.Database, s Subject) (*Report, error) 
 		{"crash_inside", c.crashInside},
 		{"concurrent", c.concurrent},
 		{"out_of_order", c.outOfOrder},
+		{"shuffled", c.shuffled},
 		{"foreign_context", c.foreignContext},
 		{"expired_record", c.expiredRecord},
 	} {
@@ -497,8 +532,9 @@ type checker struct {
 	s      Subject
 	run    string
 	report *Report
-	mu     sync.Mutex      // guards report and gaveUp
+	mu     sync.Mutex      // guards report, gaveUp and gates
 	gaveUp map[string]bool // messages never acknowledged, by id
+	gates  map[*inbox.Inbox]Gate
 }
 
 // fate says whether the message with id was acknowledged.
@@ -571,12 +607,27 @@ type wrapper func(m Message, delivery int, h inbox.Handler) inbox.Handler
 // requeues it, up to MaxDeliveries times. delivered, if set, is called
 // after each delivery.
 func (c *checker) settle(ctx context.Context, scenario string, in *inbox.Inbox, queue []Message, wrap wrapper, delivered func()) error {
+	q := make([]copyOf, len(queue))
+	for i, m := range queue {
+		q[i] = copyOf{m, in}
+	}
+	return c.settleCopies(ctx, scenario, q, wrap, delivered)
+}
+
+// copyOf is a copy of a message, for the consumer instance in.
+type copyOf struct {
+	Message
+	in *inbox.Inbox
+}
+
+// settleCopies is settle for copies each bound to its consumer instance.
+func (c *checker) settleCopies(ctx context.Context, scenario string, queue []copyOf, wrap wrapper, delivered func()) error {
 	deliveries := map[string]int{}
 	for len(queue) > 0 {
 		m := queue[0]
 		queue = queue[1:]
 		deliveries[m.ID]++
-		err := c.deliver(ctx, in, m, deliveries[m.ID], wrap)
+		err := c.deliver(ctx, m.in, m.Message, deliveries[m.ID], wrap)
 		if delivered != nil {
 			delivered()
 		}
@@ -617,8 +668,34 @@ func (c *checker) deliver(ctx context.Context, in *inbox.Inbox, m Message, deliv
 	c.mu.Lock()
 	c.report.Deliveries++
 	c.mu.Unlock()
-	_, err := in.Process(ctx, m.ID, h)
+	if c.s.Gate == nil {
+		_, err := in.Process(ctx, m.ID, h)
+		return err
+	}
+	g, err := c.gate(in)
+	if err != nil {
+		return err
+	}
+	_, err = g.Process(ctx, m.ID, inbox.Position{Aggregate: m.AggregateID, Version: m.Version}, h)
 	return err
+}
+
+// gate returns Subject.Gate's gate for in, made on first use.
+func (c *checker) gate(in *inbox.Inbox) (Gate, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if g, ok := c.gates[in]; ok {
+		return g, nil
+	}
+	g, err := c.s.Gate(in)
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("inboxcheck: Subject.Gate: %w", err)
+	case g == nil:
+		return nil, errors.New("inboxcheck: Subject.Gate returned nil")
+	}
+	c.gates[in] = g
+	return g, nil
 }
 
 func pause(ctx context.Context) error {
@@ -819,6 +896,32 @@ func (c *checker) outOfOrder(ctx context.Context, scenario string, aggs [][]Mess
 		return err
 	}
 	return closing(ctx, in)
+}
+
+// shuffled delivers each aggregate's versions in swapped pairs, each
+// delivery twice in a row, the second to another consumer instance.
+func (c *checker) shuffled(ctx context.Context, scenario string, aggs [][]Message) error {
+	a, err := c.inbox(scenario)
+	if err != nil {
+		return err
+	}
+	b, err := c.inbox(scenario) // the same consumer, another instance
+	if err != nil {
+		return err
+	}
+	var queue []copyOf
+	for _, agg := range aggs {
+		for i := 0; i < len(agg); i += 2 {
+			pair := agg[i:min(i+2, len(agg))]
+			for j := len(pair) - 1; j >= 0; j-- {
+				queue = append(queue, copyOf{pair[j], a}, copyOf{pair[j], b})
+			}
+		}
+	}
+	if err := c.settleCopies(ctx, scenario, queue, nil, nil); err != nil {
+		return err
+	}
+	return closing(ctx, a, b)
 }
 
 func (c *checker) foreignContext(ctx context.Context, scenario string, aggs [][]Message) error {

@@ -501,10 +501,45 @@ func TestAnOrderBlindHandlerFails(t *testing.T) {
 	db := database(t)
 	e := newEffects(db)
 	f := runFake(t, db, e.subject(e.orderBlind))
-	wantFailures(t, f, map[string]string{"out_of_order": inboxcheck.OutOfOrder})
-	if len(f.errors) != 2 {
-		t.Errorf("want one finding per aggregate of out_of_order, got:\n%s", strings.Join(f.errors, "\n"))
+	wantFailures(t, f, map[string]string{"out_of_order": inboxcheck.OutOfOrder, "shuffled": inboxcheck.OutOfOrder})
+	if len(f.errors) != 4 {
+		t.Errorf("want one finding per aggregate of out_of_order and of shuffled, got:\n%s", strings.Join(f.errors, "\n"))
 	}
+}
+
+// The same order-blind handler behind the inbox's version gate passes every
+// scenario, out of order ones included.
+func TestAnOrderBlindHandlerBehindTheGatePasses(t *testing.T) {
+	t.Parallel()
+	db := database(t)
+	e := newEffects(db)
+	s := e.subject(e.orderBlind)
+	s.Versions = 3
+	s.Gate = func(in *inbox.Inbox) (inboxcheck.Gate, error) { return inbox.NewGate(in, inbox.GateConfig{}) }
+	r := inboxcheck.Run(t, db, s)
+	if !r.Gated || !strings.Contains(r.String(), "through a version gate") {
+		t.Errorf("report: %s", r)
+	}
+}
+
+// leakyGate is a gate that lets every version through (the inbox alone):
+// what a gate whose predecessor check is broken does.
+type leakyGate struct{ in *inbox.Inbox }
+
+func (g leakyGate) Process(ctx context.Context, msgID string, _ inbox.Position, h inbox.Handler) (inbox.Result, error) {
+	return g.in.Process(ctx, msgID, h)
+}
+
+// A gate that lets a version through before its predecessor fails the
+// scenarios that deliver out of order.
+func TestAGateThatLetsAVersionPassItsPredecessorFails(t *testing.T) {
+	t.Parallel()
+	db := database(t)
+	e := newEffects(db)
+	s := e.subject(e.orderBlind)
+	s.Gate = func(in *inbox.Inbox) (inboxcheck.Gate, error) { return leakyGate{in}, nil }
+	f := runFake(t, db, s)
+	wantFailures(t, f, map[string]string{"out_of_order": inboxcheck.OutOfOrder, "shuffled": inboxcheck.OutOfOrder})
 }
 
 // The same handler on a subject that declares its effect order-insensitive
