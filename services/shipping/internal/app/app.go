@@ -212,6 +212,12 @@ func New(cfg Config) (*App, error) {
 	}); err != nil {
 		return fail(fmt.Errorf("shipping: %w", err))
 	}
+	// Each order's versions apply in order: the gate holds a version back
+	// (inbox.ErrGap) until the one before it applied.
+	gate, err := inbox.NewGate(a.inbox, inbox.GateConfig{})
+	if err != nil {
+		return fail(fmt.Errorf("shipping: %w", err))
+	}
 	if a.store, err = mongodb.New(db, ""); err != nil {
 		return fail(fmt.Errorf("shipping: %w", err))
 	}
@@ -222,7 +228,7 @@ func New(cfg Config) (*App, error) {
 	if cfg.WrapStore != nil {
 		store = cfg.WrapStore(store)
 	}
-	var in processor.Inbox = a.inbox
+	var in processor.Inbox = gate
 	if cfg.WrapInbox != nil {
 		in = cfg.WrapInbox(in)
 	}
@@ -233,7 +239,7 @@ func New(cfg Config) (*App, error) {
 	a.releases, err = deadletter.NewManager(deadletter.Config{
 		Store:     a.dead,
 		Publisher: a.republish,
-		Skipper:   a.store,
+		Skipper:   skipper{store: a.store, gate: gate},
 		Logger:    log,
 	})
 	if err != nil {
@@ -463,4 +469,22 @@ func (a *App) maintainInbox(ctx context.Context) {
 func outboxMessageTime(msgID string) (time.Time, bool) {
 	_, created, err := outbox.ParseMessageID(msgID)
 	return created, err == nil && !created.IsZero()
+}
+
+// skipper discards a version: in the shipment first, then in the inbox's
+// gate, which lets the versions after it through (a discard resumed after a
+// crash in between repeats both; each is idempotent).
+type skipper struct {
+	store *mongodb.Store
+	gate  *inbox.Gate
+}
+
+func (s skipper) Skip(ctx context.Context, orderID string, version int64, messageID, eventType string) error {
+	if err := s.store.Skip(ctx, orderID, version, messageID, eventType); err != nil {
+		return err
+	}
+	if err := s.gate.Skip(ctx, inbox.Position{Aggregate: orderID, Version: version}, cmp.Or(messageID, "discarded")); err != nil {
+		return fmt.Errorf("discard shipment %s version %d in the inbox's gate: %w", orderID, version, err)
+	}
+	return nil
 }

@@ -19,7 +19,8 @@ import (
 )
 
 // shippingSubject is shipping's handler as the processor runs it through
-// the inbox (Store.Apply with the context the inbox gives), on order events:
+// the inbox's version gate (Store.Apply with the context the inbox gives),
+// on order events:
 // version 1 order.created, later versions order.cancelled. Its effect is the
 // shipment's list of applied events, each with when it was applied.
 func shippingSubject(t *testing.T, db *mongo.Database, cfg inbox.Config) inboxcheck.Subject {
@@ -30,6 +31,7 @@ func shippingSubject(t *testing.T, db *mongo.Database, cfg inbox.Config) inboxch
 	}
 	return inboxcheck.Subject{
 		Inbox: cfg,
+		Gate:  func(in *inbox.Inbox) (inboxcheck.Gate, error) { return inbox.NewGate(in, inbox.GateConfig{}) },
 		Handler: func(m inboxcheck.Message) inbox.Handler {
 			ev := shipment.Event{OrderID: m.AggregateID, Version: m.Version,
 				Type: shipment.TypeCancelled, Cancelled: &shipment.Cancelled{OrderID: m.AggregateID}}
@@ -94,6 +96,28 @@ func TestShippingHandlerPassesTheInboxCheck(t *testing.T) {
 				t.Errorf("no delivery was interrupted inside the handler:\n%s", r)
 			}
 		})
+	}
+}
+
+// The store alone does not wait for an order's previous version: without
+// the gate, shipping's handler fails the scenarios out of order.
+func TestShippingStoreWithoutTheGateFailsOutOfOrder(t *testing.T) {
+	t.Parallel()
+	db := monitored(t, mongotest.URI(t), mongotest.Database(t))
+	s := shippingSubject(t, db, inbox.Config{})
+	s.Gate = nil
+	r, err := inboxcheck.Check(t.Context(), db, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	failed := map[string]bool{}
+	for _, f := range r.Findings {
+		if f.Problem == inboxcheck.OutOfOrder {
+			failed[f.Scenario] = true
+		}
+	}
+	if !failed["out_of_order"] || !failed["shuffled"] {
+		t.Fatalf("want out of order findings in out_of_order and shuffled:\n%s", r)
 	}
 }
 

@@ -1,12 +1,13 @@
 // Package mongodb stores shipments in MongoDB (or FerretDB).
 //
 // A shipment is stored as one document per applied event, whose _id is
-// "order id/version". Applying version v reads v (already applied?) and v-1
-// (there yet?), then inserts v: the unique _id makes each version apply once
-// even on servers without transactions or atomic conditional updates
-// (FerretDB), and versions only ever grow, so the check cannot go stale.
-// Reading first keeps Apply correct inside a MongoDB transaction, where a
-// write error aborts the transaction (see Apply). Event types the service
+// "order id/version". Applying version v reads v (already applied?), then
+// inserts v: the unique _id makes each version apply once even on servers
+// without transactions or atomic conditional updates (FerretDB). That v-1
+// is applied first is the inbox's version gate's job (pkg/inbox, Gate),
+// which runs Apply only then. Reading first keeps Apply correct inside a
+// MongoDB transaction, where a write error aborts the transaction (see
+// Apply). Event types the service
 // ignores are stored too, without a payload, so the chain has no hole.
 // Every lookup selects by _id alone, which FerretDB serves from its primary
 // key.
@@ -99,14 +100,14 @@ func key(orderID string, version int64) string {
 	return orderID + "/" + strconv.FormatInt(version, 10)
 }
 
-// Apply applies ev, carried by message messageID, to its shipment. It
-// returns shipment.ErrGap when the previous version is not applied yet, and
-// shipment.ErrVersionConflict when a different message holds ev's version. Use the ctx the inbox hands the
-// handler: in transaction mode it carries the session.
+// Apply applies ev, carried by message messageID, to its shipment, whose
+// previous version the caller's version gate found applied. It returns
+// shipment.ErrVersionConflict when a different message holds ev's version.
+// Use the ctx the inbox hands the handler: in transaction mode it carries
+// the session.
 //
 // Apply reads before it writes: first ev's own version (applied already, by
-// this message or by another), then the previous one, and inserts only when
-// both answers allow it. Inside a MongoDB transaction this order is required,
+// this message or by another), and inserts only when it is free. Inside a MongoDB transaction this order is required,
 // not an optimisation: a write error (a duplicate key among them) aborts the
 // transaction on the server, every later operation in it fails with
 // NoSuchTransaction, so "insert, and read on a duplicate key" would turn an
@@ -140,15 +141,6 @@ func (s *Store) apply(ctx context.Context, messageID string, ev shipment.Event) 
 	id := key(ev.OrderID, ev.Version)
 	if o, err := s.existing(ctx, messageID, ev, id); o != 0 || err != nil {
 		return o, err
-	}
-	if ev.Version > 1 {
-		err := s.events.FindOne(ctx, bson.D{{Key: "_id", Value: key(ev.OrderID, ev.Version-1)}}).Err()
-		if errors.Is(err, mongo.ErrNoDocuments) {
-			return 0, fmt.Errorf("%w: order %s version %d waits for %d", shipment.ErrGap, ev.OrderID, ev.Version, ev.Version-1)
-		}
-		if err != nil {
-			return 0, fmt.Errorf("read shipment %s version %d: %w", ev.OrderID, ev.Version-1, err)
-		}
 	}
 	rec := record{
 		ID:        id,
@@ -196,8 +188,9 @@ func (s *Store) existing(ctx context.Context, messageID string, ev shipment.Even
 }
 
 // Skip records version of orderID as discarded by an operator: it counts in
-// the chain, with no effect, so the versions after it apply. A version
-// already there (applied, or skipped before) is left as it is.
+// the chain, with no effect. A version already there (applied, or skipped
+// before) is left as it is. The inbox's gate must pass it too (Gate.Skip,
+// after this) for the versions after it to apply.
 func (s *Store) Skip(ctx context.Context, orderID string, version int64, messageID, eventType string) error {
 	rec := record{
 		ID: key(orderID, version), OrderID: orderID, Version: version, MessageID: messageID,

@@ -3,9 +3,10 @@
 // whether to ack, defer, park, dead-letter, or keep it until MongoDB is back.
 //
 //   - applied, or a duplicate (inbox record, or its version already holds
-//     it): ack. An event type this service does not handle is applied as a
+//     it: the version gate's mark, or the shipment): ack. An event type this service does not handle is applied as a
 //     no-op at its version, so its order's later versions can apply.
-//   - its previous version is missing: defer through the delay queue (at
+//   - its previous version is missing (the inbox's version gate, keyed on
+//     the order and the version, says inbox.ErrGap): defer through the delay queue (at
 //     most MaxDeferrals times, then dead-letter gap_not_filled), unless its
 //     order is held behind a dead letter of an earlier version: then park it
 //     (kept in MongoDB, acked) until an operator replays or discards that
@@ -76,13 +77,15 @@ const (
 	HeaderCreatedAt = shipment.HeaderCreatedAt
 )
 
-// Inbox deduplicates by message id (pkg/inbox).
+// Inbox deduplicates by message id and applies each order's versions in
+// order (pkg/inbox's Gate over its Inbox).
 type Inbox interface {
-	Process(ctx context.Context, msgID string, h inbox.Handler) (inbox.Result, error)
+	Process(ctx context.Context, msgID string, pos inbox.Position, h inbox.Handler) (inbox.Result, error)
 }
 
 // Store applies events to shipments, recording which message applied each
-// version (the shipping service plugs in its MongoDB store).
+// version (the shipping service plugs in its MongoDB store). The Inbox's
+// gate runs it only once the event's previous version is applied.
 type Store interface {
 	Apply(ctx context.Context, messageID string, ev shipment.Event) (shipment.Outcome, error)
 	Ping(ctx context.Context) error
@@ -106,7 +109,7 @@ type Releases interface {
 
 var (
 	_ Releases         = (*deadletter.Manager)(nil)
-	_ Inbox            = (*inbox.Inbox)(nil)
+	_ Inbox            = (*inbox.Gate)(nil)
 	_ DeadLetters      = (*deadletter.Store)(nil)
 	_ rabbitmq.Handler = (*Processor)(nil)
 )
@@ -279,7 +282,7 @@ func (p *Processor) Handle(ctx context.Context, d rabbitmq.Delivery) (v rabbitmq
 	if p.cfg.Tracing != nil {
 		apply = p.cfg.Tracing.Handler(SpanApply, apply)
 	}
-	res, err := p.cfg.Inbox.Process(ctx, msgID, apply)
+	res, err := p.cfg.Inbox.Process(ctx, msgID, inbox.Position{Aggregate: ev.OrderID, Version: ev.Version}, apply)
 	if span.IsRecording() {
 		if err != nil {
 			span.RecordError(err)
@@ -289,15 +292,17 @@ func (p *Processor) Handle(ctx context.Context, d rabbitmq.Delivery) (v rabbitmq
 	}
 	switch {
 	case err == nil:
-	case errors.Is(err, shipment.ErrGap):
+	case errors.Is(err, inbox.ErrGap):
 		if v, parked := p.park(ctx, log, d, ev); parked {
 			return v
 		}
 		return p.deferred(ctx, log, d, ev, "gap", err)
 	case errors.Is(err, inbox.ErrInProgress):
 		return p.deferred(ctx, log, d, ev, "in_progress", err)
-	case errors.Is(err, shipment.ErrVersionConflict):
+	case errors.Is(err, inbox.ErrVersionConflict), errors.Is(err, shipment.ErrVersionConflict):
 		return p.deadLetter(ctx, d, ev, shipment.ReasonVersionConflict, err)
+	case errors.Is(err, inbox.ErrInvalidPosition):
+		return p.deadLetter(ctx, d, ev, shipment.ReasonMalformedPayload, err)
 	case errors.Is(err, inbox.ErrInvalidMessageID):
 		return p.deadLetter(ctx, d, ev, shipment.ReasonMissingMessageID, err)
 	case errors.Is(err, inbox.ErrBeyondHorizon):
@@ -340,7 +345,7 @@ func (p *Processor) Handle(ctx context.Context, d rabbitmq.Delivery) (v rabbitmq
 	case res == inbox.Duplicate:
 		p.cfg.Metrics.Duplicates.WithLabelValues("inbox").Inc()
 		log.DebugContext(ctx, "duplicate (inbox)")
-	case outcome == shipment.OutcomeAlreadyApplied:
+	case res == inbox.AlreadyApplied || outcome == shipment.OutcomeAlreadyApplied:
 		p.cfg.Metrics.Duplicates.WithLabelValues("version").Inc()
 		log.DebugContext(ctx, "duplicate (already applied)")
 	case ev.Ignored:

@@ -23,11 +23,20 @@ import (
 // The verdict logic is pure; the inbox and the store are fakes here (the
 // real ones are exercised end to end in internal/app).
 
-type fakeInbox struct{ duplicate bool }
+// fakeInbox stands for the inbox's version gate: a duplicate, a version
+// whose predecessor is missing (gap: the handler does not run), or the
+// handler's run.
+type fakeInbox struct{ duplicate, gap, alreadyApplied bool }
 
-func (f fakeInbox) Process(ctx context.Context, _ string, h inbox.Handler) (inbox.Result, error) {
+func (f fakeInbox) Process(ctx context.Context, msgID string, pos inbox.Position, h inbox.Handler) (inbox.Result, error) {
 	if f.duplicate {
 		return inbox.Duplicate, nil
+	}
+	if f.gap {
+		return 0, &inbox.GapError{MessageID: msgID, Position: pos, Awaits: pos.Version - 1}
+	}
+	if f.alreadyApplied {
+		return inbox.AlreadyApplied, nil
 	}
 	if err := h(ctx); err != nil {
 		return 0, fmt.Errorf("%w: %w", inbox.ErrHandler, err)
@@ -52,7 +61,7 @@ func (f fakeStore) Ping(context.Context) error { return f.pingErr }
 
 type inProgressInbox struct{}
 
-func (inProgressInbox) Process(context.Context, string, inbox.Handler) (inbox.Result, error) {
+func (inProgressInbox) Process(context.Context, string, inbox.Position, inbox.Handler) (inbox.Result, error) {
 	return 0, inbox.ErrInProgress
 }
 
@@ -87,12 +96,14 @@ func TestVerdicts(t *testing.T) {
 		"applied":          {store: fakeStore{outcome: shipment.OutcomeApplied}, action: rabbitmq.Ack, metric: func(m *metrics.Metrics) prometheus.Counter { return m.Processed }},
 		"already applied":  {store: fakeStore{outcome: shipment.OutcomeAlreadyApplied}, action: rabbitmq.Ack, metric: func(m *metrics.Metrics) prometheus.Counter { return m.Duplicates.WithLabelValues("version") }},
 		"inbox duplicate":  {inbox: fakeInbox{duplicate: true}, action: rabbitmq.Ack, metric: func(m *metrics.Metrics) prometheus.Counter { return m.Duplicates.WithLabelValues("inbox") }},
+		"gate duplicate":   {inbox: fakeInbox{alreadyApplied: true}, action: rabbitmq.Ack, metric: func(m *metrics.Metrics) prometheus.Counter { return m.Duplicates.WithLabelValues("version") }},
+		"gate conflict":    {inbox: failingInbox{err: &inbox.ConflictError{MessageID: "7", HeldBy: "6"}}, action: rabbitmq.DeadLetter, reason: "version_conflict"},
 		"no message id":    {inbox: failingInbox{err: fmt.Errorf("%w: empty", inbox.ErrInvalidMessageID)}, delivery: func() rabbitmq.Delivery { d := delivery(nil); d.MessageID = ""; return d }(), action: rabbitmq.DeadLetter, reason: "missing_message_id"},
 		"unknown type":     {delivery: func() rabbitmq.Delivery { d := delivery(nil); d.Type = "order.paid"; return d }(), action: rabbitmq.Ack, metric: func(m *metrics.Metrics) prometheus.Counter { return m.UnknownType }},
 		"bad version":      {delivery: delivery(map[string]any{"aggregate_version": "x"}), action: rabbitmq.DeadLetter, reason: "invalid_version"},
-		"gap":              {store: fakeStore{err: shipment.ErrGap}, action: rabbitmq.Defer, reason: "gap", header: processor.HeaderDeferrals, headerWant: 1},
-		"gap, again":       {store: fakeStore{err: shipment.ErrGap}, delivery: delivery(map[string]any{processor.HeaderDeferrals: int64(4)}), action: rabbitmq.Defer, reason: "gap", header: processor.HeaderDeferrals, headerWant: 5},
-		"gap never filled": {store: fakeStore{err: shipment.ErrGap}, delivery: delivery(map[string]any{processor.HeaderDeferrals: int64(10)}), action: rabbitmq.DeadLetter, reason: "gap_not_filled"},
+		"gap":              {inbox: fakeInbox{gap: true}, action: rabbitmq.Defer, reason: "gap", header: processor.HeaderDeferrals, headerWant: 1},
+		"gap, again":       {inbox: fakeInbox{gap: true}, delivery: delivery(map[string]any{processor.HeaderDeferrals: int64(4)}), action: rabbitmq.Defer, reason: "gap", header: processor.HeaderDeferrals, headerWant: 5},
+		"gap never filled": {inbox: fakeInbox{gap: true}, delivery: delivery(map[string]any{processor.HeaderDeferrals: int64(10)}), action: rabbitmq.DeadLetter, reason: "gap_not_filled"},
 		"in progress":      {inbox: inProgressInbox{}, action: rabbitmq.Defer, reason: "in_progress", header: processor.HeaderDeferrals, headerWant: 1},
 		"version conflict": {store: fakeStore{err: shipment.ErrVersionConflict}, action: rabbitmq.DeadLetter, reason: "version_conflict"},
 		"mongo down": {store: fakeStore{err: errors.New("server selection timeout"), pingErr: errors.New("down")}, action: rabbitmq.Retry,
@@ -174,9 +185,9 @@ func (r *recordingStore) Apply(_ context.Context, msgID string, ev shipment.Even
 // idInbox is fakeInbox keeping the message ids it is given.
 type idInbox struct{ ids []string }
 
-func (in *idInbox) Process(ctx context.Context, msgID string, h inbox.Handler) (inbox.Result, error) {
+func (in *idInbox) Process(ctx context.Context, msgID string, pos inbox.Position, h inbox.Handler) (inbox.Result, error) {
 	in.ids = append(in.ids, msgID)
-	return fakeInbox{}.Process(ctx, msgID, h)
+	return fakeInbox{}.Process(ctx, msgID, pos, h)
 }
 
 // The message id is the delivery's, handed as it is to the inbox (which
@@ -248,7 +259,7 @@ func TestTypeComesFromTheOriginalRoutingKeyAfterTheDelayQueue(t *testing.T) {
 // commit).
 type failingInbox struct{ err error }
 
-func (f failingInbox) Process(context.Context, string, inbox.Handler) (inbox.Result, error) {
+func (f failingInbox) Process(context.Context, string, inbox.Position, inbox.Handler) (inbox.Result, error) {
 	return 0, f.err
 }
 
@@ -307,7 +318,7 @@ func TestDeferralsAreCappedByCountAndByAge(t *testing.T) {
 		"database, past the count":    {inbox: failingInbox{err: unauthorized}, headers: map[string]any{"x-shipping-transient-deferrals": int32(20)}, action: rabbitmq.DeadLetter, reason: "inbox_failed"},
 		"transient, past the age":     {inbox: failingInbox{err: transient}, headers: map[string]any{"x-shipping-transient-deferrals": int64(2), "x-shipping-first-deferred-at": longAgo}, action: rabbitmq.DeadLetter, reason: "inbox_failed"},
 		"transient, within the age":   {inbox: failingInbox{err: transient}, headers: map[string]any{"x-shipping-transient-deferrals": int64(2), "x-shipping-first-deferred-at": recently}, action: rabbitmq.Defer, reason: "transient", counter: "x-shipping-transient-deferrals", want: 3},
-		"gap, past the age":           {store: fakeStore{err: shipment.ErrGap}, headers: map[string]any{"x-shipping-deferrals": int64(3), "x-shipping-first-deferred-at": longAgo}, action: rabbitmq.DeadLetter, reason: "gap_not_filled"},
+		"gap, past the age":           {inbox: fakeInbox{gap: true}, headers: map[string]any{"x-shipping-deferrals": int64(3), "x-shipping-first-deferred-at": longAgo}, action: rabbitmq.DeadLetter, reason: "gap_not_filled"},
 		"handler retry, past the age": {store: fakeStore{err: errors.New("bug")}, headers: map[string]any{"x-shipping-attempts": int64(1), "x-shipping-first-deferred-at": longAgo}, action: rabbitmq.DeadLetter, reason: "handler_failed"},
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -395,6 +406,18 @@ func newDeadLetterProcessor(t *testing.T, store processor.Store, dl processor.De
 	return p, m
 }
 
+// newGapProcessor is newDeadLetterProcessor whose gate finds every
+// message's predecessor missing.
+func newGapProcessor(t *testing.T, dl processor.DeadLetters) (*processor.Processor, *metrics.Metrics) {
+	t.Helper()
+	m, _ := metrics.New(prometheus.NewRegistry())
+	p, err := processor.New(processor.Config{Inbox: fakeInbox{gap: true}, Store: fakeStore{}, Metrics: m, MaxAttempts: 3, MaxDeferrals: 10, DeadLetters: dl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p, m
+}
+
 func cancelDelivery(version int64, extra map[string]any) rabbitmq.Delivery {
 	h := map[string]any{"aggregate_version": version}
 	for k, v := range extra {
@@ -450,7 +473,7 @@ func TestDeadLetterThatCannotBeRecordedKeepsTheDelivery(t *testing.T) {
 
 func TestLaterVersionOfAHeldOrderIsParkedAtOnce(t *testing.T) {
 	dl := &fakeDeadLetters{hold: &deadletter.Hold{OrderID: "o-1", Version: 2, State: deadletter.StateHeld, Token: "t1"}}
-	p, m := newDeadLetterProcessor(t, fakeStore{err: shipment.ErrGap}, dl)
+	p, m := newGapProcessor(t, dl)
 	if v := p.Handle(t.Context(), cancelDelivery(3, nil)); v.Action != rabbitmq.Ack {
 		t.Fatalf("verdict %v %q, want ack (parked)", v.Action, v.Reason)
 	}
@@ -466,7 +489,7 @@ func TestLaterVersionOfAHeldOrderIsParkedAtOnce(t *testing.T) {
 		"being released": {OrderID: "o-1", Version: 2, State: deadletter.StateReleasing},
 	} {
 		dl := &fakeDeadLetters{hold: hold}
-		p, _ := newDeadLetterProcessor(t, fakeStore{err: shipment.ErrGap}, dl)
+		p, _ := newGapProcessor(t, dl)
 		if v := p.Handle(t.Context(), cancelDelivery(3, nil)); v.Action != rabbitmq.Defer || v.Reason != "gap" || len(dl.parked) != 0 {
 			t.Errorf("%s: verdict %v %q, parked %v; want a plain deferral", name, v.Action, v.Reason, dl.parked)
 		}
@@ -478,7 +501,7 @@ func TestParkedMessageIsTakenBackWhenAReleaseBeganMeanwhile(t *testing.T) {
 		hold:      &deadletter.Hold{OrderID: "o-1", Version: 2, State: deadletter.StateHeld, Token: "t1"},
 		afterPark: func(f *fakeDeadLetters) { f.hold.State, f.hold.Token = deadletter.StateReleasing, "t2" },
 	}
-	p, _ := newDeadLetterProcessor(t, fakeStore{err: shipment.ErrGap}, dl)
+	p, _ := newGapProcessor(t, dl)
 	if v := p.Handle(t.Context(), cancelDelivery(3, nil)); v.Action != rabbitmq.Defer || v.Reason != "gap" {
 		t.Fatalf("verdict %v %q, want the message taken back and deferred", v.Action, v.Reason)
 	}
@@ -510,7 +533,8 @@ func TestAppliedMessagesReleaseTheirOrderIfHeldAtTheirVersion(t *testing.T) {
 		"applied":         {store: fakeStore{outcome: shipment.OutcomeApplied}, ask: true},
 		"already applied": {store: fakeStore{outcome: shipment.OutcomeAlreadyApplied}, ask: true},
 		"inbox duplicate": {inbox: fakeInbox{duplicate: true}, ask: true},
-		"gap":             {store: fakeStore{err: shipment.ErrGap}},
+		"gate duplicate":  {inbox: fakeInbox{alreadyApplied: true}, ask: true},
+		"gap":             {inbox: fakeInbox{gap: true}},
 		"handler fails":   {store: fakeStore{err: errors.New("bug")}},
 	} {
 		t.Run(name, func(t *testing.T) {

@@ -3,9 +3,10 @@
 //
 // A shipment is the ordered chain of the order events applied to it: version
 // 1 is order.created, each later event has the next version, without gaps.
-// An event applies only on top of the version before it, so a cancel that
-// overtook its create waits (it is deferred), and a second copy of an
-// applied event is recognised by its version.
+// An event applies only on top of the version before it (pkg/inbox's version
+// gate holds it back until then), so a cancel that overtook its create waits
+// (it is deferred), and a second copy of an applied event is recognised by
+// its version.
 //
 // Versions count every event of an order, including types this service does
 // not handle (an order.paid added by the producer later): such an event is
@@ -36,8 +37,6 @@ const (
 var (
 	// ErrNotFound: no shipment for that order (its create was not applied).
 	ErrNotFound = errors.New("shipment not found")
-	// ErrGap: the event's previous version is not applied yet; retry later.
-	ErrGap = errors.New("shipment: previous version not applied yet")
 	// ErrVersionConflict: another message was applied at the event's version.
 	// The producer broke its versioning; the message needs a human.
 	ErrVersionConflict = errors.New("shipment: another message holds this version")
