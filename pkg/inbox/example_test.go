@@ -114,3 +114,57 @@ func ExampleInbox_Recorded() {
 	// 11
 	// 9
 }
+
+// An order's versions arrive 2, 1, 3, and 2 again. The gate holds version 2
+// back until version 1 is applied (a real consumer defers it through a delay
+// queue, bounded, then parks or dead-letters it), so the order-blind handler
+// runs 1, 2, 3, once each.
+func ExampleGate() {
+	ctx := context.Background()
+	client, err := mongo.Connect(options.Client().ApplyURI(exampleURI()))
+	if err != nil {
+		panic(err)
+	}
+	defer client.Disconnect(ctx)
+	db := client.Database(exampleDatabase())
+	defer db.Drop(ctx)
+
+	in, err := inbox.New(db, inbox.Config{Consumer: "shipping"})
+	if err != nil {
+		panic(err)
+	}
+	gate, err := inbox.NewGate(in, inbox.GateConfig{})
+	if err != nil {
+		panic(err)
+	}
+	queue := []int64{2, 1, 3, 2}
+	for len(queue) > 0 {
+		v := queue[0]
+		queue = queue[1:]
+		id := fmt.Sprintf("order-1/%d", v) // the message id
+		res, err := gate.Process(ctx, id, inbox.Position{Aggregate: "order-1", Version: v}, func(ctx context.Context) error {
+			fmt.Println("apply version", v) // idempotent on its own key, as ModeStandalone requires
+			return nil
+		})
+		var gap *inbox.GapError
+		switch {
+		case errors.As(err, &gap):
+			fmt.Printf("version %d waits for %d\n", v, gap.Awaits)
+			queue = append(queue, v) // defer it: redelivered after the others
+		case err != nil:
+			panic(err) // do not ack
+		default:
+			fmt.Println(v, res) // ack
+		}
+	}
+	// Output:
+	// version 2 waits for 1
+	// apply version 1
+	// 1 processed
+	// version 3 waits for 2
+	// apply version 2
+	// 2 processed
+	// 2 duplicate
+	// apply version 3
+	// 3 processed
+}
