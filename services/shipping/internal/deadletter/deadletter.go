@@ -35,7 +35,7 @@
 // asked: running Replay or Discard again for that order, or Resume (the
 // service calls it at start), finishes it. A message re-published twice
 // is a duplicate, which the inbox absorbs; order is kept by the consumer's
-// version chain, which never applies a version before its predecessor.
+// version gate (pkg/inbox), which never applies a version before its predecessor.
 //
 // A consumer that parks a message re-reads the hold afterwards: if a
 // release began meanwhile, it takes its message back (or finds the release
