@@ -21,7 +21,7 @@ type Metrics struct {
 	Processed prometheus.Counter
 	// Duplicates counts deliveries acked without a new effect, by the layer
 	// that caught them: "inbox" (message id recorded) or "version" (the
-	// shipment already had the event).
+	// inbox's version gate, or the shipment, already had the event).
 	Duplicates *prometheus.CounterVec
 	// DeadLettered counts messages moved to the dead-letter queue, by reason.
 	DeadLettered *prometheus.CounterVec
