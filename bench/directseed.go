@@ -77,12 +77,12 @@ func (s seedDirect) pendingOrders(ctx context.Context, n int) error {
 	for i := range n {
 		id := newUUID()
 		h, _ := json.Marshal(traceHeaders())
-		aggs[i] = []any{aggregateType, id, int64(1), int64(0)}
+		aggs[i] = []any{aggregateType, id, int64(1)}
 		rows[i] = []any{aggregateType, id, int64(1), eventCreated, string(createdEvent(id, i, now)), string(h)}
 	}
 	return pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
 		if _, err := tx.CopyFrom(ctx, pgx.Identifier{"outbox_aggregates"},
-			[]string{"aggregate_type", "aggregate_id", "version", "published_version"}, pgx.CopyFromRows(aggs)); err != nil {
+			[]string{"aggregate_type", "aggregate_id", "version"}, pgx.CopyFromRows(aggs)); err != nil {
 			return fmt.Errorf("seed outbox_aggregates: %w", err)
 		}
 		if _, err := tx.CopyFrom(ctx, pgx.Identifier{"outbox"},
@@ -130,11 +130,10 @@ FROM (SELECT g, md5(g::text)::uuid::text AS agg,
              now() - interval '7.7 days' * (1 - g::float8 / $1) AS at
       FROM generate_series(1, $1::bigint) g) s`
 
-// publishedAggregatesSQL records those orders as aggregates published up to
-// version 1, as the relay leaves them.
+// publishedAggregatesSQL records those orders as aggregates at version 1.
 const publishedAggregatesSQL = `
-INSERT INTO outbox_aggregates (aggregate_type, aggregate_id, version, published_version)
-SELECT 'order', md5(g::text)::uuid::text, 1, 1 FROM generate_series(1, $1::bigint) g`
+INSERT INTO outbox_aggregates (aggregate_type, aggregate_id, version)
+SELECT 'order', md5(g::text)::uuid::text, 1 FROM generate_series(1, $1::bigint) g`
 
 // publishedOrders writes the history of n orders published over the last
 // 7.7 days (publishedOrdersSQL, publishedAggregatesSQL) into empty tables,

@@ -65,12 +65,13 @@ type cluster struct {
 	mongo     mongoServer
 	mongoURI  string // through the proxy, as shipping sees it
 
-	orders    *proc
-	ordersURL string
-	relays    []*proc
-	shipping  []*proc
-	shipURLs  []string
-	procs     map[string]*proc
+	orders     *proc
+	ordersURL  string
+	ordersNext string // the orders binary of the next schema version (Binaries.OrdersNext)
+	relays     []*proc
+	shipping   []*proc
+	shipURLs   []string
+	procs      map[string]*proc
 
 	mu      sync.Mutex
 	exits   []exitEvent // exits nobody asked for (crash points included)
@@ -99,7 +100,7 @@ func newCluster(t *testing.T, cfg clusterConfig) *cluster {
 
 	b := make([]byte, 5)
 	_, _ = rand.Read(b)
-	c := &cluster{t: t, id: "chaos_" + hex.EncodeToString(b), procs: make(map[string]*proc)}
+	c := &cluster{t: t, id: "chaos_" + hex.EncodeToString(b), procs: make(map[string]*proc), ordersNext: cfg.bins.OrdersNext}
 	c.amqpAdmin = requireServices(t, cfg.pgBinDir == "")
 	amqpU, err := url.Parse(testAMQPURL())
 	if err != nil {

@@ -82,8 +82,9 @@
 //   - a synchronous standby stopped while named in synchronous_standby_names:
 //     commits wait, and every effect shipping applies meanwhile must be of an
 //     order version the primary shows (postgres_sync_stall);
-//   - `orders migrate` under load, and an upgrade of the previous outbox
-//     schema beside an open writer on a second database (migration_under_load);
+//   - `orders migrate` under load, then the next release's (one more outbox
+//     schema version) on the same database beside an open reader, the
+//     services of the version before running on (migration_under_load);
 //   - every relay SIGKILLed at once with over 1,000 rows in flight, then the
 //     same backlog drained without a kill, for the report (relay_mass_kill);
 //   - the pause nemesis: SIGSTOP for longer than the others wait before

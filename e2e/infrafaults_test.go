@@ -4,30 +4,24 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-inbox/reference/e2e/chaos"
 )
 
-// schema4Path is the outbox schema as its version 4 wrote it, which
-// migration_under_load upgrades (relative to the e2e package directory, go
-// test's working directory).
-var schema4Path = filepath.Join("..", "pkg", "outbox", "testdata", "schema4.sql")
-
 // migrationUnderLoad runs `orders migrate` on the run's database (up to
-// date: it must change nothing and block nobody) while the load, the relays
-// and the scrapes go on; then a real upgrade: a second database of the same
-// server gets outbox schema 4 and a writer that keeps a
-// transaction open on the outbox table, and `orders migrate` upgrades it
-// beside that writer. The services' binaries refuse a schema older than
-// theirs, which is why the upgrade is not on the run's own database. The
+// date: it must change nothing and block nobody), then the next release's
+// (Binaries.OrdersNext: one more outbox schema version, a nullable column
+// and an index) on the same database, while the load, the relays and the
+// scrapes go on, and a reader keeps a transaction open on the outbox table
+// a moment at a time (the column's table lock waits behind it, a
+// lock_timeout at a time). The services, built for the version before,
+// keep running on the new schema, and start on it after later faults. The
 // checker reports the API's p99 while this lasts.
 func (in *injector) migrationUnderLoad(ctx context.Context, f *chaos.Fault, record func(string)) error {
 	c := in.c
@@ -40,88 +34,63 @@ func (in *injector) migrationUnderLoad(ctx context.Context, f *chaos.Fault, reco
 	}
 	upToDate := time.Since(t0)
 
-	schema4, err := os.ReadFile(schema4Path)
-	if err != nil {
-		return fmt.Errorf("previous outbox schema: %w", err)
-	}
-	dbName := c.id + "_schema4"
-	admin, err := pgx.Connect(ctx, c.adminURL)
-	if err != nil {
-		return fmt.Errorf("create %s: %w", dbName, err)
-	}
-	defer admin.Close(context.WithoutCancel(ctx))
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{dbName}.Sanitize()); err != nil {
-		return fmt.Errorf("create %s: %w", dbName, err)
-	}
-	defer func() {
-		_, _ = admin.Exec(context.WithoutCancel(ctx), "DROP DATABASE IF EXISTS "+pgx.Identifier{dbName}.Sanitize()+" WITH (FORCE)")
-	}()
-	url := replaceDatabase(c.dbURL, dbName)
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	if _, err := pool.Exec(ctx, string(schema4)); err != nil {
-		return fmt.Errorf("load the previous outbox schema: %w", err)
-	}
-
-	// The writer of the previous version: a transaction at a time on the
-	// outbox table, each held open a while, until the upgrade is over.
-	writerCtx, stopWriter := context.WithCancel(ctx)
+	// The reader: a transaction at a time on the outbox table, each held
+	// open a while, until the migration is over.
+	readerCtx, stopReader := context.WithCancel(ctx)
 	var (
-		wg       sync.WaitGroup
-		written  int
-		writeErr error
+		wg      sync.WaitGroup
+		reads   int
+		readErr error
 	)
 	wg.Go(func() {
-		for i := 1; writerCtx.Err() == nil; i++ {
-			err := pgx.BeginFunc(writerCtx, pool, func(tx pgx.Tx) error {
-				_, err := tx.Exec(writerCtx, `INSERT INTO outbox (aggregate_type, aggregate_id, aggregate_version, event_type, payload)
-					VALUES ('order', $1, 1, 'order.created', '{}')`, "schema4-"+strconv.Itoa(i))
-				sleep(writerCtx, 200*time.Millisecond)
+		for readerCtx.Err() == nil {
+			err := pgx.BeginFunc(readerCtx, c.db, func(tx pgx.Tx) error {
+				_, err := tx.Exec(readerCtx, `SELECT count(*) FROM outbox`)
+				sleep(readerCtx, 200*time.Millisecond)
 				return err
 			})
 			switch {
 			case err == nil:
-				written++
-			case writerCtx.Err() == nil:
-				writeErr = fmt.Errorf("writer on the previous schema: %w", err)
+				reads++
+			case readerCtx.Err() == nil:
+				readErr = fmt.Errorf("reader of the outbox: %w", err)
 				return
 			}
-			sleep(writerCtx, 20*time.Millisecond)
+			sleep(readerCtx, 20*time.Millisecond)
 		}
 	})
-	time.Sleep(300 * time.Millisecond) // the writer holds its first transaction
+	time.Sleep(300 * time.Millisecond) // the reader holds its first transaction
 	t1 := time.Now()
-	out, err := c.run(ctx, c.orders.spec.bin, append(env[:len(env):len(env)], "DATABASE_URL="+url), "migrate")
-	upgrade := time.Since(t1)
-	stopWriter()
+	out, err := c.run(ctx, c.ordersNext, env, "migrate")
+	next := time.Since(t1)
+	stopReader()
 	wg.Wait()
 	if err != nil {
-		return fmt.Errorf("orders migrate (upgrade from schema 4): %w\n%s", err, out)
+		return fmt.Errorf("orders migrate (next schema version): %w\n%s", err, out)
 	}
-	if writeErr != nil {
-		return writeErr
+	if readErr != nil {
+		return readErr
 	}
-	var rows int
-	var handedOver bool
-	err = pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM outbox),
-		EXISTS (SELECT FROM information_schema.columns WHERE table_name = 'outbox' AND column_name = 'handed_over')`).Scan(&rows, &handedOver)
+	var marker string
+	var column, index bool
+	err = c.db.QueryRow(ctx, `SELECT obj_description('outbox'::regclass, 'pg_class'),
+		EXISTS (SELECT FROM pg_attribute WHERE attrelid = 'outbox'::regclass AND attname = 'next_note' AND NOT attisdropped),
+		coalesce((SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass('outbox_next_created_at')), false)`).Scan(&marker, &column, &index)
 	switch {
 	case err != nil:
-		return fmt.Errorf("read the upgraded outbox: %w", err)
-	case !handedOver:
-		return errors.New("orders migrate did not upgrade the outbox from schema 4 (no handed_over column)")
-	case rows != written:
-		return fmt.Errorf("upgraded outbox holds %d rows, the writer committed %d", rows, written)
+		return fmt.Errorf("read the migrated outbox: %w", err)
+	case !column || !index || !strings.HasPrefix(marker, "pkg/outbox schema 2;"):
+		return fmt.Errorf("orders migrate did not apply the next schema version: column %v, valid index %v, marker %q", column, index, marker)
+	}
+	if out, err := c.run(ctx, c.orders.spec.bin, env, "outbox-status"); err != nil {
+		return fmt.Errorf("orders of the version before, on the next schema: %w\n%s", err, out)
 	}
 	f.Measures = map[string]float64{
-		chaos.MeasureMigrateSeconds: upToDate.Seconds(), chaos.MeasureUpgradeSeconds: upgrade.Seconds(),
-		"schema4_writer_commits": float64(written),
+		chaos.MeasureMigrateSeconds: upToDate.Seconds(), chaos.MeasureNextMigrationSeconds: next.Seconds(),
+		"reader_transactions": float64(reads),
 	}
-	record(fmt.Sprintf("orders migrate: up to date in %.1fs; upgrade from schema 4 beside a writer (%d commits) in %.1fs",
-		upToDate.Seconds(), written, upgrade.Seconds()))
+	record(fmt.Sprintf("orders migrate: up to date in %.1fs; the next schema version beside a reader (%d transactions) in %.1fs",
+		upToDate.Seconds(), reads, next.Seconds()))
 	return nil
 }
 

@@ -84,6 +84,10 @@ func missingDependency(t testing.TB, fatal bool, msg string) {
 // Binaries are the service binaries, built once per test binary.
 type Binaries struct {
 	Orders, Shipping, MongoLocal string
+	// OrdersNext is orders built as the next release of pkg/outbox: one
+	// more schema version (build tag outbox_next_migration), which
+	// migration_under_load applies to the run's database.
+	OrdersNext string
 }
 
 // builds holds the test binary's one build. Test support: one per process by
@@ -135,11 +139,19 @@ func buildBinaries(t testing.TB) Binaries {
 			if err != nil {
 				return fmt.Errorf("go %s: %w\n%s", strings.Join(args, " "), err, out)
 			}
-			t.Logf("built orders, shipping and mongolocal in %v (build tags: %q)", time.Since(start).Round(100*time.Millisecond), tags)
+			next := filepath.Join(dir, "orders-next")
+			nextArgs := []string{"build", "-o", next, "-tags", strings.Trim(tags+",outbox_next_migration", ","), "./services/orders"}
+			cmd = exec.CommandContext(ctx, goBin, nextArgs...)
+			cmd.Dir = root
+			if out, err := cmd.CombinedOutput(); err != nil {
+				return fmt.Errorf("go %s: %w\n%s", strings.Join(nextArgs, " "), err, out)
+			}
+			t.Logf("built orders, orders-next, shipping and mongolocal in %v (build tags: %q)", time.Since(start).Round(100*time.Millisecond), tags)
 			builds.bins = Binaries{
 				Orders:     filepath.Join(dir, "orders"),
 				Shipping:   filepath.Join(dir, "shipping"),
 				MongoLocal: filepath.Join(dir, "mongolocal"),
+				OrdersNext: next,
 			}
 			return nil
 		}()

@@ -29,10 +29,10 @@ const (
 	// is counted as a phantom). Then the standby starts again and catches
 	// up, and the setting and the standby go.
 	FaultPostgresSyncStall FaultKind = "postgres_sync_stall"
-	// `orders migrate` on the run's database (up to date), and a real upgrade
-	// from outbox schema 4 (testdata/schema4.sql) on a second
-	// database of the same server beside an open writer, while the load,
-	// the relays and the status scrapes run.
+	// `orders migrate` on the run's database (up to date), then that of the
+	// next release (one more outbox schema version) on the same database
+	// beside an open reader, while the load, the relays and the status
+	// scrapes run.
 	FaultMigrationUnderLoad FaultKind = "migration_under_load"
 	// Every relay stopped, a backlog of MassKillBacklog orders created, the
 	// relays started with large batches and SIGKILLed all at once while
@@ -57,16 +57,16 @@ const MassKillBacklog = 1500
 // Keys of Fault.Measures.
 const (
 	// relay_mass_kill
-	MeasureBacklog        = "backlog_rows"           // outbox rows pending when the relays started
-	MeasureInFlightAtKill = "pending_at_kill"        // backlog rows still unpublished at the SIGKILL, the relays publishing
-	MeasureClaimedAtKill  = "claimed_at_kill"        // of those, rows a polling relay had claimed
-	MeasureDrainAfterKill = "drain_after_kill_s"     // from the relays' start to an empty outbox, across the kill
-	MeasureDrainClean     = "drain_clean_s"          // the same backlog, no kill
-	MeasureRestartToDrain = "drain_after_restart_s"  // from the restart after the kill to an empty outbox
-	MeasureCleanBacklog   = "clean_backlog_rows"     // outbox rows pending when the clean drain started
-	MeasurePhantomEffects = "phantom_effects"        // postgres_sync_stall: effects seen while their order was invisible
-	MeasureMigrateSeconds = "migrate_up_to_date_s"   // migration_under_load
-	MeasureUpgradeSeconds = "upgrade_from_schema4_s" // migration_under_load
+	MeasureBacklog              = "backlog_rows"          // outbox rows pending when the relays started
+	MeasureInFlightAtKill       = "pending_at_kill"       // backlog rows still unpublished at the SIGKILL, the relays publishing
+	MeasureClaimedAtKill        = "claimed_at_kill"       // of those, rows a polling relay had claimed
+	MeasureDrainAfterKill       = "drain_after_kill_s"    // from the relays' start to an empty outbox, across the kill
+	MeasureDrainClean           = "drain_clean_s"         // the same backlog, no kill
+	MeasureRestartToDrain       = "drain_after_restart_s" // from the restart after the kill to an empty outbox
+	MeasureCleanBacklog         = "clean_backlog_rows"    // outbox rows pending when the clean drain started
+	MeasurePhantomEffects       = "phantom_effects"       // postgres_sync_stall: effects seen while their order was invisible
+	MeasureMigrateSeconds       = "migrate_up_to_date_s"  // migration_under_load
+	MeasureNextMigrationSeconds = "next_migration_s"      // migration_under_load
 )
 
 // FaultMeasure is what the report says about one infrastructure fault, pause

@@ -14,9 +14,7 @@
 // message id is its outbox id in decimal, a '-' and its creation time
 // (outbox.MessageID), whose byte order agrees with the ids' numeric order
 // among ids of the same number of digits, so the producer side is read as
-// one stream per number of digits, merged by byte order. A record under the
-// id alone (the message id of earlier versions) sorts just before its event,
-// and before the other records of its id.
+// one stream per number of digits, merged by byte order.
 //
 // What each bucket means, for an event created in [Since, Until):
 //
@@ -40,8 +38,7 @@
 //     an id the outbox does not hold although the creation time the message
 //     id carries is within what it keeps (at or after the Horizon), or an
 //     id the outbox holds under another creation time (committed on a
-//     primary that a failover lost, its id handed out again since), or an
-//     id alone (see below) that another record names with a creation time.
+//     primary that a failover lost, its id handed out again since).
 //
 // And for the inbox records of events created before Since:
 //
@@ -51,15 +48,6 @@
 //     holds it because it was created before the Horizon (purged by its
 //     retention: a dead letter replayed long after it was published). Not
 //     judged, not a phantom.
-//
-// A record under the id alone (the message id of earlier versions, which
-// carries no creation time) matches the one event the outbox holds under
-// that id, unless a record with a creation time names that id too: then it
-// cannot be told from the message of another event of that id (one a
-// failover lost), or it is the same event applied a second time, under its
-// other id, and it is a phantom. Such a record whose id the outbox no
-// longer holds is a phantom too: without a creation time nothing tells that
-// it is older than the outbox's retention.
 //
 // An event is judged by the snapshot each page was read in: one that
 // commits, or whose record is written, after the scan went past its id is
@@ -80,7 +68,6 @@ import (
 	"iter"
 	"math"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/outbox-inbox/reference/pkg/inbox"
@@ -316,39 +303,26 @@ func (a *auditor) merge(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	recs := &peekable{next: next}
-	rec, rok, err := recs.pop()
+	pop := func() (inbox.RecordedMessage, bool, error) {
+		r, err, ok := next()
+		return r, ok, err
+	}
+	rec, rok, err := pop()
 	if err != nil {
 		return err
 	}
 	for eok || rok {
-		if rok {
-			ambiguous, err := a.ambiguous(rec, recs)
-			if err != nil {
-				return err
-			}
-			if ambiguous {
-				a.r.InboxRecords++
-				a.add(&a.r.Phantom, rec.MessageID)
-				if rec, rok, err = recs.pop(); err != nil {
-					return err
-				}
-				continue
-			}
-		}
 		switch {
 		case !rok || eok && ekey < rec.MessageID:
 			err = a.notRecorded(ctx, e, ekey)
 			if err == nil {
 				e, ekey, eok, err = events()
 			}
-		case !eok || rec.MessageID < ekey && !e.SentAs(rec.MessageID):
-			// (A record under the id alone, from before message ids
-			// carried the creation time, sorts just before its event.)
+		case !eok || rec.MessageID < ekey:
 			a.r.InboxRecords++
 			err = a.notCommitted(ctx, rec.MessageID)
 			if err == nil {
-				rec, rok, err = recs.pop()
+				rec, rok, err = pop()
 			}
 		default:
 			a.r.InboxRecords++
@@ -359,7 +333,7 @@ func (a *auditor) merge(ctx context.Context) error {
 				}
 			}
 			if e, ekey, eok, err = events(); err == nil {
-				rec, rok, err = recs.pop()
+				rec, rok, err = pop()
 			}
 		}
 		if err != nil {
@@ -370,53 +344,6 @@ func (a *auditor) merge(ctx context.Context) error {
 		return err
 	}
 	return a.account(ctx)
-}
-
-// peekable is the inbox's stream with a look-ahead of one record.
-type peekable struct {
-	next func() (inbox.RecordedMessage, error, bool)
-	head inbox.RecordedMessage
-	has  bool
-}
-
-func (p *peekable) pop() (inbox.RecordedMessage, bool, error) {
-	if p.has {
-		p.has = false
-		return p.head, true, nil
-	}
-	r, err, ok := p.next()
-	return r, ok, err
-}
-
-func (p *peekable) peek() (inbox.RecordedMessage, bool, error) {
-	if !p.has {
-		r, err, ok := p.next()
-		if err != nil || !ok {
-			return r, false, err
-		}
-		p.head, p.has = r, true
-	}
-	return p.head, true, nil
-}
-
-// ambiguous reports whether rec is a record under an outbox id alone (the
-// message id of earlier versions) that a record with a creation time
-// names too: the records of one outbox id are next to each other in byte
-// order, the id alone first. Such a record cannot be told from the message
-// of another event of that id (one a failover lost), or is the event
-// applied a second time, under its other id: it matches no event.
-func (a *auditor) ambiguous(rec inbox.RecordedMessage, recs *peekable) (bool, error) {
-	if strings.IndexByte(rec.MessageID, '-') >= 0 {
-		return false, nil
-	}
-	if _, _, err := outbox.ParseMessageID(rec.MessageID); err != nil {
-		return false, nil
-	}
-	next, ok, err := recs.peek()
-	if err != nil || !ok {
-		return false, err
-	}
-	return strings.HasPrefix(next.MessageID, rec.MessageID+"-"), nil
 }
 
 // pull opens a stream for the merge: read ahead in a goroutine of its own,
@@ -638,16 +565,7 @@ func (a *auditor) lookUp(ctx context.Context) error {
 		evs := held[ids[i]]
 		_, created, _ := outbox.ParseMessageID(msgID)
 		switch {
-		case created.IsZero():
-			// The id alone names the one event the outbox holds under it
-			// (ambiguous took those a record with a creation time names
-			// too).
-			if len(evs) != 1 {
-				a.add(&a.r.Phantom, msgID)
-			} else if evs[0].CreatedAt.Before(a.cfg.Since) {
-				a.add(&a.r.AppliedBeforeWindow, msgID)
-			}
-		case slices.ContainsFunc(evs, func(e outbox.LoggedEvent) bool { return e.SentAs(msgID) }):
+		case slices.ContainsFunc(evs, func(e outbox.LoggedEvent) bool { return e.MessageID() == msgID }):
 			if created.Before(a.cfg.Since) {
 				a.add(&a.r.AppliedBeforeWindow, msgID)
 			}

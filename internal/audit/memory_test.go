@@ -4,7 +4,6 @@ import (
 	"context"
 	"iter"
 	"runtime"
-	"strconv"
 	"testing"
 	"time"
 
@@ -64,7 +63,7 @@ func (c bigConsumer) Recorded(ctx context.Context, since time.Time, pageSize int
 			if id%c.skip == 0 {
 				continue
 			}
-			if !yield(inbox.RecordedMessage{MessageID: strconv.FormatInt(id, 10), ProcessedAt: now.Add(-time.Hour)}, nil) {
+			if !yield(inbox.RecordedMessage{MessageID: outbox.MessageID(id, now.Add(-time.Hour)), ProcessedAt: now.Add(-time.Hour)}, nil) {
 				return
 			}
 		}

@@ -327,21 +327,6 @@ func (a *Admin) Status(ctx context.Context) (Status, error) {
 	return s, nil
 }
 
-// Stranded counts the rows blocked behind nothing: blocked behind an earlier
-// event of their aggregate that is no longer in the outbox. Enqueue and the
-// relay never leave one; a writer of an older version of this package
-// running beside this one does, and so does an event deleted by hand. Such a
-// row is not claimed until a relay's periodic check releases it
-// (RelayConfig.StrandedCheckInterval). Its cost grows with the number of
-// blocked rows: it is meant for an operator's command, not for every scrape.
-func (a *Admin) Stranded(ctx context.Context) (int64, error) {
-	var n int64
-	if err := a.db.QueryRow(ctx, "SELECT count(*) FROM outbox s"+strandedWhere).Scan(&n); err != nil {
-		return 0, fmt.Errorf("outbox stranded rows: %w", err)
-	}
-	return n, nil
-}
-
 // MaxPurgeBatch bounds the batch size of Admin.Purge.
 const MaxPurgeBatch = 100_000
 

@@ -75,13 +75,6 @@ type LoggedEvent struct {
 // function).
 func (e LoggedEvent) MessageID() string { return MessageID(e.ID, e.CreatedAt) }
 
-// SentAs reports whether messageID names e: e's MessageID, or e's id alone,
-// the message id earlier versions of this package published it under.
-func (e LoggedEvent) SentAs(messageID string) bool {
-	id, createdAt, err := ParseMessageID(messageID)
-	return err == nil && id == e.ID && (createdAt.IsZero() || createdAt.Equal(e.CreatedAt.Truncate(time.Microsecond)))
-}
-
 // EventWindow selects the events of a scan. Zero fields do not bound it.
 type EventWindow struct {
 	// Since and Until bound created_at: Since <= created_at < Until.

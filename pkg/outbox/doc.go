@@ -280,8 +280,7 @@
 //     history. Admin.History reads it through an index by aggregate, which
 //     costs each published row one more index entry.
 //   - outbox_aggregates holds, per aggregate, the last version handed out. Only
-//     writers update it (its published_version column is no longer
-//     maintained), so the relay never conflicts with a writer's snapshot. Never
+//     writers update it, so the relay never conflicts with a writer's snapshot. Never
 //     purge it (see "What writers must do").
 //   - outbox_discarded keeps the dead letters an operator discarded
 //     (Admin.Discard), with the reason and the time. Nothing purges it.
@@ -296,11 +295,8 @@
 // row unblocked, or the relay can move the previous row only after the writer
 // committed, and then sees the writer's row: no row stays blocked behind
 // nothing, the relay never waits for a business transaction, and only the
-// writer of the very next version can hold it back. (A writer of schema 2 or
-// earlier running beside this relay, or an event deleted by hand, can still
-// leave a row blocked behind nothing: each relay looks for such rows at start
-// and every RelayConfig.StrandedCheckInterval, releases them, logs them and
-// counts them as KindStranded; Admin.Stranded counts those waiting.) The
+// writer of the very next version can hold it back. (An event deleted by
+// hand leaves the next one blocked: remove events with Admin.Discard.) The
 // claim's index (outbox_due) contains unblocked, non-dead-lettered rows only: its size is the
 // number of aggregates with work, and a long queue behind one aggregate costs
 // the claim nothing. The claim still checks that each row it takes is its

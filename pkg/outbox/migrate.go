@@ -21,48 +21,93 @@ import (
 	"github.com/outbox-inbox/reference/pkg/outbox/internal/retry"
 )
 
-// Schema is the SQL that creates the outbox tables and indexes, at
-// SchemaVersion. Every statement is idempotent: give it to your own migration
-// tool if you do not want Migrate to run it. Its last statement records
-// SchemaVersion as the comment of the outbox table, which CheckSchema reads.
+// schemaV1 is version 1 of the schema: the tables and indexes.
+//
+//go:embed schema.sql
+var schemaV1 string
+
+// migration is one version of the schema: the statements that bring the
+// version before it to this one.
+type migration struct {
+	version int
+	// sql holds statements of the kinds parseStmt knows (see schema.sql),
+	// each idempotent.
+	sql string
+	// breaking says binaries built for an earlier version must not run
+	// against this one (they would mishandle its rows, or it theirs):
+	// CheckSchema in them refuses to start. A step that adds a nullable
+	// column or an index is not breaking.
+	breaking bool
+}
+
+// migrations are the versions of the schema, in order, numbered from 1
+// without gaps. To change the schema, append a step and never edit one a
+// database may have run: Migrate brings a database to the last version,
+// running what it lacks of every step; CheckSchema refuses a database behind
+// it. nextMigrations is empty unless a build tag adds the chaos suite's next
+// version (migrate_next.go).
+func migrations() []migration {
+	return append([]migration{
+		{version: 1, sql: schemaV1},
+	}, nextMigrations...)
+}
+
+// Schema returns the SQL that creates the outbox tables and indexes at the
+// current version: every migration's statements, then a COMMENT on the
+// outbox table recording the version, which CheckSchema reads. Every
+// statement is idempotent: give it to your own migration tool if you do not
+// want Migrate to run it.
 //
 // Run as is on a live database, it locks the outbox table even when it
 // changes nothing (ADD COLUMN IF NOT EXISTS takes ACCESS EXCLUSIVE, CREATE
 // INDEX IF NOT EXISTS takes SHARE), queueing the table's readers and writers
-// behind any open transaction that touched it. Set a short lock_timeout in
-// the migration tool's session and retry, and build an index that a new
-// version adds to an existing table with CREATE INDEX CONCURRENTLY outside a
-// transaction: Migrate does all of this itself. Run as is, its ALTER TABLE
-// ... SET statements also set back storage options a DBA tuned, which Migrate
-// leaves alone. Statements after a "-- since schema N" line are what version
-// N added.
-//
-//go:embed schema.sql
-var Schema string
+// behind any open transaction that touched it, and sets back storage
+// options a DBA tuned. Migrate does neither (see [MigrateWithConfig]).
+func Schema() string { return schemaOf(migrations()) }
 
-// SchemaVersion is the version of Schema. It changes whenever Schema does, so
-// CheckSchema can tell a database that a previous version migrated.
-const SchemaVersion = 6
+// schemaOf is the SQL of migs, then their marker.
+func schemaOf(migs []migration) string {
+	var b strings.Builder
+	for _, m := range migs {
+		b.WriteString(strings.TrimSpace(m.sql))
+		b.WriteString("\n\n")
+	}
+	b.WriteString("COMMENT ON TABLE outbox IS '" + markerOf(migs) + "';\n")
+	return b.String()
+}
 
-// schemaOldestBinary is the oldest SchemaVersion of a binary that may run
-// against this schema, which the marker records: CheckSchema in a binary
-// built for an older version refuses to start. Keep it equal to the number in
-// schema.sql's marker.
-const schemaOldestBinary = 5
+// versionsOf returns the version migs bring a schema to, and the oldest
+// version of a binary that may run against it: that of the last breaking
+// step, or 1.
+func versionsOf(migs []migration) (version, oldest int) {
+	oldest = 1
+	for _, m := range migs {
+		version = m.version
+		if m.breaking {
+			oldest = m.version
+		}
+	}
+	return version, oldest
+}
+
+// markerOf is the comment the outbox table carries at the version of migs.
+func markerOf(migs []migration) string {
+	v, oldest := versionsOf(migs)
+	return fmt.Sprintf("%s%d; binaries of schema %d or later", schemaMarker, v, oldest)
+}
 
 // schemaMarker is the start of the comment Schema puts on the outbox table.
 const schemaMarker = "pkg/outbox schema "
 
-// markerRE reads the comment: the version, and the oldest binary's version
-// (absent from markers written by schema 3, which accepted any later binary).
-var markerRE = regexp.MustCompile(`^pkg/outbox schema (\d+)(?:; binaries of schema (\d+) or later)?$`)
+// markerRE reads the comment: the version, and the oldest binary's version.
+var markerRE = regexp.MustCompile(`^pkg/outbox schema (\d+); binaries of schema (\d+) or later$`)
 
 var (
 	// ErrSchemaMissing means the outbox table is not in the connection's
 	// search_path: Migrate (or Schema) has not run on this database.
 	ErrSchemaMissing = errors.New("outbox: schema missing")
-	// ErrSchemaOutdated means the outbox table was created by an earlier
-	// version of Schema: run Migrate (or Schema) again.
+	// ErrSchemaOutdated means the outbox schema is at an earlier version
+	// than this binary's: run Migrate (or Schema) again.
 	ErrSchemaOutdated = errors.New("outbox: schema outdated")
 	// ErrSchemaTooNew means the outbox schema was migrated by a later version
 	// of this package that older binaries must not run against (it would
@@ -96,13 +141,13 @@ type MigrateConfig struct {
 }
 
 // Migrate brings the outbox tables in the database's current schema (the
-// connection's search_path) to SchemaVersion, creating them if they do not
+// connection's search_path) to the current version, creating them if they do not
 // exist, with the defaults of MigrateConfig. See MigrateWithConfig.
 func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	return MigrateWithConfig(ctx, pool, MigrateConfig{})
 }
 
-// MigrateWithConfig brings the outbox tables to SchemaVersion, safely on a
+// MigrateWithConfig brings the outbox tables to the current version, safely on a
 // live database and from several processes at once:
 //
 //   - It first reads the catalog, which locks no table: when the schema is up
@@ -125,10 +170,19 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 //     leaves a schema that CheckSchema still calls outdated, and the next
 //     Migrate finishes the work.
 //
-// A schema newer than SchemaVersion is left alone: Migrate returns nil if
+// A schema newer than this binary's is left alone: Migrate returns nil if
 // this binary may run against it, and an error wrapping ErrSchemaTooNew
 // otherwise. It uses up to two of pool's connections at once.
 func MigrateWithConfig(ctx context.Context, pool *pgxpool.Pool, cfg MigrateConfig) error {
+	p, err := plan()
+	if err != nil {
+		return fmt.Errorf("outbox migrate: %w", err)
+	}
+	return migrateWith(ctx, pool, cfg, p)
+}
+
+// migrateWith is MigrateWithConfig to p.
+func migrateWith(ctx context.Context, pool *pgxpool.Pool, cfg MigrateConfig, p schemaPlan) error {
 	if cfg.LockTimeout < 0 {
 		return fmt.Errorf("outbox migrate: LockTimeout %v is negative", cfg.LockTimeout)
 	}
@@ -136,18 +190,14 @@ func MigrateWithConfig(ctx context.Context, pool *pgxpool.Pool, cfg MigrateConfi
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	stmts, err := schemaSteps()
-	if err != nil {
-		return fmt.Errorf("outbox migrate: %w", err)
-	}
-	m := &migrator{pool: pool, cfg: cfg, log: cfg.Logger, stmts: stmts, verbose: slog.LevelInfo}
+	m := &migrator{pool: pool, cfg: cfg, log: cfg.Logger, plan: p, verbose: slog.LevelInfo}
 	if err := m.run(ctx); err != nil {
 		return fmt.Errorf("outbox migrate: %w", err)
 	}
 	return nil
 }
 
-// stmtKind is what a statement of schema.sql does, which tells how to find
+// stmtKind is what a statement of a migration does, which tells how to find
 // out from the catalog whether it is in effect, and how to run it.
 type stmtKind int
 
@@ -157,12 +207,12 @@ const (
 	kindOptions                   // ALTER TABLE ... SET (...)
 	kindIndex                     // CREATE [UNIQUE] INDEX IF NOT EXISTS
 	kindDropIndex                 // DROP INDEX IF EXISTS
-	kindMarker                    // COMMENT ON TABLE outbox
+	kindMarker                    // COMMENT ON TABLE outbox (written by Migrate)
 )
 
-// schemaStmt is one statement of schema.sql.
+// schemaStmt is one statement of a migration.
 type schemaStmt struct {
-	since   int // the schema version that introduced it
+	since   int // the version of its migration
 	kind    stmtKind
 	sql     string
 	table   string   // the table it changes
@@ -183,23 +233,54 @@ func (s schemaStmt) String() string {
 	case kindDropIndex:
 		return "drop index " + s.name
 	default:
-		return "record schema version " + strconv.Itoa(SchemaVersion)
+		return "record the schema version: " + s.name
 	}
 }
 
 var (
-	sinceRE   = regexp.MustCompile(`(?m)^-- since schema (\d+)$`)
 	tableRE   = regexp.MustCompile(`^CREATE TABLE IF NOT EXISTS (\w+) \(`)
 	columnRE  = regexp.MustCompile(`^ALTER TABLE (\w+) ADD COLUMN IF NOT EXISTS (\w+) `)
 	optionsRE = regexp.MustCompile(`^ALTER TABLE (\w+) SET \((.*)\);$`)
 	indexRE   = regexp.MustCompile(`^CREATE (?:UNIQUE )?INDEX IF NOT EXISTS (\w+) ON (\w+) `)
 	dropRE    = regexp.MustCompile(`^DROP INDEX IF EXISTS (\w+);$`)
-	commentRE = regexp.MustCompile(`^COMMENT ON TABLE outbox IS '([^']*)';$`)
 	spacesRE  = regexp.MustCompile(`\s+`)
 )
 
-// schemaSteps is Schema cut into its statements, parsed once.
-var schemaSteps = sync.OnceValues(func() ([]schemaStmt, error) { return parseSchema(Schema) })
+// schemaPlan is what Migrate brings a schema to: the statements of every
+// migration, then the version marker.
+type schemaPlan struct {
+	stmts           []schemaStmt
+	version, oldest int
+}
+
+// plan is migrations(), parsed once.
+var plan = sync.OnceValues(func() (schemaPlan, error) { return parseMigrations(migrations()) })
+
+// parseMigrations checks that migs are numbered from 1 without gaps and
+// parses each into its statements.
+func parseMigrations(migs []migration) (schemaPlan, error) {
+	var p schemaPlan
+	for i, m := range migs {
+		if m.version != i+1 {
+			return p, fmt.Errorf("migration %d is numbered %d: want 1, 2, ... without gaps", i+1, m.version)
+		}
+		stmts, err := parseSchema(m.sql)
+		if err != nil {
+			return p, fmt.Errorf("migration %d: %w", m.version, err)
+		}
+		for j := range stmts {
+			stmts[j].since = m.version
+		}
+		p.stmts = append(p.stmts, stmts...)
+	}
+	if len(migs) == 0 {
+		return p, errors.New("no migration")
+	}
+	p.version, p.oldest = versionsOf(migs)
+	p.stmts = append(p.stmts, schemaStmt{since: p.version, kind: kindMarker, table: "outbox", name: markerOf(migs),
+		sql: "COMMENT ON TABLE outbox IS '" + markerOf(migs) + "'"})
+	return p, nil
+}
 
 // parseSchema cuts sql into statements (each ends with a semicolon at the end
 // of a line) and recognises each. Anything else is an error: Migrate could
@@ -222,19 +303,16 @@ func parseSchema(sql string) ([]schemaStmt, error) {
 		chunk.Reset()
 	}
 	if strings.TrimSpace(stripComments(chunk.String())) != "" {
-		return nil, fmt.Errorf("schema.sql ends with an unterminated statement: %.80q", chunk.String())
+		return nil, fmt.Errorf("unterminated statement: %.80q", chunk.String())
 	}
-	if len(out) == 0 || out[len(out)-1].kind != kindMarker {
-		return nil, errors.New("schema.sql does not end with its version marker")
+	if len(out) == 0 {
+		return nil, errors.New("no statement")
 	}
 	return out, nil
 }
 
 func parseStmt(text string) (schemaStmt, error) {
-	st := schemaStmt{since: 1, sql: strings.TrimSpace(text)}
-	if m := sinceRE.FindStringSubmatch(text); m != nil {
-		st.since, _ = strconv.Atoi(m[1])
-	}
+	st := schemaStmt{sql: strings.TrimSpace(text)}
 	code := strings.TrimSpace(spacesRE.ReplaceAllString(stripComments(text), " "))
 	code = strings.ReplaceAll(strings.ReplaceAll(code, "( ", "("), " )", ")")
 	switch {
@@ -249,7 +327,7 @@ func parseStmt(text string) (schemaStmt, error) {
 		for opt := range strings.SplitSeq(m[2], ",") {
 			k, v, ok := strings.Cut(opt, "=")
 			if !ok {
-				return st, fmt.Errorf("schema.sql: option %q of %s has no value", opt, st.table)
+				return st, fmt.Errorf("option %q of %s has no value", opt, st.table)
 			}
 			st.options = append(st.options, strings.TrimSpace(k)+"="+strings.TrimSpace(v))
 		}
@@ -258,14 +336,8 @@ func parseStmt(text string) (schemaStmt, error) {
 		st.kind, st.name, st.table = kindIndex, m[1], m[2]
 	case dropRE.MatchString(code):
 		st.kind, st.name = kindDropIndex, dropRE.FindStringSubmatch(code)[1]
-	case commentRE.MatchString(code):
-		st.kind, st.table, st.since = kindMarker, "outbox", SchemaVersion
-		want := fmt.Sprintf("%s%d; binaries of schema %d or later", schemaMarker, SchemaVersion, schemaOldestBinary)
-		if got := commentRE.FindStringSubmatch(code)[1]; got != want {
-			return st, fmt.Errorf("schema.sql's marker is %q, want %q (SchemaVersion and schemaOldestBinary)", got, want)
-		}
 	default:
-		return st, fmt.Errorf("schema.sql: Migrate cannot tell whether this statement is in effect: %.80q", code)
+		return st, fmt.Errorf("Migrate cannot tell whether this statement is in effect: %.80q", code)
 	}
 	return st, nil
 }
@@ -302,27 +374,24 @@ func readSchemaState(ctx context.Context, db DB) (schemaState, error) {
 	if m := markerRE.FindStringSubmatch(s.comment); m != nil {
 		s.marked = true
 		s.version, _ = strconv.Atoi(m[1])
-		// A marker without the second number was written by schema 3 or
-		// earlier, which let any later binary run.
-		if m[2] != "" {
-			s.oldest, _ = strconv.Atoi(m[2])
-		}
+		s.oldest, _ = strconv.Atoi(m[2])
 	}
 	return s, nil
 }
 
-// check is CheckSchema's verdict on s.
-func (s schemaState) check() error {
+// check is CheckSchema's verdict on s, for a binary whose schema is at
+// version.
+func (s schemaState) check(version int) error {
 	switch {
 	case !s.found:
 		return fmt.Errorf("%w: no outbox table in search_path %q (Migrate or Schema creates it)", ErrSchemaMissing, s.path)
 	case !s.marked:
-		return fmt.Errorf("%w: the outbox table has no schema version (comment %q), want %d (Migrate or Schema updates it)", ErrSchemaOutdated, s.comment, SchemaVersion)
-	case s.version < SchemaVersion:
-		return fmt.Errorf("%w: the outbox table is at schema version %d, want %d (Migrate or Schema updates it)", ErrSchemaOutdated, s.version, SchemaVersion)
-	case s.oldest > SchemaVersion:
+		return fmt.Errorf("%w: the outbox table has no schema version (comment %q), want %d (Migrate or Schema updates it)", ErrSchemaOutdated, s.comment, version)
+	case s.version < version:
+		return fmt.Errorf("%w: the outbox table is at schema version %d, want %d (Migrate or Schema updates it)", ErrSchemaOutdated, s.version, version)
+	case s.oldest > version:
 		return fmt.Errorf("%w: the outbox table is at schema version %d, which binaries built for schema %d must not use (it needs %d or later): deploy a newer binary",
-			ErrSchemaTooNew, s.version, SchemaVersion, s.oldest)
+			ErrSchemaTooNew, s.version, version, s.oldest)
 	}
 	return nil
 }
@@ -340,7 +409,13 @@ func CheckSchema(ctx context.Context, db DB) error {
 	if err != nil {
 		return fmt.Errorf("outbox check schema: %w", err)
 	}
-	return s.check()
+	return s.check(checkVersion(migrations()))
+}
+
+// checkVersion is the version CheckSchema wants for migs.
+func checkVersion(migs []migration) int {
+	v, _ := versionsOf(migs)
+	return v
 }
 
 // migrator runs one Migrate.
@@ -348,7 +423,7 @@ type migrator struct {
 	pool    *pgxpool.Pool
 	cfg     MigrateConfig
 	log     *slog.Logger
-	stmts   []schemaStmt
+	plan    schemaPlan
 	verbose slog.Level // of the per-step logs: Info, or Debug when creating everything
 }
 
@@ -357,21 +432,21 @@ func (m *migrator) run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("read schema version: %w", err)
 	}
-	if state.marked && state.version > SchemaVersion {
-		if err := state.check(); err != nil {
+	if state.marked && state.version > m.plan.version {
+		if err := state.check(m.plan.version); err != nil {
 			return err
 		}
 		m.log.InfoContext(ctx, "outbox migrate: the schema is newer than this binary's; leaving it as it is",
-			slog.Int("schema_version", state.version), slog.Int("binary_schema_version", SchemaVersion))
+			slog.Int("schema_version", state.version), slog.Int("binary_schema_version", m.plan.version))
 		return nil
 	}
-	applied, err := m.applied(ctx, m.pool, m.stmts)
+	applied, err := m.applied(ctx, m.pool, m.plan.stmts)
 	if err != nil {
 		return err
 	}
 	var todo []schemaStmt
 	existed := map[string]bool{}
-	for i, st := range m.stmts {
+	for i, st := range m.plan.stmts {
 		if st.kind == kindTable && applied[i] {
 			existed[st.table] = true
 		}
@@ -383,11 +458,11 @@ func (m *migrator) run(ctx context.Context) error {
 		return nil
 	}
 	if !state.found {
-		m.log.InfoContext(ctx, "outbox migrate: creating the outbox tables", slog.Int("schema_version", SchemaVersion))
+		m.log.InfoContext(ctx, "outbox migrate: creating the outbox tables", slog.Int("schema_version", m.plan.version))
 		m.verbose = slog.LevelDebug
 	} else {
 		m.log.InfoContext(ctx, "outbox migrate: bringing the schema to its current version",
-			slog.Int("from_version", state.version), slog.Int("to_version", SchemaVersion), slog.Int("steps", len(todo)))
+			slog.Int("from_version", state.version), slog.Int("to_version", m.plan.version), slog.Int("steps", len(todo)))
 	}
 
 	// Consecutive statements run in one transaction; an index on a table
@@ -426,7 +501,7 @@ func (m *migrator) run(ctx context.Context) error {
 	if err := flush(); err != nil {
 		return err
 	}
-	m.log.Log(ctx, m.verbose, "outbox migrate: schema up to date", slog.Int("schema_version", SchemaVersion))
+	m.log.Log(ctx, m.verbose, "outbox migrate: schema up to date", slog.Int("schema_version", m.plan.version))
 	return nil
 }
 
@@ -499,7 +574,7 @@ func (st schemaStmt) appliedArgs() []any {
 	case kindOptions:
 		return []any{st.table, st.optionNames()}
 	case kindMarker:
-		return []any{st.table, fmt.Sprintf("%s%d; binaries of schema %d or later", schemaMarker, SchemaVersion, schemaOldestBinary)}
+		return []any{st.table, st.name}
 	default:
 		return []any{st.table}
 	}

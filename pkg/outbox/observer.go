@@ -83,11 +83,6 @@ const (
 	// Events still flow, up to PollInterval late. Never reported without
 	// NotifyChannel.
 	KindListenFallback ObservationKind = "listen_fallback"
-	// KindStranded (N): rows the relay found blocked behind nothing (see
-	// Admin.Stranded) and released. Any count means something writes to
-	// the outbox the way this package does not: a writer of an older
-	// version of it, or a hand-made change. Find it.
-	KindStranded ObservationKind = "stranded"
 	// KindConfirmed (IDs): the ids the broker confirmed in a batch, sorted,
 	// before their rows are marked published: the window where a crash
 	// makes the relay publish them again. The end-to-end suite kills the

@@ -75,7 +75,6 @@ func TestRelayDeadLettersARowThatCrashesItsRelays(t *testing.T) {
 	cfg := fastConfig(t)
 	cfg.Workers = 1 // so the crash of its worker is the end of the relay
 	cfg.VacuumEvery = -1
-	cfg.StrandedCheckInterval = -1
 	cfg.Lease = 400 * time.Millisecond
 	cfg.PublishTimeout = 200 * time.Millisecond
 	cfg.PollInterval = 20 * time.Millisecond

@@ -39,7 +39,7 @@ func (e Envelope) MessageID() string { return MessageID(e.ID, e.CreatedAt) }
 
 // MessageID is the message id of the outbox row id written at createdAt:
 // "<id>-<createdAt in microseconds since the Unix epoch>", both in decimal,
-// e.g. "42-1764662400123456"; a zero createdAt gives the id alone.
+// e.g. "42-1764662400123456".
 //
 // The id alone is not enough. After a failover to an asynchronous standby,
 // the standby's id sequence can be behind ids the old primary handed out to
@@ -53,23 +53,16 @@ func (e Envelope) MessageID() string { return MessageID(e.ID, e.CreatedAt) }
 // Within one database, ordering message ids as byte strings orders them as
 // their outbox ids' decimal forms (the '-' sorts before every digit).
 func MessageID(id int64, createdAt time.Time) string {
-	if createdAt.IsZero() {
-		return strconv.FormatInt(id, 10)
-	}
 	return strconv.FormatInt(id, 10) + "-" + strconv.FormatInt(createdAt.UnixMicro(), 10)
 }
 
-// ParseMessageID reads a message id made by MessageID: the outbox id, and
-// its creation time, zero when the id has none (the form of earlier
-// versions of this package, the id alone, reads as such).
+// ParseMessageID reads a message id made by MessageID: the outbox id and
+// its creation time (UTC).
 func ParseMessageID(s string) (id int64, createdAt time.Time, err error) {
-	idPart, micros, hasTime := strings.Cut(s, "-")
+	idPart, micros, _ := strings.Cut(s, "-")
 	id, err = strconv.ParseInt(idPart, 10, 64)
 	if err != nil || id <= 0 || strconv.FormatInt(id, 10) != idPart {
 		return 0, time.Time{}, fmt.Errorf("outbox: message id %q: no outbox id in decimal", s)
-	}
-	if !hasTime {
-		return id, time.Time{}, nil
 	}
 	us, err := strconv.ParseInt(micros, 10, 64)
 	if err != nil || strconv.FormatInt(us, 10) != micros {

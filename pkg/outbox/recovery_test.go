@@ -78,7 +78,6 @@ func killConfig(t *testing.T, workers, batchSize int) outbox.RelayConfig {
 	cfg.Lease, cfg.PublishTimeout = time.Second, 500*time.Millisecond
 	cfg.PollInterval = 20 * time.Millisecond
 	cfg.VacuumEvery = -1
-	cfg.StrandedCheckInterval = -1 // so the relay stops once its workers are gone
 	return cfg
 }
 

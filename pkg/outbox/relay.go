@@ -135,14 +135,6 @@ type RelayConfig struct {
 	// table's owner (PostgreSQL skips it with a warning otherwise) and skips
 	// the table while another vacuum holds it.
 	VacuumEvery int
-	// StrandedCheckInterval is how often the relay looks for rows blocked
-	// behind nothing (see Admin.Stranded: written by an older version of this
-	// package, or left by a hand-made change) and releases them, so that they
-	// are claimed in their aggregate's order; it also looks once at start.
-	// Each look reads the blocked rows only. Default DefaultStrandedCheckInterval (1m), at
-	// least 10ms; -1
-	// never looks.
-	StrandedCheckInterval time.Duration
 	// Logger receives the relay's logs. Default slog.Default().
 	Logger *slog.Logger
 	// Observer receives the relay's counters, timings and protocol points
@@ -187,21 +179,20 @@ type BatchResult struct {
 
 // Defaults of RelayConfig: the value a zero field means.
 const (
-	DefaultBatchSize             = 500
-	DefaultWorkers               = 2
-	DefaultMaxInFlightBytes      = 64 << 20
-	DefaultPollInterval          = time.Second
-	DefaultListenProbeTimeout    = 2 * time.Second
-	DefaultListenProbeRetry      = time.Minute
-	DefaultListenKeepalive       = 30 * time.Second
-	DefaultLease                 = 30 * time.Second
-	DefaultPublishTimeout        = 10 * time.Second // or Lease/2 when that is shorter
-	DefaultMaxAttempts           = 20
-	DefaultRetryBackoffMin       = time.Second
-	DefaultRetryBackoffMax       = 5 * time.Minute
-	DefaultPurgeInterval         = time.Minute
-	DefaultPurgeBatchSize        = 1000
-	DefaultStrandedCheckInterval = time.Minute
+	DefaultBatchSize          = 500
+	DefaultWorkers            = 2
+	DefaultMaxInFlightBytes   = 64 << 20
+	DefaultPollInterval       = time.Second
+	DefaultListenProbeTimeout = 2 * time.Second
+	DefaultListenProbeRetry   = time.Minute
+	DefaultListenKeepalive    = 30 * time.Second
+	DefaultLease              = 30 * time.Second
+	DefaultPublishTimeout     = 10 * time.Second // or Lease/2 when that is shorter
+	DefaultMaxAttempts        = 20
+	DefaultRetryBackoffMin    = time.Second
+	DefaultRetryBackoffMax    = 5 * time.Minute
+	DefaultPurgeInterval      = time.Minute
+	DefaultPurgeBatchSize     = 1000
 )
 
 // Limits of RelayConfig: larger values are refused.
@@ -257,7 +248,6 @@ func (c RelayConfig) withDefaults() (RelayConfig, error) {
 	}
 	c.ListenProbeTimeout = cmp.Or(c.ListenProbeTimeout, DefaultListenProbeTimeout)
 	c.ListenProbeRetry = cmp.Or(c.ListenProbeRetry, DefaultListenProbeRetry)
-	c.StrandedCheckInterval = cmp.Or(c.StrandedCheckInterval, DefaultStrandedCheckInterval)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -269,8 +259,6 @@ func (c RelayConfig) withDefaults() (RelayConfig, error) {
 		return c, fmt.Errorf("outbox relay config: Workers %d: at most %d", c.Workers, MaxWorkers)
 	case c.ListenKeepalive < minListenKeepalive:
 		return c, fmt.Errorf("outbox relay config: ListenKeepalive %v: at least %v", c.ListenKeepalive, minListenKeepalive)
-	case c.StrandedCheckInterval != -1 && c.StrandedCheckInterval < minPollInterval:
-		return c, fmt.Errorf("outbox relay config: StrandedCheckInterval %v: want -1 (never), 0 (default) or at least %v", c.StrandedCheckInterval, minPollInterval)
 	case c.PollInterval < minPollInterval:
 		return c, fmt.Errorf("outbox relay config: PollInterval %v: at least %v", c.PollInterval, minPollInterval)
 	case c.Lease < 2*time.Millisecond:
@@ -398,9 +386,6 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	if r.cfg.VacuumEvery >= 0 {
 		wg.Go(func() { r.vacuumer.Run(ctx) })
-	}
-	if r.cfg.StrandedCheckInterval > 0 {
-		wg.Go(func() { r.strandedLoop(ctx) })
 	}
 	r.Wake()
 	r.log.InfoContext(ctx, "outbox relay started",
@@ -616,36 +601,6 @@ func (r *Relay) claimAndPublish(ctx context.Context, alone bool) (_ BatchResult,
 	observe(ctx, r.cfg.Observer, Observation{Kind: KindBatchDuration, Duration: time.Since(start)})
 	r.batchDone(ctx, res)
 	return res, false, nil
-}
-
-// strandedLoop releases the rows blocked behind nothing, at start and every
-// StrandedCheckInterval, and wakes the workers when it released some.
-func (r *Relay) strandedLoop(ctx context.Context) {
-	t := time.NewTicker(r.cfg.StrandedCheckInterval)
-	defer t.Stop()
-	for {
-		qctx, cancel := context.WithTimeout(ctx, dbTimeout)
-		released, err := releaseStranded(qctx, r.pool)
-		cancel()
-		switch {
-		case ctx.Err() != nil:
-			return
-		case err != nil:
-			r.log.WarnContext(ctx, "outbox relay: could not look for rows blocked behind nothing", slog.Any("error", err))
-		case len(released) > 0:
-			for _, e := range released {
-				r.log.WarnContext(ctx, "outbox event was blocked behind nothing (no earlier event of its aggregate is left: written by an older version of the outbox package, or a hand-made change): released",
-					e.LogAttrs()...)
-			}
-			r.count(ctx, KindStranded, len(released))
-			r.Wake()
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
 }
 
 func (r *Relay) batchDone(ctx context.Context, res BatchResult) {

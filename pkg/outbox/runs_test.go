@@ -296,7 +296,6 @@ func TestARunIsMarkedInOrderWhenOneOfItsRowsIsHeld(t *testing.T) {
 		<-locked
 	}
 	cfg := fastConfig(t)
-	cfg.StrandedCheckInterval = -1
 	startRelay(t, pool, pub, cfg)
 	<-released
 	waitFor(t, "outbox drained", 10*time.Second, outboxEmpty(pool))

@@ -1,7 +1,8 @@
--- Schema of pkg/outbox, at the version its last statement records.
+-- Schema of pkg/outbox, version 1: the first step of the migrations list in
+-- migrate.go. Schema() is every step's SQL, then the version marker.
 --
--- Every statement is idempotent, so the whole file can go into a migration tool
--- as is, and run again. On a live database, though, running it as is takes
+-- Every statement is idempotent, so the SQL can go into a migration tool as
+-- is, and run again. On a live database, though, running it as is takes
 -- locks even when it changes nothing: ADD COLUMN IF NOT EXISTS takes ACCESS
 -- EXCLUSIVE on the table and CREATE INDEX IF NOT EXISTS takes SHARE, and each
 -- queues every reader and writer of the table behind any open transaction
@@ -10,13 +11,10 @@
 -- lock with a short lock_timeout (retrying with backoff, and logging who
 -- holds the lock), and builds an index on an existing table CONCURRENTLY.
 --
--- A statement belongs to the schema version that introduced it: the ones
--- after a "-- since schema N" line came with version N (the others with the
--- first versions). Migrate parses this file, so each statement ends with a
--- semicolon at the end of a line, and is one of: CREATE TABLE IF NOT EXISTS,
--- ALTER TABLE ... ADD COLUMN IF NOT EXISTS, ALTER TABLE ... SET (...),
--- CREATE [UNIQUE] INDEX IF NOT EXISTS, DROP INDEX IF EXISTS (Migrate drops
--- concurrently), and the COMMENT that closes the file.
+-- Migrate parses each step, so each statement ends with a semicolon at the
+-- end of a line, and is one of: CREATE TABLE IF NOT EXISTS, ALTER TABLE ...
+-- ADD COLUMN IF NOT EXISTS, ALTER TABLE ... SET (...), CREATE [UNIQUE] INDEX
+-- IF NOT EXISTS, DROP INDEX IF EXISTS (Migrate drops concurrently).
 --
 -- Three tables keep the hot path small:
 --   outbox             rows not yet published: pending, in flight, or dead-lettered.
@@ -29,9 +27,6 @@
 --                      serialises writers of one aggregate and keeps versions gapless
 --                      even after old rows are purged. Never purge this table:
 --                      an aggregate whose row is gone starts again at version 1.
---                      (Its published_version column is no longer maintained by
---                      the relay; it is kept for schemas created by earlier
---                      versions.)
 --
 -- A row is "blocked" while an earlier event of its aggregate is still in outbox.
 -- Only unblocked rows are in the claim's index, so a long queue behind one
@@ -45,11 +40,10 @@
 --     then unblocks version + 1 in a later statement of the same transaction.
 -- Either the writer sees the row gone (and inserts its row unblocked), or the
 -- relay cannot move that row before the writer commits, and then sees the
--- writer's row: a row can never stay blocked behind nothing (unless a writer
--- of an older version of this package, or a hand-made change, leaves one:
--- relays look for such rows periodically, through outbox_blocked, and release
--- them). Only the writer of the very next version ever holds that lock, so a
--- relay is never kept waiting by a queue of writers.
+-- writer's row: a row never stays blocked behind nothing. (An event deleted
+-- by hand does leave its successor blocked: remove events with
+-- Admin.Discard.) Only the writer of the very next version ever holds that
+-- lock, so a relay is never kept waiting by a queue of writers.
 -- At REPEATABLE READ and SERIALIZABLE, Enqueue's snapshot may be older than the
 -- relay's last move, so it inserts its row unblocked; the claim's head check
 -- keeps the order, and such rows cost the claim a little until their turn.
@@ -67,23 +61,24 @@ CREATE TABLE IF NOT EXISTS outbox (
     next_attempt_at   timestamptz NOT NULL DEFAULT now(),
     last_error        text,
     dead_lettered_at  timestamptz,
-    blocked           boolean     NOT NULL DEFAULT false
+    blocked           boolean     NOT NULL DEFAULT false,
+    -- True from a claim until the claim's outcome is written. A due row
+    -- still in flight is one whose relay stopped while publishing it (crash,
+    -- kill, out of memory): the claim dead-letters it if it reached the
+    -- relay's MaxAttempts, and otherwise hands it out again (see suspect).
+    in_flight         boolean     NOT NULL DEFAULT false,
+    -- The row may be what stops its relays or what the broker refuses, so
+    -- the claim hands it out alone: it was in flight when its relay stopped
+    -- at two claims in a row, or in a batch the broker refused without
+    -- saying which message it refused. An outcome written for it clears it.
+    suspect           boolean     NOT NULL DEFAULT false,
+    -- A relay that reads the write-ahead log (package outboxwal) handed the
+    -- row over to polling: its publish failed, it was dead-lettered, it
+    -- waits behind such a row of its aggregate, or the relay's slot does not
+    -- cover it. Only the polling relay the WAL relay runs claims such rows,
+    -- and the WAL relay leaves them alone. Set until the row leaves.
+    handed_over       boolean     NOT NULL DEFAULT false
 );
-
--- in_flight is true from a claim until the claim's outcome is written. A due
--- row still in flight is one whose relay stopped while publishing it (crash,
--- kill, out of memory): the claim dead-letters it if it reached the relay's
--- MaxAttempts, and otherwise hands it out again (see suspect).
-ALTER TABLE outbox ADD COLUMN IF NOT EXISTS in_flight boolean NOT NULL DEFAULT false;
-
--- since schema 4
--- suspect says the row may be what stops its relays or what the broker
--- refuses, so the claim hands it out alone, in a batch of its own: it was in
--- flight when its relay stopped at two claims in a row, or it was in a batch
--- the broker refused without saying which message it refused. A row whose
--- relay stopped once goes back into normal batches (the stop was most likely
--- a deploy or a kill, not the row); an outcome written for the row clears it.
-ALTER TABLE outbox ADD COLUMN IF NOT EXISTS suspect boolean NOT NULL DEFAULT false;
 
 -- Every published row leaves this table, so dead tuples pile up at the rate of
 -- publishing. Vacuum it after a fixed number of changes rather than a fraction of
@@ -114,43 +109,14 @@ CREATE INDEX IF NOT EXISTS outbox_due
 CREATE INDEX IF NOT EXISTS outbox_dead_lettered
     ON outbox (id) WHERE dead_lettered_at IS NOT NULL;
 
--- since schema 4
--- The rows waiting behind an earlier event of their aggregate, for the relay's
--- periodic search of rows blocked behind nothing (their earlier events are
--- gone, yet nothing unblocked them: a writer of an older version of this
--- package, or a row deleted by hand). Only blocked rows are in it.
-CREATE INDEX IF NOT EXISTS outbox_blocked
-    ON outbox (id) WHERE blocked;
-
--- since schema 5
--- handed_over says a relay that reads the write-ahead log (package outboxwal)
--- handed the row over to polling: its publish failed, it was dead-lettered, it
--- waits behind such a row of its aggregate, or the relay's slot does not cover
--- it. Only the polling relay that the WAL relay runs claims such rows
--- (NewHandOverRelay), and the WAL relay leaves them alone. It stays set until
--- the row leaves the table. Rows handed over by schema 4 and earlier (which
--- marked them with last_error) are handed over again by the WAL relay's first
--- session on schema 5, which finds no server recorded for its slot.
-ALTER TABLE outbox ADD COLUMN IF NOT EXISTS handed_over boolean NOT NULL DEFAULT false;
-
--- since schema 5
 -- The hand-over relay's claim: handed-over rows in due order. Empty while
 -- nothing fails with the WAL relay, and always with the polling relay.
 CREATE INDEX IF NOT EXISTS outbox_handover_due
     ON outbox (next_attempt_at, id) WHERE handed_over AND dead_lettered_at IS NULL AND NOT blocked;
 
--- since schema 5
 -- The WAL relay's list of aggregates held by polling.
 CREATE INDEX IF NOT EXISTS outbox_handover_aggregates
     ON outbox (aggregate_type, aggregate_id) WHERE handed_over;
-
--- since schema 5
--- The indexes the WAL relay of schema 4 and earlier created itself, on
--- last_error: nothing reads them any more.
-DROP INDEX IF EXISTS outbox_handed_over;
-
--- since schema 5
-DROP INDEX IF EXISTS outbox_handed_over_aggregates;
 
 CREATE TABLE IF NOT EXISTS outbox_published (
     id                bigint      PRIMARY KEY,
@@ -168,13 +134,9 @@ CREATE TABLE IF NOT EXISTS outbox_published (
 CREATE INDEX IF NOT EXISTS outbox_published_published_at
     ON outbox_published (published_at);
 
--- since schema 6
 -- Admin.History's way to one aggregate's published events, most recent
 -- first; without it each call reads the whole table. Every published event
 -- pays for it: the relay's move into this table writes one more index entry.
--- On an existing table Migrate builds it concurrently, which reads the whole
--- table once: with a long retention, expect the upgrade's Migrate to take a
--- while (readers and writers go on meanwhile).
 CREATE INDEX IF NOT EXISTS outbox_published_aggregate_version
     ON outbox_published (aggregate_type, aggregate_id, aggregate_version);
 
@@ -182,7 +144,6 @@ CREATE TABLE IF NOT EXISTS outbox_aggregates (
     aggregate_type    text   NOT NULL,
     aggregate_id      text   NOT NULL,
     version           bigint NOT NULL,
-    published_version bigint NOT NULL DEFAULT 0,
     PRIMARY KEY (aggregate_type, aggregate_id)
 );
 
@@ -210,13 +171,3 @@ CREATE TABLE IF NOT EXISTS outbox_discarded (
     discarded_at      timestamptz NOT NULL DEFAULT now(),
     reason            text        NOT NULL
 );
-
--- The schema's version, which CheckSchema reads from the catalog without taking
--- a lock, and the oldest version of this package that may run against it:
--- CheckSchema in a binary built for an older schema refuses to start. (Binaries
--- of schema 3 and earlier read the version as a bare number, which this marker
--- is not, so they refuse too.) Keep this the last statement, and bump the
--- numbers here and SchemaVersion (migrate.go) together whenever anything above
--- changes; raise the second one when binaries of older schemas would
--- mishandle rows under the new one.
-COMMENT ON TABLE outbox IS 'pkg/outbox schema 6; binaries of schema 5 or later';

@@ -104,7 +104,7 @@ func TestStatementOfNamesTheRelaysStatements(t *testing.T) {
 		t.Errorf("the hand-over relay's claims: %v, want claim_handed_over only", handed.snapshot())
 	}
 
-	for _, sql := range []string{"", "SELECT 1", outbox.Schema} {
+	for _, sql := range []string{"", "SELECT 1", outbox.Schema()} {
 		if st := outbox.StatementOf(sql); st != "" {
 			t.Errorf("StatementOf(%.30q) = %q, want none", sql, st)
 		}

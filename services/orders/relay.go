@@ -155,13 +155,9 @@ func outboxStatus(ctx context.Context, getenv func(string) string, stdout io.Wri
 	if err != nil {
 		return err
 	}
-	stranded, err := admin.Stranded(ctx)
-	if err != nil {
-		return err
-	}
 	// pending_estimated: above outbox.StatusCountLimit, pending is
 	// PostgreSQL's running estimate of the table's rows, not a count.
-	fmt.Fprintf(stdout, "pending=%d dead_lettered=%d oldest_pending_age=%s pending_estimated=%t blocked_behind_nothing=%d\n",
-		st.Pending, st.DeadLettered, st.OldestPendingAge.Round(time.Millisecond), st.PendingEstimated, stranded)
+	fmt.Fprintf(stdout, "pending=%d dead_lettered=%d oldest_pending_age=%s pending_estimated=%t\n",
+		st.Pending, st.DeadLettered, st.OldestPendingAge.Round(time.Millisecond), st.PendingEstimated)
 	return nil
 }

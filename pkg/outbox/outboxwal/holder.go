@@ -48,9 +48,9 @@ CREATE TABLE IF NOT EXISTS outbox_wal_slots (
     epoch      bigint      NOT NULL DEFAULT 0,
     dispatched pg_lsn      NOT NULL DEFAULT '0/0',
     holder     text        NOT NULL DEFAULT '',
-    taken_at   timestamptz
-);
-ALTER TABLE outbox_wal_slots ADD COLUMN IF NOT EXISTS server text;`
+    taken_at   timestamptz,
+    server     text
+);`
 
 // errFenced means another session took the slot, or the pool now reaches
 // another server than the one the session streams from: the session must
@@ -143,7 +143,7 @@ type taken struct {
 	// dispatched is the position the sessions before it dispatched up to.
 	dispatched uint64
 	// previous is the server the last session streamed from ("" if none
-	// did, or an earlier version of the relay).
+	// did).
 	previous string
 }
 

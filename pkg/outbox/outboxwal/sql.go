@@ -32,7 +32,7 @@ WHERE c.oid = to_regclass('outbox')`).Scan(&schema)
 // ensurePublication creates the outbox_wal_slots table (Schema) and the
 // publication of the outbox table's inserts, if missing, and returns the
 // outbox table's schema. The indexes the relay uses on the outbox table are
-// package outbox's (schema 5): outbox.CheckSchema refuses an older schema. A publication of that name that publishes anything
+// package outbox's: outbox.CheckSchema refuses an outdated schema. A publication of that name that publishes anything
 // else than the outbox is refused: the relay would decode and skip every
 // change of those tables, and the slot would retain WAL for them.
 func ensurePublication(ctx context.Context, db outbox.DB, publication string) (string, error) {

@@ -16,7 +16,7 @@
 // (internal/mongodb, internal/deadletter), looked up by order and version
 // (the event's aggregate id and version), and count only when the message
 // kept there is the event itself: its message id is the event's
-// (outbox.LoggedEvent.SentAs), not that of an event the database lost in a
+// (its MessageID), not that of an event the database lost in a
 // failover whose outbox id the new primary handed out again.
 //
 // It is the one package of the service outside internal/: cmd/audit, a
@@ -87,14 +87,14 @@ func (b *Books) Account(ctx context.Context, events []outbox.LoggedEvent) (map[i
 	}
 	out := make(map[int64]audit.Kept)
 	for i, e := range events {
-		if a, ok := applied[refs[i]]; ok && e.SentAs(a.MessageID) {
+		if a, ok := applied[refs[i]]; ok && e.MessageID() == a.MessageID {
 			out[e.ID] = audit.KeptEffect
 			if a.Discarded {
 				out[e.ID] = audit.KeptHeld
 			}
 			continue
 		}
-		if k, ok := kept[refs[i]]; ok && e.SentAs(k.MessageID) {
+		if k, ok := kept[refs[i]]; ok && e.MessageID() == k.MessageID {
 			out[e.ID] = audit.KeptHeld
 		}
 	}

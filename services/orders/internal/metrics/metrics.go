@@ -27,7 +27,6 @@ type Relay struct {
 	unmarked         prometheus.Counter
 	listenReconnects prometheus.Counter
 	listenFallback   prometheus.Gauge
-	stranded         prometheus.Counter
 }
 
 var _ outbox.Observer = (*Relay)(nil)
@@ -58,11 +57,9 @@ func NewRelay(reg prometheus.Registerer) *Relay {
 			Name: "outbox_listen_reconnects_total", Help: "Times the relay's LISTEN connection was lost (broken or silent) and reopened."}),
 		listenFallback: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "outbox_listen_fallback", Help: "1 while the relay is configured to LISTEN but its own test notification did not arrive (e.g. LISTEN through a transaction-pooling PgBouncer; set OUTBOX_LISTEN_URL), so it relies on polling; 0 otherwise."}),
-		stranded: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "outbox_stranded_released_total", Help: "Rows the relay found blocked behind nothing (written by an older outbox writer, or a hand-made change) and released."}),
 	}
 	reg.MustRegister(m.published, m.failed, m.returned, m.deadLettered, m.batchDuration, m.confirmLatency,
-		m.claimFailures, m.markFailures, m.unmarked, m.listenReconnects, m.listenFallback, m.stranded)
+		m.claimFailures, m.markFailures, m.unmarked, m.listenReconnects, m.listenFallback)
 	return m
 }
 
@@ -90,8 +87,6 @@ func (m *Relay) Observe(_ context.Context, o outbox.Observation) {
 		m.unmarked.Add(float64(o.N))
 	case outbox.KindListenReconnected:
 		m.listenReconnects.Inc()
-	case outbox.KindStranded:
-		m.stranded.Add(float64(o.N))
 	case outbox.KindListenFallback:
 		v := 0.0
 		if o.Fallback {
