@@ -24,6 +24,7 @@ import (
 	"github.com/outbox-inbox/reference/internal/audit"
 	"github.com/outbox-inbox/reference/pkg/inbox"
 	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/pkg/outbox/outboxaudit"
 )
 
 // runAudit measures the loss audit (internal/audit, as cmd/audit runs it)
@@ -61,12 +62,12 @@ func (b *bench) runAudit(ctx context.Context) ([]Figure, error) {
 	db := client.Database("bench_audit")
 
 	// The message ids the relay publishes the events under.
-	events, err := outbox.NewEventLog(pool, 0)
+	events, err := outboxaudit.NewEventLog(pool, 0)
 	if err != nil {
 		return nil, err
 	}
 	msgIDs := make([]string, 0, n)
-	for e, err := range events.Events(ctx, outbox.EventWindow{}) {
+	for e, err := range events.Events(ctx, outboxaudit.EventWindow{}) {
 		if err != nil {
 			return nil, fmt.Errorf("read the outbox: %w", err)
 		}
@@ -100,7 +101,7 @@ func (b *bench) runAudit(ctx context.Context) ([]Figure, error) {
 	inboxRead := rate(read, time.Since(start))
 	start = time.Now()
 	read = 0
-	for _, err := range events.Events(ctx, outbox.EventWindow{}) {
+	for _, err := range events.Events(ctx, outboxaudit.EventWindow{}) {
 		if err != nil {
 			return nil, fmt.Errorf("read the outbox: %w", err)
 		}
@@ -174,7 +175,7 @@ func (b *bench) runAudit(ctx context.Context) ([]Figure, error) {
 		"audit_without_read_ahead_per_s": int(seqRate), "audit_without_read_ahead_seconds": seq.Seconds,
 		"audit_inbox_in_memory_per_s": int(memRate), "audit_inbox_in_memory_without_read_ahead_per_s": int(memSeqRate),
 		"heap_in_use_before_mib": base >> 20, "heap_in_use_peak_mib": peakHeap >> 20,
-		"event_log_page": outbox.DefaultEventLogPage, "inbox_page": inboxPage, "prefetch_batches": audit.DefaultPrefetch,
+		"event_log_page": outboxaudit.DefaultEventLogPage, "inbox_page": inboxPage, "prefetch_batches": audit.DefaultPrefetch,
 	}
 	incremental, err := b.auditIncremental(ctx, pool, db, events, n, r.Seconds)
 	if err != nil {
@@ -192,7 +193,7 @@ func (b *bench) runAudit(ctx context.Context) ([]Figure, error) {
 // (outbox.Enqueue, a thousand a transaction) and recorded in the inbox, and
 // the next cycle is timed. The baseline is the full audit's time
 // (fullSeconds).
-func (b *bench) auditIncremental(ctx context.Context, pool *pgxpool.Pool, db *mongo.Database, events *outbox.EventLog, n int, fullSeconds float64) (Figure, error) {
+func (b *bench) auditIncremental(ctx context.Context, pool *pgxpool.Pool, db *mongo.Database, events *outboxaudit.EventLog, n int, fullSeconds float64) (Figure, error) {
 	reader, err := inbox.New(db, inbox.Config{Consumer: "shipping"})
 	if err != nil {
 		return Figure{}, err

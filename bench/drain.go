@@ -192,19 +192,23 @@ func drainWithRelays(ctx context.Context, poolCfg *pgxpool.Config, newPub newRel
 		failure   error
 	)
 	cfg.Logger = log
+	// KindPublished comes after the mark of the rows it counts; any
+	// failure, dead letter, unmarked row or failed mark fails the drain.
 	cfg.Observer = outbox.ObserverFunc(func(_ context.Context, o outbox.Observation) {
-		if o.Kind != outbox.KindBatchDone {
+		switch o.Kind {
+		case outbox.KindBatchDuration:
+			batches.Add(1)
+			return
+		case outbox.KindFailed, outbox.KindDeadLettered, outbox.KindUnmarked, outbox.KindMarkFailed, outbox.KindClaimFailed:
+			failMu.Lock()
+			failure = errors.Join(failure, fmt.Errorf("relay reported %s (%d)", o.Kind, o.N))
+			failMu.Unlock()
+			return
+		case outbox.KindPublished:
+		default:
 			return
 		}
-		r := *o.Batch
-		batches.Add(1)
-		if r.Err != nil || len(r.Failed)+len(r.DeadLettered)+len(r.Unmarked) > 0 {
-			failMu.Lock()
-			failure = errors.Join(failure, fmt.Errorf("batch: err=%v failed=%d dead=%d unmarked=%d",
-				r.Err, len(r.Failed), len(r.DeadLettered), len(r.Unmarked)))
-			failMu.Unlock()
-		}
-		if published.Add(int64(len(r.Published))) >= int64(n) {
+		if published.Add(int64(o.N)) >= int64(n) {
 			doneOnce.Do(func() {
 				doneAt.Store(time.Now().UnixNano())
 				close(done)

@@ -60,24 +60,44 @@ func runKilledRelay(ctx context.Context, getenv func(string) string, stdout io.W
 		mu       sync.Mutex
 		inFlight int
 	)
-	relay, err := outbox.NewRelay(pool, pub, outbox.RelayConfig{
+	// Once the broker confirmed a batch, before the relay marks it, the
+	// relay reports the rows and stops there until the SIGKILL.
+	held := afterConfirm{Publisher: pub, confirmed: func(n int) {
+		mu.Lock()
+		inFlight += n
+		fmt.Fprintf(stdout, "in_flight %d\n", inFlight)
+		mu.Unlock()
+		<-ctx.Done() // until SIGKILL
+	}}
+	relay, err := outbox.NewRelay(pool, held, outbox.RelayConfig{
 		BatchSize: batch, Workers: 2, PollInterval: 10 * time.Millisecond, VacuumEvery: -1,
 		Lease: killedRelayLease, PublishTimeout: killedRelayLease / 2, Logger: log,
-		Observer: outbox.ObserverFunc(func(_ context.Context, o outbox.Observation) {
-			if o.Kind != outbox.KindConfirmed {
-				return
-			}
-			mu.Lock()
-			inFlight += len(o.IDs)
-			fmt.Fprintf(stdout, "in_flight %d\n", inFlight)
-			mu.Unlock()
-			<-ctx.Done() // until SIGKILL
-		}),
 	})
 	if err != nil {
 		return err
 	}
 	return relay.Run(ctx)
+}
+
+// afterConfirm calls confirmed with the number of messages of a batch the
+// broker confirmed, if any, before handing the verdicts back to the relay.
+type afterConfirm struct {
+	outbox.Publisher
+	confirmed func(n int)
+}
+
+func (p afterConfirm) PublishBatch(ctx context.Context, msgs []outbox.Envelope) []error {
+	errs := p.Publisher.PublishBatch(ctx, msgs)
+	n := 0
+	for _, err := range errs {
+		if err == nil {
+			n++
+		}
+	}
+	if n > 0 {
+		p.confirmed(n)
+	}
+	return errs
 }
 
 // killRelayWithRowsInFlight starts the killed relay's process on the

@@ -20,7 +20,7 @@ import (
 	"github.com/outbox-inbox/reference/internal/audit"
 	"github.com/outbox-inbox/reference/internal/logfmt"
 	"github.com/outbox-inbox/reference/pkg/inbox"
-	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/pkg/outbox/outboxaudit"
 	"github.com/outbox-inbox/reference/services/shipping/accounting"
 )
 
@@ -123,7 +123,7 @@ func parse(args []string, getenv func(string) string, stdout io.Writer) (setting
 	fs.StringVar(&o.consumer, "consumer", "shipping", "the inbox's consumer name")
 	fs.StringVar(&o.collection, "collection", "inbox", "the inbox's collection")
 	fs.IntVar(&o.examples, "examples", audit.DefaultExamples, "ids kept as examples in each bucket")
-	fs.IntVar(&o.pageSize, "page-size", outbox.DefaultEventLogPage, "outbox rows read per statement")
+	fs.IntVar(&o.pageSize, "page-size", outboxaudit.DefaultEventLogPage, "outbox rows read per statement")
 	fs.IntVar(&o.inboxPageSize, "inbox-page-size", inbox.DefaultRecordedPage, "inbox records read per query (FerretDB reads the whole collection for each: raise it above its size there)")
 	fs.BoolVar(&o.accounting, "accounting", true, "ask shipping's stores (shipments, dead letters, parked messages) about events its inbox has no record of")
 	fs.DurationVar(&o.every, "every", 0, "audit again at this interval and serve the counts on -metrics-addr (default: once, then exit)")
@@ -161,8 +161,8 @@ func parse(args []string, getenv func(string) string, stdout io.Writer) (setting
 	if o.examples < 0 {
 		problems = append(problems, fmt.Sprintf("-examples %d: want 0 or more", o.examples))
 	}
-	if o.pageSize < 1 || o.pageSize > outbox.MaxEventLogPage || o.inboxPageSize < 1 {
-		problems = append(problems, fmt.Sprintf("-page-size %d, -inbox-page-size %d: want 1 to %d, and 1 or more", o.pageSize, o.inboxPageSize, outbox.MaxEventLogPage))
+	if o.pageSize < 1 || o.pageSize > outboxaudit.MaxEventLogPage || o.inboxPageSize < 1 {
+		problems = append(problems, fmt.Sprintf("-page-size %d, -inbox-page-size %d: want 1 to %d, and 1 or more", o.pageSize, o.inboxPageSize, outboxaudit.MaxEventLogPage))
 	}
 	if len(problems) > 0 {
 		return o, errors.New(strings.Join(problems, "; "))
@@ -180,7 +180,7 @@ type auditor struct {
 	opts     settings
 	pool     *pgxpool.Pool
 	client   *mongo.Client
-	events   *outbox.EventLog
+	events   *outboxaudit.EventLog
 	inbox    *inbox.Inbox
 	accounts audit.Accountant
 	inc      *audit.Incremental // -every's cycles
@@ -208,7 +208,7 @@ func newAuditor(ctx context.Context, o settings) (*auditor, error) {
 		a.close()
 		return nil, err
 	}
-	if a.events, err = outbox.NewEventLog(pool, o.pageSize); err != nil {
+	if a.events, err = outboxaudit.NewEventLog(pool, o.pageSize); err != nil {
 		return fail(err)
 	}
 	db := client.Database(o.mongoDB)

@@ -22,7 +22,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
-	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/pkg/outbox/outboxaudit"
 )
 
 // The live view is a web page the demo serves: the pipeline's counts, the
@@ -477,7 +477,7 @@ func (v *liveView) readPostgres(ctx context.Context, st *stages) error {
 	if err := v.pool.QueryRow(ctx, "SELECT count(*) FROM orders").Scan(&orders); err != nil {
 		return err
 	}
-	log, err := outbox.NewEventLog(v.pool, 0)
+	log, err := outboxaudit.NewEventLog(v.pool, 0)
 	if err != nil {
 		return err
 	}

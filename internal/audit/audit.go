@@ -72,12 +72,13 @@ import (
 
 	"github.com/outbox-inbox/reference/pkg/inbox"
 	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/pkg/outbox/outboxaudit"
 )
 
 // Producer is what the audit reads of the producer: pkg/outbox's EventLog.
 type Producer interface {
-	Events(ctx context.Context, w outbox.EventWindow) iter.Seq2[outbox.LoggedEvent, error]
-	Lookup(ctx context.Context, ids []int64) ([]outbox.LoggedEvent, error)
+	Events(ctx context.Context, w outboxaudit.EventWindow) iter.Seq2[outboxaudit.LoggedEvent, error]
+	Lookup(ctx context.Context, ids []int64) ([]outboxaudit.LoggedEvent, error)
 }
 
 // Consumer is what the audit reads of the consumer: pkg/inbox's Inbox.
@@ -99,11 +100,11 @@ const (
 // Accountant tells what the consumer did with events its inbox has no
 // record of. Account returns an entry for each event it accounts for.
 type Accountant interface {
-	Account(ctx context.Context, events []outbox.LoggedEvent) (map[int64]Kept, error)
+	Account(ctx context.Context, events []outboxaudit.LoggedEvent) (map[int64]Kept, error)
 }
 
 var (
-	_ Producer = (*outbox.EventLog)(nil)
+	_ Producer = (*outboxaudit.EventLog)(nil)
 	_ Consumer = (*inbox.Inbox)(nil)
 )
 
@@ -166,12 +167,12 @@ type Config struct {
 	// InboxPageSize is the Consumer's page size. Default 0: its own.
 	InboxPageSize int
 	// LookupBatch is how many ids a look-up (Producer.Lookup,
-	// Accountant.Account) carries, at most outbox.MaxEventLookup. Default
+	// Accountant.Account) carries, at most outboxaudit.MaxEventLookup. Default
 	// DefaultLookupBatch.
 	LookupBatch int
 	// Observe, when set, is called with every event the audit judges and
 	// whether the inbox recorded it (Incremental builds its state on it).
-	Observe func(e outbox.LoggedEvent, recorded bool)
+	Observe func(e outboxaudit.LoggedEvent, recorded bool)
 	// Prefetch is how many batches of PrefetchBatch items each stream (the
 	// inbox's, and the outbox's one per number of digits) reads ahead, in a
 	// goroutine of its own, so that the two stores work at the same time
@@ -232,9 +233,9 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Since.IsZero() || c.Until.IsZero() || !c.Since.Before(c.Until) {
 		return c, fmt.Errorf("audit: window [%v, %v): want Since before Until", c.Since, c.Until)
 	}
-	if c.Grace < 0 || c.ClockSkew < 0 || c.Examples < -1 || c.InboxPageSize < 0 || c.LookupBatch < 0 || c.LookupBatch > outbox.MaxEventLookup || c.Prefetch < -1 {
+	if c.Grace < 0 || c.ClockSkew < 0 || c.Examples < -1 || c.InboxPageSize < 0 || c.LookupBatch < 0 || c.LookupBatch > outboxaudit.MaxEventLookup || c.Prefetch < -1 {
 		return c, fmt.Errorf("audit: Grace %v, ClockSkew %v, Examples %d, InboxPageSize %d, LookupBatch %d, Prefetch %d: want Grace, ClockSkew and InboxPageSize >= 0, Examples and Prefetch >= -1, LookupBatch in 0..%d",
-			c.Grace, c.ClockSkew, c.Examples, c.InboxPageSize, c.LookupBatch, c.Prefetch, outbox.MaxEventLookup)
+			c.Grace, c.ClockSkew, c.Examples, c.InboxPageSize, c.LookupBatch, c.Prefetch, outboxaudit.MaxEventLookup)
 	}
 	c.Prefetch = cmp.Or(c.Prefetch, DefaultPrefetch)
 	c.Grace = cmp.Or(c.Grace, DefaultGrace)
@@ -262,11 +263,11 @@ func (c Config) withDefaults0(since, until, now time.Time) (Config, error) {
 type auditor struct {
 	cfg       Config
 	r         *Report
-	unmatched []string             // inbox ids to look up in the outbox
-	unapplied []outbox.LoggedEvent // events to ask the accountant about
-	keys      map[int64]string     // the byte-order keys of unapplied
-	stale     time.Time            // Now - Grace
-	horizon   time.Time            // min(Horizon, Since)
+	unmatched []string                  // inbox ids to look up in the outbox
+	unapplied []outboxaudit.LoggedEvent // events to ask the accountant about
+	keys      map[int64]string          // the byte-order keys of unapplied
+	stale     time.Time                 // Now - Grace
+	horizon   time.Time                 // min(Horizon, Since)
 }
 
 // Run audits cfg's window.
@@ -374,15 +375,15 @@ func digitRanges() [][2]int64 {
 
 // producerStream is the outbox's events of one number of digits.
 type producerStream struct {
-	next func() (outbox.LoggedEvent, error, bool)
-	head outbox.LoggedEvent
+	next func() (outboxaudit.LoggedEvent, error, bool)
+	head outboxaudit.LoggedEvent
 	key  string
 }
 
 // producer returns the outbox's events created at or after Since (later
 // than Until too: their inbox records then need no look-up), in byte order
 // of their decimal ids, with their keys; ok is false at the end.
-func (a *auditor) producer(ctx context.Context) (next func() (e outbox.LoggedEvent, key string, ok bool, err error), stop func()) {
+func (a *auditor) producer(ctx context.Context) (next func() (e outboxaudit.LoggedEvent, key string, ok bool, err error), stop func()) {
 	var (
 		streams []*producerStream
 		stops   []func()
@@ -401,18 +402,18 @@ func (a *auditor) producer(ctx context.Context) (next func() (e outbox.LoggedEve
 		s.head, s.key = e, e.MessageID()
 		return true, nil
 	}
-	next = func() (outbox.LoggedEvent, string, bool, error) {
+	next = func() (outboxaudit.LoggedEvent, string, bool, error) {
 		if !started {
 			started = true
 			for _, rg := range digitRanges() {
-				n, s := pull(ctx, a.cfg, func(ctx context.Context) iter.Seq2[outbox.LoggedEvent, error] {
-					return a.cfg.Producer.Events(ctx, outbox.EventWindow{Since: a.cfg.Since, MinID: rg[0], MaxID: rg[1]})
+				n, s := pull(ctx, a.cfg, func(ctx context.Context) iter.Seq2[outboxaudit.LoggedEvent, error] {
+					return a.cfg.Producer.Events(ctx, outboxaudit.EventWindow{Since: a.cfg.Since, MinID: rg[0], MaxID: rg[1]})
 				})
 				stops = append(stops, s)
 				ps := &producerStream{next: n}
 				ok, err := advance(ps)
 				if err != nil {
-					return outbox.LoggedEvent{}, "", false, err
+					return outboxaudit.LoggedEvent{}, "", false, err
 				}
 				if ok {
 					streams = append(streams, ps)
@@ -422,7 +423,7 @@ func (a *auditor) producer(ctx context.Context) (next func() (e outbox.LoggedEve
 			}
 		}
 		if len(streams) == 0 {
-			return outbox.LoggedEvent{}, "", false, nil
+			return outboxaudit.LoggedEvent{}, "", false, nil
 		}
 		first := 0
 		for i, s := range streams[1:] {
@@ -434,7 +435,7 @@ func (a *auditor) producer(ctx context.Context) (next func() (e outbox.LoggedEve
 		e, key := s.head, s.key
 		ok, err := advance(s)
 		if err != nil {
-			return outbox.LoggedEvent{}, "", false, err
+			return outboxaudit.LoggedEvent{}, "", false, err
 		}
 		if !ok {
 			streams = append(streams[:first], streams[first+1:]...)
@@ -446,7 +447,7 @@ func (a *auditor) producer(ctx context.Context) (next func() (e outbox.LoggedEve
 
 // judged reports whether e is in the audited window; the producer side
 // reads past Until.
-func (a *auditor) judged(e outbox.LoggedEvent) bool {
+func (a *auditor) judged(e outboxaudit.LoggedEvent) bool {
 	if !e.CreatedAt.Before(a.cfg.Until) {
 		return false
 	}
@@ -462,7 +463,7 @@ func (a *auditor) add(b *Bucket, id string) {
 }
 
 // notRecorded judges an event the inbox has no record of.
-func (a *auditor) notRecorded(ctx context.Context, e outbox.LoggedEvent, key string) error {
+func (a *auditor) notRecorded(ctx context.Context, e outboxaudit.LoggedEvent, key string) error {
 	if !a.judged(e) {
 		return nil
 	}
@@ -490,7 +491,7 @@ func (a *auditor) notRecorded(ctx context.Context, e outbox.LoggedEvent, key str
 
 // unaccounted puts an event neither the inbox nor the consumer accounts for
 // in pending or missing.
-func (a *auditor) unaccounted(e outbox.LoggedEvent, key string) {
+func (a *auditor) unaccounted(e outboxaudit.LoggedEvent, key string) {
 	last := e.CreatedAt
 	if e.State == outbox.EventPublished {
 		last = e.Since
@@ -557,7 +558,7 @@ func (a *auditor) lookUp(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("audit: look up %d inbox ids in the outbox: %w", len(ids), err)
 	}
-	held := make(map[int64][]outbox.LoggedEvent, len(found))
+	held := make(map[int64][]outboxaudit.LoggedEvent, len(found))
 	for _, e := range found {
 		held[e.ID] = append(held[e.ID], e)
 	}
@@ -565,7 +566,7 @@ func (a *auditor) lookUp(ctx context.Context) error {
 		evs := held[ids[i]]
 		_, created, _ := outbox.ParseMessageID(msgID)
 		switch {
-		case slices.ContainsFunc(evs, func(e outbox.LoggedEvent) bool { return e.MessageID() == msgID }):
+		case slices.ContainsFunc(evs, func(e outboxaudit.LoggedEvent) bool { return e.MessageID() == msgID }):
 			if created.Before(a.cfg.Since) {
 				a.add(&a.r.AppliedBeforeWindow, msgID)
 			}

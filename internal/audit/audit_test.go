@@ -14,6 +14,7 @@ import (
 	"github.com/outbox-inbox/reference/internal/audit"
 	"github.com/outbox-inbox/reference/pkg/inbox"
 	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/pkg/outbox/outboxaudit"
 )
 
 // The tests here check the audit's logic on streams made in memory; the
@@ -22,13 +23,13 @@ import (
 
 // producer is an outbox in memory.
 type producer struct {
-	events  []outbox.LoggedEvent // by id
-	fail    error                // yielded after the first event
+	events  []outboxaudit.LoggedEvent // by id
+	fail    error                     // yielded after the first event
 	lookups int
 }
 
-func (p *producer) Events(ctx context.Context, w outbox.EventWindow) iter.Seq2[outbox.LoggedEvent, error] {
-	return func(yield func(outbox.LoggedEvent, error) bool) {
+func (p *producer) Events(ctx context.Context, w outboxaudit.EventWindow) iter.Seq2[outboxaudit.LoggedEvent, error] {
+	return func(yield func(outboxaudit.LoggedEvent, error) bool) {
 		for _, e := range p.events {
 			if e.ID < w.MinID || w.MaxID != 0 && e.ID > w.MaxID || e.CreatedAt.Before(w.Since) ||
 				!w.Until.IsZero() && !e.CreatedAt.Before(w.Until) {
@@ -38,16 +39,16 @@ func (p *producer) Events(ctx context.Context, w outbox.EventWindow) iter.Seq2[o
 				return
 			}
 			if p.fail != nil {
-				yield(outbox.LoggedEvent{}, p.fail)
+				yield(outboxaudit.LoggedEvent{}, p.fail)
 				return
 			}
 		}
 	}
 }
 
-func (p *producer) Lookup(ctx context.Context, ids []int64) ([]outbox.LoggedEvent, error) {
+func (p *producer) Lookup(ctx context.Context, ids []int64) ([]outboxaudit.LoggedEvent, error) {
 	p.lookups++
-	var out []outbox.LoggedEvent
+	var out []outboxaudit.LoggedEvent
 	for _, e := range p.events {
 		if slices.Contains(ids, e.ID) {
 			out = append(out, e)
@@ -88,7 +89,7 @@ type accountant struct {
 	fail  error
 }
 
-func (a *accountant) Account(ctx context.Context, events []outbox.LoggedEvent) (map[int64]audit.Kept, error) {
+func (a *accountant) Account(ctx context.Context, events []outboxaudit.LoggedEvent) (map[int64]audit.Kept, error) {
 	a.calls++
 	out := map[int64]audit.Kept{}
 	for _, e := range events {
@@ -104,15 +105,15 @@ var now = time.Date(2030, 1, 2, 12, 0, 0, 0, time.UTC)
 // world holds an event in every bucket, around the window
 // [now-2h, now-15m) with the default grace of 15 minutes.
 func world() (*producer, *consumer, *accountant) {
-	ev := func(id int64, created time.Duration, state outbox.EventState, since time.Duration) outbox.LoggedEvent {
-		e := outbox.LoggedEvent{ID: id, AggregateID: "o-" + strconv.FormatInt(id, 10), AggregateVersion: 1,
+	ev := func(id int64, created time.Duration, state outbox.EventState, since time.Duration) outboxaudit.LoggedEvent {
+		e := outboxaudit.LoggedEvent{ID: id, AggregateID: "o-" + strconv.FormatInt(id, 10), AggregateVersion: 1,
 			CreatedAt: now.Add(-created), State: state}
 		if state != outbox.EventPending {
 			e.Since = now.Add(-since)
 		}
 		return e
 	}
-	p := &producer{events: []outbox.LoggedEvent{
+	p := &producer{events: []outboxaudit.LoggedEvent{
 		ev(1, time.Hour, outbox.EventPublished, time.Hour),           // applied
 		ev(2, time.Hour, outbox.EventPublished, time.Hour),           // missing: published long ago
 		ev(3, time.Hour, outbox.EventPending, 0),                     // missing: committed long ago
@@ -231,7 +232,7 @@ func TestACleanFlowIsWholeAndGraceSplitsPendingFromMissing(t *testing.T) {
 	p := &producer{}
 	c := &consumer{}
 	for id := int64(1); id <= 120; id++ {
-		p.events = append(p.events, outbox.LoggedEvent{ID: id, CreatedAt: now.Add(-time.Hour), State: outbox.EventPublished, Since: now.Add(-time.Hour)})
+		p.events = append(p.events, outboxaudit.LoggedEvent{ID: id, CreatedAt: now.Add(-time.Hour), State: outbox.EventPublished, Since: now.Add(-time.Hour)})
 		c.records = append(c.records, inbox.RecordedMessage{MessageID: p.events[id-1].MessageID(), ProcessedAt: now.Add(-time.Hour)})
 	}
 	r, err := audit.Run(context.Background(), config(p, c, nil))
@@ -243,7 +244,7 @@ func TestACleanFlowIsWholeAndGraceSplitsPendingFromMissing(t *testing.T) {
 	}
 	// Event 121 committed 10 minutes ago, not applied: pending within the
 	// grace, missing past it.
-	p.events = append(p.events, outbox.LoggedEvent{ID: 121, CreatedAt: now.Add(-10 * time.Minute), State: outbox.EventPending})
+	p.events = append(p.events, outboxaudit.LoggedEvent{ID: 121, CreatedAt: now.Add(-10 * time.Minute), State: outbox.EventPending})
 	for grace, bucket := range map[time.Duration]string{20 * time.Minute: "pending", 5 * time.Minute: "missing"} {
 		cfg := config(p, c, nil)
 		cfg.Grace, cfg.Until = grace, now
@@ -279,8 +280,12 @@ func TestErrorsStopTheAudit(t *testing.T) {
 	for name, cfg := range map[string]audit.Config{
 		"no producer":  {Consumer: c, Since: now.Add(-time.Hour), Until: now},
 		"empty window": func() audit.Config { cfg := config(p, c, a); cfg.Until = cfg.Since; return cfg }(),
-		"big batch":    func() audit.Config { cfg := config(p, c, a); cfg.LookupBatch = outbox.MaxEventLookup + 1; return cfg }(),
-		"negative":     func() audit.Config { cfg := config(p, c, a); cfg.Grace = -time.Second; return cfg }(),
+		"big batch": func() audit.Config {
+			cfg := config(p, c, a)
+			cfg.LookupBatch = outboxaudit.MaxEventLookup + 1
+			return cfg
+		}(),
+		"negative": func() audit.Config { cfg := config(p, c, a); cfg.Grace = -time.Second; return cfg }(),
 	} {
 		if _, err := audit.Run(context.Background(), cfg); err == nil {
 			t.Errorf("%s: want an error", name)

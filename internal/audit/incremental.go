@@ -11,6 +11,7 @@ import (
 
 	"github.com/outbox-inbox/reference/pkg/inbox"
 	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/pkg/outbox/outboxaudit"
 )
 
 // Done is what an incremental audit asks the consumer of one message:
@@ -79,8 +80,8 @@ type tally struct {
 type Incremental struct {
 	cfg       IncrementalConfig
 	buckets   map[int64]*tally
-	open      map[int64]outbox.LoggedEvent // judged, not recorded yet
-	tail      map[int64]time.Time          // the events above the watermark: their creation times
+	open      map[int64]outboxaudit.LoggedEvent // judged, not recorded yet
+	tail      map[int64]time.Time               // the events above the watermark: their creation times
 	watermark int64
 	full      *Report // the last full audit
 	fullAt    time.Time
@@ -110,7 +111,7 @@ func (in *Incremental) bucket(t time.Time) int64 {
 }
 
 // count adds e to its bucket, as committed, and as recorded when recorded.
-func (in *Incremental) count(e outbox.LoggedEvent, recorded bool) {
+func (in *Incremental) count(e outboxaudit.LoggedEvent, recorded bool) {
 	k := in.bucket(e.CreatedAt)
 	t := in.buckets[k]
 	if t == nil {
@@ -127,7 +128,7 @@ func (in *Incremental) count(e outbox.LoggedEvent, recorded bool) {
 }
 
 // recorded counts an open event as recorded.
-func (in *Incremental) recorded(e outbox.LoggedEvent) {
+func (in *Incremental) recorded(e outboxaudit.LoggedEvent) {
 	t := in.buckets[in.bucket(e.CreatedAt)]
 	t.recorded++
 	t.recDigest += hashID(e.MessageID())
@@ -167,7 +168,7 @@ func (in *Incremental) cutoff(now time.Time) time.Time {
 // fullAudit rebuilds the state from a full audit of the events created from
 // since on.
 func (in *Incremental) fullAudit(ctx context.Context, since, now time.Time) error {
-	in.buckets, in.open, in.tail, in.watermark = map[int64]*tally{}, map[int64]outbox.LoggedEvent{}, map[int64]time.Time{}, 0
+	in.buckets, in.open, in.tail, in.watermark = map[int64]*tally{}, map[int64]outboxaudit.LoggedEvent{}, map[int64]time.Time{}, 0
 	cutoff := in.cutoff(now)
 	cfg := in.cfg.Config
 	// Until past every event: all are judged; each cycle's report takes
@@ -176,7 +177,7 @@ func (in *Incremental) fullAudit(ctx context.Context, since, now time.Time) erro
 	if in.cfg.Retention > 0 {
 		cfg.Horizon = now.Add(-in.cfg.Retention + cmp.Or(cfg.ClockSkew, DefaultClockSkew))
 	}
-	cfg.Observe = func(e outbox.LoggedEvent, recorded bool) {
+	cfg.Observe = func(e outboxaudit.LoggedEvent, recorded bool) {
 		in.count(e, recorded)
 		if !recorded {
 			in.open[e.ID] = e
@@ -212,7 +213,7 @@ func (in *Incremental) step(ctx context.Context, now time.Time) error {
 	seen, added := 0, 0
 	fresh := map[int64]bool{} // events read in this scan: their state is current
 	watermark := in.watermark
-	for e, err := range in.cfg.Producer.Events(ctx, outbox.EventWindow{MinID: in.watermark + 1}) {
+	for e, err := range in.cfg.Producer.Events(ctx, outboxaudit.EventWindow{MinID: in.watermark + 1}) {
 		if err != nil {
 			return fmt.Errorf("audit: incremental: read the outbox above id %d: %w", in.watermark, err)
 		}
@@ -272,7 +273,7 @@ func (in *Incremental) step(ctx context.Context, now time.Time) error {
 
 // lookUpOpen asks Done about every open event, Lookups at a time.
 func (in *Incremental) lookUpOpen(ctx context.Context) error {
-	events := make([]outbox.LoggedEvent, 0, len(in.open))
+	events := make([]outboxaudit.LoggedEvent, 0, len(in.open))
 	for _, e := range in.open {
 		events = append(events, e)
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/outbox-inbox/reference/internal/audit"
 	"github.com/outbox-inbox/reference/pkg/inbox"
 	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/pkg/outbox/outboxaudit"
 )
 
 // done answers Incremental's look-ups from a consumer in memory.
@@ -40,11 +41,11 @@ func TestIncrementalCyclesCountWhatAFullAuditCounts(t *testing.T) {
 		d := &done{c: c}
 		at := now.Add(-3 * time.Hour)
 		id := int64(0)
-		var late []outbox.LoggedEvent // committed, to be applied later
+		var late []outboxaudit.LoggedEvent // committed, to be applied later
 		commit := func(n int) {
 			for range n {
 				id++
-				e := outbox.LoggedEvent{ID: id, CreatedAt: at.Add(-time.Duration(rng.Int64N(int64(20 * time.Second)))).Truncate(time.Microsecond), State: outbox.EventPublished}
+				e := outboxaudit.LoggedEvent{ID: id, CreatedAt: at.Add(-time.Duration(rng.Int64N(int64(20 * time.Second)))).Truncate(time.Microsecond), State: outbox.EventPublished}
 				e.Since = e.CreatedAt.Add(time.Second)
 				switch x := rng.IntN(100); {
 				case x < 85:
@@ -56,7 +57,7 @@ func TestIncrementalCyclesCountWhatAFullAuditCounts(t *testing.T) {
 				}
 				p.events = append(p.events, e)
 			}
-			slices.SortFunc(p.events, func(a, b outbox.LoggedEvent) int { return int(a.ID - b.ID) })
+			slices.SortFunc(p.events, func(a, b outboxaudit.LoggedEvent) int { return int(a.ID - b.ID) })
 		}
 		for at.Before(now.Add(-time.Hour)) { // the history
 			commit(rng.IntN(20))
@@ -124,7 +125,7 @@ func TestIncrementalAuditsInFullAfterTheOutboxLostAnEvent(t *testing.T) {
 	p, c := &producer{}, &consumer{}
 	d := &done{c: c}
 	for id := int64(1); id <= 50; id++ {
-		e := outbox.LoggedEvent{ID: id, CreatedAt: now.Add(-time.Duration(51-id) * 10 * time.Second), State: outbox.EventPublished}
+		e := outboxaudit.LoggedEvent{ID: id, CreatedAt: now.Add(-time.Duration(51-id) * 10 * time.Second), State: outbox.EventPublished}
 		p.events = append(p.events, e)
 		c.records = append(c.records, inbox.RecordedMessage{MessageID: e.MessageID(), ProcessedAt: now})
 	}
@@ -136,7 +137,7 @@ func TestIncrementalAuditsInFullAfterTheOutboxLostAnEvent(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The failover loses event 50; the new primary hands id 50 out again.
-	p.events[49] = outbox.LoggedEvent{ID: 50, CreatedAt: now.Add(30 * time.Second), State: outbox.EventPublished}
+	p.events[49] = outboxaudit.LoggedEvent{ID: 50, CreatedAt: now.Add(30 * time.Second), State: outbox.EventPublished}
 	r, err := inc.Cycle(context.Background(), now.Add(-time.Hour), now.Add(2*time.Minute), now.Add(3*time.Minute))
 	if err != nil {
 		t.Fatal(err)
@@ -152,7 +153,7 @@ func TestIncrementalAuditsInFullAfterTheOutboxLostAnEventOutright(t *testing.T) 
 	p, c := &producer{}, &consumer{}
 	d := &done{c: c}
 	for id := int64(1); id <= 50; id++ {
-		e := outbox.LoggedEvent{ID: id, CreatedAt: now.Add(-time.Duration(51-id) * 10 * time.Second), State: outbox.EventPublished}
+		e := outboxaudit.LoggedEvent{ID: id, CreatedAt: now.Add(-time.Duration(51-id) * 10 * time.Second), State: outbox.EventPublished}
 		if id == 48 {
 			e.State = outbox.EventPending // not applied yet
 		} else {

@@ -10,22 +10,23 @@ import (
 	"github.com/outbox-inbox/reference/internal/audit"
 	"github.com/outbox-inbox/reference/pkg/inbox"
 	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/pkg/outbox/outboxaudit"
 )
 
 // bigProducer makes events 1..n as they are asked for, holding none.
 type bigProducer struct{ n int64 }
 
-func (p bigProducer) Events(ctx context.Context, w outbox.EventWindow) iter.Seq2[outbox.LoggedEvent, error] {
-	return func(yield func(outbox.LoggedEvent, error) bool) {
+func (p bigProducer) Events(ctx context.Context, w outboxaudit.EventWindow) iter.Seq2[outboxaudit.LoggedEvent, error] {
+	return func(yield func(outboxaudit.LoggedEvent, error) bool) {
 		for id := max(w.MinID, 1); id <= min(w.MaxID, p.n); id++ {
-			if !yield(outbox.LoggedEvent{ID: id, CreatedAt: now.Add(-time.Hour), State: outbox.EventPublished, Since: now.Add(-time.Hour)}, nil) {
+			if !yield(outboxaudit.LoggedEvent{ID: id, CreatedAt: now.Add(-time.Hour), State: outbox.EventPublished, Since: now.Add(-time.Hour)}, nil) {
 				return
 			}
 		}
 	}
 }
 
-func (p bigProducer) Lookup(ctx context.Context, ids []int64) ([]outbox.LoggedEvent, error) {
+func (p bigProducer) Lookup(ctx context.Context, ids []int64) ([]outboxaudit.LoggedEvent, error) {
 	return nil, nil
 }
 

@@ -9,6 +9,7 @@ import (
 	"github.com/outbox-inbox/reference/internal/audit"
 	"github.com/outbox-inbox/reference/pkg/inbox"
 	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/pkg/outbox/outboxaudit"
 )
 
 // An event applied long after it was published (a dead letter replayed an
@@ -40,7 +41,7 @@ func TestRecordsOfEventsOlderThanTheWindowAreNotPhantoms(t *testing.T) {
 				c.records = append(c.records, inbox.RecordedMessage{MessageID: outbox.MessageID(id, at(now.Add(-8*24*time.Hour), horizon)), ProcessedAt: processed()})
 			case 1:
 				held++
-				e := outbox.LoggedEvent{ID: id, CreatedAt: at(now.Add(-8*24*time.Hour), since), State: outbox.EventPublished}
+				e := outboxaudit.LoggedEvent{ID: id, CreatedAt: at(now.Add(-8*24*time.Hour), since), State: outbox.EventPublished}
 				e.Since = e.CreatedAt
 				p.events = append(p.events, e)
 				c.records = append(c.records, inbox.RecordedMessage{MessageID: e.MessageID(), ProcessedAt: processed()})
@@ -53,7 +54,7 @@ func TestRecordsOfEventsOlderThanTheWindowAreNotPhantoms(t *testing.T) {
 		n := int64(1 + rng.IntN(300))
 		for range n {
 			id += 1 + rng.Int64N(3)
-			e := outbox.LoggedEvent{ID: id, CreatedAt: at(since, until), State: outbox.EventPublished}
+			e := outboxaudit.LoggedEvent{ID: id, CreatedAt: at(since, until), State: outbox.EventPublished}
 			e.Since = e.CreatedAt
 			p.events = append(p.events, e)
 			c.records = append(c.records, inbox.RecordedMessage{MessageID: e.MessageID(), ProcessedAt: processed()})

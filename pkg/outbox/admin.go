@@ -327,8 +327,8 @@ func (a *Admin) Status(ctx context.Context) (Status, error) {
 	return s, nil
 }
 
-// MaxPurgeBatch bounds the batch size of Admin.Purge.
-const MaxPurgeBatch = 100_000
+// maxPurgeBatch bounds the batch size of Admin.Purge.
+const maxPurgeBatch = 100_000
 
 // purgeSQL deletes one batch of old published rows. SKIP LOCKED lets several
 // relays purge at once without waiting on each other.
@@ -342,15 +342,15 @@ WHERE id IN (
     FOR UPDATE SKIP LOCKED)`
 
 // Purge deletes published rows older than olderThan, batchSize rows per
-// statement (each its own short transaction), until none is left, and returns
+// statement (1 to 100,000; each its own short transaction), until none is left, and returns
 // how many it deleted. Small batches keep locks and WAL bursts small on a busy
 // database; ctx stops it between (or during) batches.
 func (a *Admin) Purge(ctx context.Context, olderThan time.Duration, batchSize int) (int64, error) {
 	if olderThan <= 0 {
 		return 0, fmt.Errorf("outbox purge: olderThan %v: must be positive", olderThan)
 	}
-	if batchSize < 1 || batchSize > MaxPurgeBatch {
-		return 0, fmt.Errorf("outbox purge: batchSize %d: must be in 1..%d", batchSize, MaxPurgeBatch)
+	if batchSize < 1 || batchSize > maxPurgeBatch {
+		return 0, fmt.Errorf("outbox purge: batchSize %d: must be in 1..%d", batchSize, maxPurgeBatch)
 	}
 	var total int64
 	for {

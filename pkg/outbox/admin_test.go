@@ -205,7 +205,7 @@ func deadLetter(t *testing.T, pool *pgxpool.Pool, id int64) (*outbox.Relay, *mem
 	var once sync.Once
 	cfg := fastConfig(t)
 	cfg.MaxAttempts = 1
-	cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(r outbox.BatchResult) {
+	cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(r outboxtest.BatchResult) {
 		if slices.Contains(r.DeadLettered, id) {
 			once.Do(func() { close(dead) })
 		}

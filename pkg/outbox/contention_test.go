@@ -37,7 +37,7 @@ func TestRelayKeepsUpWithBackToBackWritersOfOneAggregate(t *testing.T) {
 	cfg.Lease = 4 * time.Second
 	cfg.PublishTimeout = 2 * time.Second
 	var unmarked, batches, claimed atomic.Int64
-	cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(r outbox.BatchResult) {
+	cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(r outboxtest.BatchResult) {
 		unmarked.Add(int64(len(r.Unmarked)))
 		if r.Claimed > 0 {
 			batches.Add(1)
@@ -213,9 +213,9 @@ func TestEnqueueAtEveryIsolationLevelWhileTheRelayAdvancesTheAggregate(t *testin
 					return errors.New("not yet")
 				}
 			})
-			batches := make(chan outbox.BatchResult, 100)
+			batches := make(chan outboxtest.BatchResult, 100)
 			cfg := fastConfig(t)
-			cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(r outbox.BatchResult) { batches <- r })
+			cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(r outboxtest.BatchResult) { batches <- r })
 			relay := startRelay(t, pool, pub, cfg)
 
 			// The writer's snapshot is taken while both events are pending.
@@ -297,7 +297,7 @@ func TestRepeatableReadWritersKeepTheOrderBehindAPendingHead(t *testing.T) {
 }
 
 // waitPublished waits until every id in ids was published and marked.
-func waitPublished(t *testing.T, batches <-chan outbox.BatchResult, ids ...int64) {
+func waitPublished(t *testing.T, batches <-chan outboxtest.BatchResult, ids ...int64) {
 	t.Helper()
 	want := map[int64]bool{}
 	for _, id := range ids {

@@ -309,9 +309,9 @@
 //     when the lease ends, with the attempt counted, in normal batches (the
 //     same drain rate as any backlog); only a row that was in flight at two
 //     stops in a row is retried alone.
-//   - Relay killed after the broker confirmed, before the mark
-//     (the Observer sees KindConfirmed in this window): the rows are published
-//     again after the lease. Consumers see a duplicate with the same message id.
+//   - Relay killed after the broker confirmed, before the mark: the rows are
+//     published again after the lease. Consumers see a duplicate with the
+//     same message id.
 //   - Broker down, at start or later: Publisher.WaitReady blocks and
 //     reconnects with backoff, nothing is claimed, no attempt is spent, the
 //     outbox grows and drains after recovery. Run does not return.
@@ -323,7 +323,7 @@
 //     (outboxamqp gives each batch a channel of its own).
 //   - Broker refuses a message by closing its channel or connection, without
 //     saying which (ErrBatchRefused): the messages of that batch without a
-//     verdict are retried alone, their attempt given back (BatchResult.Isolated);
+//     verdict are retried alone, their attempt given back;
 //     the refused one then fails alone, attempt after attempt, and is
 //     dead-lettered with the broker's reason.
 //   - PostgreSQL unavailable: claims fail and are retried with backoff; a mark
@@ -383,13 +383,12 @@
 // estimate of the table's rows (Status.PendingEstimated says so).
 // Admin.History answers an operator's question about one aggregate: each of
 // its events with its state, attempts, last error and headers, across the
-// three tables; EventLog.Counts counts every state exactly, reading the
-// tables in full (for audits and demos, not scrapes). An Observer receives counters,
-// timings and the protocol's points (one method, so new kinds break no
-// implementation); alert on KindClaimFailed, KindMarkFailed and KindUnmarked
-// growing (database trouble: nothing or not everything is being marked) and
-// on KindListenReconnected growing fast. Tests and fault injection wait on
-// KindConfirmed and KindBatchDone. The relay logs with slog, with the keys
+// three tables (package outboxaudit reads every event of a window, for a
+// loss audit). An Observer receives counters and timings (one method, so
+// new kinds break no implementation); alert on KindClaimFailed,
+// KindMarkFailed and KindUnmarked growing (database trouble: nothing or not
+// everything is being marked) and on KindListenReconnected growing fast.
+// The relay logs with slog, with the keys
 // event_id, aggregate_id, event_type and attempt on per-event lines. A pgx
 // tracer on the relay's pool can time its claims and marks (and the WAL
 // relay's sweeps): StatementOf names them.

@@ -50,7 +50,7 @@ func ExampleAdmin_Retry() {
 
 	pub := &brokenPublisher{}
 	pub.broken.Store(true)
-	runRelayUntil(pool, pub, func(r outbox.BatchResult) bool { return len(r.DeadLettered) > 0 })
+	runRelayUntil(pool, pub, outbox.KindDeadLettered)
 
 	admin := outbox.NewAdmin(pool)
 	dead, err := admin.DeadLetters(ctx, 0, 100)
@@ -66,7 +66,7 @@ func ExampleAdmin_Retry() {
 	if err := admin.Retry(ctx, dead[0].ID); err != nil {
 		log.Fatal(err)
 	}
-	runRelayUntil(pool, pub, func(r outbox.BatchResult) bool { return len(r.Published) > 0 })
+	runRelayUntil(pool, pub, outbox.KindPublished)
 
 	status, err := admin.Status(ctx)
 	if err != nil {
@@ -124,7 +124,7 @@ func ExampleAdmin_Discard() {
 	}
 
 	pub := &schemaRegistry{rejects: "order.created"}
-	runRelayUntil(pool, pub, func(r outbox.BatchResult) bool { return len(r.DeadLettered) > 0 })
+	runRelayUntil(pool, pub, outbox.KindDeadLettered)
 
 	admin := outbox.NewAdmin(pool)
 	dead, err := admin.DeadLetters(ctx, 0, 100)
@@ -134,7 +134,7 @@ func ExampleAdmin_Discard() {
 	if err := admin.Discard(ctx, dead[0].ID, "payload v0 is no longer accepted; the order was re-sent by hand"); err != nil {
 		log.Fatal(err)
 	}
-	runRelayUntil(pool, pub, func(r outbox.BatchResult) bool { return len(r.Published) > 0 })
+	runRelayUntil(pool, pub, outbox.KindPublished)
 
 	var event, reason string
 	if err := pool.QueryRow(ctx, "SELECT event_type, reason FROM outbox_discarded").Scan(&event, &reason); err != nil {
@@ -149,8 +149,8 @@ func ExampleAdmin_Discard() {
 	// discarded order.created: payload v0 is no longer accepted; the order was re-sent by hand
 }
 
-// runRelayUntil runs a relay until a batch satisfies done.
-func runRelayUntil(pool *pgxpool.Pool, pub outbox.Publisher, done func(outbox.BatchResult) bool) {
+// runRelayUntil runs a relay until it reports an observation of kind.
+func runRelayUntil(pool *pgxpool.Pool, pub outbox.Publisher, kind outbox.ObservationKind) {
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
 	relay, err := outbox.NewRelay(pool, pub, outbox.RelayConfig{
@@ -160,7 +160,7 @@ func runRelayUntil(pool *pgxpool.Pool, pub outbox.Publisher, done func(outbox.Ba
 		PollInterval:    10 * time.Millisecond,
 		Logger:          slog.New(slog.DiscardHandler),
 		Observer: outbox.ObserverFunc(func(_ context.Context, o outbox.Observation) {
-			if o.Kind == outbox.KindBatchDone && done(*o.Batch) {
+			if o.Kind == kind {
 				stop()
 			}
 		}),

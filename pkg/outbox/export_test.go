@@ -71,3 +71,10 @@ var JSONBTextSize = jsonbTextSize
 
 // HistorySQL lets the external tests EXPLAIN Admin.History.
 var HistorySQL = historySQL
+
+// MaxHistory and MaxPurgeBatch are the bounds of Admin.History and
+// Admin.Purge.
+const (
+	MaxHistory    = maxHistory
+	MaxPurgeBatch = maxPurgeBatch
+)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/pkg/outbox/internal/outboxtest"
 )
 
 // A hand-over relay publishes the rows handed over to polling, in order per
@@ -26,7 +27,7 @@ func TestHandOverRelayClaimsOnlyRowsHandedOver(t *testing.T) {
 		}
 	}
 	pub := &memPublisher{}
-	relay, err := outbox.NewHandOverRelay(pool, pub, outbox.RelayConfig{PollInterval: 20 * time.Millisecond, Logger: testLogger(t)})
+	relay, err := outbox.NewRelay(pool, outboxtest.HandOver(pub), outbox.RelayConfig{PollInterval: 20 * time.Millisecond, Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

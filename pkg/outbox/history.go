@@ -11,9 +11,9 @@ import (
 	"github.com/outbox-inbox/reference/pkg/outbox/internal/headerjson"
 )
 
-// MaxHistory bounds the events Admin.History returns: an aggregate's most
-// recent MaxHistory events.
-const MaxHistory = 1000
+// maxHistory bounds the events Admin.History returns: an aggregate's most
+// recent maxHistory events.
+const maxHistory = 1000
 
 // HistoryEvent is one event of an aggregate as Admin.History reads it: where
 // it is in its life and what the relays did with it so far.
@@ -73,10 +73,10 @@ SELECT * FROM (
     FROM outbox_discarded WHERE aggregate_type = $1 AND aggregate_id = $2
 ) h
 ORDER BY 2 DESC
-LIMIT %d`, MaxHistory)
+LIMIT %d`, maxHistory)
 
 // History returns the events of one aggregate in version order, each in its
-// state, the most recent MaxHistory of them; published events purged by
+// state, the most recent 1,000 of them; published events purged by
 // retention (Admin.Purge, the relay's) are gone from it. It reads the
 // aggregate's rows through an index of each table that can grow large
 // (outbox, outbox_published), so its cost follows the aggregate's events, not
@@ -116,3 +116,20 @@ func (a *Admin) History(ctx context.Context, aggregateType, aggregateID string) 
 	slices.Reverse(out)
 	return out, nil
 }
+
+// EventState is where an event is in its life.
+type EventState string
+
+const (
+	// EventPending: in the outbox, not dead-lettered: due, in flight, backing
+	// off, or blocked behind an earlier event of its aggregate. It may have
+	// been published already (a confirm lost, a mark not written yet).
+	EventPending EventState = "pending"
+	// EventPublished: the broker confirmed it; the row is in
+	// outbox_published until retention purges it.
+	EventPublished EventState = "published"
+	// EventDeadLettered: it reached MaxAttempts and waits for an operator.
+	EventDeadLettered EventState = "dead_lettered"
+	// EventDiscarded: an operator discarded it ([Admin.Discard]).
+	EventDiscarded EventState = "discarded"
+)

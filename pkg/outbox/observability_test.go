@@ -54,8 +54,8 @@ func TestRelayCountsFailedClaims(t *testing.T) {
 	m := &countingMetrics{}
 	cfg := fastConfig(t)
 	cfg.Observer = m
-	batches := make(chan outbox.BatchResult, 10)
-	cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(r outbox.BatchResult) { batches <- r })
+	batches := make(chan outboxtest.BatchResult, 10)
+	cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(r outboxtest.BatchResult) { batches <- r })
 	startRelay(t, pool, &memPublisher{}, cfg)
 	waitFor(t, "a failed claim counted", 10*time.Second, func() (bool, error) { return m.claimFailures.Load() > 0, nil })
 
@@ -87,8 +87,8 @@ func TestRelayCountsFailedMarksAndUnmarkedRows(t *testing.T) {
 			}
 		})
 	})
-	batches := make(chan outbox.BatchResult, 10)
-	cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(r outbox.BatchResult) { batches <- r })
+	batches := make(chan outboxtest.BatchResult, 10)
+	cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(r outboxtest.BatchResult) { batches <- r })
 	pub := &memPublisher{}
 	startRelay(t, pool, pub, cfg)
 
@@ -346,8 +346,8 @@ func TestRelayReopensASilentlyDeadListenConnection(t *testing.T) {
 	cfg.NotifyChannel = app
 	cfg.ListenKeepalive = 200 * time.Millisecond
 	cfg.Observer = m
-	batches := make(chan outbox.BatchResult, 10)
-	cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(r outbox.BatchResult) { batches <- r })
+	batches := make(chan outboxtest.BatchResult, 10)
+	cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(r outboxtest.BatchResult) { batches <- r })
 	startRelay(t, pool, &memPublisher{}, cfg)
 	w, err := outbox.NewWriter(outbox.WriterConfig{NotifyChannel: app})
 	if err != nil {
@@ -420,8 +420,8 @@ FOR EACH ROW WHEN (OLD.in_flight AND NOT NEW.in_flight) EXECUTE FUNCTION refuse_
 	cfg.Observer = m
 	cfg.Lease = time.Second
 	cfg.PublishTimeout = 500 * time.Millisecond
-	batches := make(chan outbox.BatchResult, 10)
-	cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(r outbox.BatchResult) { batches <- r })
+	batches := make(chan outboxtest.BatchResult, 10)
+	cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(r outboxtest.BatchResult) { batches <- r })
 	startRelay(t, pool, &memPublisher{}, cfg)
 
 	select {

@@ -5,8 +5,7 @@ import (
 	"time"
 )
 
-// Observer receives what a relay does: counters and timings for metrics,
-// and the points of its protocol that tests and fault injection wait on.
+// Observer receives what a relay does: counters and timings for metrics.
 // The package itself imports no metrics library; wire an Observer to
 // Prometheus or anything else. Gauges that describe the table (pending
 // count, age of the oldest pending row, dead letters) come from
@@ -83,14 +82,6 @@ const (
 	// Events still flow, up to PollInterval late. Never reported without
 	// NotifyChannel.
 	KindListenFallback ObservationKind = "listen_fallback"
-	// KindConfirmed (IDs): the ids the broker confirmed in a batch, sorted,
-	// before their rows are marked published: the window where a crash
-	// makes the relay publish them again. The end-to-end suite kills the
-	// process here.
-	KindConfirmed ObservationKind = "confirmed"
-	// KindBatchDone (Batch): a non-empty batch's outcome was written (or
-	// writing it failed). Tests wait on it instead of sleeping.
-	KindBatchDone ObservationKind = "batch_done"
 )
 
 // Observation is one thing a relay did. Kind says what; the field its
@@ -103,12 +94,6 @@ type Observation struct {
 	Duration time.Duration
 	// Fallback is KindListenFallback's state.
 	Fallback bool
-	// IDs are rows, sorted.
-	IDs []int64
-	// Batch is KindBatchDone's outcome.
-	Batch *BatchResult
-	// LSN is a WAL position (the WAL relay's kinds, see outboxwal).
-	LSN uint64
 }
 
 // observe reports o to obs, if there is one.

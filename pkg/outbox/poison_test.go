@@ -81,7 +81,7 @@ func TestRelayDeadLettersARowThatCrashesItsRelays(t *testing.T) {
 	cfg.MaxAttempts = maxAttempts
 	var mu sync.Mutex
 	var deadAtClaim []int64
-	cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(r outbox.BatchResult) {
+	cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(r outboxtest.BatchResult) {
 		mu.Lock()
 		defer mu.Unlock()
 		deadAtClaim = append(deadAtClaim, r.DeadLetteredAtClaim...)

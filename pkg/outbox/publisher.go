@@ -4,10 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/outbox-inbox/reference/pkg/outbox/internal/relayhook"
 )
 
 // Envelope is an outbox row as the relay hands it to a Publisher.
@@ -71,18 +72,9 @@ func ParseMessageID(s string) (id int64, createdAt time.Time, err error) {
 	return id, time.UnixMicro(us).UTC(), nil
 }
 
-// LogAttrs returns the attributes the relays log an event with, for
-// slog's ...Context calls: event_id, aggregate_type, aggregate_id,
-// aggregate_version, event_type and attempt.
-func (e Envelope) LogAttrs() []any {
-	return []any{
-		slog.Int64("event_id", e.ID),
-		slog.String("aggregate_type", e.AggregateType),
-		slog.String("aggregate_id", e.AggregateID),
-		slog.Int64("aggregate_version", e.AggregateVersion),
-		slog.String("event_type", e.EventType),
-		slog.Int("attempt", e.Attempt),
-	}
+// logAttrs returns the attributes the relays log e with.
+func (e Envelope) logAttrs() []any {
+	return relayhook.LogAttrs(e.ID, e.AggregateType, e.AggregateID, e.AggregateVersion, e.EventType, e.Attempt)
 }
 
 // Publisher sends envelopes to a broker. The relay is its only caller; the

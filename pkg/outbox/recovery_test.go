@@ -109,7 +109,7 @@ func TestRelayDrainsTheRowsOfAKilledRelayInFullBatches(t *testing.T) {
 		claims []int
 	)
 	cfg := killConfig(t, 2, batch)
-	cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(r outbox.BatchResult) {
+	cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(r outboxtest.BatchResult) {
 		mu.Lock()
 		defer mu.Unlock()
 		claims = append(claims, r.Claimed)

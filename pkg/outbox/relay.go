@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-inbox/reference/pkg/outbox/internal/outboxsql"
+	"github.com/outbox-inbox/reference/pkg/outbox/internal/relayhook"
 	"github.com/outbox-inbox/reference/pkg/outbox/internal/retry"
 	"github.com/outbox-inbox/reference/pkg/outbox/internal/vacuum"
 )
@@ -120,7 +121,7 @@ type RelayConfig struct {
 	PurgeInterval time.Duration
 	// PurgeBatchSize is the size of each purge statement. Default DefaultPurgeBatchSize
 	// (1,000), at most
-	// MaxPurgeBatch.
+	// 100,000.
 	PurgeBatchSize int
 	// VacuumEvery is how many rows the relay moves out of the outbox table
 	// between two VACUUMs of it that the relay runs itself, in the background.
@@ -142,40 +143,8 @@ type RelayConfig struct {
 	Observer Observer
 }
 
-// BatchResult is the outcome of one batch (KindBatchDone). Id slices are
-// sorted.
-type BatchResult struct {
-	// Claimed is how many rows the batch leased.
-	Claimed int
-	// Published are the rows the broker confirmed and the relay marked (or found
-	// already marked by another relay).
-	Published []int64
-	// Unmarked are rows the broker confirmed that could not be marked (database
-	// error): they stay leased and are published again after the lease.
-	Unmarked []int64
-	// Failed are rows whose attempt failed and got a backoff, DeadLettered the
-	// ones that failed their last attempt.
-	Failed       []int64
-	DeadLettered []int64
-	// NotSent are rows the publisher never sent; they are due again at once,
-	// their attempt given back.
-	NotSent []int64
-	// Isolated are rows of a batch the broker refused without saying which
-	// message it refused (ErrBatchRefused): each goes out alone next time,
-	// at once, its attempt given back.
-	Isolated []int64
-	// Behind are rows sent after an earlier event of their aggregate in the
-	// same batch that failed (a run, see RelayConfig.BatchSize): whatever
-	// the broker said of them, they are not marked, and go out again after
-	// that event, their attempt given back.
-	Behind []int64
-	// DeadLetteredAtClaim are due rows the claim dead-lettered instead of
-	// handing them out, because they had MaxAttempts attempts already: their
-	// relays stopped while publishing them, every time.
-	DeadLetteredAtClaim []int64
-	// Err is the database error that kept outcomes from being written, if any.
-	Err error
-}
+// batchResult is the outcome of one batch, for relayhook.BatchDone.
+type batchResult = relayhook.BatchResult
 
 // Defaults of RelayConfig: the value a zero field means.
 const (
@@ -269,8 +238,8 @@ func (c RelayConfig) withDefaults() (RelayConfig, error) {
 		return c, fmt.Errorf("outbox relay config: RetryBackoffMin %v exceeds RetryBackoffMax %v", c.RetryBackoffMin, c.RetryBackoffMax)
 	case c.VacuumEvery < -1:
 		return c, fmt.Errorf("outbox relay config: VacuumEvery %d: want -1 (never), 0 (auto) or a number of rows", c.VacuumEvery)
-	case c.PurgeBatchSize > MaxPurgeBatch:
-		return c, fmt.Errorf("outbox relay config: PurgeBatchSize %d: at most %d", c.PurgeBatchSize, MaxPurgeBatch)
+	case c.PurgeBatchSize > maxPurgeBatch:
+		return c, fmt.Errorf("outbox relay config: PurgeBatchSize %d: at most %d", c.PurgeBatchSize, maxPurgeBatch)
 	case strings.ContainsRune(c.NotifyChannel, 0) || len(c.NotifyChannel) > 63:
 		return c, fmt.Errorf("outbox relay config: NotifyChannel %q: must be at most 63 bytes without NUL", c.NotifyChannel)
 	}
@@ -298,25 +267,10 @@ type Relay struct {
 	// claim that may take a suspect row alone (see runBatch).
 	solo sync.RWMutex
 	// handedOverOnly restricts the claim to rows handed over by a WAL relay
-	// (NewHandOverRelay).
+	// (relayhook.HandOver).
 	handedOverOnly bool
 
 	vacuumer *vacuum.Vacuumer // counts the rows moved out of outbox, and vacuums it (VacuumEvery)
-}
-
-// NewHandOverRelay returns a relay that publishes only the rows a relay
-// reading the write-ahead log (package outboxwal) handed over to polling: its
-// failed events, which this relay retries and dead-letters, dead letters an
-// operator retried, the later events of their aggregates, and rows its slot
-// does not cover. The WAL relay runs one itself; a service has no reason to
-// call this. It is NewRelay otherwise.
-func NewHandOverRelay(pool *pgxpool.Pool, pub Publisher, cfg RelayConfig) (*Relay, error) {
-	r, err := NewRelay(pool, pub, cfg)
-	if err != nil {
-		return nil, err
-	}
-	r.handedOverOnly = true
-	return r, nil
 }
 
 // NewRelay returns a relay that publishes the outbox in pool's database (in the
@@ -333,19 +287,21 @@ func NewRelay(pool *pgxpool.Pool, pub Publisher, cfg RelayConfig) (*Relay, error
 	if err != nil {
 		return nil, err
 	}
+	_, handedOverOnly := pub.(relayhook.HandOver)
 	claimBytes := int64(math.MaxInt64)
 	if cfg.MaxInFlightBytes > 0 {
 		claimBytes = max(1, cfg.MaxInFlightBytes/int64(cfg.Workers))
 	}
 	return &Relay{
-		pool:       pool,
-		pub:        pub,
-		cfg:        cfg,
-		claimBytes: claimBytes,
-		log:        cfg.Logger,
-		admin:      NewAdmin(pool),
-		wake:       make(chan struct{}, 1),
-		vacuumer:   vacuum.New(pool, cfg.Logger, "outbox relay", cfg.VacuumEvery),
+		pool:           pool,
+		pub:            pub,
+		cfg:            cfg,
+		claimBytes:     claimBytes,
+		handedOverOnly: handedOverOnly,
+		log:            cfg.Logger,
+		admin:          NewAdmin(pool),
+		wake:           make(chan struct{}, 1),
+		vacuumer:       vacuum.New(pool, cfg.Logger, "outbox relay", cfg.VacuumEvery),
 	}, nil
 }
 
@@ -449,7 +405,7 @@ func (r *Relay) work(ctx context.Context, tick <-chan time.Time) {
 // the mark, while every other claim holds it shared. Were another worker's
 // rows in flight beside it, the crash it may cause would charge them an
 // attempt each time, and dead-letter healthy events.
-func (r *Relay) runBatch(ctx context.Context) (BatchResult, error) {
+func (r *Relay) runBatch(ctx context.Context) (batchResult, error) {
 	r.solo.RLock()
 	res, aloneDue, err := r.claimAndPublish(ctx, false)
 	r.solo.RUnlock()
@@ -468,9 +424,9 @@ func (r *Relay) runBatch(ctx context.Context) (BatchResult, error) {
 // claimAndPublish is runBatch's claim, publish and mark; alone says the
 // claim may take a suspect row. aloneDue says it could not take the
 // suspect row that is due.
-func (r *Relay) claimAndPublish(ctx context.Context, alone bool) (_ BatchResult, aloneDue bool, _ error) {
+func (r *Relay) claimAndPublish(ctx context.Context, alone bool) (_ batchResult, aloneDue bool, _ error) {
 	if ctx.Err() != nil {
-		return BatchResult{}, false, nil
+		return batchResult{}, false, nil
 	}
 	// From here on the batch is finished even if ctx is cancelled: abandoning
 	// confirmed messages unmarked would only publish them again.
@@ -481,14 +437,14 @@ func (r *Relay) claimAndPublish(ctx context.Context, alone bool) (_ BatchResult,
 	c, err := claim(cctx, r.pool, r.cfg.BatchSize, r.claimBytes, r.cfg.Lease, r.cfg.MaxAttempts, r.handedOverOnly, alone)
 	cancel()
 	if err != nil {
-		return BatchResult{}, false, err
+		return batchResult{}, false, err
 	}
 	envs, dead := c.envs, c.dead
-	res := BatchResult{Claimed: len(envs)}
+	res := batchResult{Claimed: len(envs)}
 	for _, d := range dead {
 		res.DeadLetteredAtClaim = append(res.DeadLetteredAtClaim, d.env.ID)
 		r.log.ErrorContext(ctx, "outbox event dead-lettered at claim: its relays stopped while publishing it",
-			append(d.env.LogAttrs(), slog.String("reason", d.reason))...)
+			append(d.env.logAttrs(), slog.String("reason", d.reason))...)
 	}
 	r.count(ctx, KindDeadLettered, len(dead))
 	if len(envs) == 0 {
@@ -509,7 +465,7 @@ func (r *Relay) claimAndPublish(ctx context.Context, alone bool) (_ BatchResult,
 		pctx, cancel := context.WithTimeout(detached, r.cfg.PublishTimeout)
 		r.pub.PublishBatch(pctx, envs)
 		cancel()
-		observe(ctx, r.cfg.Observer, Observation{Kind: KindConfirmed, IDs: ids(envs)})
+		r.confirmed(ctx, envs)
 		r.batchDone(ctx, res)
 		return res, false, nil
 	}
@@ -576,9 +532,7 @@ func (r *Relay) claimAndPublish(ctx context.Context, alone bool) (_ BatchResult,
 		r.recordFailures(detached, failures, &res)
 	}
 	if len(confirmed) > 0 {
-		if r.cfg.Observer != nil {
-			r.cfg.Observer.Observe(ctx, Observation{Kind: KindConfirmed, IDs: ids(confirmed)})
-		}
+		r.confirmed(ctx, confirmed)
 		marked, unmarked, err := r.mark(detached, confirmed, leaseEnd)
 		res.Published, res.Unmarked = marked, unmarked
 		r.count(ctx, KindUnmarked, len(unmarked))
@@ -592,7 +546,7 @@ func (r *Relay) claimAndPublish(ctx context.Context, alone bool) (_ BatchResult,
 			}
 			for _, e := range confirmed {
 				if isMarked[e.ID] {
-					r.log.DebugContext(ctx, "outbox event published", e.LogAttrs()...)
+					r.log.DebugContext(ctx, "outbox event published", e.logAttrs()...)
 				}
 			}
 		}
@@ -603,12 +557,23 @@ func (r *Relay) claimAndPublish(ctx context.Context, alone bool) (_ BatchResult,
 	return res, false, nil
 }
 
-func (r *Relay) batchDone(ctx context.Context, res BatchResult) {
-	if r.cfg.Observer != nil {
+// confirmed tells a relayhook.Confirmed observer the rows the broker
+// confirmed, before the mark.
+func (r *Relay) confirmed(ctx context.Context, envs []Envelope) {
+	if h, ok := r.cfg.Observer.(relayhook.Confirmed); ok {
+		ids := ids(envs)
+		slices.Sort(ids)
+		h.Confirmed(ctx, ids)
+	}
+}
+
+// batchDone tells a relayhook.BatchDone observer the batch's outcome.
+func (r *Relay) batchDone(ctx context.Context, res batchResult) {
+	if h, ok := r.cfg.Observer.(relayhook.BatchDone); ok {
 		for _, s := range [][]int64{res.Published, res.Unmarked, res.Failed, res.DeadLettered, res.NotSent, res.Isolated, res.Behind, res.DeadLetteredAtClaim} {
 			slices.Sort(s)
 		}
-		r.cfg.Observer.Observe(ctx, Observation{Kind: KindBatchDone, Batch: &res})
+		h.BatchDone(ctx, res)
 	}
 }
 
@@ -654,7 +619,7 @@ func (r *Relay) mark(ctx context.Context, confirmed []Envelope, leaseEnd time.Ti
 			}
 			for _, e := range pending {
 				r.log.WarnContext(ctx, "outbox event published but not marked: it will be published again",
-					append(e.LogAttrs(), slog.Any("error", err))...)
+					append(e.logAttrs(), slog.Any("error", err))...)
 			}
 			// The relay knows what became of these rows: the broker took
 			// them. They are not the orphans of a crash, whose rows count as
@@ -677,7 +642,7 @@ func (r *Relay) mark(ctx context.Context, confirmed []Envelope, leaseEnd time.Ti
 	}
 }
 
-func (r *Relay) recordFailures(ctx context.Context, failures []failure, res *BatchResult) {
+func (r *Relay) recordFailures(ctx context.Context, failures []failure, res *batchResult) {
 	fctx, cancel := context.WithTimeout(ctx, dbTimeout)
 	updated, err := recordFailures(fctx, r.pool, failures)
 	cancel()
@@ -690,7 +655,7 @@ func (r *Relay) recordFailures(ctx context.Context, failures []failure, res *Bat
 	}
 	var failed, returned, dead int
 	for _, f := range failures {
-		attrs := append(f.env.LogAttrs(), slog.String("error", f.err))
+		attrs := append(f.env.logAttrs(), slog.String("error", f.err))
 		switch {
 		case f.behind:
 			res.Behind = append(res.Behind, f.env.ID)

@@ -275,7 +275,7 @@ func TestRelayMarkWaitsForAWriterHoldingTheAggregate(t *testing.T) {
 	first, second, tx := holdAggregate(t, pool)
 
 	published := make(chan []int64, 1)
-	batches := make(chan outbox.BatchResult, 10)
+	batches := make(chan outboxtest.BatchResult, 10)
 	pub := &memPublisher{}
 	cfg := fastConfig(t)
 	cfg.Observer = outboxtest.OnConfirmed(cfg.Observer, func(ids []int64) {
@@ -284,7 +284,7 @@ func TestRelayMarkWaitsForAWriterHoldingTheAggregate(t *testing.T) {
 		default:
 		}
 	})
-	cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(r outbox.BatchResult) { batches <- r })
+	cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(r outboxtest.BatchResult) { batches <- r })
 	startRelay(t, pool, pub, cfg)
 
 	select {
@@ -342,7 +342,7 @@ func TestRelayFailingEventHoldsBackOnlyItsAggregateThenDeadLettersAndRetries(t *
 	deadLettered := make(chan int64, 1)
 	cfg := fastConfig(t)
 	cfg.MaxAttempts = 3
-	cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(r outbox.BatchResult) {
+	cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(r outboxtest.BatchResult) {
 		for _, id := range r.DeadLettered {
 			deadLettered <- id
 		}
@@ -476,8 +476,8 @@ func TestRelayWakesOnSignalAndOnNotify(t *testing.T) {
 	cfg := fastConfig(t)
 	cfg.PollInterval = time.Hour // only wake-ups can find new rows
 	cfg.NotifyChannel = channel
-	batches := make(chan outbox.BatchResult, 10)
-	cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(r outbox.BatchResult) { batches <- r })
+	batches := make(chan outboxtest.BatchResult, 10)
+	cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(r outboxtest.BatchResult) { batches <- r })
 	relay := startRelay(t, pool, pub, cfg)
 
 	// In-process signal.
@@ -526,8 +526,8 @@ func TestRelayFindsRowsByPollingAlone(t *testing.T) {
 	pool := newTestPool(t)
 	pub := &memPublisher{}
 	cfg := fastConfig(t)
-	batches := make(chan outbox.BatchResult, 10)
-	cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(r outbox.BatchResult) { batches <- r })
+	batches := make(chan outboxtest.BatchResult, 10)
+	cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(r outboxtest.BatchResult) { batches <- r })
 	startRelay(t, pool, pub, cfg) // never woken
 	e := enqueue(t, pool, msg("o-1", "order.created"))[0]
 	select {
@@ -589,9 +589,9 @@ func TestRelayStopFinishesTheBatchInFlight(t *testing.T) {
 func TestRelayRunTwiceIsAnError(t *testing.T) {
 	t.Parallel()
 	pool := newTestPool(t)
-	batches := make(chan outbox.BatchResult, 1)
+	batches := make(chan outboxtest.BatchResult, 1)
 	cfg := fastConfig(t)
-	cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(r outbox.BatchResult) { batches <- r })
+	cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(r outboxtest.BatchResult) { batches <- r })
 	relay := startRelay(t, pool, &memPublisher{}, cfg)
 	enqueue(t, pool, msg("o-1", "order.created"))
 	relay.Wake()
@@ -649,12 +649,12 @@ func TestRelayPublishesAgainWhatItCouldNotMark(t *testing.T) {
 	ctx := context.Background()
 	first, second, tx := holdAggregate(t, pool)
 
-	batches := make(chan outbox.BatchResult, 10)
+	batches := make(chan outboxtest.BatchResult, 10)
 	pub := &memPublisher{}
 	cfg := fastConfig(t)
 	cfg.Lease = 2 * time.Second
 	cfg.PublishTimeout = time.Second
-	cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(r outbox.BatchResult) { batches <- r })
+	cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(r outboxtest.BatchResult) { batches <- r })
 	startRelay(t, pool, pub, cfg)
 
 	select {
@@ -698,8 +698,8 @@ func TestRelaySurvivesTerminatedDatabaseConnections(t *testing.T) {
 	rc := fastConfig(t)
 	rc.PollInterval = time.Hour // only wake-ups find rows
 	rc.NotifyChannel = channel
-	batches := make(chan outbox.BatchResult, 10)
-	rc.Observer = outboxtest.OnBatch(rc.Observer, func(r outbox.BatchResult) { batches <- r })
+	batches := make(chan outboxtest.BatchResult, 10)
+	rc.Observer = outboxtest.OnBatch(rc.Observer, func(r outboxtest.BatchResult) { batches <- r })
 	pub := &memPublisher{}
 	relay := startRelay(t, pool, pub, rc)
 	w, err := outbox.NewWriter(outbox.WriterConfig{NotifyChannel: channel})

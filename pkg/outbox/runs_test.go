@@ -31,18 +31,18 @@ func hotEvents(t *testing.T, pool *pgxpool.Pool, aggregateID string, n int) []ou
 // batchLog keeps the relay's batch results.
 type batchLog struct {
 	mu  sync.Mutex
-	all []outbox.BatchResult
+	all []outboxtest.BatchResult
 }
 
 func (l *batchLog) observer(next outbox.Observer) outbox.Observer {
-	return outboxtest.OnBatch(next, func(r outbox.BatchResult) {
+	return outboxtest.OnBatch(next, func(r outboxtest.BatchResult) {
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		l.all = append(l.all, r)
 	})
 }
 
-func (l *batchLog) snapshot() []outbox.BatchResult {
+func (l *batchLog) snapshot() []outboxtest.BatchResult {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return slices.Clone(l.all)

@@ -10,12 +10,10 @@ import "github.com/outbox-inbox/reference/pkg/outbox/internal/outboxsql"
 type Statement string
 
 const (
-	// StatementClaim is the polling relay's claim (NewRelay): one statement
-	// that leases a batch of due events and returns them.
+	// StatementClaim is the polling relay's claim: one statement that
+	// leases a batch of due events and returns them (also the claim of the
+	// polling relay that package outboxwal runs for the rows it hands over).
 	StatementClaim Statement = "claim"
-	// StatementClaimHandedOver is the claim of the relay NewHandOverRelay
-	// returns, which package outboxwal runs.
-	StatementClaimHandedOver Statement = "claim_handed_over"
 	// StatementMark is the first statement of the polling relay's mark,
 	// which moves the rows of confirmed events to outbox_published. It is
 	// sent in a pgx.Batch: a tracer sees it in TraceBatchQuery.
@@ -29,7 +27,7 @@ const (
 // statements are the texts StatementOf recognises.
 var statements = map[string]Statement{
 	claimSQL:             StatementClaim,
-	claimHandedOverSQL:   StatementClaimHandedOver,
+	claimHandedOverSQL:   StatementClaim,
 	moveSQL:              StatementMark,
 	outboxsql.SweepSQL:   StatementSweep,
 	outboxsql.ArchiveSQL: StatementSweep,

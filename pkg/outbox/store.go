@@ -175,7 +175,7 @@ type deadAtClaim struct {
 }
 
 // claimHandedOverSQL is claimSQL restricted to the rows a WAL relay handed
-// over to polling (NewHandOverRelay). Rows keep handed_over until they leave
+// over to polling (a Relay whose Publisher is a relayhook.HandOver). Rows keep handed_over until they leave
 // the table.
 var claimHandedOverSQL = strings.NewReplacer(
 	"WHERE o.dead_lettered_at IS NULL\n      AND NOT o.blocked",

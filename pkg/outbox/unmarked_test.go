@@ -32,12 +32,12 @@ func TestUnmarkedRowAtItsLastAttemptIsNotDeadLettered(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	results := make(chan outbox.BatchResult, 100)
+	results := make(chan outboxtest.BatchResult, 100)
 	cfg := fastConfig(t)
 	cfg.MaxAttempts = 1
 	cfg.Lease = 600 * time.Millisecond
 	cfg.PublishTimeout = 100 * time.Millisecond
-	cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(r outbox.BatchResult) {
+	cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(r outboxtest.BatchResult) {
 		select {
 		case results <- r:
 		default:

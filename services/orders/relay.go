@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -46,7 +47,7 @@ func newRelay(cfg config.Config, pool *pgxpool.Pool, reg prometheus.Registerer, 
 		RetryBackoffMax:    cfg.BackoffMax,
 		PublishedRetention: cfg.Retention,
 		Logger:             logger,
-		Observer:           crashAfterPublish(metrics.NewRelay(reg), crash),
+		Observer:           metrics.NewRelay(reg),
 	}
 	if cfg.Listen {
 		relayCfg.NotifyChannel = config.NotifyChannel
@@ -55,7 +56,7 @@ func newRelay(cfg config.Config, pool *pgxpool.Pool, reg prometheus.Registerer, 
 			return nil, nil, err
 		}
 	}
-	relay, err := outbox.NewRelay(pool, tracedPublisher(pub, tel), relayCfg)
+	relay, err := outbox.NewRelay(pool, crashAfterConfirm(tracedPublisher(pub, tel), crash), relayCfg)
 	if err != nil {
 		_ = pub.Close()
 		return nil, nil, err
@@ -63,17 +64,25 @@ func newRelay(cfg config.Config, pool *pgxpool.Pool, reg prometheus.Registerer, 
 	return relay, pub, nil
 }
 
-// crashAfterPublish hands every observation to next, and arms the crash
-// point relay.after_publish_before_mark where the relay reports the rows the
-// broker confirmed, before it marks them (the polling relay) or sweeps them
-// (the WAL relay and its hand-over relay).
-func crashAfterPublish(next outbox.Observer, crash *crashpoint.Trigger) outbox.Observer {
-	return outbox.ObserverFunc(func(ctx context.Context, o outbox.Observation) {
-		if o.Kind == outbox.KindConfirmed {
-			crash.Hit(crashpoint.RelayAfterPublishBeforeMark)
-		}
-		next.Observe(ctx, o)
-	})
+// crashAfterConfirm wraps pub, and arms the crash point
+// relay.after_publish_before_mark once the broker confirmed messages of a
+// batch: the relay has them and has not marked them (the polling relay) or
+// swept them (the WAL relay and its hand-over relay) yet.
+func crashAfterConfirm(pub outbox.Publisher, crash *crashpoint.Trigger) outbox.Publisher {
+	return confirmCrash{pub, crash}
+}
+
+type confirmCrash struct {
+	outbox.Publisher
+	crash *crashpoint.Trigger
+}
+
+func (p confirmCrash) PublishBatch(ctx context.Context, msgs []outbox.Envelope) []error {
+	errs := p.Publisher.PublishBatch(ctx, msgs)
+	if slices.Contains(errs, nil) {
+		p.crash.Hit(crashpoint.RelayAfterPublishBeforeMark)
+	}
+	return errs
 }
 
 // runRelay runs the relay alone, with /metrics, /healthz and /readyz on

@@ -56,7 +56,7 @@ func newRelayFor(cfg config.Config, pool *pgxpool.Pool, reg prometheus.Registere
 			PublishedRetention: cfg.Retention,
 		},
 		Logger:   logger,
-		Observer: crashAfterPublish(metrics.NewRelay(reg), crash),
+		Observer: metrics.NewRelay(reg),
 	}
 	pub, err := outboxamqp.NewPublisher(outboxamqp.Config{
 		URL:            cfg.AMQPURL,
@@ -70,7 +70,7 @@ func newRelayFor(cfg config.Config, pool *pgxpool.Pool, reg prometheus.Registere
 		return nil, nil, err
 	}
 	metrics.RegisterPublisherReady(reg, pub.Ready)
-	relay, err := outboxwal.NewRelay(pool, tracedPublisher(pub, tel), walCfg)
+	relay, err := outboxwal.NewRelay(pool, crashAfterConfirm(tracedPublisher(pub, tel), crash), walCfg)
 	if err != nil {
 		_ = pub.Close()
 		return nil, nil, err

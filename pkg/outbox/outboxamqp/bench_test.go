@@ -66,7 +66,7 @@ func benchDrain(b *testing.B, pub outbox.Publisher, reset func()) {
 			Workers:   workers,
 			BatchSize: batch,
 			Logger:    slog.New(slog.DiscardHandler),
-			Observer: outboxtest.OnBatch(nil, func(r outbox.BatchResult) {
+			Observer: outboxtest.OnBatch(nil, func(r outboxtest.BatchResult) {
 				if done.Add(int64(len(r.Published))) == benchBacklog {
 					close(finished)
 				}

@@ -78,7 +78,7 @@ func TestANackFailsOnlyItsOwnBatch(t *testing.T) {
 	cfg.PollInterval = 10 * time.Millisecond
 	cfg.MaxAttempts = 1_000_000 // this test is about the other batches, not dead letters
 	cfg.RetryBackoffMin, cfg.RetryBackoffMax = time.Millisecond, 5*time.Millisecond
-	cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(r outbox.BatchResult) {
+	cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(r outboxtest.BatchResult) {
 		// BatchDone runs on the workers: keep it cheap.
 		if slices.Contains(r.Failed, rejected.Load()) {
 			nacks.Add(1)

@@ -36,23 +36,24 @@ type Config struct {
 	// declaring is idempotent, and fails (logged, retried) if the exchange exists
 	// with another type. Required: the default exchange cannot be declared.
 	Exchange string
-	// ExchangeType is the type of Exchange. Default "topic".
+	// ExchangeType is the type of Exchange. Default DefaultExchangeType.
 	ExchangeType string
 	// RoutingKey returns a message's routing key. Default: its event type.
 	RoutingKey func(outbox.Envelope) string
 	// ConnectionName is shown by the broker's management tools. Default
-	// "outbox-relay".
+	// DefaultConnectionName.
 	ConnectionName string
 	// TLS configures amqps:// connections. Default: the system's roots.
 	TLS *tls.Config
-	// DialTimeout bounds the TCP connect and the AMQP handshake. Default 5s.
+	// DialTimeout bounds the TCP connect and the AMQP handshake. Default
+	// DefaultDialTimeout (5s).
 	DialTimeout time.Duration
 	// Heartbeat is the AMQP heartbeat interval, which detects a silent broker.
-	// Default 10s.
+	// Default DefaultHeartbeat (10s).
 	Heartbeat time.Duration
 	// ReconnectMin and ReconnectMax bound the exponential backoff between
 	// failed connection attempts (with random jitter down to half). Defaults
-	// 100ms and 10s.
+	// DefaultReconnectMin (100ms) and DefaultReconnectMax (10s).
 	ReconnectMin time.Duration
 	ReconnectMax time.Duration
 	// MaxInFlight is how many messages one batch may have awaiting their
@@ -63,7 +64,7 @@ type Config struct {
 	// would count an unroutable message as published). The reader of that
 	// buffer never blocks either, so a smaller value is still correct under
 	// normal scheduling. Each slot takes 264 bytes (64-bit), allocated once
-	// per channel. Default 1,000.
+	// per channel. Default DefaultMaxInFlight (1,000).
 	MaxInFlight int
 	// Logger receives connection events. Default slog.Default().
 	Logger *slog.Logger
@@ -74,6 +75,17 @@ type Config struct {
 	// nil: the outbox's own envelope (see Publishing).
 	CloudEvents *CloudEvents
 }
+
+// Defaults of Config: the value a zero field means.
+const (
+	DefaultExchangeType   = amqp.ExchangeTopic
+	DefaultConnectionName = "outbox-relay"
+	DefaultDialTimeout    = 5 * time.Second
+	DefaultHeartbeat      = 10 * time.Second
+	DefaultReconnectMin   = 100 * time.Millisecond
+	DefaultReconnectMax   = 10 * time.Second
+	DefaultMaxInFlight    = 1000
+)
 
 // Publisher publishes outbox envelopes to RabbitMQ with publisher confirms. It
 // implements outbox.Publisher; see that interface for the contract. It holds one
@@ -142,16 +154,16 @@ func NewPublisher(cfg Config) (*Publisher, error) {
 			return nil, fmt.Errorf("outboxamqp: %s is negative", d.name)
 		}
 	}
-	cfg.ExchangeType = cmp.Or(cfg.ExchangeType, amqp.ExchangeTopic)
+	cfg.ExchangeType = cmp.Or(cfg.ExchangeType, DefaultExchangeType)
 	if cfg.RoutingKey == nil {
 		cfg.RoutingKey = func(e outbox.Envelope) string { return e.EventType }
 	}
-	cfg.ConnectionName = cmp.Or(cfg.ConnectionName, "outbox-relay")
-	cfg.MaxInFlight = cmp.Or(cfg.MaxInFlight, 1000)
-	cfg.DialTimeout = cmp.Or(cfg.DialTimeout, 5*time.Second)
-	cfg.Heartbeat = cmp.Or(cfg.Heartbeat, 10*time.Second)
-	cfg.ReconnectMin = cmp.Or(cfg.ReconnectMin, 100*time.Millisecond)
-	cfg.ReconnectMax = cmp.Or(cfg.ReconnectMax, max(10*time.Second, cfg.ReconnectMin))
+	cfg.ConnectionName = cmp.Or(cfg.ConnectionName, DefaultConnectionName)
+	cfg.MaxInFlight = cmp.Or(cfg.MaxInFlight, DefaultMaxInFlight)
+	cfg.DialTimeout = cmp.Or(cfg.DialTimeout, DefaultDialTimeout)
+	cfg.Heartbeat = cmp.Or(cfg.Heartbeat, DefaultHeartbeat)
+	cfg.ReconnectMin = cmp.Or(cfg.ReconnectMin, DefaultReconnectMin)
+	cfg.ReconnectMax = cmp.Or(cfg.ReconnectMax, max(DefaultReconnectMax, cfg.ReconnectMin))
 	if cfg.ReconnectMin > cfg.ReconnectMax {
 		return nil, fmt.Errorf("outboxamqp: ReconnectMin %v exceeds ReconnectMax %v", cfg.ReconnectMin, cfg.ReconnectMax)
 	}

@@ -47,7 +47,7 @@ func TestRelayIsolatesARowTheBrokerRefuses(t *testing.T) {
 	cfg.BatchSize = 100
 	cfg.MaxAttempts = maxAttempts
 	cfg.RetryBackoffMin, cfg.RetryBackoffMax = 10*time.Millisecond, 20*time.Millisecond
-	cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(r outbox.BatchResult) {
+	cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(r outboxtest.BatchResult) {
 		mu.Lock()
 		defer mu.Unlock()
 		isolated += len(r.Isolated)

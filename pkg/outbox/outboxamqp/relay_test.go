@@ -108,7 +108,7 @@ func TestRelayNeverMarksAnUnroutableMessageThenRetriesADeadLetter(t *testing.T) 
 	cfg.MaxAttempts = 3
 	dead := make(chan int64, 1)
 	var published atomic.Int64
-	cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(r outbox.BatchResult) {
+	cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(r outboxtest.BatchResult) {
 		published.Add(int64(len(r.Published)))
 		for _, id := range r.DeadLettered {
 			dead <- id
@@ -176,7 +176,7 @@ func TestRelayDrainsAfterTheBrokerWasDownAtStart(t *testing.T) {
 	events := enqueue(t, pool, msgs...)
 	cfg := relayConfig(t)
 	var batches atomic.Int64
-	cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(outbox.BatchResult) { batches.Add(1) })
+	cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(outboxtest.BatchResult) { batches.Add(1) })
 	startRelay(t, pool, pub, cfg)
 
 	select {
@@ -270,11 +270,11 @@ func TestRelayConnectionCutMidBatchMarksNothingUnconfirmed(t *testing.T) {
 	pub := newPublisher(t, px.URL(t), b.exchange, testLogger(t, nil))
 
 	c := &cutter{Publisher: pub, t: t, px: px, b: b, cutErr: make(chan []error, 1)}
-	var cutBatch atomic.Pointer[outbox.BatchResult]
+	var cutBatch atomic.Pointer[outboxtest.BatchResult]
 	cfg := relayConfig(t)
 	cfg.Workers = 1
 	cfg.BatchSize = 100
-	cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(r outbox.BatchResult) {
+	cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(r outboxtest.BatchResult) {
 		if len(r.Failed) > 0 && cutBatch.Load() == nil {
 			cutBatch.Store(&r)
 		}
@@ -477,7 +477,7 @@ func TestThreeRelaysKeepPerAggregateOrder(t *testing.T) {
 			stall = newStallOnce(f, stuck)
 			pub = stall
 		}
-		cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(r outbox.BatchResult) {
+		cfg.Observer = outboxtest.OnBatch(cfg.Observer, func(r outboxtest.BatchResult) {
 			published[i].Add(int64(len(r.Published)))
 			// Any worker but the stalled one may re-claim the held batch
 			// (once its lease ended it goes out whole, in one claim), the

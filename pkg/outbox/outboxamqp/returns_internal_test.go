@@ -166,12 +166,12 @@ func TestRelayNeverMarksAReturnedEventWhileTheLoggerBlocks(t *testing.T) {
 		msgs = append(msgs, outboxtest.Msg("o-"+strconv.Itoa(i), "order.created"))
 	}
 	events := outboxtest.Enqueue(t, pool, msgs...)
-	done := make(chan outbox.BatchResult, 16)
+	done := make(chan outboxtest.BatchResult, 16)
 	cfg := outbox.RelayConfig{
 		BatchSize: 100, Workers: 1, PollInterval: time.Second, Lease: 40 * time.Second, PublishTimeout: 20 * time.Second,
 		RetryBackoffMin: time.Minute, RetryBackoffMax: time.Minute,
 		Logger:   slog.New(slog.DiscardHandler),
-		Observer: outboxtest.OnBatch(nil, func(r outbox.BatchResult) { done <- r }),
+		Observer: outboxtest.OnBatch(nil, func(r outboxtest.BatchResult) { done <- r }),
 	}
 	outboxtest.StartRelay(t, pool, p, cfg)
 

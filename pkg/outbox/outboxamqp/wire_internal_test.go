@@ -6,7 +6,6 @@ import (
 	"errors"
 	"io"
 	"net"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -186,9 +185,10 @@ func TestABatchLeavesInAFewWrites(t *testing.T) {
 	const n = 500
 	payload := []byte(`{"pad":"` + strings.Repeat("x", 300) + `"}`)
 	msgs := make([]outbox.Envelope, n)
+	created := time.Now()
 	for i := range msgs {
 		msgs[i] = outbox.Envelope{ID: int64(i + 1), AggregateType: "order", AggregateID: "a", AggregateVersion: int64(i + 1),
-			EventType: "order.created", Payload: payload, Headers: map[string]string{"traceparent": "00-x"}}
+			EventType: "order.created", Payload: payload, Headers: map[string]string{"traceparent": "00-x"}, CreatedAt: created}
 	}
 	w := p.sess.Load().wire
 	before := w.socketWrites()
@@ -211,7 +211,7 @@ func TestABatchLeavesInAFewWrites(t *testing.T) {
 	for i := range n {
 		select {
 		case d := <-deliveries:
-			if want := strconv.Itoa(i + 1); d.MessageId != want || !bytes.Equal(d.Body, payload) {
+			if want := outbox.MessageID(int64(i+1), created); d.MessageId != want || !bytes.Equal(d.Body, payload) {
 				t.Fatalf("delivery %d: message %s (%d bytes), want message %s", i, d.MessageId, len(d.Body), want)
 			}
 		case <-ctx.Done():

@@ -11,7 +11,6 @@ import (
 
 	"github.com/outbox-inbox/reference/pkg/outbox"
 	"github.com/outbox-inbox/reference/pkg/outbox/internal/outboxtest"
-	"github.com/outbox-inbox/reference/pkg/outbox/outboxwal"
 )
 
 // blockingPublisher holds every batch until release is closed (or the
@@ -66,7 +65,7 @@ func TestSlotIsNotAcknowledgedPastAnUnconfirmedEvent(t *testing.T) {
 	b := newBroker(t, "#")
 	cfg := walConfig(t, pool)
 	var acks atomic.Int64
-	cfg.Observer = outboxtest.On(cfg.Observer, outboxwal.KindAcknowledged, func(outbox.Observation) { acks.Add(1) })
+	cfg.Observer = outboxtest.OnAcknowledged(cfg.Observer, func(uint64) { acks.Add(1) })
 	blocking := newBlockingPublisher()
 	relay, stop := startWAL(t, pool, blocking, cfg)
 	waitActive(t, relay)

@@ -77,30 +77,23 @@ type Config struct {
 	// hands over: events whose publish failed (it retries them), events that
 	// were dead-lettered (once an operator retries them), the later events of
 	// their aggregates, and rows the slot's stream does not cover (in the
-	// outbox when the slot was created or adopted): an
-	// outbox.NewHandOverRelay. Its Logger and Observer default to this
+	// outbox when the slot was created or adopted): an [outbox.Relay] that
+	// claims those rows only. Its Logger and Observer default to this
 	// Config's, its MaxAttempts to MaxAttempts.
 	Poll outbox.RelayConfig
 	// Logger receives the relay's logs. Default slog.Default().
 	Logger *slog.Logger
 	// Observer receives the same kinds of observation as the polling
 	// relay's: KindPublished, KindFailed, KindReturned, KindDeadLettered,
-	// KindConfirmLatency, KindBatchDuration (one batch's publish),
-	// KindMarkFailed (a sweep or a hand-over failed) and KindConfirmed
-	// (before the confirmed rows are swept), and the WAL relay's own
-	// KindSwept and KindAcknowledged. Default nil: nothing is observed.
+	// KindConfirmLatency, KindBatchDuration (one batch's publish) and
+	// KindMarkFailed (a sweep or a hand-over failed), and the WAL relay's
+	// own KindSwept. Default nil: nothing is observed.
 	Observer outbox.Observer
 }
 
-// The WAL relay's own kinds of outbox.Observation.
-const (
-	// KindSwept (N): rows of confirmed events just deleted (or archived)
-	// from the outbox table.
-	KindSwept outbox.ObservationKind = "wal_swept"
-	// KindAcknowledged (LSN): the relay sent a standby status update
-	// acknowledging that position.
-	KindAcknowledged outbox.ObservationKind = "wal_acknowledged"
-)
+// KindSwept (N), the WAL relay's own kind of outbox.Observation: rows of
+// confirmed events just deleted (or archived) from the outbox table.
+const KindSwept outbox.ObservationKind = "wal_swept"
 
 // Defaults of Config: the value a zero field means.
 const (

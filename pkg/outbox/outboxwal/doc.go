@@ -106,7 +106,7 @@
 //     aggregate handed over, already decoded or decoded later, is parked:
 //     left in the outbox table, its last_error set to say why, blocked
 //     behind the earlier row as Enqueue wrote it, marked handed_over. A polling
-//     relay that only claims handed-over rows (outbox.NewHandOverRelay), run
+//     relay that only claims handed-over rows, run
 //     by this relay, publishes them with the polling relay's protocol, in
 //     order, once the earlier row is published, or, for a dead letter, once
 //     an operator retries (Admin.Retry) or discards (Admin.Discard) it. When

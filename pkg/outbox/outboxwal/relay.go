@@ -23,6 +23,7 @@ import (
 
 	"github.com/outbox-inbox/reference/pkg/outbox/internal/headerjson"
 	"github.com/outbox-inbox/reference/pkg/outbox/internal/outboxsql"
+	"github.com/outbox-inbox/reference/pkg/outbox/internal/relayhook"
 	"github.com/outbox-inbox/reference/pkg/outbox/internal/retry"
 	"github.com/outbox-inbox/reference/pkg/outbox/internal/vacuum"
 )
@@ -63,6 +64,13 @@ func NewRelay(pool *pgxpool.Pool, pub outbox.Publisher, cfg Config) (*Relay, err
 }
 
 // observe reports o to the Observer, if there is one.
+// handOverPublisher is the publisher of the polling relay this relay runs
+// for the rows it hands over: that relay claims only those
+// (relayhook.HandOver).
+type handOverPublisher struct{ outbox.Publisher }
+
+func (handOverPublisher) HandOverOnly(relayhook.Token) {}
+
 func (r *Relay) observe(ctx context.Context, o outbox.Observation) {
 	if r.cfg.Observer != nil {
 		r.cfg.Observer.Observe(ctx, o)
@@ -247,7 +255,7 @@ func (r *Relay) session(ctx context.Context) (progressed bool, err error) {
 	// The polling relay of handed-over rows runs from the start: rows a
 	// backlog's listing hands over early (see listBacklog) go out while the
 	// rest is listed.
-	poller, err := outbox.NewHandOverRelay(r.pool, r.pub, r.cfg.Poll)
+	poller, err := outbox.NewRelay(r.pool, handOverPublisher{r.pub}, r.cfg.Poll)
 	if err != nil {
 		return false, fmt.Errorf("polling relay for handed-over rows: %w", err)
 	}
@@ -688,7 +696,7 @@ func (r *Relay) stream(ctx context.Context, conn *pgconn.PgConn, s *state, bound
 						return fmt.Errorf("decode outbox row: %w", err)
 					}
 					if err != nil {
-						r.log.ErrorContext(ctx, "outbox WAL relay: cannot decode an outbox row; it is dead-lettered", append(env.LogAttrs(), slog.Any("error", err))...)
+						r.log.ErrorContext(ctx, "outbox WAL relay: cannot decode an outbox row; it is dead-lettered", append(logAttrs(env), slog.Any("error", err))...)
 						s.addUndecodable(cur, env, "the WAL relay cannot decode the row: "+err.Error())
 						continue
 					}
@@ -724,7 +732,9 @@ func (r *Relay) sendStatus(ctx context.Context, conn *pgconn.PgConn, s *state) e
 		return nil
 	}
 	r.acked.Store(pos)
-	r.observe(ctx, outbox.Observation{Kind: KindAcknowledged, LSN: pos})
+	if h, ok := r.cfg.Observer.(relayhook.Acknowledged); ok {
+		h.Acknowledged(ctx, relayhook.LSN(pos))
+	}
 	return nil
 }
 
@@ -961,7 +971,7 @@ func (r *Relay) recordAttempts(ctx context.Context, s *state, batch []*event) ([
 		env := ev.env
 		env.Attempt = ev.failures
 		r.log.ErrorContext(ctx, "outbox event dead-lettered: relays kept stopping while publishing it; its aggregate is handed over to polling",
-			append(env.LogAttrs(), slog.String("error", reason))...)
+			append(logAttrs(env), slog.String("error", reason))...)
 		s.handAll(ev, true, reason, 0)
 	}
 	r.count(ctx, outbox.KindDeadLettered, dead)
@@ -1017,7 +1027,7 @@ func (r *Relay) send(ctx context.Context, s *state, batch []*event, start time.T
 			continue
 		}
 		broken[ev.key] = true
-		attrs := append(envs[i].LogAttrs(), slog.Any("error", err))
+		attrs := append(logAttrs(envs[i]), slog.Any("error", err))
 		failed++
 		if errors.Is(err, outbox.ErrUnroutable) {
 			returned++
@@ -1053,13 +1063,13 @@ func (r *Relay) send(ctx context.Context, s *state, batch []*event, start time.T
 		cancel()
 	}
 	if len(confirmed) > 0 {
-		if r.cfg.Observer != nil {
-			ids := make([]int64, len(confirmed))
+		if h, ok := r.cfg.Observer.(relayhook.Confirmed); ok {
+			ids := make(relayhook.IDs, len(confirmed))
 			for i, ev := range confirmed {
 				ids[i] = ev.env.ID
 			}
 			slices.Sort(ids)
-			r.observe(ctx, outbox.Observation{Kind: outbox.KindConfirmed, IDs: ids})
+			h.Confirmed(ctx, ids)
 		}
 		r.count(ctx, outbox.KindPublished, len(confirmed))
 	}
@@ -1268,4 +1278,9 @@ func (rel *relation) decode(types *pgtype.Map, t *pglogrepl.TupleData) (outbox.E
 		e.Headers = map[string]string{}
 	}
 	return e, nil
+}
+
+// logAttrs returns the attributes the relays log e with.
+func logAttrs(e outbox.Envelope) []any {
+	return relayhook.LogAttrs(e.ID, e.AggregateType, e.AggregateID, e.AggregateVersion, e.EventType, e.Attempt)
 }

@@ -80,7 +80,7 @@ func switchToB(t *testing.T) *switchover {
 	sw := &switchover{b: b, br: newBroker(t, "#"), cfg: walFromServer(t)}
 	sw.pool = serverPool(t, "postgres://postgres@"+proxy.Addr()+"/postgres?sslmode=disable")
 	var acks atomic.Int64
-	sw.cfg.Observer = outboxtest.On(sw.cfg.Observer, outboxwal.KindAcknowledged, func(outbox.Observation) { acks.Add(1) })
+	sw.cfg.Observer = outboxtest.OnAcknowledged(sw.cfg.Observer, func(uint64) { acks.Add(1) })
 	var relay *outboxwal.Relay
 	relay, sw.stop = startWAL(t, sw.pool, newPublisherForTest(t, sw.br), sw.cfg)
 	waitActive(t, relay)

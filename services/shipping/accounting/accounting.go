@@ -30,7 +30,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 
 	"github.com/outbox-inbox/reference/internal/audit"
-	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/pkg/outbox/outboxaudit"
 	"github.com/outbox-inbox/reference/services/shipping/internal/deadletter"
 	"github.com/outbox-inbox/reference/services/shipping/internal/mongodb"
 	"github.com/outbox-inbox/reference/services/shipping/internal/shipment"
@@ -69,7 +69,7 @@ func New(db *mongo.Database) (*Books, error) {
 
 // Account returns what shipping did with each of events it accounts for;
 // the others are not in the result. At most MaxEvents at a time.
-func (b *Books) Account(ctx context.Context, events []outbox.LoggedEvent) (map[int64]audit.Kept, error) {
+func (b *Books) Account(ctx context.Context, events []outboxaudit.LoggedEvent) (map[int64]audit.Kept, error) {
 	if len(events) > MaxEvents {
 		return nil, fmt.Errorf("accounting: %d events: at most %d at a time", len(events), MaxEvents)
 	}

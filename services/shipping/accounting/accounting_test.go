@@ -9,7 +9,7 @@ import (
 
 	"github.com/outbox-inbox/reference/internal/audit"
 	"github.com/outbox-inbox/reference/internal/mongolocal/mongotest"
-	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/pkg/outbox/outboxaudit"
 	"github.com/outbox-inbox/reference/services/shipping/accounting"
 	"github.com/outbox-inbox/reference/services/shipping/internal/deadletter"
 	"github.com/outbox-inbox/reference/services/shipping/internal/mongodb"
@@ -59,7 +59,7 @@ func TestAccountTellsWhatShippingDidWithAMessage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := books.Account(ctx, []outbox.LoggedEvent{
+	got, err := books.Account(ctx, []outboxaudit.LoggedEvent{
 		{ID: 1, AggregateID: "o-1", AggregateVersion: 1},
 		{ID: 2, AggregateID: "o-1", AggregateVersion: 2},
 		{ID: 3, AggregateID: "o-2", AggregateVersion: 1},
@@ -78,7 +78,7 @@ func TestAccountTellsWhatShippingDidWithAMessage(t *testing.T) {
 	if got, err := books.Account(ctx, nil); err != nil || len(got) != 0 {
 		t.Fatalf("Account(nil) = %v, %v", got, err)
 	}
-	if _, err := books.Account(ctx, make([]outbox.LoggedEvent, accounting.MaxEvents+1)); err == nil {
+	if _, err := books.Account(ctx, make([]outboxaudit.LoggedEvent, accounting.MaxEvents+1)); err == nil {
 		t.Fatal("Account of too many messages: want an error")
 	}
 }

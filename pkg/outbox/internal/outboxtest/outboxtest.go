@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -214,4 +215,44 @@ func WantCrashDeadLetter(t testing.TB, pool *pgxpool.Pool, id int64, attempts in
 		!strings.Contains(dls[0].LastError, "relay stopped") {
 		t.Fatalf("dead letters = %+v, want event %d with %d attempts and the reason", dls, id, attempts)
 	}
+}
+
+// EveryState is an outbox holding an event in each state, all of aggregate
+// type "order": ids 1..5 published (aggregates o-1..o-5), 6 dead-lettered
+// (o-6, version 1), 7 discarded (o-7), 8 pending, blocked behind 6 (o-6,
+// version 2).
+func EveryState(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	pool := Pool(t)
+	for i := 1; i <= 7; i++ {
+		Enqueue(t, pool, Msg(fmt.Sprintf("o-%d", i), "order.created"))
+	}
+	StartRelay(t, pool, refusing{"o-6", "o-7"}, outbox.RelayConfig{
+		MaxAttempts: 1, PollInterval: 10 * time.Millisecond, Logger: slog.New(slog.DiscardHandler),
+	})
+	admin := outbox.NewAdmin(pool)
+	WaitFor(t, "five published, two dead letters", 30*time.Second, func() (bool, error) {
+		s, err := admin.Status(context.Background())
+		return s.Pending == 0 && s.DeadLettered == 2, err
+	})
+	if err := admin.Discard(context.Background(), 7, "test"); err != nil {
+		t.Fatal(err)
+	}
+	Enqueue(t, pool, Msg("o-6", "order.cancelled"))
+	return pool
+}
+
+// refusing takes every message but those of the aggregates it lists.
+type refusing []string
+
+func (refusing) WaitReady(ctx context.Context) error { return ctx.Err() }
+
+func (r refusing) PublishBatch(_ context.Context, msgs []outbox.Envelope) []error {
+	errs := make([]error, len(msgs))
+	for i, m := range msgs {
+		if slices.Contains(r, m.AggregateID) {
+			errs[i] = errors.New("refused")
+		}
+	}
+	return errs
 }

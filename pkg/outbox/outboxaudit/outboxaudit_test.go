@@ -1,53 +1,25 @@
-package outbox_test
+package outboxaudit_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/pkg/outbox/internal/outboxtest"
+	"github.com/outbox-inbox/reference/pkg/outbox/outboxaudit"
 )
 
 // eventLogFixture is an outbox holding an event in each state: ids 1..5
 // published, 6 dead-lettered, 7 discarded, 8 pending.
-func eventLogFixture(t *testing.T) *pgxpool.Pool {
-	t.Helper()
-	pool := newTestPool(t)
-	for i := 1; i <= 7; i++ {
-		enqueue(t, pool, msg(fmt.Sprintf("o-%d", i), "order.created"))
-	}
-	pub := &memPublisher{}
-	pub.setFail(func(e outbox.Envelope) error {
-		if e.AggregateID == "o-6" || e.AggregateID == "o-7" {
-			return errors.New("refused")
-		}
-		return nil
-	})
-	startRelay(t, pool, pub, outbox.RelayConfig{
-		MaxAttempts: 1, PollInterval: 10 * time.Millisecond, Logger: testLogger(t),
-	})
-	admin := outbox.NewAdmin(pool)
-	waitFor(t, "five published, two dead letters", 30*time.Second, func() (bool, error) {
-		s, err := admin.Status(context.Background())
-		return s.Pending == 0 && s.DeadLettered == 2, err
-	})
-	if err := admin.Discard(context.Background(), 7, "test"); err != nil {
-		t.Fatal(err)
-	}
-	// Blocked behind dead letter 6, so no relay publishes it.
-	enqueue(t, pool, msg("o-6", "order.cancelled"))
-	return pool
-}
+var eventLogFixture = outboxtest.EveryState
 
-func collect(t *testing.T, seq func(yield func(outbox.LoggedEvent, error) bool)) []outbox.LoggedEvent {
+func collect(t *testing.T, seq func(yield func(outboxaudit.LoggedEvent, error) bool)) []outboxaudit.LoggedEvent {
 	t.Helper()
-	var out []outbox.LoggedEvent
+	var out []outboxaudit.LoggedEvent
 	for e, err := range seq {
 		if err != nil {
 			t.Fatalf("Events: %v", err)
@@ -57,7 +29,7 @@ func collect(t *testing.T, seq func(yield func(outbox.LoggedEvent, error) bool))
 	return out
 }
 
-func statesOf(events []outbox.LoggedEvent) string {
+func statesOf(events []outboxaudit.LoggedEvent) string {
 	var b strings.Builder
 	for _, e := range events {
 		fmt.Fprintf(&b, "%d:%s ", e.ID, e.State)
@@ -73,20 +45,20 @@ func TestEventLogReadsEveryStateInPages(t *testing.T) {
 	ctx := context.Background()
 	const all = "1:published 2:published 3:published 4:published 5:published 6:dead_lettered 7:discarded 8:pending"
 	for _, size := range []int{1, 2, 3, 7, 0} {
-		log, err := outbox.NewEventLog(pool, size)
+		log, err := outboxaudit.NewEventLog(pool, size)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := statesOf(collect(t, log.Events(ctx, outbox.EventWindow{}))); got != all {
+		if got := statesOf(collect(t, log.Events(ctx, outboxaudit.EventWindow{}))); got != all {
 			t.Fatalf("page size %d: events %q, want %q", size, got, all)
 		}
 	}
 
-	log, err := outbox.NewEventLog(pool, 2)
+	log, err := outboxaudit.NewEventLog(pool, 2)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := statesOf(collect(t, log.Events(ctx, outbox.EventWindow{MinID: 4, MaxID: 6}))), "4:published 5:published 6:dead_lettered"; got != want {
+	if got, want := statesOf(collect(t, log.Events(ctx, outboxaudit.EventWindow{MinID: 4, MaxID: 6}))), "4:published 5:published 6:dead_lettered"; got != want {
 		t.Fatalf("ids 4..6: %q, want %q", got, want)
 	}
 
@@ -101,14 +73,14 @@ func TestEventLogReadsEveryStateInPages(t *testing.T) {
 	if _, err := pool.Exec(ctx, `UPDATE outbox_published SET created_at = created_at + interval '1 hour' WHERE id = 5`); err != nil {
 		t.Fatal(err)
 	}
-	w := outbox.EventWindow{Since: now.Add(-30 * time.Minute), Until: now.Add(30 * time.Minute)}
+	w := outboxaudit.EventWindow{Since: now.Add(-30 * time.Minute), Until: now.Add(30 * time.Minute)}
 	if got, want := statesOf(collect(t, log.Events(ctx, w))), "1:published 2:published 4:published 6:dead_lettered 7:discarded 8:pending"; got != want {
 		t.Fatalf("window %v: %q, want %q", w, got, want)
 	}
 
 	// Each state's time: published_at, dead_lettered_at, discarded_at;
 	// none for a pending event.
-	for _, e := range collect(t, log.Events(ctx, outbox.EventWindow{})) {
+	for _, e := range collect(t, log.Events(ctx, outboxaudit.EventWindow{})) {
 		if e.CreatedAt.IsZero() || e.Since.IsZero() != (e.State == outbox.EventPending) {
 			t.Errorf("event %d (%s): since %v, created_at %v: want both set", e.ID, e.State, e.Since, e.CreatedAt)
 		}
@@ -123,7 +95,7 @@ func TestEventLogReadsEveryStateInPages(t *testing.T) {
 
 	// Stopping early ends the scan without an error.
 	n := 0
-	for _, err := range log.Events(ctx, outbox.EventWindow{}) {
+	for _, err := range log.Events(ctx, outboxaudit.EventWindow{}) {
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -137,7 +109,7 @@ func TestEventLogLookup(t *testing.T) {
 	t.Parallel()
 	pool := eventLogFixture(t)
 	ctx := context.Background()
-	log, err := outbox.NewEventLog(pool, 0)
+	log, err := outboxaudit.NewEventLog(pool, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,25 +126,25 @@ func TestEventLogLookup(t *testing.T) {
 	if found, err := log.Lookup(ctx, nil); err != nil || len(found) != 0 {
 		t.Fatalf("Lookup(nil) = %v, %v", found, err)
 	}
-	if _, err := log.Lookup(ctx, make([]int64, outbox.MaxEventLookup+1)); err == nil {
+	if _, err := log.Lookup(ctx, make([]int64, outboxaudit.MaxEventLookup+1)); err == nil {
 		t.Fatal("Lookup of too many ids: want an error")
 	}
 }
 
 func TestEventLogErrors(t *testing.T) {
 	t.Parallel()
-	for _, size := range []int{-1, outbox.MaxEventLogPage + 1} {
-		if _, err := outbox.NewEventLog(newSchemaPool(t), size); err == nil {
+	for _, size := range []int{-1, outboxaudit.MaxEventLogPage + 1} {
+		if _, err := outboxaudit.NewEventLog(outboxtest.SchemaPool(t), size); err == nil {
 			t.Errorf("NewEventLog(page size %d): want an error", size)
 		}
 	}
 	// Without the tables, the scan yields the error, named, and stops.
-	log, err := outbox.NewEventLog(newSchemaPool(t), 0)
+	log, err := outboxaudit.NewEventLog(outboxtest.SchemaPool(t), 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var errs []error
-	for _, err := range log.Events(context.Background(), outbox.EventWindow{}) {
+	for _, err := range log.Events(context.Background(), outboxaudit.EventWindow{}) {
 		errs = append(errs, err)
 	}
 	if len(errs) != 1 || errs[0] == nil || !strings.Contains(errs[0].Error(), "outbox event log") {
@@ -180,5 +152,29 @@ func TestEventLogErrors(t *testing.T) {
 	}
 	if !slices.ContainsFunc(errs, func(err error) bool { return strings.Contains(err.Error(), "does not exist") }) {
 		t.Fatalf("errors %v: want the database's", errs)
+	}
+}
+
+// Counts counts each state in full, in one snapshot.
+func TestEventLogCounts(t *testing.T) {
+	t.Parallel()
+	pool := outboxtest.EveryState(t)
+	log, err := outboxaudit.NewEventLog(pool, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := log.Counts(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Pending != 1 || c.DeadLettered != 1 || c.Published != 5 || c.Discarded != 1 || c.OldestPendingAge <= 0 {
+		t.Fatalf("counts %+v: want 1 pending (with an age), 1 dead letter, 5 published, 1 discarded", c)
+	}
+	empty, err := outboxaudit.NewEventLog(outboxtest.Pool(t), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c, err := empty.Counts(context.Background()); err != nil || c != (outboxaudit.EventCounts{}) {
+		t.Fatalf("an empty outbox: %+v, %v", c, err)
 	}
 }

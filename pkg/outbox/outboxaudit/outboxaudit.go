@@ -1,4 +1,8 @@
-package outbox
+// Package outboxaudit reads what an outbox of package outbox committed, for
+// a loss audit that compares it with what a consumer applied (see
+// [EventLog]). The outbox does not need it: a copy of package outbox may
+// delete this directory.
+package outboxaudit
 
 import (
 	"context"
@@ -9,6 +13,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/outbox-inbox/reference/pkg/outbox"
 )
 
 // EventLog reads what this outbox committed, for a loss audit that compares
@@ -27,7 +33,7 @@ import (
 // sees it. A scan needs the published rows kept: a relay that deletes them
 // instead (outboxwal without Archive) leaves nothing to audit.
 type EventLog struct {
-	db       DB
+	db       outbox.DB
 	pageSize int
 }
 
@@ -41,23 +47,6 @@ const (
 // MaxEventLookup bounds the ids of one EventLog.Lookup.
 const MaxEventLookup = 10_000
 
-// EventState is where an event is in its life.
-type EventState string
-
-const (
-	// EventPending: in the outbox, not dead-lettered: due, in flight, backing
-	// off, or blocked behind an earlier event of its aggregate. It may have
-	// been published already (a confirm lost, a mark not written yet).
-	EventPending EventState = "pending"
-	// EventPublished: the broker confirmed it; the row is in
-	// outbox_published until retention purges it.
-	EventPublished EventState = "published"
-	// EventDeadLettered: it reached MaxAttempts and waits for an operator.
-	EventDeadLettered EventState = "dead_lettered"
-	// EventDiscarded: an operator discarded it (Admin.Discard).
-	EventDiscarded EventState = "discarded"
-)
-
 // LoggedEvent is an event as EventLog reads it.
 type LoggedEvent struct {
 	ID               int64
@@ -65,15 +54,14 @@ type LoggedEvent struct {
 	AggregateID      string
 	AggregateVersion int64
 	CreatedAt        time.Time
-	State            EventState
+	State            outbox.EventState
 	// Since is when the event reached State: published_at,
 	// dead_lettered_at or discarded_at; zero for EventPending.
 	Since time.Time
 }
 
-// MessageID is the message id e was published under (MessageID, the
-// function).
-func (e LoggedEvent) MessageID() string { return MessageID(e.ID, e.CreatedAt) }
+// MessageID is the message id e was published under ([outbox.MessageID]).
+func (e LoggedEvent) MessageID() string { return outbox.MessageID(e.ID, e.CreatedAt) }
 
 // EventWindow selects the events of a scan. Zero fields do not bound it.
 type EventWindow struct {
@@ -86,7 +74,7 @@ type EventWindow struct {
 // NewEventLog returns an EventLog on db (the schema of its search_path)
 // reading pageSize rows per statement: 0 for DefaultEventLogPage, at most
 // MaxEventLogPage.
-func NewEventLog(db DB, pageSize int) (*EventLog, error) {
+func NewEventLog(db outbox.DB, pageSize int) (*EventLog, error) {
 	if db == nil {
 		return nil, fmt.Errorf("outbox event log: nil db")
 	}
@@ -197,7 +185,7 @@ func appendEvents(rows pgx.Rows, page []LoggedEvent) ([]LoggedEvent, error) {
 		if err := rows.Scan(&e.ID, &e.AggregateType, &e.AggregateID, &e.AggregateVersion, &e.CreatedAt, &state, &at); err != nil {
 			return page, err
 		}
-		e.State, e.Since = EventState(state), at.Time
+		e.State, e.Since = outbox.EventState(state), at.Time
 		page = append(page, e)
 	}
 	return page, rows.Err()
@@ -228,7 +216,7 @@ func (l *EventLog) Lookup(ctx context.Context, ids []int64) ([]LoggedEvent, erro
 // EventCounts counts the events an outbox holds, by state.
 type EventCounts struct {
 	// Pending, DeadLettered, Published and Discarded count the events in
-	// each state (EventState); Published counts those retention has not
+	// each state ([outbox.EventState]); Published counts those retention has not
 	// purged yet.
 	Pending, DeadLettered, Published, Discarded int64
 	// OldestPendingAge is how long the oldest pending event has waited; 0
@@ -248,7 +236,7 @@ SELECT (SELECT count(*) FROM outbox WHERE dead_lettered_at IS NULL),
 // Counts counts the events of every state exactly, in one statement (one
 // snapshot, so an event moving between tables meanwhile counts once). It
 // reads every table in full: for an audit, a test or a demo, not for every
-// metrics scrape (Admin.Status costs the same however large the backlog is).
+// metrics scrape ([outbox.Admin.Status] costs the same however large the backlog is).
 func (l *EventLog) Counts(ctx context.Context) (EventCounts, error) {
 	var c EventCounts
 	var ageMicros int64
