@@ -9,6 +9,7 @@ import (
 
 	"github.com/outbox-inbox/reference/internal/audit"
 	"github.com/outbox-inbox/reference/internal/mongolocal/mongotest"
+	"github.com/outbox-inbox/reference/pkg/outbox"
 	"github.com/outbox-inbox/reference/pkg/outbox/outboxaudit"
 	"github.com/outbox-inbox/reference/services/shipping/accounting"
 	"github.com/outbox-inbox/reference/services/shipping/internal/deadletter"
@@ -37,21 +38,23 @@ func TestAccountTellsWhatShippingDidWithAMessage(t *testing.T) {
 		return shipment.Event{Type: shipment.TypeCreated, OrderID: orderID, Version: 1,
 			Created: &shipment.Created{OrderID: orderID, CustomerID: "c", Currency: "EUR", Total: 1}}
 	}
-	for msgID, ev := range map[string]shipment.Event{"1": created("o-1"), "5": created("o-3")} {
+	at := time.Now().Add(-time.Hour)
+	id := func(n int64) string { return outbox.MessageID(n, at) }
+	for msgID, ev := range map[string]shipment.Event{id(1): created("o-1"), id(5): created("o-3")} {
 		if _, err := shipments.Apply(ctx, msgID, ev); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := shipments.Skip(ctx, "o-1", 2, "2", shipment.TypeCancelled); err != nil {
+	if err := shipments.Skip(ctx, "o-1", 2, id(2), shipment.TypeCancelled); err != nil {
 		t.Fatal(err)
 	}
 	now := time.Now().UTC()
 	if err := letters.Record(ctx, deadletter.Letter{OrderID: "o-2", Version: 1, Reason: "handler_failed", Holds: true,
-		DeadLetteredAt: now, Message: deadletter.Message{MessageID: "3"}}); err != nil {
+		DeadLetteredAt: now, Message: deadletter.Message{MessageID: id(3)}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := letters.Park(ctx, deadletter.Parked{OrderID: "o-2", Version: 2, ParkedAt: now,
-		Message: deadletter.Message{MessageID: "4"}}); err != nil {
+		Message: deadletter.Message{MessageID: id(4)}}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -60,13 +63,13 @@ func TestAccountTellsWhatShippingDidWithAMessage(t *testing.T) {
 		t.Fatal(err)
 	}
 	got, err := books.Account(ctx, []outboxaudit.LoggedEvent{
-		{ID: 1, AggregateID: "o-1", AggregateVersion: 1},
-		{ID: 2, AggregateID: "o-1", AggregateVersion: 2},
-		{ID: 3, AggregateID: "o-2", AggregateVersion: 1},
-		{ID: 4, AggregateID: "o-2", AggregateVersion: 2},
-		{ID: 6, AggregateID: "o-3", AggregateVersion: 1}, // version 1 of o-3 is message 5
-		{ID: 7, AggregateID: "o-4", AggregateVersion: 1}, // nothing there
-		{ID: 8, AggregateID: "o-2", AggregateVersion: 3},
+		{ID: 1, AggregateID: "o-1", AggregateVersion: 1, CreatedAt: at},
+		{ID: 2, AggregateID: "o-1", AggregateVersion: 2, CreatedAt: at},
+		{ID: 3, AggregateID: "o-2", AggregateVersion: 1, CreatedAt: at},
+		{ID: 4, AggregateID: "o-2", AggregateVersion: 2, CreatedAt: at},
+		{ID: 6, AggregateID: "o-3", AggregateVersion: 1, CreatedAt: at}, // version 1 of o-3 is message 5
+		{ID: 7, AggregateID: "o-4", AggregateVersion: 1, CreatedAt: at}, // nothing there
+		{ID: 8, AggregateID: "o-2", AggregateVersion: 3, CreatedAt: at},
 	})
 	if err != nil {
 		t.Fatal(err)
