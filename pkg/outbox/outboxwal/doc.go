@@ -21,7 +21,7 @@
 //	...
 //	err = relay.Run(ctx) // until ctx is cancelled
 //
-// Run needs package outbox's schema at version 5 or later (outbox.Migrate:
+// Run needs package outbox's schema (outbox.Migrate:
 // the hand-over column and its indexes are there, built concurrently; Run
 // runs no DDL on the outbox table). It creates what is the WAL relay's own
 // when missing: the publication (FOR TABLE outbox WITH (publish = 'insert')),
