@@ -407,7 +407,10 @@ func (a *auditor) producer(ctx context.Context) (next func() (e outboxaudit.Logg
 			started = true
 			for _, rg := range digitRanges() {
 				n, s := pull(ctx, a.cfg, func(ctx context.Context) iter.Seq2[outboxaudit.LoggedEvent, error] {
-					return a.cfg.Producer.Events(ctx, outboxaudit.EventWindow{Since: a.cfg.Since, MinID: rg[0], MaxID: rg[1]})
+					// Narrow: the merge compares ids and creation times;
+					// account reads the aggregates of the few events it
+					// asks the consumer about.
+					return a.cfg.Producer.Events(ctx, outboxaudit.EventWindow{Since: a.cfg.Since, MinID: rg[0], MaxID: rg[1], Narrow: true})
 				})
 				stops = append(stops, s)
 				ps := &producerStream{next: n}
@@ -508,6 +511,9 @@ func (a *auditor) account(ctx context.Context) error {
 	if len(a.unapplied) == 0 {
 		return nil
 	}
+	if err := a.aggregates(ctx); err != nil {
+		return err
+	}
 	kept, err := a.cfg.Accountant.Account(ctx, a.unapplied)
 	if err != nil {
 		return fmt.Errorf("audit: ask the consumer about %d events: %w", len(a.unapplied), err)
@@ -525,6 +531,38 @@ func (a *auditor) account(ctx context.Context) error {
 	}
 	a.unapplied = a.unapplied[:0]
 	clear(a.keys)
+	return nil
+}
+
+// aggregates fills in the aggregate of the unapplied events a narrow scan
+// read (outboxaudit.EventWindow.Narrow), from the outbox: the accountant finds
+// an event by its aggregate and version. An event the outbox no longer
+// holds under that id and creation time keeps none.
+func (a *auditor) aggregates(ctx context.Context) error {
+	var ids []int64
+	for _, e := range a.unapplied {
+		if e.AggregateID == "" {
+			ids = append(ids, e.ID)
+		}
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	found, err := a.cfg.Producer.Lookup(ctx, ids)
+	if err != nil {
+		return fmt.Errorf("audit: read the aggregates of %d events: %w", len(ids), err)
+	}
+	byID := make(map[int64][]outboxaudit.LoggedEvent, len(found))
+	for _, e := range found {
+		byID[e.ID] = append(byID[e.ID], e)
+	}
+	for i, e := range a.unapplied {
+		for _, f := range byID[e.ID] {
+			if f.CreatedAt.Equal(e.CreatedAt) {
+				a.unapplied[i].AggregateType, a.unapplied[i].AggregateID, a.unapplied[i].AggregateVersion = f.AggregateType, f.AggregateID, f.AggregateVersion
+			}
+		}
+	}
 	return nil
 }
 

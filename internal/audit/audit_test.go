@@ -35,6 +35,9 @@ func (p *producer) Events(ctx context.Context, w outboxaudit.EventWindow) iter.S
 				!w.Until.IsZero() && !e.CreatedAt.Before(w.Until) {
 				continue
 			}
+			if w.Narrow {
+				e.AggregateType, e.AggregateID, e.AggregateVersion = "", "", 0
+			}
 			if !yield(e, nil) {
 				return
 			}
@@ -82,7 +85,8 @@ func (c *consumer) Recorded(ctx context.Context, since time.Time, pageSize int) 
 	}
 }
 
-// accountant keeps some events on the consumer's side.
+// accountant keeps some events on the consumer's side; it finds them by
+// their aggregate, as shipping's does (world's event i is order o-i).
 type accountant struct {
 	kept  map[int64]audit.Kept
 	calls int
@@ -93,7 +97,7 @@ func (a *accountant) Account(ctx context.Context, events []outboxaudit.LoggedEve
 	a.calls++
 	out := map[int64]audit.Kept{}
 	for _, e := range events {
-		if k, ok := a.kept[e.ID]; ok {
+		if k, ok := a.kept[e.ID]; ok && e.AggregateID == "o-"+strconv.FormatInt(e.ID, 10) {
 			out[e.ID] = k
 		}
 	}

@@ -69,6 +69,11 @@ type EventWindow struct {
 	Since, Until time.Time
 	// MinID and MaxID bound the id, both included.
 	MinID, MaxID int64
+	// Narrow leaves the events' AggregateType, AggregateID and
+	// AggregateVersion empty: the scan reads only what an audit compares
+	// (id, creation time, state), which PostgreSQL serves about twice as
+	// fast. Lookup reads the whole event of an id.
+	Narrow bool
 }
 
 // NewEventLog returns an EventLog on db (the schema of its search_path)
@@ -89,28 +94,38 @@ func NewEventLog(db outbox.DB, pageSize int) (*EventLog, error) {
 
 // eventsSQL is one page of Events: the next $5 events by id after $1, up to
 // $2, created in [$3, $4), from the three tables. Each branch walks its
-// table's primary key in order and stops at the limit.
-const eventsSQL = `
+// table's primary key in order and stops at the limit. narrowEventsSQL is
+// the same page without the aggregate's columns (EventWindow.Narrow).
+var (
+	eventsSQL       = eventsPageSQL("aggregate_type, aggregate_id, aggregate_version")
+	narrowEventsSQL = eventsPageSQL("'', '', 0::bigint")
+)
+
+// eventsPageSQL is the statement of a page of Events that reads agg (three
+// columns: the aggregate's type, id and version) from each table.
+func eventsPageSQL(agg string) string {
+	return `
 SELECT id, aggregate_type, aggregate_id, aggregate_version, created_at, state, since FROM (
-    (SELECT id, aggregate_type, aggregate_id, aggregate_version, created_at,
+    (SELECT id, ` + agg + `, created_at,
             CASE WHEN dead_lettered_at IS NULL THEN 'pending' ELSE 'dead_lettered' END AS state,
             dead_lettered_at AS since
      FROM outbox
      WHERE id > $1 AND id <= $2 AND created_at >= $3 AND created_at < $4
      ORDER BY id LIMIT $5)
     UNION ALL
-    (SELECT id, aggregate_type, aggregate_id, aggregate_version, created_at, 'published', published_at
+    (SELECT id, ` + agg + `, created_at, 'published', published_at
      FROM outbox_published
      WHERE id > $1 AND id <= $2 AND created_at >= $3 AND created_at < $4
      ORDER BY id LIMIT $5)
     UNION ALL
-    (SELECT id, aggregate_type, aggregate_id, aggregate_version, created_at, 'discarded', discarded_at
+    (SELECT id, ` + agg + `, created_at, 'discarded', discarded_at
      FROM outbox_discarded
      WHERE id > $1 AND id <= $2 AND created_at >= $3 AND created_at < $4
      ORDER BY id LIMIT $5)
-) e
+) e (id, aggregate_type, aggregate_id, aggregate_version, created_at, state, since)
 ORDER BY id
 LIMIT $5`
+}
 
 // lookupSQL finds the events of the ids $1, whatever their creation time.
 const lookupSQL = `
@@ -135,10 +150,14 @@ func (l *EventLog) Events(ctx context.Context, w EventWindow) iter.Seq2[LoggedEv
 			last = math.MaxInt64
 		}
 		since, until := bound(w.Since, pgtype.NegativeInfinity), bound(w.Until, pgtype.Infinity)
+		query := eventsSQL
+		if w.Narrow {
+			query = narrowEventsSQL
+		}
 		page := make([]LoggedEvent, 0, l.pageSize)
 		for after < last {
 			var err error
-			page, err = l.page(ctx, page[:0], after, last, since, until)
+			page, err = l.page(ctx, page[:0], query, after, last, since, until)
 			if err != nil {
 				yield(LoggedEvent{}, fmt.Errorf("outbox event log: read events after id %d: %w", after, err))
 				return
@@ -164,8 +183,8 @@ func bound(t time.Time, inf pgtype.InfinityModifier) pgtype.Timestamptz {
 	return pgtype.Timestamptz{Time: t, Valid: true}
 }
 
-func (l *EventLog) page(ctx context.Context, page []LoggedEvent, after, last int64, since, until pgtype.Timestamptz) ([]LoggedEvent, error) {
-	rows, err := l.db.Query(ctx, eventsSQL, after, last, since, until, l.pageSize)
+func (l *EventLog) page(ctx context.Context, page []LoggedEvent, query string, after, last int64, since, until pgtype.Timestamptz) ([]LoggedEvent, error) {
+	rows, err := l.db.Query(ctx, query, after, last, since, until, l.pageSize)
 	if err != nil {
 		return page, err
 	}

@@ -93,6 +93,17 @@ func TestEventLogReadsEveryStateInPages(t *testing.T) {
 		}
 	}
 
+	// Narrow: the same events, states and times, without the aggregate.
+	full, narrow := collect(t, log.Events(ctx, outboxaudit.EventWindow{})), collect(t, log.Events(ctx, outboxaudit.EventWindow{Narrow: true}))
+	for i := range full {
+		full[i].AggregateType, full[i].AggregateID, full[i].AggregateVersion = "", "", 0
+	}
+	if !slices.EqualFunc(full, narrow, func(a, b outboxaudit.LoggedEvent) bool {
+		return a.ID == b.ID && a.State == b.State && a.CreatedAt.Equal(b.CreatedAt) && a.Since.Equal(b.Since) && a.AggregateID == b.AggregateID && a.AggregateType == b.AggregateType && a.AggregateVersion == b.AggregateVersion
+	}) {
+		t.Errorf("narrow scan %+v, want %+v without the aggregates", narrow, full)
+	}
+
 	// Stopping early ends the scan without an error.
 	n := 0
 	for _, err := range log.Events(ctx, outboxaudit.EventWindow{}) {
