@@ -231,6 +231,7 @@ func (in *Inbox) writeRecords(ctx context.Context, ids []string, recs []pendingR
 		for i := range written {
 			written[i] = true
 		}
+		in.tally(ctx, ids...)
 		return written, false, nil
 	}
 	var bwe mongo.BulkWriteException
@@ -246,10 +247,13 @@ func (in *Inbox) writeRecords(ctx context.Context, ids []string, recs []pendingR
 		failed[we.Index] = we.WriteError
 	}
 	var firstErr error
+	inserted := make([]string, 0, len(ids))
+	defer func() { in.tally(ctx, inserted...) }()
 	for i, id := range ids {
 		we, bad := failed[i]
 		if !bad {
 			written[i] = true
+			inserted = append(inserted, id)
 			continue
 		}
 		werr := error(we)

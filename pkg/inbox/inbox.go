@@ -124,6 +124,12 @@ type Config struct {
 	// no horizon (a message redelivered after its record expired is applied
 	// again, unless the handler guards its effect).
 	MessageTime func(msgID string) (time.Time, bool)
+	// TallyBucket, when set (with MessageTime), makes the inbox count the
+	// messages it records done per bucket of this width of their creation
+	// time, with a digest of their ids (Tally), for a loss audit: see
+	// Tallies. It costs a write per record written (per flush and bucket
+	// with FlushInterval). Default: 0, no tallies.
+	TallyBucket time.Duration
 	// Mode is ModeAuto, ModeTransaction or ModeStandalone. Default: ModeAuto.
 	Mode Mode
 	// Standalone configures ModeStandalone: it applies when Mode is
@@ -234,6 +240,8 @@ type Inbox struct {
 	consumer    string
 	retention   time.Duration
 	messageTime func(msgID string) (time.Time, bool)
+	tallyBucket time.Duration
+	tallies     *mongo.Collection // Config.TallyBucket's, or nil
 	lease       time.Duration
 	maxAttempts int
 	log         *slog.Logger
@@ -270,6 +278,9 @@ func New(db *mongo.Database, cfg Config) (*Inbox, error) {
 	}
 	if cfg.Retention < 0 || cfg.Retention > 0 && cfg.Retention < time.Second {
 		return nil, fmt.Errorf("inbox: Retention %v: want at least 1s (or 0 for the default)", cfg.Retention)
+	}
+	if cfg.TallyBucket < 0 || cfg.TallyBucket > 0 && (cfg.MessageTime == nil || cfg.TallyBucket < time.Second) {
+		return nil, fmt.Errorf("inbox: TallyBucket %v: want 0 (no tallies), or at least 1s with MessageTime", cfg.TallyBucket)
 	}
 	if cfg.DoneCacheSize < -1 {
 		return nil, fmt.Errorf("inbox: DoneCacheSize %d: want a positive size, 0 for the default or -1 to disable", cfg.DoneCacheSize)
@@ -321,10 +332,14 @@ func New(db *mongo.Database, cfg Config) (*Inbox, error) {
 		consumer:    cfg.Consumer,
 		retention:   retention,
 		messageTime: cfg.MessageTime,
+		tallyBucket: cfg.TallyBucket,
 		lease:       sa.Lease,
 		maxAttempts: tx.MaxAttempts,
 		log:         cfg.Logger,
 		hooks:       cfg.Hooks,
+	}
+	if cfg.TallyBucket > 0 {
+		in.tallies = db.Collection(coll+TallySuffix, options.Collection().SetWriteConcern(writeconcern.Journaled()))
 	}
 	if cfg.Mode != ModeAuto {
 		in.mode = cfg.Mode

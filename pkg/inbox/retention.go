@@ -24,6 +24,23 @@ const (
 // expire records. Deduplication itself needs no index: the record's _id is
 // the (consumer, message id) pair. Safe to call at every start.
 func (in *Inbox) EnsureIndexes(ctx context.Context) error {
+	if err := in.ensureRecordIndexes(ctx); err != nil || in.tallies == nil {
+		return err
+	}
+	// The tallies (TallyBucket) expire as the records do: by a TTL index,
+	// or by Purge.
+	_, err := in.tallies.Indexes().CreateOne(ctx, mongo.IndexModel{
+		Keys:    bson.D{{Key: "expire_at", Value: 1}},
+		Options: options.Index().SetName("expire_at_ttl").SetExpireAfterSeconds(0),
+	})
+	var se mongo.ServerError
+	if err != nil && !(errors.As(err, &se) && (se.HasErrorCode(codeNotImplemented) || se.HasErrorCode(codeIndexOptionsConflict) || se.HasErrorCode(codeIndexKeySpecsConflict))) {
+		return fmt.Errorf("inbox: create the tallies' TTL index: %w", err)
+	}
+	return nil
+}
+
+func (in *Inbox) ensureRecordIndexes(ctx context.Context) error {
 	_, err := in.coll.Indexes().CreateOne(ctx, mongo.IndexModel{
 		Keys:    bson.D{{Key: "expire_at", Value: 1}},
 		Options: options.Index().SetName("expire_at_ttl").SetExpireAfterSeconds(0),
@@ -90,8 +107,9 @@ func (in *Inbox) hasTTLIndex(ctx context.Context) (bool, error) {
 func (in *Inbox) TTL() bool { return in.ttlIndex.Load() }
 
 // Purge deletes the records whose retention ended at or before now, and
-// returns how many it deleted. Records of every consumer in the collection
-// are purged. With a TTL index the server does this by itself.
+// returns how many it deleted, and the expired tallies (TallyBucket).
+// Records of every consumer in the collection are purged. With a TTL index
+// the server does this by itself.
 //
 // It is one DeleteMany on expire_at. On MongoDB the expire_at index serves
 // it. FerretDB's SQLite backend pushes no filter but {_id: x} down to
@@ -104,9 +122,15 @@ func (in *Inbox) TTL() bool { return in.ttlIndex.Load() }
 // FerretDB keep the purge interval long (an hour) and the collection
 // bounded by Retention.
 func (in *Inbox) Purge(ctx context.Context, now time.Time) (int64, error) {
-	res, err := in.coll.DeleteMany(ctx, bson.D{{Key: "expire_at", Value: bson.D{{Key: "$lte", Value: now}}}})
+	expired := bson.D{{Key: "expire_at", Value: bson.D{{Key: "$lte", Value: now}}}}
+	res, err := in.coll.DeleteMany(ctx, expired)
 	if err != nil {
 		return 0, fmt.Errorf("inbox: purge expired records: %w", err)
+	}
+	if in.tallies != nil {
+		if _, err := in.tallies.DeleteMany(ctx, expired); err != nil {
+			return res.DeletedCount, fmt.Errorf("inbox: purge expired tallies: %w", err)
+		}
 	}
 	return res.DeletedCount, nil
 }

@@ -67,6 +67,7 @@ func (in *Inbox) recordDone(ctx context.Context, msgID string) error {
 		now := time.Now()
 		_, err := in.coll.InsertOne(ctx, in.newRecord(msgID, in.doneFields(now)))
 		if err == nil {
+			in.tally(ctx, msgID)
 			return nil
 		}
 		if !mongo.IsDuplicateKeyError(err) {
@@ -113,6 +114,7 @@ func (in *Inbox) markDone(ctx context.Context, msgID string, now time.Time) erro
 	if err != nil {
 		return fmt.Errorf("inbox: record message %s done: %w", msgID, err)
 	}
+	in.tally(ctx, msgID)
 	return nil
 }
 

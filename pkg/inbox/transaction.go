@@ -144,6 +144,9 @@ func (in *Inbox) processTx(ctx context.Context, msgID string, handler Handler) (
 			if out.err == nil { // committed now, or before
 				in.cache.add(msgID)
 			}
+			if out.err == nil && out.res == Processed {
+				in.tally(ctx, msgID)
+			}
 			return out.res, out.err
 		}
 		lastErr = out.err
