@@ -212,7 +212,9 @@ func newAuditor(ctx context.Context, o settings) (*auditor, error) {
 		return fail(err)
 	}
 	db := client.Database(o.mongoDB)
-	if a.inbox, err = inbox.New(db, inbox.Config{Consumer: o.consumer, Collection: o.collection}); err != nil {
+	// Tallies of a minute, as shipping keeps them (-every's cycles read them
+	// before looking events up one by one).
+	if a.inbox, err = inbox.New(db, inbox.Config{Consumer: o.consumer, Collection: o.collection, MessageTime: accounting.MessageTime, TallyBucket: audit.DefaultBucket}); err != nil {
 		return fail(err)
 	}
 	if o.accounting {
@@ -222,7 +224,7 @@ func newAuditor(ctx context.Context, o settings) (*auditor, error) {
 	}
 	if o.every > 0 {
 		cfg := a.config()
-		if a.inc, err = audit.NewIncremental(audit.IncrementalConfig{Config: cfg, Done: a.inbox, FullEvery: o.fullEvery, Retention: o.retention}); err != nil {
+		if a.inc, err = audit.NewIncremental(audit.IncrementalConfig{Config: cfg, Done: a.inbox, Tallies: a.inbox, FullEvery: o.fullEvery, Retention: o.retention}); err != nil {
 			return fail(err)
 		}
 	}

@@ -5,7 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -21,7 +22,17 @@ type Done interface {
 	IsDone(ctx context.Context, msgID string) (bool, error)
 }
 
-var _ Done = (*inbox.Inbox)(nil)
+// Tallies is what the consumer's inbox counted of its records per bucket of
+// creation times: pkg/inbox's Inbox with TallyBucket.
+type Tallies interface {
+	TallyBucket() time.Duration
+	Tallies(ctx context.Context, buckets []time.Time) ([]inbox.Tally, error)
+}
+
+var (
+	_ Done    = (*inbox.Inbox)(nil)
+	_ Tallies = (*inbox.Inbox)(nil)
+)
 
 // Defaults of IncrementalConfig.
 const (
@@ -44,6 +55,11 @@ type IncrementalConfig struct {
 	Config
 	// Done looks the events not recorded yet up by message id. Required.
 	Done Done
+	// Tallies, when set, is read first: the open events of a bucket whose
+	// tally agrees with the outbox's (as many records, the same digest)
+	// are recorded, and only those of the other buckets are looked up by
+	// id. Its TallyBucket is the Bucket (Bucket, when set, must equal it).
+	Tallies Tallies
 	// Bucket, CommitLag, FullEvery, Lookups: defaults DefaultBucket,
 	// DefaultCommitLag, DefaultFullEvery, DefaultLookups.
 	Bucket, CommitLag, FullEvery time.Duration
@@ -61,7 +77,7 @@ type IncrementalConfig struct {
 // (Incremental.open), and their hashes make up the difference.
 type tally struct {
 	events, recorded       int64
-	eventDigest, recDigest uint64
+	eventDigest, recDigest inbox.Digest
 }
 
 // Incremental audits a flow again and again, each cycle reading only what
@@ -93,17 +109,18 @@ func NewIncremental(cfg IncrementalConfig) (*Incremental, error) {
 	if cfg.Done == nil || cfg.Bucket < 0 || cfg.CommitLag < 0 || cfg.FullEvery < 0 || cfg.Lookups < 0 || cfg.Retention < 0 {
 		return nil, errors.New("audit: incremental: Done is required; Bucket, CommitLag, FullEvery, Lookups, Retention must not be negative")
 	}
+	if cfg.Tallies != nil {
+		width := cfg.Tallies.TallyBucket()
+		if width <= 0 || cfg.Bucket != 0 && cfg.Bucket != width {
+			return nil, fmt.Errorf("audit: incremental: the consumer's tallies are %v wide, Bucket %v: want tallies (inbox.Config.TallyBucket), as wide as the buckets", width, cfg.Bucket)
+		}
+		cfg.Bucket = width
+	}
 	cfg.Bucket = cmp.Or(cfg.Bucket, DefaultBucket)
 	cfg.CommitLag = cmp.Or(cfg.CommitLag, DefaultCommitLag)
 	cfg.FullEvery = cmp.Or(cfg.FullEvery, DefaultFullEvery)
 	cfg.Lookups = cmp.Or(cfg.Lookups, DefaultLookups)
 	return &Incremental{cfg: cfg}, nil
-}
-
-func hashID(msgID string) uint64 {
-	h := fnv.New64a()
-	_, _ = h.Write([]byte(msgID))
-	return h.Sum64()
 }
 
 func (in *Incremental) bucket(t time.Time) int64 {
@@ -118,12 +135,12 @@ func (in *Incremental) count(e outboxaudit.LoggedEvent, recorded bool) {
 		t = &tally{}
 		in.buckets[k] = t
 	}
-	h := hashID(e.MessageID())
+	h := inbox.DigestOf(e.MessageID())
 	t.events++
-	t.eventDigest += h
+	t.eventDigest = t.eventDigest.Plus(h)
 	if recorded {
 		t.recorded++
-		t.recDigest += h
+		t.recDigest = t.recDigest.Plus(h)
 	}
 }
 
@@ -131,7 +148,7 @@ func (in *Incremental) count(e outboxaudit.LoggedEvent, recorded bool) {
 func (in *Incremental) recorded(e outboxaudit.LoggedEvent) {
 	t := in.buckets[in.bucket(e.CreatedAt)]
 	t.recorded++
-	t.recDigest += hashID(e.MessageID())
+	t.recDigest = t.recDigest.Plus(inbox.DigestOf(e.MessageID()))
 	delete(in.open, e.ID)
 }
 
@@ -271,8 +288,13 @@ func (in *Incremental) step(ctx context.Context, now time.Time) error {
 	return nil
 }
 
-// lookUpOpen asks Done about every open event, Lookups at a time.
+// lookUpOpen finds which open events the inbox recorded by now: those of
+// the buckets whose tallies agree (Tallies), then the others by asking Done
+// about each, Lookups at a time.
 func (in *Incremental) lookUpOpen(ctx context.Context) error {
+	if err := in.tallied(ctx); err != nil {
+		return err
+	}
 	events := make([]outboxaudit.LoggedEvent, 0, len(in.open))
 	for _, e := range in.open {
 		events = append(events, e)
@@ -304,6 +326,41 @@ func (in *Incremental) lookUpOpen(ctx context.Context) error {
 	return nil
 }
 
+// tallied reads the tallies of the buckets that hold open events, and
+// counts the open events of each bucket whose tally agrees with the
+// outbox's count and digest as recorded: the inbox holds a record of each
+// event of the bucket. (A tally is never ahead of its records; one that
+// disagrees, or is missing, leaves its events to Done.)
+func (in *Incremental) tallied(ctx context.Context) error {
+	if in.cfg.Tallies == nil || len(in.open) == 0 {
+		return nil
+	}
+	byBucket := map[int64][]outboxaudit.LoggedEvent{}
+	for _, e := range in.open {
+		k := in.bucket(e.CreatedAt)
+		byBucket[k] = append(byBucket[k], e)
+	}
+	keys := slices.Sorted(maps.Keys(byBucket))
+	starts := make([]time.Time, len(keys))
+	for i, k := range keys {
+		starts[i] = time.Unix(0, k*int64(in.cfg.Bucket)).UTC()
+	}
+	tallies, err := in.cfg.Tallies.Tallies(ctx, starts)
+	if err != nil {
+		return fmt.Errorf("audit: incremental: read the inbox's tallies of %d buckets: %w", len(starts), err)
+	}
+	for i, k := range keys {
+		t := in.buckets[k]
+		if t == nil || tallies[i].Count != t.events || tallies[i].Digest != t.eventDigest {
+			continue
+		}
+		for _, e := range byBucket[k] {
+			in.recorded(e)
+		}
+	}
+	return nil
+}
+
 // report builds a report of [since, until), rounded up to whole buckets,
 // from the tallies and the open events; it drops what is older than since.
 func (in *Incremental) report(ctx context.Context, since, until, now time.Time) (*Report, error) {
@@ -320,7 +377,7 @@ func (in *Incremental) report(ctx context.Context, since, until, now time.Time) 
 	}
 	r.Phantom, r.AppliedBeforeWindow, r.InboxRecords = in.full.Phantom, in.full.AppliedBeforeWindow, in.full.InboxRecords
 	// Each bucket's digests must differ by the open events' hashes.
-	diff := map[int64]uint64{}
+	diff := map[int64]inbox.Digest{}
 	n := map[int64]int64{}
 	for id, e := range in.open {
 		k := in.bucket(e.CreatedAt)
@@ -328,7 +385,7 @@ func (in *Incremental) report(ctx context.Context, since, until, now time.Time) 
 			delete(in.open, id)
 			continue
 		}
-		diff[k] += hashID(e.MessageID())
+		diff[k] = diff[k].Plus(inbox.DigestOf(e.MessageID()))
 		n[k]++
 	}
 	for k, t := range in.buckets {
@@ -336,7 +393,7 @@ func (in *Incremental) report(ctx context.Context, since, until, now time.Time) 
 			delete(in.buckets, k)
 			continue
 		}
-		if t.events-t.recorded != n[k] || t.eventDigest-t.recDigest != diff[k] {
+		if t.events-t.recorded != n[k] || t.eventDigest.Minus(t.recDigest) != diff[k] {
 			return nil, fmt.Errorf("audit: incremental: bucket %s: %d events, %d recorded, %d open: the digests disagree by more than the open events", time.Unix(0, k*int64(in.cfg.Bucket)).UTC(), t.events, t.recorded, n[k])
 		}
 		if k < last {

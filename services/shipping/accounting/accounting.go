@@ -26,10 +26,12 @@ package accounting
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"go.mongodb.org/mongo-driver/v2/mongo"
 
 	"github.com/outbox-inbox/reference/internal/audit"
+	"github.com/outbox-inbox/reference/pkg/outbox"
 	"github.com/outbox-inbox/reference/pkg/outbox/outboxaudit"
 	"github.com/outbox-inbox/reference/services/shipping/internal/deadletter"
 	"github.com/outbox-inbox/reference/services/shipping/internal/mongodb"
@@ -99,4 +101,12 @@ func (b *Books) Account(ctx context.Context, events []outboxaudit.LoggedEvent) (
 		}
 	}
 	return out, nil
+}
+
+// MessageTime reads an event's creation time from its message id
+// (outbox.MessageID): shipping's inbox's MessageTime, for its dedup horizon
+// and its tallies.
+func MessageTime(msgID string) (time.Time, bool) {
+	_, created, err := outbox.ParseMessageID(msgID)
+	return created, err == nil && !created.IsZero()
 }

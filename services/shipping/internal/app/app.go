@@ -28,7 +28,7 @@ import (
 	"github.com/outbox-inbox/reference/internal/tracing"
 	"github.com/outbox-inbox/reference/pkg/inbox"
 	"github.com/outbox-inbox/reference/pkg/inbox/inboxotel"
-	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/services/shipping/accounting"
 	"github.com/outbox-inbox/reference/services/shipping/internal/deadletter"
 	"github.com/outbox-inbox/reference/services/shipping/internal/httpapi"
 	"github.com/outbox-inbox/reference/services/shipping/internal/metrics"
@@ -206,7 +206,10 @@ func New(cfg Config) (*App, error) {
 		Consumer: "shipping", Retention: cfg.InboxRetention, Logger: log, Hooks: hooks,
 		// The outbox's message ids carry the event's creation time: an event
 		// older than the retention is refused rather than applied again.
-		MessageTime: outboxMessageTime,
+		MessageTime: accounting.MessageTime,
+		// Counts per minute of creation time, which cmd/audit -every reads
+		// instead of looking each new event up.
+		TallyBucket: time.Minute,
 		// On a replica set the record commits with the effect instead.
 		Standalone: inbox.StandaloneConfig{FlushInterval: flush},
 	}); err != nil {
@@ -462,13 +465,6 @@ func (a *App) maintainInbox(ctx context.Context) {
 	if !a.inbox.TTL() {
 		_ = a.inbox.RunPurger(ctx, a.cfg.PurgeInterval)
 	}
-}
-
-// outboxMessageTime reads an event's creation time from its message id
-// (outbox.MessageID), for the inbox's dedup horizon.
-func outboxMessageTime(msgID string) (time.Time, bool) {
-	_, created, err := outbox.ParseMessageID(msgID)
-	return created, err == nil && !created.IsZero()
 }
 
 // skipper discards a version: in the shipment first, then in the inbox's
