@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -25,6 +26,7 @@ import (
 	"github.com/outbox-inbox/reference/pkg/inbox"
 	"github.com/outbox-inbox/reference/pkg/outbox"
 	"github.com/outbox-inbox/reference/pkg/outbox/outboxaudit"
+	"github.com/outbox-inbox/reference/services/shipping/accounting"
 )
 
 // runAudit measures the loss audit (internal/audit, as cmd/audit runs it)
@@ -75,7 +77,7 @@ func (b *bench) runAudit(ctx context.Context) ([]Figure, error) {
 	}
 
 	// Shipping's inbox: consumer "shipping", records buffered every 10ms.
-	in, err := inbox.New(db, inbox.Config{Consumer: "shipping", Standalone: inbox.StandaloneConfig{FlushInterval: 10 * time.Millisecond}})
+	in, err := inbox.New(db, shippingInbox(inbox.StandaloneConfig{FlushInterval: 10 * time.Millisecond}))
 	if err != nil {
 		return nil, err
 	}
@@ -99,9 +101,10 @@ func (b *bench) runAudit(ctx context.Context) ([]Figure, error) {
 		read++
 	}
 	inboxRead := rate(read, time.Since(start))
+	// The outbox side read alone, as the audit reads it (narrow).
 	start = time.Now()
 	read = 0
-	for _, err := range events.Events(ctx, outboxaudit.EventWindow{}) {
+	for _, err := range events.Events(ctx, outboxaudit.EventWindow{Narrow: true}) {
 		if err != nil {
 			return nil, fmt.Errorf("read the outbox: %w", err)
 		}
@@ -153,8 +156,13 @@ func (b *bench) runAudit(ctx context.Context) ([]Figure, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The merge alone: both sides held in memory.
+	compareRate, err := compareInMemory(ctx, events, memory, n)
+	if err != nil {
+		return nil, err
+	}
 	memory = memoryInbox{}
-	b.log.Info("audit against the inbox in memory", "events", n, "per_s", int(memRate), "without_read_ahead_per_s", int(memSeqRate))
+	b.log.Info("audit against the inbox in memory", "events", n, "per_s", int(memRate), "without_read_ahead_per_s", int(memSeqRate), "compare_in_memory_per_s", int(compareRate))
 	stopSampling := sampleHeap()
 	r, err := runOnce(0)
 	base, peakHeap := stopSampling()
@@ -174,32 +182,42 @@ func (b *bench) runAudit(ctx context.Context) ([]Figure, error) {
 		"inbox_read_alone_per_s": int(inboxRead), "outbox_read_alone_per_s": int(outboxRead),
 		"audit_without_read_ahead_per_s": int(seqRate), "audit_without_read_ahead_seconds": seq.Seconds,
 		"audit_inbox_in_memory_per_s": int(memRate), "audit_inbox_in_memory_without_read_ahead_per_s": int(memSeqRate),
-		"heap_in_use_before_mib": base >> 20, "heap_in_use_peak_mib": peakHeap >> 20,
+		"compare_in_memory_per_s": int(compareRate),
+		"heap_in_use_before_mib":  base >> 20, "heap_in_use_peak_mib": peakHeap >> 20,
 		"event_log_page": outboxaudit.DefaultEventLogPage, "inbox_page": inboxPage, "prefetch_batches": audit.DefaultPrefetch,
 	}
 	incremental, err := b.auditIncremental(ctx, pool, db, events, n, r.Seconds)
 	if err != nil {
 		return nil, err
 	}
-	return []Figure{incremental, newFigure("audit", "events/s", auditRate, inboxRead, Goal{ValueAtLeast, 100_000},
+	split := newFigure("audit_without_inbox_read", "events/s", memRate, outboxRead, Goal{ValueAtLeast, 100_000},
+		fmt.Sprintf("events audited per second by the same audit of %d events against the same inbox records held in memory: PostgreSQL's side and the merge, everything but the MongoDB read (details: the merge alone, both sides in memory)", n),
+		"the outbox side read alone, as the audit reads it (EventLog.Events, narrow)",
+		map[string]any{"events": n, "compare_in_memory_per_s": int(compareRate), "outbox_read_alone_per_s": int(outboxRead), "inbox_read_alone_per_s": int(inboxRead)})
+	return []Figure{incremental, split, newFigure("audit", "events/s", auditRate, inboxRead, Goal{ValueAtLeast, 100_000},
 		fmt.Sprintf("events audited per second by internal/audit (cmd/audit): %d published events in PostgreSQL against as many done records in shipping's inbox on FerretDB (a process of its own), merged by id; the audit's heap peaked at %d MiB",
 			n, peakHeap>>20),
 		"the same inbox records read alone (Inbox.Recorded, the audit's query: one page, which FerretDB reads and sorts whole)", details)}, nil
 }
 
+// auditNewEvents is how many new events the incremental cycle audits.
+const auditNewEvents = 10_000
+
 // auditIncremental measures one cycle of the incremental audit (cmd/audit
-// -every) after n/100 new events over the n of the history: its first
-// cycle, a full audit, builds its state; then n/100 events are committed
-// (outbox.Enqueue, a thousand a transaction) and recorded in the inbox, and
-// the next cycle is timed. The baseline is the full audit's time
-// (fullSeconds).
+// -every) after auditNewEvents new events over the n of the history: its
+// first cycle, a full audit, builds its state; then the events are
+// committed (outbox.Enqueue, a thousand a transaction) and recorded in the
+// inbox as shipping records them (with its tallies), and the next cycle is
+// timed. The baseline is the full audit's time (fullSeconds); the details
+// give what looking the new events up one by one takes (what a cycle does
+// without tallies).
 func (b *bench) auditIncremental(ctx context.Context, pool *pgxpool.Pool, db *mongo.Database, events *outboxaudit.EventLog, n int, fullSeconds float64) (Figure, error) {
-	reader, err := inbox.New(db, inbox.Config{Consumer: "shipping"})
+	reader, err := inbox.New(db, shippingInbox(inbox.StandaloneConfig{}))
 	if err != nil {
 		return Figure{}, err
 	}
 	inc, err := audit.NewIncremental(audit.IncrementalConfig{
-		Config: audit.Config{Producer: events, Consumer: reader, InboxPageSize: n + 1}, Done: reader,
+		Config: audit.Config{Producer: events, Consumer: reader, InboxPageSize: n + 1}, Done: reader, Tallies: reader,
 	})
 	if err != nil {
 		return Figure{}, err
@@ -213,7 +231,7 @@ func (b *bench) auditIncremental(ctx context.Context, pool *pgxpool.Pool, db *mo
 	if first.Checked != int64(n) || first.Applied.Count != int64(n) {
 		return Figure{}, fmt.Errorf("incremental audit, first cycle: checked %d, applied %d, want %d", first.Checked, first.Applied.Count, n)
 	}
-	added := max(n/100, 1)
+	added := auditNewEvents
 	var msgIDs []string
 	for i := 0; i < added; i += 1000 {
 		msgs := make([]outbox.Message, min(1000, added-i))
@@ -231,7 +249,7 @@ func (b *bench) auditIncremental(ctx context.Context, pool *pgxpool.Pool, db *mo
 			return Figure{}, fmt.Errorf("commit the new events: %w", err)
 		}
 	}
-	writer, err := inbox.New(db, inbox.Config{Consumer: "shipping", Standalone: inbox.StandaloneConfig{FlushInterval: 10 * time.Millisecond}})
+	writer, err := inbox.New(db, shippingInbox(inbox.StandaloneConfig{FlushInterval: 10 * time.Millisecond}))
 	if err != nil {
 		return Figure{}, err
 	}
@@ -246,11 +264,102 @@ func (b *bench) auditIncremental(ctx context.Context, pool *pgxpool.Pool, db *mo
 	if r.Checked != int64(n+added) || r.Applied.Count != int64(n+added) || !r.Whole() {
 		return Figure{}, fmt.Errorf("incremental audit, second cycle: checked %d, applied %d, want %d", r.Checked, r.Applied.Count, n+added)
 	}
-	b.log.Info("audit: incremental cycle", "history", n, "new_events", added, "seconds", r.Seconds, "first_cycle_seconds", first.Seconds)
+	// What the cycle would spend without tallies: the new events looked up
+	// by _id, DefaultLookups at a time, by an inbox without a done cache.
+	byID, err := inbox.New(db, inbox.Config{Consumer: "shipping", DoneCacheSize: -1})
+	if err != nil {
+		return Figure{}, err
+	}
+	start := time.Now()
+	if err := lookUpAll(ctx, byID, msgIDs, audit.DefaultLookups); err != nil {
+		return Figure{}, err
+	}
+	byIDSeconds := time.Since(start).Seconds()
+	b.log.Info("audit: incremental cycle", "history", n, "new_events", added, "seconds", r.Seconds, "first_cycle_seconds", first.Seconds, "lookups_by_id_seconds", byIDSeconds)
 	return newFigure("audit_incremental", "s", r.Seconds, fullSeconds, Goal{ValueAtMost, 2},
-		fmt.Sprintf("seconds of one incremental audit cycle (cmd/audit -every) after %d new events committed and recorded over a history of %d: the outbox read above its watermark (PostgreSQL), the new events looked up by _id in shipping's inbox on FerretDB", added, n),
+		fmt.Sprintf("seconds of one incremental audit cycle (cmd/audit -every) after %d new events committed and recorded over a history of %d: the outbox read above its watermark (PostgreSQL), the tallies of the new events' buckets read from shipping's inbox on FerretDB", added, n),
 		"the full audit of the same history (seconds)",
-		map[string]any{"history": n, "new_events": added, "first_cycle_seconds": first.Seconds, "lookups": audit.DefaultLookups}), nil
+		map[string]any{"history": n, "new_events": added, "first_cycle_seconds": first.Seconds, "lookups_by_id_seconds": byIDSeconds, "lookups": audit.DefaultLookups}), nil
+}
+
+// shippingInbox is shipping's inbox configuration as the audit meets it:
+// consumer "shipping", creation times from the message ids, tallies of a
+// minute.
+func shippingInbox(sa inbox.StandaloneConfig) inbox.Config {
+	return inbox.Config{Consumer: "shipping", MessageTime: accounting.MessageTime, TallyBucket: audit.DefaultBucket, Standalone: sa}
+}
+
+// lookUpAll asks in whether each of msgIDs is done, from clients
+// goroutines, and fails unless all are.
+func lookUpAll(ctx context.Context, in *inbox.Inbox, msgIDs []string, clients int) error {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make([]error, clients)
+	for c := range clients {
+		wg.Go(func() {
+			for {
+				i := next.Add(1) - 1
+				if i >= int64(len(msgIDs)) {
+					return
+				}
+				ok, err := in.IsDone(ctx, msgIDs[i])
+				if err == nil && !ok {
+					err = fmt.Errorf("message %s not done", msgIDs[i])
+				}
+				if err != nil {
+					errs[c] = err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// compareInMemory audits n events with both sides held in memory (the
+// outbox's events read once, narrow, and the inbox's records): the merge
+// alone.
+func compareInMemory(ctx context.Context, events *outboxaudit.EventLog, memory memoryInbox, n int) (float64, error) {
+	held := memoryOutbox{events: make([]outboxaudit.LoggedEvent, 0, n)}
+	for e, err := range events.Events(ctx, outboxaudit.EventWindow{Narrow: true}) {
+		if err != nil {
+			return 0, fmt.Errorf("read the outbox: %w", err)
+		}
+		held.events = append(held.events, e)
+	}
+	now := time.Now()
+	r, err := audit.Run(ctx, audit.Config{
+		Producer: held, Consumer: memory, Since: now.Add(-8 * 24 * time.Hour), Until: now, Now: now,
+	})
+	if err != nil {
+		return 0, fmt.Errorf("audit in memory: %w", err)
+	}
+	if r.Checked != int64(n) || r.Applied.Count != int64(n) || !r.Whole() {
+		return 0, fmt.Errorf("audit of %d events in memory: checked %d, applied %d", n, r.Checked, r.Applied.Count)
+	}
+	return float64(n) / r.Seconds, nil
+}
+
+// memoryOutbox is an outbox's events held in memory, in id order.
+type memoryOutbox struct{ events []outboxaudit.LoggedEvent }
+
+func (m memoryOutbox) Events(ctx context.Context, w outboxaudit.EventWindow) iter.Seq2[outboxaudit.LoggedEvent, error] {
+	return func(yield func(outboxaudit.LoggedEvent, error) bool) {
+		lo, _ := slices.BinarySearchFunc(m.events, w.MinID, func(e outboxaudit.LoggedEvent, id int64) int { return cmp.Compare(e.ID, id) })
+		for _, e := range m.events[lo:] {
+			if w.MaxID != 0 && e.ID > w.MaxID {
+				return
+			}
+			if !yield(e, nil) {
+				return
+			}
+		}
+	}
+}
+
+func (m memoryOutbox) Lookup(ctx context.Context, ids []int64) ([]outboxaudit.LoggedEvent, error) {
+	return nil, errors.New("memory outbox: no look-ups")
 }
 
 // memoryInbox is an inbox that recorded the messages ids, held in memory

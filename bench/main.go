@@ -9,7 +9,7 @@
 //
 // Figures: relay_drain, relay_drain_wal, relay_drain_nats, relay_start_backlog, hot_aggregate (with hot_aggregate_writers and hot_aggregate_wal), relay_recovery,
 // write_overhead, read_flat, e2e_latency, claim_flat, status_scrape,
-// inbox_throughput, audit (with audit_incremental).
+// inbox_throughput, audit (with audit_without_inbox_read and audit_incremental).
 // See docs/benchmarks.md for what each
 // measures and the latest numbers.
 //

@@ -474,4 +474,10 @@
 //
 // The unique _id makes the pair unique without any secondary index, so a
 // missing EnsureIndexes call costs retention, never correctness.
+//
+// With Config.TallyBucket, a second collection ("inbox_tallies") holds one
+// document per (consumer, bucket of creation time), for a loss audit (see
+// Tallies):
+//
+//	{_id: "consumer/width/bucket", count, lo, hi, bucket, expire_at}
 package inbox
