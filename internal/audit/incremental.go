@@ -162,7 +162,7 @@ func (in *Incremental) Cycle(ctx context.Context, since, until, now time.Time) (
 		if err := in.fullAudit(ctx, since, now); err != nil {
 			return nil, err
 		}
-	} else if err := in.step(ctx, now); err != nil {
+	} else if err := in.step(ctx, now, in.after(until)); err != nil {
 		return nil, err
 	} else if in.refull {
 		if err := in.fullAudit(ctx, since, now); err != nil {
@@ -224,8 +224,14 @@ func (in *Incremental) prune() {
 	}
 }
 
-// step reads what changed since the last cycle.
-func (in *Incremental) step(ctx context.Context, now time.Time) error {
+// after is the first bucket after until: its events are not judged.
+func (in *Incremental) after(until time.Time) int64 {
+	return (until.UnixNano() + int64(in.cfg.Bucket) - 1) / int64(in.cfg.Bucket)
+}
+
+// step reads what changed since the last cycle; of the open events, those
+// of buckets before last are looked up by id when their tallies disagree.
+func (in *Incremental) step(ctx context.Context, now time.Time, last int64) error {
 	cutoff := in.cutoff(now)
 	seen, added := 0, 0
 	fresh := map[int64]bool{} // events read in this scan: their state is current
@@ -280,7 +286,7 @@ func (in *Incremental) step(ctx context.Context, now time.Time) error {
 			}
 		}
 	}
-	if err := in.lookUpOpen(ctx); err != nil {
+	if err := in.lookUpOpen(ctx, last); err != nil {
 		return err
 	}
 	in.watermark = watermark
@@ -289,14 +295,20 @@ func (in *Incremental) step(ctx context.Context, now time.Time) error {
 }
 
 // lookUpOpen finds which open events the inbox recorded by now: those of
-// the buckets whose tallies agree (Tallies), then the others by asking Done
-// about each, Lookups at a time.
-func (in *Incremental) lookUpOpen(ctx context.Context) error {
+// the buckets whose tallies agree (Tallies), then the others of the buckets
+// before last (those a report judges) by asking Done about each, Lookups at
+// a time. With tallies, a younger event is left for a later cycle, when its
+// bucket's tally agrees or it is judged: a live flow's events in flight
+// cost no look-ups by id.
+func (in *Incremental) lookUpOpen(ctx context.Context, last int64) error {
 	if err := in.tallied(ctx); err != nil {
 		return err
 	}
 	events := make([]outboxaudit.LoggedEvent, 0, len(in.open))
 	for _, e := range in.open {
+		if in.cfg.Tallies != nil && in.bucket(e.CreatedAt) >= last {
+			continue
+		}
 		events = append(events, e)
 	}
 	done := make([]bool, len(events))
@@ -369,7 +381,7 @@ func (in *Incremental) report(ctx context.Context, since, until, now time.Time) 
 		return nil, err
 	}
 	first := (since.UnixNano() + int64(in.cfg.Bucket) - 1) / int64(in.cfg.Bucket) // the first whole bucket
-	last := (until.UnixNano() + int64(in.cfg.Bucket) - 1) / int64(in.cfg.Bucket)  // the first bucket after until
+	last := in.after(until)                                                       // the first bucket after until
 	r := &Report{Since: time.Unix(0, first*int64(in.cfg.Bucket)).UTC(), Until: time.Unix(0, last*int64(in.cfg.Bucket)).UTC(),
 		Grace: cfg.Grace.String(), AuditedAt: now}
 	for _, b := range r.Buckets() {

@@ -214,6 +214,22 @@ func TestIncrementalTrustsOnlyTalliesThatAgree(t *testing.T) {
 	if d.calls.Load() != 10 || r.Applied.Count != 99 || r.Pending.Count != 1 {
 		t.Fatalf("one not recorded: %d look-ups by id, applied %d, pending %d: want 10 (its bucket's), 99, 1", d.calls.Load(), r.Applied.Count, r.Pending.Count)
 	}
+	// Five more, not recorded, after the window: left for a later cycle.
+	add(5, at.Add(3*time.Minute+time.Second), func(int) bool { return false })
+	r, err = inc.Cycle(context.Background(), now.Add(-2*time.Hour), at.Add(3*time.Minute), at.Add(4*time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.calls.Load() != 11 || r.Pending.Count != 1 {
+		t.Fatalf("five after the window: %d look-ups by id, pending %d: want 11 (the one still open), 1", d.calls.Load(), r.Pending.Count)
+	}
+	r, err = inc.Cycle(context.Background(), now.Add(-2*time.Hour), at.Add(5*time.Minute), at.Add(5*time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.calls.Load() != 17 || r.Pending.Count != 6 {
+		t.Fatalf("five in the window: %d look-ups by id, pending %d: want 17, 6", d.calls.Load(), r.Pending.Count)
+	}
 	// A tally of the wrong width is refused.
 	if _, err := audit.NewIncremental(audit.IncrementalConfig{Config: audit.Config{Producer: p, Consumer: c}, Done: d, Tallies: tl, Bucket: time.Hour}); err == nil {
 		t.Fatal("Bucket an hour, tallies a minute: want an error")
