@@ -284,9 +284,11 @@ func (b *bench) auditIncremental(ctx context.Context, pool *pgxpool.Pool, db *mo
 
 // shippingInbox is shipping's inbox configuration as the audit meets it:
 // consumer "shipping", creation times from the message ids, tallies of a
-// minute.
+// minute; records kept 8 days, so that the history's 7.7 days are within
+// its dedup horizon.
 func shippingInbox(sa inbox.StandaloneConfig) inbox.Config {
-	return inbox.Config{Consumer: "shipping", MessageTime: accounting.MessageTime, TallyBucket: audit.DefaultBucket, Standalone: sa}
+	return inbox.Config{Consumer: "shipping", MessageTime: accounting.MessageTime, TallyBucket: audit.DefaultBucket,
+		Retention: 8 * 24 * time.Hour, Standalone: sa}
 }
 
 // lookUpAll asks in whether each of msgIDs is done, from clients
