@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"maps"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -43,7 +44,16 @@ func setup(t *testing.T, db *mongo.Database, cfg inbox.Config) *bundle {
 	if err != nil {
 		t.Fatalf("inbox.New: %v", err)
 	}
-	if err := in.EnsureIndexes(t.Context()); err != nil {
+	err = in.EnsureIndexes(t.Context())
+	for try := 1; err != nil && try < 3 && strings.Contains(err.Error(), "SQLITE_BUSY"); try++ {
+		// The embedded FerretDB's SQLite backend can refuse the first
+		// write of a new database while other tests create theirs ("database
+		// is locked", seen once in a copy's run); a MongoDB server never
+		// answers this. The index is then made on the next try.
+		time.Sleep(100 * time.Millisecond)
+		err = in.EnsureIndexes(t.Context())
+	}
+	if err != nil {
 		t.Fatalf("EnsureIndexes: %v", err)
 	}
 	return &bundle{db: db, in: in, effects: db.Collection("effects")}

@@ -59,15 +59,17 @@ func TestCloudEventsAreAppliedOnceWhicheverEnvelope(t *testing.T) {
 		}
 	}
 
-	publish(cancelled("1002", "o-ce")) // before its create: deferred
+	now := time.Now()
+	id1, id2, id3 := outbox.MessageID(1001, now), outbox.MessageID(1002, now), outbox.MessageID(1003, now)
+	publish(cancelled(id2, "o-ce")) // before its create: deferred
 	waitFor(t, 30*time.Second, "the cancel deferred", func() bool { return e.sum(deferredGap) >= 1 })
-	publish(created("1001", "o-ce"))
-	wantEvents(t, e.waitShipment("o-ce", 2), "1001", "1002")
+	publish(created(id1, "o-ce"))
+	wantEvents(t, e.waitShipment("o-ce", 2), id1, id2)
 
-	publish(created("1001", "o-ce"))         // the relay publishing it again
-	e.pub.publish(cancelled("1002", "o-ce")) // the outbox envelope of the same event
-	invalid := created("1003", "o-ce-invalid")
-	invalid.Headers = map[string]any{"cloudEvents_id": "1003"} // no specversion, source, type
+	publish(created(id1, "o-ce"))         // the relay publishing it again
+	e.pub.publish(cancelled(id2, "o-ce")) // the outbox envelope of the same event
+	invalid := created(id3, "o-ce-invalid")
+	invalid.Headers = map[string]any{"cloudEvents_id": id3} // no specversion, source, type
 	e.pub.publish(invalid)
 	e.waitDrained(a)
 
@@ -77,7 +79,7 @@ func TestCloudEventsAreAppliedOnceWhicheverEnvelope(t *testing.T) {
 	if got := e.sum(processed); got != 2 {
 		t.Errorf("applied %v events, want 2", got)
 	}
-	wantEvents(t, e.waitShipment("o-ce", 2), "1001", "1002")
+	wantEvents(t, e.waitShipment("o-ce", 2), id1, id2)
 	if _, ok := e.shipment("o-ce-invalid"); ok {
 		t.Error("the invalid CloudEvents message was applied")
 	}
@@ -87,7 +89,7 @@ func TestCloudEventsAreAppliedOnceWhicheverEnvelope(t *testing.T) {
 	}
 	reason, _ := dead[0].Headers[rabbitmq.HeaderReason].(string)
 	detail, _ := dead[0].Headers[rabbitmq.HeaderError].(string)
-	if reason != string(shipment.ReasonInvalidCloudEvent) || detail == "" || dead[0].MessageId != "1003" {
+	if reason != string(shipment.ReasonInvalidCloudEvent) || detail == "" || dead[0].MessageId != id3 {
 		t.Errorf("dead letter %q: reason %q (%q), want %s with its error", dead[0].MessageId, reason, detail, shipment.ReasonInvalidCloudEvent)
 	}
 	t.Logf("dead letter: %s: %s", reason, detail)
