@@ -248,12 +248,9 @@ type Status struct {
 	// StatusCountLimit; more are reported as StatusCountLimit + 1.
 	DeadLettered int64
 	// OldestPendingAge is how long the oldest pending row has waited, 0 when
-	// nothing is pending. Alert when it exceeds what a healthy relay needs.
-	// When Pending is exact, so is this. When it is estimated, this is the age
-	// of the pending row with the smallest id: the oldest row unless a writer
-	// enqueued long after its transaction began (a row's created_at is its
-	// transaction's start, its id is taken at insert). It is 0, too, when more
-	// than StatusCountLimit dead letters precede every pending row in id order.
+	// nothing is pending. Alert on it. When Pending is estimated, it is the age
+	// of the pending row with the smallest id (0 when more than
+	// StatusCountLimit dead letters come before every pending row).
 	OldestPendingAge time.Duration
 }
 

@@ -36,19 +36,10 @@ const (
 	// result within this limit too.
 	MaxNameBytes = 255
 	// MaxHeaderBytes bounds a message's headers as the broker measures them:
-	// the AMQP field table a publisher sends, which holds Headers and the
-	// five headers every publisher adds (aggregate_type, aggregate_id and
-	// event_type as long strings, aggregate_version as a 64-bit integer,
-	// outbox_created_at as a long string of at most 30 bytes, the row's
-	// creation time; they replace same-named entries of Headers), encoded: the table's 4-byte
-	// length, then per entry its name as a short string (1 byte of length,
-	// then the name), a type byte, and the value (a long string: 4 bytes of
-	// length, then the text; the integer: 8 bytes).
-	// The table travels in the message's content header frame, which must fit
-	// in the frame_max the connection negotiated (RabbitMQ's default: 128 KiB)
-	// with the other properties; 64 KiB leaves room for them and for brokers
-	// configured down to about 65 KiB (outboxamqp warns on a smaller
-	// frame_max), and consumers get the same frame back.
+	// the encoded AMQP field table a publisher sends, Headers plus the five
+	// headers every publisher adds. The table must fit, with the other
+	// properties, in the negotiated frame_max (RabbitMQ's default: 128 KiB);
+	// 64 KiB leaves room for brokers configured down to about 65 KiB.
 	MaxHeaderBytes = 64 << 10
 	// DefaultMaxPayloadBytes is the default of WriterConfig.MaxPayloadBytes.
 	DefaultMaxPayloadBytes = 1 << 20

@@ -130,6 +130,6 @@ const (
 	EventPublished EventState = "published"
 	// EventDeadLettered: it reached MaxAttempts and waits for an operator.
 	EventDeadLettered EventState = "dead_lettered"
-	// EventDiscarded: an operator discarded it ([Admin.Discard]).
+	// EventDiscarded: an operator discarded it (Admin.Discard).
 	EventDiscarded EventState = "discarded"
 )

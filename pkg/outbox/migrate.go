@@ -54,15 +54,12 @@ func migrations() []migration {
 
 // Schema returns the SQL that creates the outbox tables and indexes at the
 // current version: every migration's statements, then a COMMENT on the
-// outbox table recording the version, which CheckSchema reads. Every
+// outbox table recording the version, which [CheckSchema] reads. Every
 // statement is idempotent: give it to your own migration tool if you do not
-// want Migrate to run it.
-//
-// Run as is on a live database, it locks the outbox table even when it
-// changes nothing (ADD COLUMN IF NOT EXISTS takes ACCESS EXCLUSIVE, CREATE
-// INDEX IF NOT EXISTS takes SHARE), queueing the table's readers and writers
-// behind any open transaction that touched it, and sets back storage
-// options a DBA tuned. Migrate does neither (see [MigrateWithConfig]).
+// want [Migrate] to run it. Run as is on a live database, it locks the outbox
+// table even when it changes nothing (queueing its readers and writers behind
+// any open transaction that touched it) and sets back storage options a DBA
+// tuned; Migrate does neither.
 func Schema() string { return schemaOf(migrations()) }
 
 // schemaOf is the SQL of migs, then their marker.
@@ -150,28 +147,20 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 // MigrateWithConfig brings the outbox tables to the current version, safely on a
 // live database and from several processes at once:
 //
-//   - It first reads the catalog, which locks no table: when the schema is up
-//     to date (every statement of Schema in effect, every index valid), it
-//     returns without taking any other lock, so it can run at every start.
-//   - Each missing column, table or setting is added in a transaction with
-//     a lock_timeout of cfg.LockTimeout, retried with backoff while the lock
-//     is held by others (who, it logs), until ctx ends.
-//   - Of the storage options Schema sets on a table (autovacuum thresholds,
-//     fillfactor), it sets only those the table lacks: one a DBA set to
-//     another value keeps it. (To give one back to the server's setting, set
-//     it to that value: an option the table lacks is set again.)
-//   - Each missing index of a table that already exists is built with
-//     CREATE INDEX CONCURRENTLY, which lets readers and writers go on; an
-//     index left INVALID by an interrupted build (a cancelled or killed
-//     Migrate) is dropped concurrently and built again, and one that another
-//     process is building is waited for. Such a build waits for every
-//     transaction older than itself in the database to end; it logs them.
-//   - The version marker is written last, so a Migrate that stopped midway
-//     leaves a schema that CheckSchema still calls outdated, and the next
-//     Migrate finishes the work.
+//   - It first reads the catalog, which locks no table: on an up-to-date
+//     schema it returns without taking any other lock.
+//   - Each missing column, table or setting is added in a transaction with a
+//     lock_timeout of cfg.LockTimeout, retried with backoff (logging who holds
+//     the lock) until ctx ends.
+//   - Storage options (autovacuum thresholds, fillfactor) are set only where
+//     the table lacks them: a DBA's values stay.
+//   - Missing indexes of existing tables are built CONCURRENTLY; one left
+//     INVALID by an interrupted build is dropped and built again.
+//   - The version marker is written last, so an interrupted Migrate leaves a
+//     schema [CheckSchema] calls outdated, and the next Migrate finishes it.
 //
 // A schema newer than this binary's is left alone: Migrate returns nil if
-// this binary may run against it, and an error wrapping ErrSchemaTooNew
+// this binary may run against it, and an error wrapping [ErrSchemaTooNew]
 // otherwise. It uses up to two of pool's connections at once.
 func MigrateWithConfig(ctx context.Context, pool *pgxpool.Pool, cfg MigrateConfig) error {
 	p, err := plan()
@@ -397,13 +386,10 @@ func (s schemaState) check(version int) error {
 }
 
 // CheckSchema reports whether the outbox tables are there, at a version this
-// binary can run against, without changing anything: it reads the catalog
-// only and takes no lock on the tables, so it never waits for, nor makes
-// anyone wait behind, a transaction that writes to the outbox. Call it when
-// a process starts. It returns an error wrapping ErrSchemaMissing or
-// ErrSchemaOutdated (run Migrate), ErrSchemaTooNew (a later version of this
-// package migrated the database and does not let this one run: upgrade the
-// binary), or the query's error.
+// binary can run against. It reads the catalog only and takes no lock on the
+// tables: call it when a process starts. It returns an error wrapping
+// [ErrSchemaMissing] or [ErrSchemaOutdated] (run [Migrate]), [ErrSchemaTooNew]
+// (upgrade the binary), or the query's error.
 func CheckSchema(ctx context.Context, db DB) error {
 	s, err := readSchemaState(ctx, db)
 	if err != nil {

@@ -73,14 +73,10 @@ const (
 	// answer a ping, or could not be opened. A steady rise means
 	// notifications are being missed (the poll still finds the rows).
 	KindListenReconnected ObservationKind = "listen_reconnected"
-	// KindListenFallback (Fallback): whether the relay, configured to LISTEN
-	// (NotifyChannel), gave up on notifications and relies on its poll
-	// alone: true when the notification it sent itself at start did not
-	// arrive within ListenProbeTimeout (typically a transaction-pooling
-	// PgBouncer between the relay and PostgreSQL: LISTEN needs a session of
-	// its own; see RelayConfig.ListenConfig), false once one arrived.
-	// Events still flow, up to PollInterval late. Never reported without
-	// NotifyChannel.
+	// KindListenFallback (Fallback): true when the relay, configured with
+	// NotifyChannel, got no answer to its LISTEN probe (typically a
+	// transaction-pooling PgBouncer: see RelayConfig.ListenConfig) and relies
+	// on its poll alone; false once a notification arrived.
 	KindListenFallback ObservationKind = "listen_fallback"
 )
 

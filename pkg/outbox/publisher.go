@@ -42,14 +42,10 @@ func (e Envelope) MessageID() string { return MessageID(e.ID, e.CreatedAt) }
 // "<id>-<createdAt in microseconds since the Unix epoch>", both in decimal,
 // e.g. "42-1764662400123456".
 //
-// The id alone is not enough. After a failover to an asynchronous standby,
-// the standby's id sequence can be behind ids the old primary handed out to
-// events that were published and then lost with it, and the next events get
-// those ids again: a consumer deduplicating by the id would drop them as
-// duplicates of events it applied before the failover. The row's creation
-// time, which a later transaction on the new primary cannot share to the
-// microsecond, tells them apart; and both are stored in the row, so every
-// attempt, by any relay, sends the same id.
+// The creation time keeps the id unique when identity values are handed out
+// again: after a failover to an asynchronous standby whose sequence is behind
+// the lost primary's, a restore, or a recreated outbox. Both are stored in the
+// row, so every attempt, by any relay, sends the same id.
 //
 // Within one database, ordering message ids as byte strings orders them as
 // their outbox ids' decimal forms (the '-' sorts before every digit).
@@ -78,59 +74,35 @@ func (e Envelope) logAttrs() []any {
 }
 
 // Publisher sends envelopes to a broker. The relay is its only caller; the
-// contract below is what the relay's guarantees rest on, so a Publisher for
-// another broker must keep every point of it.
+// relay's guarantees rest on this contract, so a Publisher for another broker
+// must keep every point of it (package publishertest checks them):
 //
-//   - WaitReady blocks until the publisher can send (connected, not throttled by
-//     the broker), reconnecting as needed, and returns nil; it returns an error
-//     only when ctx ends or the publisher is closed. The relay calls it before
-//     claiming rows, so a broker outage costs no attempt and no database work.
-//
-//   - PublishBatch sends every envelope and returns one error per envelope, in
-//     order (len(result) == len(msgs)). nil means the broker took responsibility
-//     for that message: it is durably stored and was routed to at least one queue
-//     (for RabbitMQ: a positive publisher confirm, and no basic.return). Only then
-//     does the relay mark the row published, so a nil that is not backed by the
-//     broker's word loses the event.
-//
-//   - Any other outcome is an error: refused, unroutable (wrap ErrUnroutable),
-//     connection lost before the verdict, ctx ended before the verdict. The
-//     relay retries the row later; the broker may then hold the message twice,
-//     which consumers absorb by deduplicating on the message id.
-//
-//   - An error wrapping ErrNotSent says the message never left the process, so
-//     it cannot have reached the broker: the relay retries it at once without
-//     counting an attempt. Never use it for a message that might have been sent.
-//
-//   - An error wrapping ErrBatchRefused says the broker refused one message of
-//     the batch without saying which, and took the others without a verdict
-//     down with it (RabbitMQ closes the channel, or the connection, on a
-//     header of a type it refuses or a frame too large): the relay sends each
-//     such message alone next time, without counting this attempt, and counts
-//     the attempts of the one the broker refuses alone, until it is
-//     dead-lettered. Use it only for a refusal the broker blames on a message
-//     it was sent, not for an outage: it makes every message concerned go out
-//     one per claim.
-//
-//   - Headers: a publisher sends Envelope.Headers with aggregate_type,
-//     aggregate_id, event_type (strings) and aggregate_version (a 64-bit
-//     integer) set from the envelope, over same-named entries; Enqueue's
-//     MaxHeaderBytes measures that table. A publisher may send the envelope
-//     in another format instead (outboxamqp's CloudEvents option sends the
-//     attributes as cloudEvents_ headers, a few hundred bytes more than that
-//     measure); it says so, and what it adds to the table.
-//
-//   - Order: a batch may hold several envelopes of one aggregate (a run of
-//     consecutive versions, see RelayConfig.BatchSize), in version order in
-//     msgs. The publisher sends them in that order on one ordered path to
-//     the broker (for AMQP, one channel), so that the broker keeps their
-//     order; envelopes of distinct aggregates may be sent concurrently. The
-//     relay marks an envelope only if every earlier one of its aggregate in
-//     the batch got nil, so a verdict per envelope is all it needs.
-//
-//   - PublishBatch must return by the time ctx ends (the relay's
-//     PublishTimeout), and must be safe for concurrent use: a relay runs
-//     several batches at once.
+//   - WaitReady blocks until the publisher can send (connected, not throttled),
+//     reconnecting as needed, and returns nil; it returns an error only when
+//     ctx ends or the publisher is closed. The relay calls it before claiming,
+//     so a broker outage costs no attempt.
+//   - PublishBatch returns one error per envelope, in order (len(result) ==
+//     len(msgs)). nil means the broker durably stored the message and routed
+//     it to at least one queue (RabbitMQ: a positive confirm, no
+//     basic.return); only then is the row marked published.
+//   - Any other outcome is an error (refused, unroutable: wrap
+//     [ErrUnroutable], connection lost, ctx ended); the relay retries later.
+//   - [ErrNotSent] says the message never left the process: retried at once,
+//     without counting an attempt. Never use it for one that might have been
+//     sent.
+//   - [ErrBatchRefused] says the broker refused one message of the batch
+//     without saying which and dropped the others with it (RabbitMQ closes the
+//     channel or connection): each goes out alone next time, without counting
+//     the attempt. Use it only for a refusal, never for an outage.
+//   - Headers: send [Envelope.Headers] with aggregate_type, aggregate_id,
+//     event_type (strings) and aggregate_version (a 64-bit integer) set from
+//     the envelope, over same-named entries; [MaxHeaderBytes] measures that
+//     table. A publisher using another format says what it adds.
+//   - Order: envelopes of one aggregate (a run) come in version order and
+//     must be sent in that order on one ordered path (AMQP: one channel);
+//     distinct aggregates may go concurrently.
+//   - PublishBatch returns by the time ctx ends ([RelayConfig.PublishTimeout])
+//     and is safe for concurrent use.
 type Publisher interface {
 	WaitReady(ctx context.Context) error
 	PublishBatch(ctx context.Context, msgs []Envelope) []error

@@ -25,116 +25,76 @@ import (
 // RelayConfig configures a Relay. The zero value of every field means its
 // default; NewRelay rejects negative or out-of-range values.
 type RelayConfig struct {
-	// BatchSize is how many rows one claim takes. A claim takes the head
-	// event (the oldest one left) of up to BatchSize aggregates, and shares
-	// the room left among them: behind each head, the aggregate's next
-	// events, in version order (a run), so that one aggregate's backlog
-	// drains a batch at a time, not one event per claim, confirm and mark.
-	// The events of a run after one that fails are not marked, whatever the
-	// broker said of them: they go out again after it (consumers that check
-	// versions drop the early copies), and an event that failed before goes
-	// out without a run behind it until it succeeds.
-	// Default DefaultBatchSize (500), at most MaxBatchSize (10,000).
+	// BatchSize is how many rows one claim takes: the head event of up to
+	// BatchSize aggregates and, behind each, its next events in version order
+	// (a run), so one aggregate's backlog drains a batch at a time. Default
+	// DefaultBatchSize, at most MaxBatchSize.
 	BatchSize int
-	// Workers is how many batches one relay keeps in flight at once: while one
-	// batch waits for its confirms, another is claimed and sent. Default DefaultWorkers (2), at
-	// most MaxWorkers (64). Each worker uses a pool connection only while it claims or marks.
+	// Workers is how many batches one relay keeps in flight at once. Each
+	// uses a pool connection only while it claims or marks. Default
+	// DefaultWorkers, at most MaxWorkers.
 	Workers int
-	// MaxInFlightBytes bounds the bytes of payloads and headers (as
-	// PostgreSQL prints them: what the relay reads and holds) in the batches
-	// the relay has in flight at once: each worker's claim stops at
-	// MaxInFlightBytes / Workers, in due order, but always takes one row, so a
-	// row larger than a worker's share goes out alone. The process holds
-	// about twice that while a batch is read and published. Default
-	// DefaultMaxInFlightBytes (64 MiB: 1,000 payloads of 1 MiB, what the
-	// other defaults allow, would be 1 GiB); -1: no bound.
+	// MaxInFlightBytes bounds the bytes of payloads and headers in the
+	// batches in flight: each worker's claim stops at MaxInFlightBytes /
+	// Workers but always takes one row. The process holds about twice that.
+	// Default DefaultMaxInFlightBytes; -1: no bound.
 	MaxInFlightBytes int64
-	// PollInterval is the fallback ticker: the relay looks for due rows at least
-	// this often, whatever the wake-ups. It alone is enough for correctness (rows
-	// committed by other processes, retries whose backoff ended, leases of a dead
-	// relay); wake-ups only cut latency. Default DefaultPollInterval (1s), at
-	// least 10ms.
+	// PollInterval is how often the relay looks for due rows whatever the
+	// wake-ups; it alone is enough for correctness. Default
+	// DefaultPollInterval, at least 10ms.
 	PollInterval time.Duration
-	// NotifyChannel, when set, makes the relay LISTEN on that channel and wake up
-	// on every notification: set it to the WriterConfig.NotifyChannel of the
-	// writers. The relay opens one dedicated connection (not from the pool) for
-	// it. Default "" (off): in-process Wake and the ticker only.
+	// NotifyChannel, when set, makes the relay LISTEN on that channel, on a
+	// dedicated connection, and wake on every notification: set it to the
+	// writers' WriterConfig.NotifyChannel. Default "" (off).
 	NotifyChannel string
-	// ListenConfig is the connection the relay LISTENs on, when it must not
-	// be the pool's: behind a transaction-pooling PgBouncer (or any pooler
-	// that hands a client a server connection per transaction), LISTEN
-	// cannot work through the pool, so give a direct connection to
-	// PostgreSQL here (pgx.ParseConfig of a URL that bypasses the pooler).
-	// Default nil: a connection made from the pool's configuration. Used
-	// only with NotifyChannel.
+	// ListenConfig is a direct connection to PostgreSQL to LISTEN on, for a
+	// pool behind a transaction-pooling PgBouncer (see docs/pgbouncer.md).
+	// Default nil: one made from the pool's configuration.
 	ListenConfig *pgx.ConnConfig
-	// ListenProbeTimeout bounds the relay's check, on each LISTEN
-	// connection, that notifications arrive: once it is listening it sends
-	// one to itself through the pool, the way writers do, and waits this
-	// long for it. If it does not come, the relay logs a warning, reports
-	// KindListenFallback (Observer), closes that connection and relies on
-	// its poll alone, and probes again ListenProbeRetry later. Default
-	// DefaultListenProbeTimeout (2s); -1 skips the check (the relay then
-	// trusts its LISTEN). Used only with NotifyChannel.
+	// ListenProbeTimeout is how long the relay waits for the notification it
+	// sends itself on each new LISTEN connection; when none comes it warns,
+	// reports KindListenFallback and polls alone for ListenProbeRetry.
+	// Default DefaultListenProbeTimeout; -1 skips the probe.
 	ListenProbeTimeout time.Duration
 	// ListenProbeRetry is how long the relay polls before it tries LISTEN
-	// again after a probe found notifications were not arriving. Default
-	// DefaultListenProbeRetry (1m).
+	// again after a failed probe. Default DefaultListenProbeRetry.
 	ListenProbeRetry time.Duration
 	// ListenKeepalive is how long the LISTEN connection may stay silent before
-	// the relay pings it; a ping without an answer within ListenKeepalive
-	// makes the relay reconnect. It detects a connection that died without
-	// a word (a network partition, a firewall dropping idle flows), which
-	// would otherwise leave the relay deaf to notifications, falling back on
-	// its poll. Default DefaultListenKeepalive (30s), at least 10ms. Used only with NotifyChannel.
+	// the relay pings it; no answer within ListenKeepalive makes it reconnect
+	// (a connection that died without an error). Default
+	// DefaultListenKeepalive, at least 10ms.
 	ListenKeepalive time.Duration
-	// Lease is how long a claimed row is reserved for this relay. If the relay
-	// dies mid-batch, other relays retry the row when the lease ends. Default
-	// DefaultLease (30s).
+	// Lease is how long a claimed row is reserved for this relay; if the relay
+	// dies mid-batch, others retry the row when it ends. Default
+	// DefaultLease.
 	Lease time.Duration
-	// PublishTimeout bounds one batch's publish, from the first send to the last
-	// confirm; messages without a verdict by then count as failed. It must leave
-	// room for the mark inside the lease: at most Lease/2. Default DefaultPublishTimeout (10s), or
-	// Lease/2 when that is shorter.
+	// PublishTimeout bounds one batch's publish, first send to last confirm;
+	// messages without a verdict by then failed. At most Lease/2. Default
+	// DefaultPublishTimeout, or Lease/2 when shorter.
 	PublishTimeout time.Duration
-	// MaxAttempts is how many failed attempts dead-letter a row. An attempt is
-	// counted when the row is claimed (so a relay crash counts) and given back
-	// when the publisher says the message was never sent. A row whose relay
-	// stopped while publishing it (crash, kill, out of memory: no outcome
-	// written when its lease ended) is retried in a normal batch; one whose
-	// relays stopped so at two claims in a row is retried alone, in a batch
-	// of its own; either is dead-lettered when it is due again with
-	// MaxAttempts attempts. Default DefaultMaxAttempts (20).
+	// MaxAttempts is how many failed attempts dead-letter a row. An attempt
+	// is counted at claim (so a relay crash counts) and given back for
+	// ErrNotSent. A row in flight at two relay stops in a row is retried
+	// alone. Default DefaultMaxAttempts.
 	MaxAttempts int
-	// RetryBackoffMin and RetryBackoffMax bound the exponential backoff between
-	// attempts: RetryBackoffMin after the first failure, doubling, capped at
-	// RetryBackoffMax, each with random jitter down to half. Defaults
-	// DefaultRetryBackoffMin (1s) and DefaultRetryBackoffMax (5m).
+	// RetryBackoffMin and RetryBackoffMax bound the exponential backoff
+	// between attempts, each with jitter down to half. Defaults
+	// DefaultRetryBackoffMin and DefaultRetryBackoffMax.
 	RetryBackoffMin time.Duration
 	RetryBackoffMax time.Duration
-	// PublishedRetention, when set, makes the relay delete rows published longer
-	// ago than that, every PurgeInterval, PurgeBatchSize rows per statement.
-	// Default 0 (off: keep published rows forever, or purge with Admin.Purge).
+	// PublishedRetention, when set, makes the relay delete rows published
+	// longer ago, every PurgeInterval, PurgeBatchSize rows per statement.
+	// Default 0: keep them (or use Admin.Purge).
 	PublishedRetention time.Duration
-	// PurgeInterval is the period of the purge. Default DefaultPurgeInterval
-	// (1m).
+	// PurgeInterval is the period of the purge. Default DefaultPurgeInterval.
 	PurgeInterval time.Duration
-	// PurgeBatchSize is the size of each purge statement. Default DefaultPurgeBatchSize
-	// (1,000), at most
-	// 100,000.
+	// PurgeBatchSize is the size of each purge statement. Default
+	// DefaultPurgeBatchSize, at most 100,000.
 	PurgeBatchSize int
-	// VacuumEvery is how many rows the relay moves out of the outbox table
-	// between two VACUUMs of it that the relay runs itself, in the background.
-	// Every published row leaves a dead tuple and dead index entries in outbox,
-	// and the claim walks over them until a vacuum removes them: without one,
-	// its cost grows with every event published since the last. The schema
-	// tunes autovacuum to clean up every 5,000 changes, but a server may run
-	// with autovacuum off. Default 0 (auto): at start the relay asks whether
-	// autovacuum is on for the server and the table; if not, it vacuums once at
-	// start and then every 5,000 rows moved, and otherwise never. A positive
-	// value vacuums at that interval regardless; -1 never. The VACUUM needs the
-	// table's owner (PostgreSQL skips it with a warning otherwise) and skips
-	// the table while another vacuum holds it.
+	// VacuumEvery is how many rows the relay moves out of the outbox between
+	// two VACUUMs it runs itself (the claim slows down over dead tuples).
+	// Default 0: every 5,000 rows if autovacuum is off for the table, else
+	// never; a positive value: always; -1: never. It needs the table's owner.
 	VacuumEvery int
 	// Logger receives the relay's logs. Default slog.Default().
 	Logger *slog.Logger
