@@ -73,7 +73,7 @@ func TestSlotIsNotAcknowledgedPastAnUnconfirmedEvent(t *testing.T) {
 	a := enqueue(t, pool, msg("a", "order.created"))
 	afterA := currentLSN(t, pool)
 	later := enqueue(t, pool, msg("a", "order.cancelled"))
-	waitFor(t, "the first event in flight and the second decoded", 10*time.Second, func() (bool, error) {
+	waitFor(t, "the first event in flight and the second decoded", 60*time.Second, func() (bool, error) {
 		return blocking.taken.Load() == 1 && relay.Stats().InMemory == 2, nil
 	})
 	from := acks.Load()
