@@ -259,16 +259,11 @@ func (p *Publisher) session(ctx context.Context) (*session, error) {
 			return s, nil
 		}
 		if p.failures > 0 {
-			d := retry.Jitter(retry.Backoff(p.failures, p.cfg.ReconnectMin, p.cfg.ReconnectMax))
-			t := time.NewTimer(d)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return nil, ctx.Err()
-			case <-p.closing:
-				t.Stop()
+			wait := retry.Jitter(retry.Backoff(p.failures, p.cfg.ReconnectMin, p.cfg.ReconnectMax))
+			if err := retry.SleepOrStop(ctx, wait, p.closing); errors.Is(err, retry.ErrStopped) {
 				return nil, ErrClosed
-			case <-t.C:
+			} else if err != nil {
+				return nil, err
 			}
 		}
 		s, err := p.dial(ctx)

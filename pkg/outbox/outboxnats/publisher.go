@@ -219,15 +219,11 @@ func (p *Publisher) session(ctx context.Context) (*session, error) {
 			old.nc.Close()
 		}
 		if p.failures > 0 {
-			t := time.NewTimer(retry.Jitter(retry.Backoff(p.failures, p.cfg.ReconnectMin, p.cfg.ReconnectMax)))
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return nil, ctx.Err()
-			case <-p.closing:
-				t.Stop()
+			wait := retry.Jitter(retry.Backoff(p.failures, p.cfg.ReconnectMin, p.cfg.ReconnectMax))
+			if err := retry.SleepOrStop(ctx, wait, p.closing); errors.Is(err, retry.ErrStopped) {
 				return nil, ErrClosed
-			case <-t.C:
+			} else if err != nil {
+				return nil, err
 			}
 		}
 		s, err := p.dial(ctx)

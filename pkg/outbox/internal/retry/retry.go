@@ -5,6 +5,7 @@ package retry
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"time"
 )
@@ -34,5 +35,23 @@ func Sleep(ctx context.Context, d time.Duration) {
 	select {
 	case <-ctx.Done():
 	case <-t.C:
+	}
+}
+
+// ErrStopped is what SleepOrStop returns when stop closed first.
+var ErrStopped = errors.New("retry: stopped")
+
+// SleepOrStop waits d; it returns ctx.Err() if ctx ends first and
+// ErrStopped if stop is closed first.
+func SleepOrStop(ctx context.Context, d time.Duration, stop <-chan struct{}) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-stop:
+		return ErrStopped
+	case <-t.C:
+		return nil
 	}
 }
