@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"reflect"
 	"slices"
@@ -69,19 +68,7 @@ func (p *memPublisher) snapshot() []outbox.Envelope {
 	return slices.Clone(p.published)
 }
 
-func testLogger(t testing.TB) *slog.Logger {
-	if testing.Verbose() {
-		return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	return slog.New(slog.NewTextHandler(io.Discard, nil))
-}
-
-type tWriter struct{ t testing.TB }
-
-func (w tWriter) Write(p []byte) (int, error) {
-	w.t.Log(string(p))
-	return len(p), nil
-}
+func testLogger(t testing.TB) *slog.Logger { return outboxtest.Logger(t) }
 
 // fastConfig is a relay configuration that retries quickly, for tests.
 func fastConfig(t testing.TB) outbox.RelayConfig {

@@ -5,10 +5,8 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"io"
 	"log/slog"
 	"os"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -217,11 +215,7 @@ func checkMarkedWereReceived(t testing.TB, pool *pgxpool.Pool, b *broker) {
 // testLogger logs to the test output under -v, and calls onMsg (if set) with
 // every record's message.
 func testLogger(t testing.TB, onMsg func(string)) *slog.Logger {
-	var w io.Writer = io.Discard
-	if testing.Verbose() {
-		w = tWriter{t}
-	}
-	return slog.New(&hookHandler{Handler: slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}), onMsg: onMsg})
+	return slog.New(&hookHandler{Handler: slog.NewTextHandler(outboxtest.LogWriter(t), &slog.HandlerOptions{Level: slog.LevelDebug}), onMsg: onMsg})
 }
 
 type hookHandler struct {
@@ -242,13 +236,6 @@ func (h *hookHandler) WithAttrs(as []slog.Attr) slog.Handler {
 
 func (h *hookHandler) WithGroup(name string) slog.Handler {
 	return &hookHandler{Handler: h.Handler.WithGroup(name), onMsg: h.onMsg}
-}
-
-type tWriter struct{ t testing.TB }
-
-func (w tWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimSuffix(string(p), "\n"))
-	return len(p), nil
 }
 
 // newProxy is a TCP forwarder in front of the test broker (see

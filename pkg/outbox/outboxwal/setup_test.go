@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"strconv"
@@ -180,19 +179,7 @@ func waitActive(t testing.TB, r *outboxwal.Relay) {
 	waitFor(t, "the relay streaming", 30*time.Second, func() (bool, error) { return r.Stats().Active, nil })
 }
 
-func testLogger(t testing.TB) *slog.Logger {
-	if testing.Verbose() {
-		return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	return slog.New(slog.NewTextHandler(io.Discard, nil))
-}
-
-type tWriter struct{ t testing.TB }
-
-func (w tWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimSuffix(string(p), "\n"))
-	return len(p), nil
-}
+func testLogger(t testing.TB) *slog.Logger { return outboxtest.Logger(t) }
 
 // broker is a test's own exchange and queue on the test broker, deleted in
 // cleanup, and a consumer recording every delivery.
