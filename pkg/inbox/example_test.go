@@ -149,7 +149,7 @@ func ExampleGate() {
 		var gap *inbox.GapError
 		switch {
 		case errors.As(err, &gap):
-			fmt.Printf("version %d waits for %d\n", v, gap.Awaits)
+			fmt.Printf("version %d waits for %d\n", v, gap.Position.Version-1)
 			queue = append(queue, v) // defer it: redelivered after the others
 		case err != nil:
 			panic(err) // do not ack

@@ -44,16 +44,15 @@ var (
 	ErrInvalidPosition = errors.New("inbox: invalid position")
 )
 
-// GapError says which version a message waits for.
+// GapError says that a message waits for version Position.Version-1 of its
+// aggregate.
 type GapError struct {
 	MessageID string
 	Position  Position
-	// Awaits is the version that must be applied first: Position.Version-1.
-	Awaits int64
 }
 
 func (e *GapError) Error() string {
-	return fmt.Sprintf("inbox: message %s (%s) waits for version %d", e.MessageID, e.Position, e.Awaits)
+	return fmt.Sprintf("inbox: message %s (%s) waits for version %d", e.MessageID, e.Position, e.Position.Version-1)
 }
 
 // Is makes errors.Is(err, ErrGap) true.
@@ -169,7 +168,7 @@ func (g *Gate) Process(ctx context.Context, msgID string, pos Position, handler 
 			case err != nil:
 				return &gateRefusal{err}
 			case prev == "":
-				return &gateRefusal{&GapError{MessageID: msgID, Position: pos, Awaits: pos.Version - 1}}
+				return &gateRefusal{&GapError{MessageID: msgID, Position: pos}}
 			}
 		}
 		if err := handler(ctx); err != nil {

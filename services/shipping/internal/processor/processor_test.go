@@ -33,7 +33,7 @@ func (f fakeInbox) Process(ctx context.Context, msgID string, pos inbox.Position
 		return inbox.Duplicate, nil
 	}
 	if f.gap {
-		return 0, &inbox.GapError{MessageID: msgID, Position: pos, Awaits: pos.Version - 1}
+		return 0, &inbox.GapError{MessageID: msgID, Position: pos}
 	}
 	if f.alreadyApplied {
 		return inbox.AlreadyApplied, nil
