@@ -31,7 +31,6 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 
 	"github.com/outbox-inbox/reference/internal/audit"
-	"github.com/outbox-inbox/reference/pkg/outbox"
 	"github.com/outbox-inbox/reference/pkg/outbox/outboxaudit"
 	"github.com/outbox-inbox/reference/services/shipping/internal/deadletter"
 	"github.com/outbox-inbox/reference/services/shipping/internal/mongodb"
@@ -106,7 +105,4 @@ func (b *Books) Account(ctx context.Context, events []outboxaudit.LoggedEvent) (
 // MessageTime reads an event's creation time from its message id
 // (outbox.MessageID): shipping's inbox's MessageTime, for its dedup horizon
 // and its tallies.
-func MessageTime(msgID string) (time.Time, bool) {
-	_, created, err := outbox.ParseMessageID(msgID)
-	return created, err == nil && !created.IsZero()
-}
+func MessageTime(msgID string) (time.Time, bool) { return shipment.MessageTime(msgID) }

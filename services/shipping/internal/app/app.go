@@ -28,7 +28,6 @@ import (
 	"github.com/outbox-inbox/reference/internal/tracing"
 	"github.com/outbox-inbox/reference/pkg/inbox"
 	"github.com/outbox-inbox/reference/pkg/inbox/inboxotel"
-	"github.com/outbox-inbox/reference/services/shipping/accounting"
 	"github.com/outbox-inbox/reference/services/shipping/internal/deadletter"
 	"github.com/outbox-inbox/reference/services/shipping/internal/httpapi"
 	"github.com/outbox-inbox/reference/services/shipping/internal/metrics"
@@ -206,7 +205,7 @@ func New(cfg Config) (*App, error) {
 		Consumer: "shipping", Retention: cfg.InboxRetention, Logger: log, Hooks: hooks,
 		// The outbox's message ids carry the event's creation time: an event
 		// older than the retention is refused rather than applied again.
-		MessageTime: accounting.MessageTime,
+		MessageTime: shipment.MessageTime,
 		// Counts per minute of creation time, which cmd/audit -every reads
 		// instead of looking each new event up.
 		TallyBucket: time.Minute,
