@@ -235,9 +235,11 @@
 // import paths, and run go mod tidy. Your go.mod then requires
 // github.com/jackc/pgx/v5; github.com/rabbitmq/amqp091-go (outboxamqp),
 // github.com/jackc/pglogrepl (outboxwal), go.opentelemetry.io/otel
-// (outboxotel) and github.com/nats-io/nats.go (outboxnats) only for the
-// subpackages you keep; the tests add go.uber.org/goleak, the OpenTelemetry
-// SDK and nats-server. The tests need PostgreSQL (TEST_DATABASE_URL;
+// and go.opentelemetry.io/otel/trace (outboxotel) and
+// github.com/nats-io/nats.go (outboxnats) only for the subpackages you keep;
+// the tests add go.uber.org/goleak, go.opentelemetry.io/otel/sdk (spans
+// recorded in memory) and github.com/nats-io/nats-server/v2 (a server in the
+// test process). The tests need PostgreSQL (TEST_DATABASE_URL;
 // outboxwal's need wal_level=logical) and RabbitMQ (TEST_AMQP_URL). The
 // publisher conformance kit, publishertest, is for your own publisher's
 // tests.

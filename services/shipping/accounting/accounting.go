@@ -105,4 +105,4 @@ func (b *Books) Account(ctx context.Context, events []outboxaudit.LoggedEvent) (
 // MessageTime reads an event's creation time from its message id
 // (outbox.MessageID): shipping's inbox's MessageTime, for its dedup horizon
 // and its tallies.
-func MessageTime(msgID string) (time.Time, bool) { return shipment.MessageTime(msgID) }
+func MessageTime(msgID string) (time.Time, bool) { return mongodb.MessageTime(msgID) }

@@ -205,7 +205,7 @@ func New(cfg Config) (*App, error) {
 		Consumer: "shipping", Retention: cfg.InboxRetention, Logger: log, Hooks: hooks,
 		// The outbox's message ids carry the event's creation time: an event
 		// older than the retention is refused rather than applied again.
-		MessageTime: shipment.MessageTime,
+		MessageTime: mongodb.MessageTime,
 		// Counts per minute of creation time, which cmd/audit -every reads
 		// instead of looking each new event up.
 		TallyBucket: time.Minute,

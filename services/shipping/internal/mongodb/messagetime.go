@@ -1,4 +1,4 @@
-package shipment
+package mongodb
 
 import (
 	"time"
@@ -7,7 +7,9 @@ import (
 )
 
 // MessageTime reads an event's creation time from its message id
-// (outbox.MessageID), for the inbox's dedup horizon and its tallies.
+// (outbox.MessageID), for the inbox's dedup horizon and its tallies. It lives
+// beside the stores rather than in the domain, which imports the standard
+// library only.
 func MessageTime(msgID string) (time.Time, bool) {
 	_, created, err := outbox.ParseMessageID(msgID)
 	return created, err == nil && !created.IsZero()
