@@ -6,7 +6,8 @@
 //
 // Each envelope becomes one message on Config.Exchange (a durable exchange,
 // topic by default, declared on every connection), with the event type as
-// routing key unless Config.RoutingKey says otherwise:
+// routing key unless Config.RoutingKey says otherwise (with Config.Queue: on
+// the default exchange, to that one queue, for a replay):
 //
 //	MessageId     outbox.MessageID: the row's id and creation time, the consumer's deduplication key
 //	Type          the event type

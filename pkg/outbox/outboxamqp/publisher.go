@@ -34,8 +34,16 @@ type Config struct {
 	// Exchange receives every message. It is declared (durable, not
 	// auto-deleted) on every connection, so a broker that lost it gets it back;
 	// declaring is idempotent, and fails (logged, retried) if the exchange exists
-	// with another type. Required: the default exchange cannot be declared.
+	// with another type. Required unless Queue is set: the default exchange
+	// cannot be declared.
 	Exchange string
+	// Queue, when set, sends every message to this one queue and no other:
+	// through the default exchange, with the queue's name as routing key
+	// (Exchange, ExchangeType and RoutingKey must be unset). The queue is not
+	// declared: a message to a queue that does not exist is returned, an
+	// ErrUnroutable failure. For a replay to one new consumer (package
+	// outboxbackfill), which the consumers bound to Exchange must not see.
+	Queue string
 	// ExchangeType is the type of Exchange. Default DefaultExchangeType.
 	ExchangeType string
 	// RoutingKey returns a message's routing key. Default: its event type.
@@ -140,8 +148,14 @@ func NewPublisher(cfg Config) (*Publisher, error) {
 		nodes[i] = net.JoinHostPort(uri.Host, strconv.Itoa(uri.Port))
 		vhost = uri.Vhost
 	}
-	if cfg.Exchange == "" {
-		return nil, errors.New("outboxamqp: Exchange is required")
+	switch {
+	case cfg.Queue != "" && (cfg.Exchange != "" || cfg.ExchangeType != "" || cfg.RoutingKey != nil):
+		return nil, errors.New("outboxamqp: Queue publishes through the default exchange: Exchange, ExchangeType and RoutingKey must be unset")
+	case cfg.Queue != "":
+		queue := cfg.Queue
+		cfg.RoutingKey = func(outbox.Envelope) string { return queue }
+	case cfg.Exchange == "":
+		return nil, errors.New("outboxamqp: Exchange (or Queue) is required")
 	}
 	if cfg.MaxInFlight < 0 {
 		return nil, errors.New("outboxamqp: MaxInFlight is negative")
@@ -182,7 +196,7 @@ func NewPublisher(cfg Config) (*Publisher, error) {
 		urls:  urls,
 		nodes: nodes,
 		log: cfg.Logger.With(slog.String("broker", strings.Join(nodes, ",")),
-			slog.String("vhost", vhost), slog.String("exchange", cfg.Exchange)),
+			slog.String("vhost", vhost), slog.String("exchange", cfg.Exchange), slog.String("queue", cfg.Queue)),
 		dialMu:  make(chan struct{}, 1),
 		closing: make(chan struct{}),
 	}, nil
@@ -361,9 +375,12 @@ func (p *Publisher) dialNode(ctx context.Context, i int) (*session, error) {
 		s.close()
 		return nil, err
 	}
-	if err := c.ch.ExchangeDeclare(p.cfg.Exchange, p.cfg.ExchangeType, true, false, false, false, nil); err != nil {
-		s.close()
-		return nil, fmt.Errorf("declare exchange %q: %w", p.cfg.Exchange, err)
+	// With Queue, the default exchange: it always exists and cannot be declared.
+	if p.cfg.Queue == "" {
+		if err := c.ch.ExchangeDeclare(p.cfg.Exchange, p.cfg.ExchangeType, true, false, false, false, nil); err != nil {
+			s.close()
+			return nil, fmt.Errorf("declare exchange %q: %w", p.cfg.Exchange, err)
+		}
 	}
 	s.release(c) // the first batch's channel
 	return s, nil
@@ -550,8 +567,9 @@ func refusesAMessage(err error) bool {
 	return false
 }
 
-// Exchange returns the exchange every message is published to (Config.Exchange),
-// e.g. for a tracing decorator's messaging.destination.name.
+// Exchange returns the exchange every message is published to (Config.Exchange;
+// "", the default exchange, with Config.Queue), e.g. for a tracing
+// decorator's messaging.destination.name.
 func (p *Publisher) Exchange() string { return p.cfg.Exchange }
 
 // RoutingKey returns the routing key e is published with (Config.RoutingKey,
