@@ -24,6 +24,7 @@ var packages = []string{
 	"pkg/outbox",
 	"pkg/outbox/outboxamqp",
 	"pkg/outbox/outboxaudit",
+	"pkg/outbox/outboxbackfill",
 	"pkg/outbox/outboxnats",
 	"pkg/outbox/outboxotel",
 	"pkg/outbox/outboxwal",
