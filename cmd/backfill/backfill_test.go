@@ -244,7 +244,7 @@ func TestBackfillHandsOverToTheLiveFlow(t *testing.T) {
 		perTx      = 4
 		bindAt     = 7_000 // events written before the new queue is bound
 		batch      = 100
-		lease      = 4 * time.Second
+		lease      = 10 * time.Second // the relay's, and the backfill's -settle; long enough that a loaded machine does not make the relay duplicate
 	)
 	pool, dbURL := outboxSchema(t)
 	ctx := context.Background()
