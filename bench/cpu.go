@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -14,6 +15,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -29,10 +31,12 @@ import (
 //     test, and the raw publisher of the baseline, run as goroutines. The
 //     process does nothing else while a drain is timed but count the hooks'
 //     callbacks and time the relay's SQL.
-//   - postgresql: the backends connected to the figure's own database, read
-//     from /proc/PID/stat; pg_stat_activity names them, and a logical WAL
-//     sender is connected to a database, so the WAL relay's is among them.
-//     Other databases' backends (other work on a shared server) are not.
+//   - postgresql: the backends connected to the figure's own database and
+//     the WAL senders of its slots, read from /proc/PID/stat;
+//     pg_stat_activity and pg_replication_slots name them, once at each end
+//     of the interval and every second between, so that a backend that exits
+//     during it counts up to its last reading. Other databases' backends and
+//     WAL senders (other work on a shared server) are not.
 //     The server's auxiliary processes (checkpointer, WAL writer, background
 //     writer), which the whole server shares, are read apart
 //     (postgresql_background in the details).
@@ -112,27 +116,40 @@ func readProcFile[T any](root string, pid int, name string, parse func(string) (
 	return v, nil
 }
 
-// cpuDelta is the CPU time the processes of group b spent since reading a,
-// PID by PID: a process in b and not in a (or in a under the same PID with
-// another start time) started during the interval and counts whole. It also
-// returns how many processes of a are gone from b: they exited during the
-// interval, and what they spent since a is missing from the delta.
-func cpuDelta(a, b map[int]procStat) (time.Duration, int) {
-	var d time.Duration
-	for pid, end := range b {
-		if begin, ok := a[pid]; ok && begin.start == end.start {
-			d += end.cpu - begin.cpu
-		} else {
-			d += end.cpu
+// attributeCPU returns the CPU time the processes of one group spent over an
+// interval read as samples: the first at its start, the last at its end, any
+// others between. Each process (a PID with its start time: a PID reused by a
+// new process is another) counts from its reading at the start, or whole if
+// it was not there (it started during the interval), up to its last reading.
+// A process that exits between two readings keeps what it spent up to the
+// earlier; exited counts the processes missing from the last sample, whose
+// CPU after their last reading is missing from the sum.
+func attributeCPU(samples []map[int]procStat) (d time.Duration, exited int) {
+	if len(samples) == 0 {
+		return 0, 0
+	}
+	type proc struct {
+		pid   int
+		start uint64
+	}
+	last := map[proc]time.Duration{}
+	for _, s := range samples {
+		for pid, st := range s {
+			k := proc{pid, st.start}
+			last[k] = max(last[k], st.cpu)
 		}
 	}
-	gone := 0
-	for pid, begin := range a {
-		if end, ok := b[pid]; !ok || end.start != begin.start {
-			gone++
+	first, end := samples[0], samples[len(samples)-1]
+	for k, cpu := range last {
+		if begin, ok := first[k.pid]; ok && begin.start == k.start {
+			cpu -= begin.cpu
+		}
+		d += cpu
+		if st, ok := end[k.pid]; !ok || st.start != k.start {
+			exited++
 		}
 	}
-	return d, gone
+	return d, exited
 }
 
 // selfCPU is the CPU time (user + system) this process has spent so far.
@@ -237,7 +254,7 @@ type cpuUse struct {
 	relay  time.Duration
 	groups map[string]time.Duration // only the groups measured
 	// gone counts the processes that exited during the interval (their CPU
-	// since its start is missing).
+	// after their last reading is missing).
 	gone int
 }
 
@@ -282,6 +299,9 @@ type cpuMeter struct {
 	// one (e2e_latency): its own group, "shipping".
 	shippingPID int
 	profileDir  string // BENCH_CPUPROFILE: a CPU profile of this process per interval
+	// every is how often an interval reads the processes between its ends
+	// (0: every second).
+	every time.Duration
 	// unmeasured says why a group is not measured.
 	unmeasured map[string]string
 }
@@ -336,57 +356,29 @@ func brokerPID(procRoot, amqpURL string) (int, error) {
 	return pid, nil
 }
 
+// procsQuery lists the PostgreSQL processes the meter reads, and whether each
+// is the figure's database's (a backend connected to it, or the WAL sender of
+// one of its slots) or one of the server's auxiliary processes. Other
+// databases' backends and other WAL senders are left out.
+const procsQuery = `SELECT a.pid, a.datname IS NOT DISTINCT FROM current_database() OR s.slot_name IS NOT NULL
+	FROM pg_stat_activity a
+	LEFT JOIN pg_replication_slots s ON s.active_pid = a.pid AND s.database = current_database()
+	WHERE a.datname = current_database() OR s.slot_name IS NOT NULL
+		OR (a.datname IS NULL AND a.backend_type NOT IN ('client backend', 'walsender'))`
+
 // sample reads every group: the servers' processes first and this process
 // last at the start of an interval (first at its end, reverse), so that the
 // reading's own work is outside it.
 func (m *cpuMeter) sample(ctx context.Context, end bool) (cpuSample, error) {
-	s := cpuSample{procs: map[string]map[int]procStat{}}
+	s := cpuSample{}
 	var err error
 	if end {
 		if s.self, err = selfCPU(); err != nil {
 			return s, err
 		}
 	}
-	if _, skip := m.unmeasured["postgresql"]; !skip {
-		rows, err := m.pool.Query(ctx, `SELECT pid, datname IS NOT NULL FROM pg_stat_activity
-			WHERE datname = current_database() OR (datname IS NULL AND backend_type NOT IN ('client backend', 'walsender'))`)
-		if err != nil {
-			return s, fmt.Errorf("list the PostgreSQL processes: %w", err)
-		}
-		s.procs["postgresql"], s.procs["postgresql_background"] = map[int]procStat{}, map[int]procStat{}
-		for rows.Next() {
-			var pid int
-			var ours bool
-			if err := rows.Scan(&pid, &ours); err != nil {
-				rows.Close()
-				return s, err
-			}
-			g := "postgresql_background"
-			if ours {
-				g = "postgresql"
-			}
-			if st, err := readProcStat(m.procRoot, pid); err == nil {
-				s.procs[g][pid] = st
-			} // else it exited since the query: gone from this sample
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return s, fmt.Errorf("list the PostgreSQL processes: %w", err)
-		}
-	}
-	if m.rabbitPID != 0 {
-		st, err := readProcStat(m.procRoot, m.rabbitPID)
-		if err != nil {
-			return s, fmt.Errorf("read the RabbitMQ node: %w", err)
-		}
-		s.procs["rabbitmq"] = map[int]procStat{m.rabbitPID: st}
-	}
-	if m.shippingPID != 0 {
-		st, err := readProcStat(m.procRoot, m.shippingPID)
-		if err != nil {
-			return s, fmt.Errorf("read the shipping process: %w", err)
-		}
-		s.procs["shipping"] = map[int]procStat{m.shippingPID: st}
+	if s.procs, err = m.readProcs(ctx); err != nil {
+		return s, err
 	}
 	if !end {
 		if s.self, err = selfCPU(); err != nil {
@@ -396,11 +388,64 @@ func (m *cpuMeter) sample(ctx context.Context, end bool) (cpuSample, error) {
 	return s, nil
 }
 
-// cpuInterval is one measured interval in progress.
+// readProcs reads the processes of every group measured. A PostgreSQL
+// process that exits between the listing and its reading is left out.
+func (m *cpuMeter) readProcs(ctx context.Context) (map[string]map[int]procStat, error) {
+	procs := map[string]map[int]procStat{}
+	if _, skip := m.unmeasured["postgresql"]; !skip {
+		rows, err := m.pool.Query(ctx, procsQuery)
+		if err != nil {
+			return nil, fmt.Errorf("list the PostgreSQL processes: %w", err)
+		}
+		procs["postgresql"], procs["postgresql_background"] = map[int]procStat{}, map[int]procStat{}
+		for rows.Next() {
+			var pid int
+			var ours bool
+			if err := rows.Scan(&pid, &ours); err != nil {
+				rows.Close()
+				return nil, err
+			}
+			g := "postgresql_background"
+			if ours {
+				g = "postgresql"
+			}
+			if st, err := readProcStat(m.procRoot, pid); err == nil {
+				procs[g][pid] = st
+			}
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, fmt.Errorf("list the PostgreSQL processes: %w", err)
+		}
+	}
+	for _, p := range []struct {
+		group string
+		pid   int
+	}{{"rabbitmq", m.rabbitPID}, {"shipping", m.shippingPID}} {
+		if p.pid == 0 {
+			continue
+		}
+		st, err := readProcStat(m.procRoot, p.pid)
+		if err != nil {
+			return nil, fmt.Errorf("read the %s process: %w", p.group, err)
+		}
+		procs[p.group] = map[int]procStat{p.pid: st}
+	}
+	return procs, nil
+}
+
+// cpuInterval is one measured interval in progress: its first reading, and
+// those a goroutine takes every cpuMeter.every until stop, so that a backend
+// that exits during the interval counts up to its last reading.
 type cpuInterval struct {
 	m       *cpuMeter
 	begin   cpuSample
 	profile *os.File
+
+	cancel context.CancelFunc
+	done   chan struct{}
+	mu     sync.Mutex
+	mid    []map[string]map[int]procStat // under mu
 }
 
 // start begins an interval; label names its profile file
@@ -420,9 +465,31 @@ func (m *cpuMeter) start(ctx context.Context, label string) (*cpuInterval, error
 	}
 	var err error
 	if iv.begin, err = m.sample(ctx, false); err != nil {
-		iv.stopProfile()
+		_ = iv.stopProfile()
 		return nil, err
 	}
+	every := cmp.Or(m.every, time.Second)
+	sctx, cancel := context.WithCancel(ctx)
+	iv.cancel, iv.done = cancel, make(chan struct{})
+	go func() {
+		defer close(iv.done)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-sctx.Done():
+				return
+			case <-t.C:
+			}
+			// A failed reading between the ends loses nothing but its
+			// precision: the end's reading decides.
+			if procs, err := m.readProcs(sctx); err == nil {
+				iv.mu.Lock()
+				iv.mid = append(iv.mid, procs)
+				iv.mu.Unlock()
+			}
+		}
+	}()
 	return iv, nil
 }
 
@@ -438,6 +505,8 @@ func (iv *cpuInterval) stopProfile() error {
 
 // stop ends the interval over which events events were handled.
 func (iv *cpuInterval) stop(ctx context.Context, events int) (cpuUse, error) {
+	iv.cancel()
+	<-iv.done
 	end, err := iv.m.sample(ctx, true)
 	err = errors.Join(err, iv.stopProfile())
 	if err != nil {
@@ -449,9 +518,13 @@ func (iv *cpuInterval) stop(ctx context.Context, events int) (cpuUse, error) {
 		if !ok {
 			continue
 		}
-		d, gone := cpuDelta(iv.begin.procs[g], b)
+		samples := []map[int]procStat{iv.begin.procs[g]}
+		for _, procs := range iv.mid {
+			samples = append(samples, procs[g])
+		}
+		d, exited := attributeCPU(append(samples, b))
 		u.groups[g] = d
-		u.gone += gone
+		u.gone += exited
 	}
 	return u, nil
 }

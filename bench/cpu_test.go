@@ -71,7 +71,7 @@ func TestParseProcStat(t *testing.T) {
 	}
 }
 
-func TestCPUDelta(t *testing.T) {
+func TestAttributeCPU(t *testing.T) {
 	a := map[int]procStat{
 		10: {comm: "postgres", start: 500, cpu: 2 * time.Second},        // runs through the interval
 		11: {comm: "postgres", start: 501, cpu: time.Second},            // exits during it
@@ -84,12 +84,35 @@ func TestCPUDelta(t *testing.T) {
 		13: {comm: "postgres", start: 503, cpu: 100 * time.Millisecond},
 		14: {comm: "postgres", start: 901, cpu: 200 * time.Millisecond}, // started during it (a WAL sender)
 	}
-	d, gone := cpuDelta(a, b)
-	if want := 1500*time.Millisecond + 300*time.Millisecond + 200*time.Millisecond; d != want || gone != 2 {
-		t.Fatalf("cpuDelta = %v, %d gone; want %v, 2 gone", d, gone, want)
+	d, exited := attributeCPU([]map[int]procStat{a, b})
+	if want := 1500*time.Millisecond + 300*time.Millisecond + 200*time.Millisecond; d != want || exited != 2 {
+		t.Fatalf("two readings: %v, %d exited; want %v, 2 exited", d, exited, want)
 	}
-	if d, gone := cpuDelta(nil, nil); d != 0 || gone != 0 {
-		t.Fatalf("cpuDelta of nothing = %v, %d", d, gone)
+
+	// Readings between the ends: 11 and the first 12 are read again before
+	// they exit, and 15 lives between two of them.
+	mid1 := map[int]procStat{
+		10: {start: 500, cpu: 2500 * time.Millisecond},
+		11: {start: 501, cpu: 1400 * time.Millisecond},
+		12: {start: 502, cpu: 5500 * time.Millisecond},
+		15: {start: 600, cpu: 100 * time.Millisecond},
+	}
+	mid2 := map[int]procStat{
+		10: {start: 500, cpu: 3 * time.Second},
+		11: {start: 501, cpu: 1600 * time.Millisecond},
+		15: {start: 600, cpu: 250 * time.Millisecond},
+	}
+	d, exited = attributeCPU([]map[int]procStat{a, mid1, mid2, b})
+	// 10: 1.5 s; 11: 0.6 s to its last reading; old 12: 0.5 s; new 12: 0.3 s
+	// whole; 13: 0; 14: 0.2 s whole; 15: 0.25 s whole.
+	if want := 3350 * time.Millisecond; d != want || exited != 3 {
+		t.Fatalf("four readings: %v, %d exited; want %v, 3 exited (11, the first 12, 15)", d, exited, want)
+	}
+	if d, exited := attributeCPU(nil); d != 0 || exited != 0 {
+		t.Fatalf("attributeCPU of nothing = %v, %d", d, exited)
+	}
+	if d, exited := attributeCPU([]map[int]procStat{nil, nil}); d != 0 || exited != 0 {
+		t.Fatalf("attributeCPU of empty readings = %v, %d", d, exited)
 	}
 }
 
@@ -153,8 +176,8 @@ func TestReadProcStatOfABusyChild(t *testing.T) {
 	if after.cpu < burn-time.Second/clockTicks {
 		t.Errorf("/proc says the child spent %v, it measured at least %v itself", after.cpu, burn)
 	}
-	if d, gone := cpuDelta(map[int]procStat{cmd.Process.Pid: before}, map[int]procStat{cmd.Process.Pid: after}); d != after.cpu-before.cpu || gone != 0 {
-		t.Errorf("cpuDelta = %v, %d gone; want %v, 0", d, gone, after.cpu-before.cpu)
+	if d, exited := attributeCPU([]map[int]procStat{{cmd.Process.Pid: before}, {cmd.Process.Pid: after}}); d != after.cpu-before.cpu || exited != 0 {
+		t.Errorf("attributeCPU = %v, %d exited; want %v, 0", d, exited, after.cpu-before.cpu)
 	}
 }
 

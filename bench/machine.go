@@ -76,6 +76,33 @@ func describeMachine(ctx context.Context, databaseURL, amqpURL string) Machine {
 	return m
 }
 
+// parseLoad1 returns the one-minute load average from the text of
+// /proc/loadavg ("0.52 0.58 0.59 1/467 12345").
+func parseLoad1(s string) (float64, error) {
+	f := strings.Fields(s)
+	if len(f) < 3 {
+		return 0, fmt.Errorf("loadavg %q: want three averages", truncate(s, 60))
+	}
+	v, err := strconv.ParseFloat(f[0], 64)
+	if err != nil || v < 0 {
+		return 0, fmt.Errorf("loadavg %q: the first field is not a load average", truncate(s, 60))
+	}
+	return v, nil
+}
+
+// load1 reads the machine's one-minute load average; nil when it cannot.
+func load1() *float64 {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return nil
+	}
+	v, err := parseLoad1(string(b))
+	if err != nil {
+		return nil
+	}
+	return &v
+}
+
 func (m Machine) summary() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%d cores (%s), %d MiB, kernel %s, load %s; %s; PostgreSQL %s",

@@ -301,9 +301,10 @@ func (b *bench) runFigures(ctx context.Context, selected []string, report *Repor
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		start := time.Now()
+		start, loadStart := time.Now(), load1()
 		b.log.Info("figure started", "figure", name)
 		figs, err := runners[name](ctx)
+		loadEnd := load1()
 		if err != nil {
 			b.log.Error("figure failed", "figure", name, "error", err)
 			report.Errors = append(report.Errors, name+": "+err.Error())
@@ -311,6 +312,9 @@ func (b *bench) runFigures(ctx context.Context, selected []string, report *Repor
 			continue
 		}
 		b.log.Info("figure done", "figure", name, "seconds", int(time.Since(start).Seconds()))
+		for i := range figs {
+			figs[i].Load1Start, figs[i].Load1End = cmp.Or(figs[i].Load1Start, loadStart), cmp.Or(figs[i].Load1End, loadEnd)
+		}
 		report.Figures = append(report.Figures, figs...)
 	}
 	if len(failed) > 0 {

@@ -69,6 +69,11 @@ type Figure struct {
 	// Measures and BaselineIs describe both sides in words.
 	Measures   string `json:"measures"`
 	BaselineIs string `json:"baseline_is"`
+	// Load1Start and Load1End are the machine's one-minute load average
+	// (/proc/loadavg) when the figure's measurement began and ended: a figure
+	// measured on a busy machine says so.
+	Load1Start *float64 `json:"load1_start,omitempty"`
+	Load1End   *float64 `json:"load1_end,omitempty"`
 	// Details holds the raw samples behind the figure (per repetition,
 	// percentiles, table statistics...).
 	Details map[string]any `json:"details,omitempty"`
@@ -165,7 +170,7 @@ func writeJSON(path string, r Report) error {
 // writeTable prints the figures as an aligned table, followed by the errors.
 func writeTable(w io.Writer, r Report) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "figure\tunit\tvalue\tbaseline\tratio\tgoal\tverdict")
+	fmt.Fprintln(tw, "figure\tunit\tvalue\tbaseline\tratio\tgoal\tverdict\tload1")
 	for _, f := range r.Figures {
 		ratio := "-"
 		if f.Ratio != nil {
@@ -178,8 +183,8 @@ func writeTable(w io.Writer, r Report) error {
 				verdict = "met"
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", f.Name, f.Unit,
-			formatNumber(f.Value), formatNumber(f.Baseline), ratio, f.GoalText, verdict)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", f.Name, f.Unit,
+			formatNumber(f.Value), formatNumber(f.Baseline), ratio, f.GoalText, verdict, f.loadText())
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -190,6 +195,15 @@ func writeTable(w io.Writer, r Report) error {
 		}
 	}
 	return nil
+}
+
+// loadText is the load column: the one-minute load average at the start and
+// at the end of the figure, "-" where it was not read.
+func (f Figure) loadText() string {
+	if f.Load1Start == nil || f.Load1End == nil {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f-%.2f", *f.Load1Start, *f.Load1End)
 }
 
 // formatNumber prints rates without decimals and small values with enough

@@ -145,7 +145,7 @@ func TestReportJSONShape(t *testing.T) {
 		DurationSeconds: 480.5,
 		Machine:         Machine{NumCPU: 2, MemoryMiB: 24000, Go: "go1.26.8", PostgreSQL: "15.20", RabbitMQ: "3.10.8"},
 		Figures: []Figure{
-			newFigure("relay_drain_1_relay", "events/s", 9000, 10000, Goal{RatioAtLeast, 0.8}, "m", "b", map[string]any{"backlog": 100000}),
+			withLoad(newFigure("relay_drain_1_relay", "events/s", 9000, 10000, Goal{RatioAtLeast, 0.8}, "m", "b", map[string]any{"backlog": 100000}), 0.52, 3.4),
 			newFigure("e2e_latency_wake_p50", "ms", 4, 0, Goal{}, "m", "b", nil),
 		},
 		Errors: []string{"inbox_throughput: boom"},
@@ -204,13 +204,30 @@ func TestReportJSONShape(t *testing.T) {
 	if _, ok := e2e["details"]; ok {
 		t.Errorf("figure[1] has details %#v, want none", e2e["details"])
 	}
+	if drain["load1_start"] != 0.52 || drain["load1_end"] != 3.4 {
+		t.Errorf("figure[0] load1 = %#v to %#v, want 0.52 to 3.4", drain["load1_start"], drain["load1_end"])
+	}
+	if _, ok := e2e["load1_start"]; ok {
+		t.Errorf("figure[1] has load1_start %#v, want none (not read)", e2e["load1_start"])
+	}
+}
+
+func TestParseLoad1(t *testing.T) {
+	if v, err := parseLoad1("14.58 7.29 3.13 19/272 6664\n"); err != nil || v != 14.58 {
+		t.Fatalf("parseLoad1 = %v, %v; want 14.58", v, err)
+	}
+	for _, bad := range []string{"", "0.5 0.4", "x 0.4 0.3 1/2 3", "-1 0.4 0.3 1/2 3"} {
+		if _, err := parseLoad1(bad); err == nil {
+			t.Errorf("parseLoad1(%q) accepted it", bad)
+		}
+	}
 }
 
 func TestWriteTable(t *testing.T) {
 	var buf bytes.Buffer
 	err := writeTable(&buf, Report{
 		Figures: []Figure{
-			newFigure("relay_drain_1_relay", "events/s", 9000, 10000, Goal{RatioAtLeast, 0.8}, "", "", nil),
+			withLoad(newFigure("relay_drain_1_relay", "events/s", 9000, 10000, Goal{RatioAtLeast, 0.8}, "", "", nil), 1.1, 3.456),
 			newFigure("write_overhead_p50", "ms", 0.8, 0.5, Goal{RatioAtMost, 1.15}, "", "", nil),
 			newFigure("e2e_latency_wake_p50", "ms", 4.25, 500, Goal{}, "", "", nil),
 		},
@@ -224,10 +241,10 @@ func TestWriteTable(t *testing.T) {
 		t.Fatalf("table has %d lines, want header, 3 figures and 1 error:\n%s", len(lines), buf.String())
 	}
 	for i, want := range [][]string{
-		{"figure", "unit", "value", "baseline", "ratio", "goal", "verdict"},
-		{"relay_drain_1_relay", "events/s", "9000", "10000", "0.90x", ">=", "0.80x", "met"},
-		{"write_overhead_p50", "ms", "0.8", "0.5", "1.60x", "<=", "1.15x", "MISSED"},
-		{"e2e_latency_wake_p50", "ms", "4.25", "500.0", "0.01x", "-", "-"},
+		{"figure", "unit", "value", "baseline", "ratio", "goal", "verdict", "load1"},
+		{"relay_drain_1_relay", "events/s", "9000", "10000", "0.90x", ">=", "0.80x", "met", "1.10-3.46"},
+		{"write_overhead_p50", "ms", "0.8", "0.5", "1.60x", "<=", "1.15x", "MISSED", "-"},
+		{"e2e_latency_wake_p50", "ms", "4.25", "500.0", "0.01x", "-", "-", "-"},
 		{"error:", "claim_flat:", "no", "claim", "observed"},
 	} {
 		if got := strings.Fields(lines[i]); !slices.Equal(got, want) {
@@ -281,6 +298,11 @@ func TestInboxWorkloadDuplicates(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+func withLoad(f Figure, start, end float64) Figure {
+	f.Load1Start, f.Load1End = &start, &end
+	return f
+}
 
 func equalPtr(a, b *float64) bool {
 	if a == nil || b == nil {
