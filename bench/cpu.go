@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -299,9 +298,6 @@ type cpuMeter struct {
 	// one (e2e_latency): its own group, "shipping".
 	shippingPID int
 	profileDir  string // BENCH_CPUPROFILE: a CPU profile of this process per interval
-	// every is how often an interval reads the processes between its ends
-	// (0: every second).
-	every time.Duration
 	// unmeasured says why a group is not measured.
 	unmeasured map[string]string
 }
@@ -434,8 +430,11 @@ func (m *cpuMeter) readProcs(ctx context.Context) (map[string]map[int]procStat, 
 	return procs, nil
 }
 
+// cpuReadEvery is how often an interval reads the processes between its ends.
+const cpuReadEvery = time.Second
+
 // cpuInterval is one measured interval in progress: its first reading, and
-// those a goroutine takes every cpuMeter.every until stop, so that a backend
+// those a goroutine takes every cpuReadEvery until stop, so that a backend
 // that exits during the interval counts up to its last reading.
 type cpuInterval struct {
 	m       *cpuMeter
@@ -468,12 +467,11 @@ func (m *cpuMeter) start(ctx context.Context, label string) (*cpuInterval, error
 		_ = iv.stopProfile()
 		return nil, err
 	}
-	every := cmp.Or(m.every, time.Second)
 	sctx, cancel := context.WithCancel(ctx)
 	iv.cancel, iv.done = cancel, make(chan struct{})
 	go func() {
 		defer close(iv.done)
-		t := time.NewTicker(every)
+		t := time.NewTicker(cpuReadEvery)
 		defer t.Stop()
 		for {
 			select {

@@ -8,7 +8,7 @@
 //	go run ./bench -quick              smaller sizes, to check the harness
 //
 // Figures: relay_drain, relay_drain_wal, relay_drain_nats, relay_start_backlog, hot_aggregate (with hot_aggregate_writers and hot_aggregate_wal), relay_recovery,
-// write_overhead, read_flat, e2e_latency, claim_flat, status_scrape,
+// write_overhead, read_flat, e2e_latency, e2e_latency_wal, e2e_rate_sweep, claim_flat, status_scrape,
 // inbox_throughput, audit (with audit_without_inbox_read and audit_incremental).
 // See docs/benchmarks.md for what each
 // measures and the latest numbers.
@@ -27,6 +27,8 @@
 //	BENCH_RELAY_BATCH_SIZE, BENCH_RELAY_WORKERS  relay tuning (default: the orders service's)
 //	BENCH_RELAY_VACUUM_EVERY  the relays' VacuumEvery (default 0, auto, the orders service's)
 //	BENCH_AUDIT_EVENTS  the events the audit figure audits (default 1,000,000)
+//	BENCH_SWEEP_START_RATE, BENCH_SWEEP_STAGE_SECONDS  e2e_rate_sweep's first rate (orders/s, default 100)
+//	                    and each stage's length (default 5)
 //	BENCH_CPUPROFILE    a directory: a CPU profile of the benchmark's process (the relay, or the raw
 //	                    publisher) over each measured drain of the relay figures, one file per drain
 //	BENCH_KEEP=1        keep the PostgreSQL databases and vhosts for inspection
@@ -70,7 +72,7 @@ func main() {
 
 // figureOrder is the order figures run in: those that need the shipping
 // service and pkg/inbox last.
-var figureOrder = []string{"relay_drain", "relay_drain_wal", "relay_drain_nats", "relay_start_backlog", "hot_aggregate", "relay_recovery", "write_overhead", "read_flat", "claim_flat", "status_scrape", "inbox_throughput", "audit", "e2e_latency", "e2e_latency_wal"}
+var figureOrder = []string{"relay_drain", "relay_drain_wal", "relay_drain_nats", "relay_start_backlog", "hot_aggregate", "relay_recovery", "write_overhead", "read_flat", "claim_flat", "status_scrape", "inbox_throughput", "audit", "e2e_latency", "e2e_latency_wal", "e2e_rate_sweep"}
 
 // config holds the sizes of one run.
 type config struct {
@@ -101,6 +103,12 @@ type config struct {
 	// auditEvents is how many events the audit figure audits.
 	auditEvents int
 
+	// sweepStartRate is e2e_rate_sweep's first rate (orders/s), sweepStage
+	// each stage's length, sweepStages the most stages of a sweep.
+	sweepStartRate int
+	sweepStage     time.Duration
+	sweepStages    int
+
 	// cpuProfileDir (BENCH_CPUPROFILE), when set, receives a CPU profile of
 	// each measured drain of the relay figures.
 	cpuProfileDir string
@@ -130,6 +138,9 @@ func defaultConfig() config {
 		inboxMessages:   1000,
 		inboxClients:    8,
 		auditEvents:     1_000_000,
+		sweepStartRate:  100,
+		sweepStage:      5 * time.Second,
+		sweepStages:     10,
 
 		readOrders:     1_000_000,
 		readBaseOrders: 1000,
@@ -155,6 +166,8 @@ func quickConfig() config {
 	c.claimMeasure = 3 * time.Second
 	c.inboxMessages = 500
 	c.auditEvents = 20_000
+	c.sweepStage = 2 * time.Second
+	c.sweepStages = 6
 	return c
 }
 
@@ -192,7 +205,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	for _, v := range []struct {
 		name string
 		dst  *int
-	}{{"BENCH_RELAY_BATCH_SIZE", &cfg.relayBatch}, {"BENCH_RELAY_WORKERS", &cfg.relayWorkers}, {"BENCH_AUDIT_EVENTS", &cfg.auditEvents}} {
+	}{{"BENCH_RELAY_BATCH_SIZE", &cfg.relayBatch}, {"BENCH_RELAY_WORKERS", &cfg.relayWorkers}, {"BENCH_AUDIT_EVENTS", &cfg.auditEvents},
+		{"BENCH_SWEEP_START_RATE", &cfg.sweepStartRate}} {
 		if s := getenv(v.name); s != "" {
 			n, err := strconv.Atoi(s)
 			if err != nil || n < 1 {
@@ -207,6 +221,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			return fmt.Errorf("BENCH_RELAY_VACUUM_EVERY=%q: want -1 (never), 0 (auto) or a number of rows", s)
 		}
 		cfg.relayVacuumEvery = n
+	}
+	if s := getenv("BENCH_SWEEP_STAGE_SECONDS"); s != "" {
+		n, err := strconv.ParseFloat(s, 64)
+		if err != nil || n < 0.5 || n > 600 {
+			return fmt.Errorf("BENCH_SWEEP_STAGE_SECONDS=%q: want 0.5 to 600", s)
+		}
+		cfg.sweepStage = time.Duration(n * float64(time.Second))
 	}
 	if dir := getenv("BENCH_CPUPROFILE"); dir != "" {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -295,6 +316,7 @@ func (b *bench) runFigures(ctx context.Context, selected []string, report *Repor
 		"audit":               b.runAudit,
 		"e2e_latency":         b.runE2ELatency,
 		"e2e_latency_wal":     b.runE2ELatencyWAL,
+		"e2e_rate_sweep":      b.runE2ERateSweep,
 	}
 	var failed []string
 	for _, name := range selected {
