@@ -241,9 +241,12 @@ func (h *logWatch) waitCount(t *testing.T, timeout time.Duration, as []*answerin
 // answerBound is how long one call of an answering loop may take. The
 // transactions Migrate waits behind stay open far longer than this (until the
 // test ends them), so a call queued behind Migrate's lock fails it; Migrate's
-// own waits last a lock_timeout (100 ms) at a time. It leaves room for a
-// loaded machine.
-const answerBound = 3 * time.Second
+// own waits last a lock_timeout (100 ms) at a time. A call blocked behind the
+// lock stays blocked until the test ends the transaction, which it does only
+// after the calls answered, so any bound shorter than waitAnswers' deadline
+// catches it; 15 s leaves room for a loaded machine (3 s did not: the relay's
+// round trip took longer on CI under a load of 13).
+const answerBound = 15 * time.Second
 
 // answering runs op in a loop until stop, each call bounded by answerBound,
 // and counts the calls that answered; the first failure or overrun is kept.
