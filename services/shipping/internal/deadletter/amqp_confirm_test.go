@@ -89,20 +89,28 @@ func (p *publishProxy) pipe(c net.Conn) {
 	}()
 	// Client to broker: the protocol header, then frames (type, channel,
 	// size, payload, end byte); a method frame's payload starts with its
-	// class and method ids, basic.publish being 60/40.
-	r := bufio.NewReader(io.TeeReader(c, up))
-	if _, err := io.ReadFull(r, make([]byte, 8)); err == nil {
-		hdr := make([]byte, 7)
-		for {
-			if _, err := io.ReadFull(r, hdr); err != nil {
-				break
-			}
-			body := make([]byte, binary.BigEndian.Uint32(hdr[3:])+1)
-			if _, err := io.ReadFull(r, body); err != nil {
-				break
-			}
-			if hdr[0] == 1 && len(body) >= 4 && binary.BigEndian.Uint16(body) == 60 && binary.BigEndian.Uint16(body[2:]) == 40 && p.armed.Load() {
-				published.Store(true)
+	// class and method ids, basic.publish being 60/40. A frame goes on to the
+	// broker only once it is parsed, so the flag is set before the broker can
+	// confirm the publish.
+	r := bufio.NewReader(c)
+	proto := make([]byte, 8)
+	if _, err := io.ReadFull(r, proto); err == nil {
+		if _, err := up.Write(proto); err == nil {
+			hdr := make([]byte, 7)
+			for {
+				if _, err := io.ReadFull(r, hdr); err != nil {
+					break
+				}
+				body := make([]byte, binary.BigEndian.Uint32(hdr[3:])+1)
+				if _, err := io.ReadFull(r, body); err != nil {
+					break
+				}
+				if hdr[0] == 1 && len(body) >= 4 && binary.BigEndian.Uint16(body) == 60 && binary.BigEndian.Uint16(body[2:]) == 40 && p.armed.Load() {
+					published.Store(true)
+				}
+				if _, err := up.Write(append(hdr, body...)); err != nil {
+					break
+				}
 			}
 		}
 	}
