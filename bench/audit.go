@@ -31,9 +31,9 @@ import (
 
 // runAudit measures the loss audit (internal/audit, as cmd/audit runs it)
 // over auditEvents events: published rows in an outbox (seedDirect's
-// publishedOrders, spread over 7.7 days) and as many done records in shipping's inbox, written
-// through pkg/inbox as the service writes them, on a FerretDB in a process
-// of its own, so that the heap measured during the audit is the audit's.
+// publishedOrders, spread over 7.7 days) and as many done records in
+// shipping's inbox, with their tallies (inboxSeed), on a FerretDB in a
+// process of its own, so that the heap measured during the audit is the audit's.
 // The baseline is the inbox side read alone with the same query: on
 // FerretDB, which pushes neither the range nor the sort down to SQLite, it
 // bounds the audit. The details give the same audit without read-ahead
@@ -76,14 +76,16 @@ func (b *bench) runAudit(ctx context.Context) ([]Figure, error) {
 		msgIDs = append(msgIDs, e.MessageID())
 	}
 
-	// Shipping's inbox: consumer "shipping", records buffered every 10ms.
-	in, err := inbox.New(db, shippingInbox(inbox.StandaloneConfig{FlushInterval: 10 * time.Millisecond}))
+	// Shipping's inbox: consumer "shipping", its records and tallies
+	// written directly (inboxSeed).
+	inboxCfg := shippingInbox(inbox.StandaloneConfig{})
+	in, err := inbox.New(db, inboxCfg)
 	if err != nil {
 		return nil, err
 	}
 	start = time.Now()
-	if err := recordAll(ctx, in, msgIDs, 16); err != nil {
-		return nil, fmt.Errorf("record the events in the inbox: %w", err)
+	if err := inboxSeedFor(inboxCfg).seed(ctx, in, msgIDs); err != nil {
+		return nil, err
 	}
 	seedRate := rate(n, time.Since(start))
 	b.log.Info("audit: inbox records written", "records", n, "seconds", int(time.Since(start).Seconds()), "per_s", int(seedRate))
@@ -207,8 +209,8 @@ const auditNewEvents = 10_000
 // -every) after auditNewEvents new events over the n of the history: its
 // first cycle, a full audit, builds its state; then the events are
 // committed (outbox.Enqueue, a thousand a transaction) and recorded in the
-// inbox as shipping records them (with its tallies), and the next cycle is
-// timed. The baseline is the full audit's time (fullSeconds); the details
+// inbox as shipping records them (Process, with its tallies), and the next
+// cycle is timed. The baseline is the full audit's time (fullSeconds); the details
 // give what looking the new events up one by one takes (what a cycle does
 // without tallies).
 func (b *bench) auditIncremental(ctx context.Context, pool *pgxpool.Pool, db *mongo.Database, events *outboxaudit.EventLog, n int, fullSeconds float64) (Figure, error) {

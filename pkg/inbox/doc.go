@@ -480,4 +480,12 @@
 // Tallies):
 //
 //	{_id: "consumer/width/bucket", count, lo, hi, bucket, expire_at}
+//
+// There width is TallyBucket as time.Duration's String ("1m0s"), bucket the
+// bucket's index (creation time in Unix nanoseconds / TallyBucket); count,
+// lo and hi are 64-bit integers (Tally's Count and Digest), bucket the
+// bucket's start and expire_at its end + Retention. Done records carry
+// expire_at = processed_at + Retention. This layout is a stable format:
+// tools may write it (the benchmark seeds a history so), and a change to
+// it is a schema change.
 package inbox
