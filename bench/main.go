@@ -2,8 +2,8 @@
 // against a baseline measured in the same run, prints them as a table and
 // writes them to a JSON file (BENCH_OUT, default bench-results.json).
 //
-//	go run ./bench                     every figure (15 to 20 minutes here, and 10 to 25 more for
-//	                                   the audit figure, which writes a million inbox records on FerretDB)
+//	go run ./bench                     every figure (15 to 20 minutes here, and about 25 more for
+//	                                   the audit figure, which reads a million inbox records from FerretDB four times)
 //	go run ./bench -only relay_drain   some figures, comma-separated
 //	go run ./bench -quick              smaller sizes, to check the harness
 //
