@@ -244,7 +244,7 @@ func TestBackfillHandsOverToTheLiveFlow(t *testing.T) {
 		perTx      = 4
 		bindAt     = 7_000 // events written before the new queue is bound
 		batch      = 100
-		lease      = 10 * time.Second // the relay's, and the backfill's -settle; long enough that a loaded machine does not make the relay duplicate
+		lease      = 10 * time.Second // the relay's; long enough that a loaded machine does not make the relay duplicate
 	)
 	pool, dbURL := outboxSchema(t)
 	ctx := context.Background()
@@ -349,7 +349,7 @@ func TestBackfillHandsOverToTheLiveFlow(t *testing.T) {
 
 	// A service is added: its queue is bound, then the backfill starts.
 	bind(newQueue, &newC)
-	args := []string{"-queue", newQueue, "-settle", lease.String(), "-rate", "1000", "-batch", fmt.Sprint(batch), "-progress", "1s"}
+	args := []string{"-queue", newQueue, "-rate", "1000", "-batch", fmt.Sprint(batch), "-progress", "1s"}
 	reached := func(frac float64) func() (bool, error) {
 		return func() (bool, error) {
 			replayed, total, finished, ok, err := checkpoint(pool, newQueue)
@@ -481,7 +481,7 @@ func TestBackfillHandsOverToTheLiveFlow(t *testing.T) {
 			t.Errorf("event %s replayed as %s %v, live as %s %v", d.MessageId, d.Body, d.Headers, l.Body, l.Headers)
 		}
 	}
-	t.Logf("new queue: %d deliveries, %d live, %d replayed (%d events, %d archived up to Until), %d events both live and replayed",
+	t.Logf("new queue: %d deliveries, %d live, %d replayed (%d events, %d created up to Until), %d events both live and replayed",
 		len(newDs), len(newDs)-replayedRaw, replayedRaw, len(replay), total, overlap)
 	if int64(len(replay)) != total {
 		t.Errorf("%d distinct events replayed, the checkpoint counts %d", len(replay), total)

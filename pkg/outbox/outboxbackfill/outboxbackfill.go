@@ -8,26 +8,27 @@
 //
 //  1. The new service declares its queue and binds it: from then on, the
 //     relays' messages reach it too.
-//  2. The backfill starts. At its first start it fixes its upper bound,
-//     Until: the database's clock then, plus Config.Settle. Run waits until
-//     Until has passed, then replays every archived event of its selection
-//     published up to Until, each aggregate's events in version order, with
-//     the live relay's message ids and headers.
-//  3. The new consumer's inbox absorbs the overlap: events published after
-//     the binding and before Until arrive twice, live and replayed, under the
-//     same message id.
+//  2. The backfill starts. Its first start fixes Until: the database's
+//     clock. It waits until the outbox holds no event of its selection
+//     created up to Until, dead letters aside (Progress and the log count
+//     those left), then replays the archived ones, each aggregate's in version
+//     order, with the live relay's message ids and headers.
+//  3. The new consumer's inbox absorbs the overlap: events created before
+//     Until and published after the binding arrive twice, under the same
+//     message id.
 //
-// No event falls between the two: one the relays sent before the binding was
-// confirmed before the binding, and is marked published (its published_at
-// set) within the relays' lease, or sent again after it, then reaching the
-// new queue live. Settle must therefore be at least the relays'
-// RelayConfig.Lease. Events purged from the archive (retention,
-// Admin.Purge) cannot be replayed: replay before they go.
+// No event falls between the two. A relay sends an event once its
+// transaction has committed, and created_at is that transaction's start: one
+// sent before the binding was created before Until. Its row may stay in the
+// outbox after the broker's confirm (a paused relay, a writer holding it),
+// so the wait lasts until it is archived (by either relay; the WAL relay's
+// Config.Archive). Events committed after the wait began, and dead letters
+// with the events behind them, go out after the binding (once retried).
+// Discarded and purged events (retention, Admin.Purge) are not replayed.
 //
 // # Throttle, checkpoint, progress
 //
-// Config.Rate bounds the events sent per second, so the replay leaves the
-// broker's and the database's capacity to the live relays. After each
+// Config.Rate bounds the events sent per second. After each
 // confirmed batch, the position reached (aggregate type, id, version) goes to
 // the outbox_backfill table, which this package creates and owns, under
 // Config.Name: a Run that starts again after a crash or a stop goes on from
@@ -76,20 +77,17 @@ type Config struct {
 	// Name identifies the backfill and its checkpoint: the new consumer's
 	// queue, say. Required, at most 200 bytes.
 	Name string
-	// From: replay the events published at or after From. Default: from the
+	// From: replay the events created at or after From. Default: from the
 	// oldest the archive holds.
 	From time.Time
-	// Until: replay the events published up to Until. Default: fixed at
-	// the first start, the database's clock plus Settle. Set it only to a
-	// moment at least the relays' lease after the new queue was bound. A
-	// resumed backfill keeps the Until it started with.
+	// Until: replay the events created up to Until. Default: fixed at the
+	// first start, the database's clock. One before the new queue was bound
+	// narrows the replay: events created after it and sent before the
+	// binding are left out. A resumed backfill keeps the Until it started
+	// with.
 	Until time.Time
 	// Aggregates limits the replay to these aggregates. Default: all.
 	Aggregates []Aggregate
-	// Settle is how long after its first start the default Until lies: at
-	// least the relays' RelayConfig.Lease (see the package documentation).
-	// Default DefaultSettle, outbox.DefaultLease.
-	Settle time.Duration
 	// Rate bounds the events sent per second. Default DefaultRate.
 	Rate float64
 	// BatchSize is how many events one PublishBatch carries, and one
@@ -101,7 +99,8 @@ type Config struct {
 	// after a failed publish. Defaults DefaultRetryBackoffMin and
 	// DefaultRetryBackoffMax.
 	RetryBackoffMin, RetryBackoffMax time.Duration
-	// ProgressInterval is how often Run logs its progress. Default
+	// ProgressInterval is how often Run logs its progress, and what it
+	// waits for before the replay. Default
 	// DefaultProgressInterval.
 	ProgressInterval time.Duration
 	// Logger receives the progress and the failures. Default slog.Default().
@@ -110,7 +109,6 @@ type Config struct {
 
 // Defaults of Config.
 const (
-	DefaultSettle           = outbox.DefaultLease
 	DefaultRate             = 1000.0
 	DefaultBatchSize        = 100
 	MaxBatchSize            = 1000
@@ -138,10 +136,15 @@ type Backfill struct {
 
 // Progress is where a backfill is.
 type Progress struct {
-	// Until is the upper bound of the replay; zero before Run fixed it.
+	// Until is the upper bound of the replay, on the events' creation;
+	// zero before Run fixed it.
 	Until time.Time
-	// Total is how many events the replay covers, counted once Until has
-	// passed (-1 before), Replayed how many it sent and checkpointed so far.
+	// Waiting is how many of the selection's events created up to Until
+	// the wait last found in the outbox (dead letters aside), OldestWaiting
+	// the smallest of their ids; zero once the wait is over.
+	Waiting, OldestWaiting int64
+	// Total is how many events the replay covers, counted once the wait is
+	// over (-1 before), Replayed how many it sent and checkpointed so far.
 	Total, Replayed int64
 	// Position is the last event checkpointed.
 	Position Position
@@ -176,7 +179,7 @@ func New(db DB, target outbox.Publisher, cfg Config) (*Backfill, error) {
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"Settle", cfg.Settle}, {"PublishTimeout", cfg.PublishTimeout}, {"RetryBackoffMin", cfg.RetryBackoffMin},
+	}{{"PublishTimeout", cfg.PublishTimeout}, {"RetryBackoffMin", cfg.RetryBackoffMin},
 		{"RetryBackoffMax", cfg.RetryBackoffMax}, {"ProgressInterval", cfg.ProgressInterval}} {
 		if d.v < 0 {
 			return nil, fmt.Errorf("outboxbackfill: %s is negative", d.name)
@@ -189,7 +192,6 @@ func New(db DB, target outbox.Publisher, cfg Config) (*Backfill, error) {
 		return cmp.Or(cmp.Compare(a.Type, b.Type), cmp.Compare(a.ID, b.ID))
 	})
 	cfg.Aggregates = slices.Compact(cfg.Aggregates)
-	cfg.Settle = cmp.Or(cfg.Settle, DefaultSettle)
 	cfg.Rate = cmp.Or(cfg.Rate, DefaultRate)
 	cfg.BatchSize = cmp.Or(cfg.BatchSize, DefaultBatchSize)
 	cfg.PublishTimeout = cmp.Or(cfg.PublishTimeout, DefaultPublishTimeout)
@@ -225,7 +227,7 @@ func (b *Backfill) Run(ctx context.Context) error {
 	if _, err := b.db.Exec(ctx, schemaSQL); err != nil {
 		return fmt.Errorf("outboxbackfill %s: create the checkpoint table: %w", b.cfg.Name, err)
 	}
-	cp, err := b.start(ctx)
+	cp, settled, err := b.start(ctx)
 	if err != nil {
 		return fmt.Errorf("outboxbackfill %s: %w", b.cfg.Name, err)
 	}
@@ -234,22 +236,22 @@ func (b *Backfill) Run(ctx context.Context) error {
 		b.log.InfoContext(ctx, "outboxbackfill: already finished", progressAttrs(cp)...)
 		return nil
 	}
-	if err := b.settle(ctx, cp.Until); err != nil {
-		return nilIfDone(ctx, err)
-	}
-	if cp.Total < 0 {
-		n, err := outboxsql.CountArchive(ctx, b.db, b.sqlSelection(cp.Until))
+	if settled.IsZero() {
+		if settled, err = b.settle(ctx, cp); err != nil {
+			return nilIfDone(ctx, fmt.Errorf("outboxbackfill %s: %w", b.cfg.Name, err))
+		}
+		n, err := outboxsql.CountArchive(ctx, b.db, b.sqlSelection(cp.Until, settled))
 		if err == nil {
-			_, err = b.db.Exec(ctx, totalSQL, b.cfg.Name, n)
+			_, err = b.db.Exec(ctx, settledSQL, b.cfg.Name, settled, n)
 		}
 		if err != nil {
 			return nilIfDone(ctx, fmt.Errorf("outboxbackfill %s: count the events: %w", b.cfg.Name, err))
 		}
-		cp.Total = n
+		cp.Total, cp.Waiting, cp.OldestWaiting = n, 0, 0
 		b.setProgress(cp)
 	}
 	b.log.InfoContext(ctx, "outboxbackfill: replaying", progressAttrs(cp)...)
-	err = b.replay(ctx, cp)
+	err = b.replay(ctx, cp, settled)
 	if err != nil {
 		return nilIfDone(ctx, fmt.Errorf("outboxbackfill %s: %w", b.cfg.Name, err))
 	}
@@ -267,7 +269,7 @@ func nilIfDone(ctx context.Context, err error) error {
 func progressAttrs(p Progress) []any {
 	return []any{
 		slog.Int64("replayed", p.Replayed), slog.Int64("total", p.Total),
-		slog.Time("until", p.Until), slog.String("aggregate_type", p.Position.AggregateType),
+		slog.Time("until", p.Until), slog.Int64("waiting", p.Waiting), slog.Int64("oldest_waiting_id", p.OldestWaiting), slog.String("aggregate_type", p.Position.AggregateType),
 		slog.String("aggregate_id", p.Position.AggregateID), slog.Int64("aggregate_version", p.Position.AggregateVersion),
 	}
 }
@@ -278,8 +280,10 @@ type selection struct {
 	Aggregates []Aggregate `json:"aggregates"`
 }
 
-func (b *Backfill) sqlSelection(until time.Time) outboxsql.Selection {
-	s := outboxsql.Selection{From: b.cfg.From, Until: until}
+// sqlSelection is the selection's part of the archive: created up to until,
+// archived up to settled (zero: no bound).
+func (b *Backfill) sqlSelection(until, settled time.Time) outboxsql.Selection {
+	s := outboxsql.Selection{From: b.cfg.From, Until: until, ArchivedBy: settled}
 	for _, a := range b.cfg.Aggregates {
 		s.Types = append(s.Types, a.Type)
 		s.IDs = append(s.IDs, a.ID)
@@ -287,19 +291,20 @@ func (b *Backfill) sqlSelection(until time.Time) outboxsql.Selection {
 	return s
 }
 
-// start reads the checkpoint under Name, or makes it, fixing Until.
-func (b *Backfill) start(ctx context.Context) (Progress, error) {
+// start reads the checkpoint under Name, or makes it, fixing Until. It
+// returns when the wait ended, zero while it has not.
+func (b *Backfill) start(ctx context.Context) (Progress, time.Time, error) {
 	sel, err := json.Marshal(selection{From: b.cfg.From.UTC(), Aggregates: b.cfg.Aggregates})
 	if err != nil {
-		return Progress{}, err
+		return Progress{}, time.Time{}, err
 	}
 	var until *time.Time
 	if !b.cfg.Until.IsZero() {
 		until = &b.cfg.Until
 	}
-	tag, err := b.db.Exec(ctx, insertSQL, b.cfg.Name, string(sel), until, b.cfg.Settle.Microseconds())
+	tag, err := b.db.Exec(ctx, insertSQL, b.cfg.Name, string(sel), until)
 	if err != nil {
-		return Progress{}, fmt.Errorf("make the checkpoint: %w", err)
+		return Progress{}, time.Time{}, fmt.Errorf("make the checkpoint: %w", err)
 	}
 	made := tag.RowsAffected() == 1
 	var (
@@ -308,42 +313,60 @@ func (b *Backfill) start(ctx context.Context) (Progress, error) {
 		total     *int64
 		finished  *time.Time
 		untilSeen time.Time
+		settled   *time.Time
 	)
-	err = b.db.QueryRow(ctx, readSQL, b.cfg.Name).Scan(&stored, &untilSeen, &total, &p.Replayed,
+	err = b.db.QueryRow(ctx, readSQL, b.cfg.Name).Scan(&stored, &untilSeen, &settled, &total, &p.Replayed,
 		&p.Position.AggregateType, &p.Position.AggregateID, &p.Position.AggregateVersion, &finished)
 	if err != nil {
-		return Progress{}, fmt.Errorf("read the checkpoint: %w", err)
+		return Progress{}, time.Time{}, fmt.Errorf("read the checkpoint: %w", err)
 	}
 	p.Until, p.Finished = untilSeen, finished != nil
 	if stored != string(sel) || (until != nil && !until.Equal(untilSeen)) {
-		return Progress{}, fmt.Errorf("%w (stored: %s, until %v; asked: %s, until %v): use another name", ErrOtherSelection,
+		return Progress{}, time.Time{}, fmt.Errorf("%w (stored: %s, until %v; asked: %s, until %v): use another name", ErrOtherSelection,
 			stored, untilSeen, sel, b.cfg.Until)
 	}
-	p.Total = -1 // counted once Until has passed
+	p.Total = -1 // counted once the wait is over
 	if total != nil {
 		p.Total = *total
 	}
 	if !made {
 		b.log.InfoContext(ctx, "outboxbackfill: resuming from the checkpoint", progressAttrs(p)...)
 	}
-	return p, nil
+	if settled == nil {
+		return p, time.Time{}, nil
+	}
+	return p, *settled, nil
 }
 
-// settle waits until the database's clock is past until by a second, so
-// that every mark with a published_at up to until has committed.
-func (b *Backfill) settle(ctx context.Context, until time.Time) error {
-	var left time.Duration
-	var micros int64
-	if err := b.db.QueryRow(ctx, `SELECT (extract(epoch FROM $1::timestamptz - clock_timestamp()) * 1e6)::bigint`, until).Scan(&micros); err != nil {
-		return fmt.Errorf("outboxbackfill %s: read the clock: %w", b.cfg.Name, err)
+// waitPoll is how often settle looks at the outbox.
+const waitPoll = 500 * time.Millisecond
+
+// settle waits until the outbox holds no event of the selection created up
+// to p.Until that a relay may still archive (see the package
+// documentation), and returns the database's clock then: the replay's bound
+// on published_at.
+func (b *Backfill) settle(ctx context.Context, p Progress) (time.Time, error) {
+	sel := b.sqlSelection(p.Until, time.Time{})
+	var logged time.Time
+	for {
+		o, err := outboxsql.CountOutstanding(ctx, b.db, sel)
+		if err != nil {
+			return time.Time{}, err
+		}
+		p.Waiting, p.OldestWaiting = o.Count, o.OldestID
+		b.setProgress(p)
+		if o.Count == 0 {
+			return o.At, nil
+		}
+		if time.Since(logged) >= b.cfg.ProgressInterval {
+			b.log.InfoContext(ctx, "outboxbackfill: waiting for the relays to archive the events created up to Until",
+				progressAttrs(p)...)
+			logged = time.Now()
+		}
+		if err := sleep(ctx, waitPoll); err != nil {
+			return time.Time{}, err
+		}
 	}
-	left = time.Duration(micros)*time.Microsecond + time.Second
-	if left <= 0 {
-		return nil
-	}
-	b.log.InfoContext(ctx, "outboxbackfill: waiting for Until to pass, so that the relays' marks up to it have committed",
-		slog.Time("until", until), slog.Duration("wait", left))
-	return sleep(ctx, left)
 }
 
 func sleep(ctx context.Context, d time.Duration) error {
@@ -362,8 +385,8 @@ func sleep(ctx context.Context, d time.Duration) error {
 
 // replay sends the selection from p's position, batch by batch, paced at
 // Rate, checkpointing each.
-func (b *Backfill) replay(ctx context.Context, p Progress) error {
-	sel := b.sqlSelection(p.Until)
+func (b *Backfill) replay(ctx context.Context, p Progress, settled time.Time) error {
+	sel := b.sqlSelection(p.Until, settled)
 	paced := time.Now()
 	lastLog := time.Now()
 	for {

@@ -1,13 +1,16 @@
 package outboxbackfill
 
 // schemaSQL creates the checkpoint table, which this package owns: one row
-// per backfill (Config.Name), with its selection, its upper bound, how many
-// events it covers and has replayed, and the last one checkpointed.
+// per backfill (Config.Name), with its selection, its upper bound (Until, on
+// the events' created_at), when the outbox had nothing of the selection left
+// to archive (settled_at, the bound on published_at), how many events it
+// covers and has replayed, and the last one checkpointed.
 const schemaSQL = `
 CREATE TABLE IF NOT EXISTS outbox_backfill (
     name              text        PRIMARY KEY,
     selection         text        NOT NULL,
     until_at          timestamptz NOT NULL,
+    settled_at        timestamptz,
     total             bigint,
     replayed          bigint      NOT NULL DEFAULT 0,
     aggregate_type    text        NOT NULL DEFAULT '',
@@ -19,17 +22,17 @@ CREATE TABLE IF NOT EXISTS outbox_backfill (
 )`
 
 // insertSQL makes the checkpoint $1 unless it exists: selection $2, Until
-// $3, or the database's clock plus $4 microseconds.
+// $3, or the database's clock.
 const insertSQL = `
 INSERT INTO outbox_backfill (name, selection, until_at)
-VALUES ($1, $2, coalesce($3::timestamptz, clock_timestamp() + $4::bigint * interval '1 microsecond'))
+VALUES ($1, $2, coalesce($3::timestamptz, clock_timestamp()))
 ON CONFLICT (name) DO NOTHING`
 
 const readSQL = `
-SELECT selection, until_at, total, replayed, aggregate_type, aggregate_id, aggregate_version, finished_at
+SELECT selection, until_at, settled_at, total, replayed, aggregate_type, aggregate_id, aggregate_version, finished_at
 FROM outbox_backfill WHERE name = $1`
 
-const totalSQL = `UPDATE outbox_backfill SET total = $2, updated_at = now() WHERE name = $1`
+const settledSQL = `UPDATE outbox_backfill SET settled_at = $2, total = $3, updated_at = now() WHERE name = $1`
 
 const checkpointSQL = `
 UPDATE outbox_backfill

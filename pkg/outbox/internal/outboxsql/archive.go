@@ -30,44 +30,45 @@ type Key struct {
 	Version                    int64
 }
 
-// Selection is the part of the archive a replay reads: events published
-// in [From, Until], of Aggregates when that is not empty (types and ids,
-// pairwise).
+// Selection is the part of the archive a replay reads: events created in
+// [From, Until] and archived (published_at) up to ArchivedBy, of Aggregates
+// when that is not empty (types and ids, pairwise). A zero bound is no bound.
 type Selection struct {
 	From, Until time.Time
+	ArchivedBy  time.Time
 	Types, IDs  []string
 }
 
 // archiveFilter selects the events of a Selection after a Key: $1..$3 the
-// key, $4 From, $5 Until.
+// key, $4 From, $5 Until, $6 ArchivedBy.
 const archiveFilter = `(p.aggregate_type, p.aggregate_id, p.aggregate_version) > ($1, $2, $3)
-  AND p.published_at >= $4 AND p.published_at <= $5`
+  AND p.created_at >= $4 AND p.created_at <= $5 AND p.published_at <= $6`
 
 const archiveColumns = `p.id, p.aggregate_type, p.aggregate_id, p.aggregate_version, p.event_type,
        p.payload, p.headers, p.created_at, p.attempts, p.published_at`
 
-// readArchiveSQL reads the next $6 events of the whole archive through
+// readArchiveSQL reads the next $7 events of the whole archive through
 // outbox_published_aggregate_version, in its order.
 const readArchiveSQL = `
 SELECT ` + archiveColumns + `
 FROM outbox_published p
 WHERE ` + archiveFilter + `
 ORDER BY p.aggregate_type, p.aggregate_id, p.aggregate_version
-LIMIT $6`
+LIMIT $7`
 
-// readAggregatesSQL reads the next $6 events of the aggregates $7 (types),
-// $8 (ids): the same index, one range per aggregate.
+// readAggregatesSQL reads the next $7 events of the aggregates $8 (types),
+// $9 (ids): the same index, one range per aggregate.
 const readAggregatesSQL = `
-SELECT a.* FROM unnest($7::text[], $8::text[]) AS g(aggregate_type, aggregate_id)
+SELECT a.* FROM unnest($8::text[], $9::text[]) AS g(aggregate_type, aggregate_id)
 CROSS JOIN LATERAL (
     SELECT ` + archiveColumns + `
     FROM outbox_published p
     WHERE p.aggregate_type = g.aggregate_type AND p.aggregate_id = g.aggregate_id
       AND ` + archiveFilter + `
     ORDER BY p.aggregate_version
-    LIMIT $6) a
+    LIMIT $7) a
 ORDER BY 2, 3, 4
-LIMIT $6`
+LIMIT $7`
 
 // countArchiveSQL and countAggregatesSQL count what the reads return from
 // the zero key.
@@ -75,29 +76,28 @@ const (
 	countArchiveSQL = `
 SELECT count(*) FROM outbox_published p WHERE ` + archiveFilter
 	countAggregatesSQL = `
-SELECT count(*) FROM unnest($6::text[], $7::text[]) AS g(aggregate_type, aggregate_id)
+SELECT count(*) FROM unnest($7::text[], $8::text[]) AS g(aggregate_type, aggregate_id)
 JOIN outbox_published p ON p.aggregate_type = g.aggregate_type AND p.aggregate_id = g.aggregate_id
 WHERE ` + archiveFilter
 )
 
-// bounds gives From and Until their meaning when zero: no bound.
-func bounds(s Selection) (time.Time, time.Time) {
-	until := s.Until
-	if until.IsZero() {
-		until = time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC)
+// bounds gives From, Until and ArchivedBy their meaning when zero: no bound.
+func bounds(s Selection) (from, until, archivedBy time.Time) {
+	orElse := func(t, dflt time.Time) time.Time {
+		if t.IsZero() {
+			return dflt
+		}
+		return t
 	}
-	from := s.From
-	if from.IsZero() {
-		from = time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC)
-	}
-	return from, until
+	first, last := time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC), time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC)
+	return orElse(s.From, first), orElse(s.Until, last), orElse(s.ArchivedBy, last)
 }
 
 // ReadArchive returns up to limit events of s that come after key, in Key
 // order: each aggregate's events in version order.
 func ReadArchive(ctx context.Context, db DB, s Selection, after Key, limit int) ([]Archived, error) {
-	from, until := bounds(s)
-	args := []any{after.AggregateType, after.AggregateID, after.Version, from, until, limit}
+	from, until, archivedBy := bounds(s)
+	args := []any{after.AggregateType, after.AggregateID, after.Version, from, until, archivedBy, limit}
 	query := readArchiveSQL
 	if len(s.Types) > 0 {
 		query = readAggregatesSQL
@@ -121,8 +121,8 @@ func ReadArchive(ctx context.Context, db DB, s Selection, after Key, limit int) 
 
 // CountArchive counts the events of s.
 func CountArchive(ctx context.Context, db DB, s Selection) (int64, error) {
-	from, until := bounds(s)
-	args := []any{"", "", int64(0), from, until}
+	from, until, archivedBy := bounds(s)
+	args := []any{"", "", int64(0), from, until, archivedBy}
 	query := countArchiveSQL
 	if len(s.Types) > 0 {
 		query = countAggregatesSQL
@@ -133,4 +133,40 @@ func CountArchive(ctx context.Context, db DB, s Selection) (int64, error) {
 		return 0, fmt.Errorf("count the archive: %w", err)
 	}
 	return n, nil
+}
+
+// Outstanding is what CountOutstanding finds.
+type Outstanding struct {
+	// Count is how many rows it found, OldestID the smallest id among them
+	// (0 when none).
+	Count, OldestID int64
+	// At is the database's clock after the statement's snapshot was taken:
+	// every row archived before that snapshot has a published_at before At.
+	At time.Time
+}
+
+// outstandingSQL counts the rows of outbox created in [$1, $2], of the
+// aggregates $3 (types), $4 (ids) when not empty, that a relay may still
+// move to outbox_published without publishing them again: all but the dead
+// letters and the rows behind one (an earlier version of their aggregate
+// dead-lettered), which wait for an operator's Retry or Discard.
+const outstandingSQL = `
+SELECT count(*), coalesce(min(o.id), 0), clock_timestamp()
+FROM outbox o
+WHERE o.created_at >= $1 AND o.created_at <= $2
+  AND (coalesce(cardinality($3::text[]), 0) = 0
+       OR (o.aggregate_type, o.aggregate_id) IN (SELECT * FROM unnest($3::text[], $4::text[])))
+  AND NOT EXISTS (SELECT 1 FROM outbox d
+                  WHERE d.aggregate_type = o.aggregate_type AND d.aggregate_id = o.aggregate_id
+                    AND d.aggregate_version <= o.aggregate_version AND d.dead_lettered_at IS NOT NULL)`
+
+// CountOutstanding runs outstandingSQL for the creation bounds and the
+// aggregates of s.
+func CountOutstanding(ctx context.Context, db DB, s Selection) (Outstanding, error) {
+	from, until, _ := bounds(s)
+	var o Outstanding
+	if err := db.QueryRow(ctx, outstandingSQL, from, until, s.Types, s.IDs).Scan(&o.Count, &o.OldestID, &o.At); err != nil {
+		return Outstanding{}, fmt.Errorf("count the outbox's rows not archived yet: %w", err)
+	}
+	return o, nil
 }
