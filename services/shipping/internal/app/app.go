@@ -114,8 +114,12 @@ type Config struct {
 }
 
 // The wiring plugs the adapters into the interfaces their consumers declare:
-// the MongoDB store is the processor's Store.
-var _ processor.Store = (*mongodb.Store)(nil)
+// the MongoDB store is the processor's Store, the processor the RabbitMQ
+// consumer's Handler.
+var (
+	_ processor.Store  = (*mongodb.Store)(nil)
+	_ rabbitmq.Handler = (*processor.Processor)(nil)
+)
 
 // App is a configured service; Run runs it.
 type App struct {

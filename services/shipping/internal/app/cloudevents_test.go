@@ -9,7 +9,6 @@ import (
 	"github.com/outbox-inbox/reference/pkg/outbox"
 	"github.com/outbox-inbox/reference/pkg/outbox/outboxamqp"
 	"github.com/outbox-inbox/reference/services/shipping/internal/app"
-	"github.com/outbox-inbox/reference/services/shipping/internal/rabbitmq"
 	"github.com/outbox-inbox/reference/services/shipping/internal/shipment"
 )
 
@@ -87,8 +86,8 @@ func TestCloudEventsAreAppliedOnceWhicheverEnvelope(t *testing.T) {
 	if len(dead) != 1 {
 		t.Fatalf("%d dead letters, want 1", len(dead))
 	}
-	reason, _ := dead[0].Headers[rabbitmq.HeaderReason].(string)
-	detail, _ := dead[0].Headers[rabbitmq.HeaderError].(string)
+	reason, _ := dead[0].Headers[shipment.HeaderReason].(string)
+	detail, _ := dead[0].Headers[shipment.HeaderError].(string)
 	if reason != string(shipment.ReasonInvalidCloudEvent) || detail == "" || dead[0].MessageId != id3 {
 		t.Errorf("dead letter %q: reason %q (%q), want %s with its error", dead[0].MessageId, reason, detail, shipment.ReasonInvalidCloudEvent)
 	}

@@ -138,13 +138,13 @@ func TestPoisonMessagesAreDeadLetteredWithTheirReasonWhileOthersFlow(t *testing.
 		t.Fatalf("%d dead letters, want %d", len(dead), len(want))
 	}
 	for _, d := range dead {
-		reason, _ := d.Headers[rabbitmq.HeaderReason].(string)
-		detail, _ := d.Headers[rabbitmq.HeaderError].(string)
+		reason, _ := d.Headers[shipment.HeaderReason].(string)
+		detail, _ := d.Headers[shipment.HeaderError].(string)
 		if reason != want[d.MessageId] || detail == "" {
 			t.Errorf("dead letter %q: reason %q (error %q), want reason %q with an error", d.MessageId, reason, detail, want[d.MessageId])
 		}
-		if d.Headers[rabbitmq.HeaderOriginalExchange] != "orders.events" {
-			t.Errorf("dead letter %q: original exchange %v", d.MessageId, d.Headers[rabbitmq.HeaderOriginalExchange])
+		if d.Headers[shipment.HeaderOriginalExchange] != "orders.events" {
+			t.Errorf("dead letter %q: original exchange %v", d.MessageId, d.Headers[shipment.HeaderOriginalExchange])
 		}
 		t.Logf("dead letter %q: %s: %s", d.MessageId, reason, detail)
 	}

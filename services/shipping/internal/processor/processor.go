@@ -53,7 +53,6 @@ import (
 	"github.com/outbox-inbox/reference/pkg/inbox/inboxotel"
 	"github.com/outbox-inbox/reference/services/shipping/internal/deadletter"
 	"github.com/outbox-inbox/reference/services/shipping/internal/metrics"
-	"github.com/outbox-inbox/reference/services/shipping/internal/rabbitmq"
 	"github.com/outbox-inbox/reference/services/shipping/internal/shipment"
 )
 
@@ -108,10 +107,9 @@ type Releases interface {
 }
 
 var (
-	_ Releases         = (*deadletter.Manager)(nil)
-	_ Inbox            = (*inbox.Gate)(nil)
-	_ DeadLetters      = (*deadletter.Store)(nil)
-	_ rabbitmq.Handler = (*Processor)(nil)
+	_ Releases    = (*deadletter.Manager)(nil)
+	_ Inbox       = (*inbox.Gate)(nil)
+	_ DeadLetters = (*deadletter.Store)(nil)
 )
 
 // Config configures a Processor.
@@ -198,7 +196,8 @@ const (
 	DefaultMaxDeferralAge        = shipment.DefaultMaxDeferralAge
 )
 
-// Processor is the shipping service's rabbitmq.Handler.
+// Processor is the shipping service's handler of deliveries: the RabbitMQ
+// consumer's Handler (services/shipping/internal/rabbitmq).
 type Processor struct {
 	cfg Config
 	log *slog.Logger
@@ -227,15 +226,15 @@ func New(cfg Config) (*Processor, error) {
 	return &Processor{cfg: cfg, log: log}, nil
 }
 
-// Handle implements rabbitmq.Handler.
-func (p *Processor) Handle(ctx context.Context, d rabbitmq.Delivery) (v rabbitmq.Verdict) {
+// Handle decides what happens to d.
+func (p *Processor) Handle(ctx context.Context, d shipment.Delivery) (v shipment.Verdict) {
 	start := time.Now()
 	defer func() {
 		if r := recover(); r != nil {
 			// A bug, not a message problem; count it as a failed attempt.
 			v = p.failed(ctx, d, shipment.Event{}, fmt.Errorf("panic: %v", r))
 		}
-		if v.Action != rabbitmq.Retry {
+		if v.Action != shipment.Retry {
 			p.cfg.Metrics.HandlerDuration.Observe(time.Since(start).Seconds())
 		}
 	}()
@@ -308,7 +307,7 @@ func (p *Processor) Handle(ctx context.Context, d rabbitmq.Delivery) (v rabbitmq
 	case errors.Is(err, inbox.ErrBeyondHorizon):
 		return p.deadLetter(ctx, d, ev, shipment.ReasonBeyondHorizon, err)
 	case ctx.Err() != nil:
-		return rabbitmq.Verdict{Action: rabbitmq.Retry} // shutting down or connection lost
+		return shipment.Verdict{Action: shipment.Retry} // shutting down or connection lost
 	case errors.Is(err, inbox.ErrTransient):
 		// Transaction mode: transient errors (a write conflict with an
 		// orphaned transaction, a failover) outlasted the inbox's retry
@@ -326,7 +325,7 @@ func (p *Processor) Handle(ctx context.Context, d rabbitmq.Delivery) (v rabbitmq
 		if perr != nil {
 			p.cfg.Metrics.MongoUnavailable.Inc()
 			log.WarnContext(ctx, "MongoDB unavailable, keeping the delivery until it is back", "error", err)
-			return rabbitmq.Verdict{Action: rabbitmq.Retry}
+			return shipment.Verdict{Action: shipment.Retry}
 		}
 		if !errors.Is(err, inbox.ErrHandler) {
 			// The inbox itself failed (a database error such as
@@ -364,11 +363,11 @@ func (p *Processor) Handle(ctx context.Context, d rabbitmq.Delivery) (v rabbitmq
 		// The manager logs the release.
 		if _, err := p.cfg.Releases.Applied(ctx, ev.OrderID, ev.Version); err != nil {
 			log.WarnContext(ctx, "applied at the version its order is held at, but could not release the order; keeping the delivery", "error", err)
-			return rabbitmq.Verdict{Action: rabbitmq.Retry}
+			return shipment.Verdict{Action: shipment.Retry}
 		}
 	}
 	p.cfg.Crash.Hit(crashpoint.ShippingAfterInboxBeforeAck)
-	return rabbitmq.Verdict{Action: rabbitmq.Ack}
+	return shipment.Verdict{Action: shipment.Ack}
 }
 
 // outcomeName is AttrOutcome's value.
@@ -386,22 +385,22 @@ func outcomeName(o shipment.Outcome, ev shipment.Event) string {
 // originalRoutingKey is the routing key the message was first published
 // with: a message back from the delay queue carries the queue's name as its
 // routing key, and its first one in a header.
-func originalRoutingKey(d rabbitmq.Delivery) string {
-	if k, ok := d.Headers[rabbitmq.HeaderOriginalRoutingKey].(string); ok && k != "" {
+func originalRoutingKey(d shipment.Delivery) string {
+	if k, ok := d.Headers[shipment.HeaderOriginalRoutingKey].(string); ok && k != "" {
 		return k
 	}
 	return d.RoutingKey
 }
 
-func deadLetter(r shipment.Reason, err error) rabbitmq.Verdict {
-	return rabbitmq.Verdict{Action: rabbitmq.DeadLetter, Reason: string(r), Detail: err.Error()}
+func deadLetter(r shipment.Reason, err error) shipment.Verdict {
+	return shipment.Verdict{Action: shipment.DeadLetter, Reason: string(r), Detail: err.Error()}
 }
 
 // deadLetter dead-letters d. With DeadLetters, a message whose order and
 // version are known is recorded first (with its message, for a replay), and
 // holds its order unless its version is applied anyway (a version
 // conflict); if that record cannot be written, the delivery is kept.
-func (p *Processor) deadLetter(ctx context.Context, d rabbitmq.Delivery, ev shipment.Event, r shipment.Reason, err error) rabbitmq.Verdict {
+func (p *Processor) deadLetter(ctx context.Context, d shipment.Delivery, ev shipment.Event, r shipment.Reason, err error) shipment.Verdict {
 	v := deadLetter(r, err)
 	if p.cfg.DeadLetters == nil || r == shipment.ReasonMissingMessageID {
 		return v
@@ -422,27 +421,27 @@ func (p *Processor) deadLetter(ctx context.Context, d rabbitmq.Delivery, ev ship
 	if rerr := p.cfg.DeadLetters.Record(ctx, l); rerr != nil {
 		p.log.WarnContext(ctx, "could not record the dead letter, keeping the delivery", "event_id", d.MessageID,
 			"aggregate_id", orderID, "version", version, "reason", string(r), "error", rerr)
-		return rabbitmq.Verdict{Action: rabbitmq.Retry}
+		return shipment.Verdict{Action: shipment.Retry}
 	}
 	return v
 }
 
 // park parks d when its order is held behind a dead letter of an earlier
 // version. It reports whether it settled the delivery.
-func (p *Processor) park(ctx context.Context, log *slog.Logger, d rabbitmq.Delivery, ev shipment.Event) (rabbitmq.Verdict, bool) {
+func (p *Processor) park(ctx context.Context, log *slog.Logger, d shipment.Delivery, ev shipment.Event) (shipment.Verdict, bool) {
 	if p.cfg.DeadLetters == nil {
-		return rabbitmq.Verdict{}, false
+		return shipment.Verdict{}, false
 	}
-	retry := func(err error) (rabbitmq.Verdict, bool) {
+	retry := func(err error) (shipment.Verdict, bool) {
 		log.WarnContext(ctx, "could not check or park behind a dead letter, keeping the delivery", "error", err)
-		return rabbitmq.Verdict{Action: rabbitmq.Retry}, true
+		return shipment.Verdict{Action: shipment.Retry}, true
 	}
 	hold, err := p.cfg.DeadLetters.Held(ctx, ev.OrderID)
 	if err != nil {
 		return retry(err)
 	}
 	if hold == nil || hold.State != deadletter.StateHeld || hold.Version >= ev.Version {
-		return rabbitmq.Verdict{}, false
+		return shipment.Verdict{}, false
 	}
 	err = p.cfg.DeadLetters.Park(ctx, deadletter.Parked{
 		OrderID: ev.OrderID, Version: ev.Version, ParkedAt: time.Now().UTC(), Message: keep(d),
@@ -463,20 +462,20 @@ func (p *Processor) park(ctx context.Context, log *slog.Logger, d rabbitmq.Deliv
 	if again != nil && again.State == deadletter.StateHeld && again.Token == hold.Token {
 		p.cfg.Metrics.Parked.Inc()
 		log.InfoContext(ctx, "parked behind a dead letter", "dead_version", hold.Version)
-		return rabbitmq.Verdict{Action: rabbitmq.Ack}, true
+		return shipment.Verdict{Action: shipment.Ack}, true
 	}
 	took, err := p.cfg.DeadLetters.Unpark(ctx, ev.OrderID, ev.Version)
 	if err != nil {
 		return retry(err)
 	}
 	if !took {
-		return rabbitmq.Verdict{Action: rabbitmq.Ack}, true // the release re-published it
+		return shipment.Verdict{Action: shipment.Ack}, true // the release re-published it
 	}
-	return rabbitmq.Verdict{}, false
+	return shipment.Verdict{}, false
 }
 
 // message is d as shipment.Decode reads it.
-func (p *Processor) message(d rabbitmq.Delivery) shipment.Message {
+func (p *Processor) message(d shipment.Delivery) shipment.Message {
 	return shipment.Message{
 		MessageID: d.MessageID, Type: d.Type, ContentType: d.ContentType, RoutingKey: originalRoutingKey(d), Headers: d.Headers, Body: d.Body,
 	}
@@ -486,13 +485,13 @@ func (p *Processor) message(d rabbitmq.Delivery) shipment.Message {
 // on a delivery's trips; a kept message drops them, so a replay starts
 // afresh.
 var transportHeaders = []string{
-	HeaderAttempts, HeaderDeferrals, HeaderTransientDeferrals, HeaderFirstDeferredAt, rabbitmq.HeaderReason, rabbitmq.HeaderError, rabbitmq.HeaderDeadLetteredBy,
+	HeaderAttempts, HeaderDeferrals, HeaderTransientDeferrals, HeaderFirstDeferredAt, shipment.HeaderReason, shipment.HeaderError, shipment.HeaderDeadLetteredBy,
 	"x-delivery-count", "x-shipping-publish-seq", "x-death", "x-first-death-exchange", "x-first-death-queue",
 	"x-first-death-reason", "x-last-death-exchange", "x-last-death-queue", "x-last-death-reason",
 }
 
 // keep is d as kept for a later re-publish.
-func keep(d rabbitmq.Delivery) deadletter.Message {
+func keep(d shipment.Delivery) deadletter.Message {
 	h := make(map[string]any, len(d.Headers))
 	for k, v := range d.Headers {
 		h[k] = v
@@ -500,9 +499,9 @@ func keep(d rabbitmq.Delivery) deadletter.Message {
 	for _, k := range transportHeaders {
 		delete(h, k)
 	}
-	if _, ok := h[rabbitmq.HeaderOriginalRoutingKey]; !ok {
-		h[rabbitmq.HeaderOriginalExchange] = d.Exchange
-		h[rabbitmq.HeaderOriginalRoutingKey] = d.RoutingKey
+	if _, ok := h[shipment.HeaderOriginalRoutingKey]; !ok {
+		h[shipment.HeaderOriginalExchange] = d.Exchange
+		h[shipment.HeaderOriginalRoutingKey] = d.RoutingKey
 	}
 	return deadletter.Message{
 		MessageID: d.MessageID, Type: d.Type, ContentType: "application/json",
@@ -519,7 +518,7 @@ func truncate(s string, n int) string {
 
 // deferred sends the message through the delay queue, up to MaxDeferrals
 // times.
-func (p *Processor) deferred(ctx context.Context, log *slog.Logger, d rabbitmq.Delivery, ev shipment.Event, reason string, err error) rabbitmq.Verdict {
+func (p *Processor) deferred(ctx context.Context, log *slog.Logger, d shipment.Delivery, ev shipment.Event, reason string, err error) shipment.Verdict {
 	n := headerInt(d.Headers, HeaderDeferrals) + 1
 	if n > int64(p.cfg.MaxDeferrals) {
 		return p.deadLetter(ctx, d, ev, shipment.ReasonGapNotFilled, fmt.Errorf("still waiting after %d deferrals: %w", n-1, err))
@@ -529,7 +528,7 @@ func (p *Processor) deferred(ctx context.Context, log *slog.Logger, d rabbitmq.D
 
 // transient defers a message the inbox failed on by itself, up to
 // MaxTransientDeferrals times.
-func (p *Processor) transient(ctx context.Context, log *slog.Logger, d rabbitmq.Delivery, ev shipment.Event, reason string, err error) rabbitmq.Verdict {
+func (p *Processor) transient(ctx context.Context, log *slog.Logger, d shipment.Delivery, ev shipment.Event, reason string, err error) shipment.Verdict {
 	n := headerInt(d.Headers, HeaderTransientDeferrals) + 1
 	if n > int64(p.cfg.MaxTransientDeferrals) {
 		return p.deadLetter(ctx, d, ev, shipment.ReasonInboxFailed, fmt.Errorf("the inbox still failed after %d deferrals: %w", n-1, err))
@@ -539,7 +538,7 @@ func (p *Processor) transient(ctx context.Context, log *slog.Logger, d rabbitmq.
 
 // failed counts a failed handler run: retry through the delay queue, or
 // dead-letter once MaxAttempts runs failed.
-func (p *Processor) failed(ctx context.Context, d rabbitmq.Delivery, ev shipment.Event, err error) rabbitmq.Verdict {
+func (p *Processor) failed(ctx context.Context, d shipment.Delivery, ev shipment.Event, err error) shipment.Verdict {
 	n := headerInt(d.Headers, HeaderAttempts) + 1
 	if n >= int64(p.cfg.MaxAttempts) {
 		return p.deadLetter(ctx, d, ev, shipment.ReasonHandlerFailed, fmt.Errorf("failed %d times, last: %w", n, err))
@@ -550,8 +549,8 @@ func (p *Processor) failed(ctx context.Context, d rabbitmq.Delivery, ev shipment
 // deferOrExpire defers d with counter set to n, unless it was first
 // deferred more than MaxDeferralAge ago: then it dead-letters it with
 // expired.
-func (p *Processor) deferOrExpire(ctx context.Context, log *slog.Logger, d rabbitmq.Delivery, ev shipment.Event,
-	reason, counter string, n int64, expired shipment.Reason, err error) rabbitmq.Verdict {
+func (p *Processor) deferOrExpire(ctx context.Context, log *slog.Logger, d shipment.Delivery, ev shipment.Event,
+	reason, counter string, n int64, expired shipment.Reason, err error) shipment.Verdict {
 	now := time.Now()
 	first := now
 	if ms := headerInt(d.Headers, HeaderFirstDeferredAt); ms > 0 {
@@ -562,7 +561,7 @@ func (p *Processor) deferOrExpire(ctx context.Context, log *slog.Logger, d rabbi
 			age.Round(time.Second), p.cfg.MaxDeferralAge, counter, n-1, err))
 	}
 	log.DebugContext(ctx, "deferred", "reason", reason, counter, n)
-	return rabbitmq.Verdict{Action: rabbitmq.Defer, Reason: reason, Headers: map[string]any{counter: n, HeaderFirstDeferredAt: first.UnixMilli()}}
+	return shipment.Verdict{Action: shipment.Defer, Reason: reason, Headers: map[string]any{counter: n, HeaderFirstDeferredAt: first.UnixMilli()}}
 }
 
 func headerInt(h map[string]any, k string) int64 {

@@ -16,7 +16,6 @@ import (
 	"github.com/outbox-inbox/reference/services/shipping/internal/deadletter"
 	"github.com/outbox-inbox/reference/services/shipping/internal/metrics"
 	"github.com/outbox-inbox/reference/services/shipping/internal/processor"
-	"github.com/outbox-inbox/reference/services/shipping/internal/rabbitmq"
 	"github.com/outbox-inbox/reference/services/shipping/internal/shipment"
 )
 
@@ -65,12 +64,12 @@ func (inProgressInbox) Process(context.Context, string, inbox.Position, inbox.Ha
 	return 0, inbox.ErrInProgress
 }
 
-func delivery(headers map[string]any) rabbitmq.Delivery {
+func delivery(headers map[string]any) shipment.Delivery {
 	h := map[string]any{"aggregate_id": "o-1", "aggregate_version": int64(1)}
 	for k, v := range headers {
 		h[k] = v
 	}
-	return rabbitmq.Delivery{
+	return shipment.Delivery{
 		MessageID: "7", Type: shipment.TypeCreated, RoutingKey: shipment.TypeCreated, Headers: h,
 		Body: []byte(`{"order_id":"o-1","customer_id":"c","currency":"EUR","items":[],"total":0}`),
 	}
@@ -86,31 +85,31 @@ func TestVerdicts(t *testing.T) {
 	for name, tc := range map[string]struct {
 		inbox      processor.Inbox
 		store      fakeStore
-		delivery   rabbitmq.Delivery
-		action     rabbitmq.Action
+		delivery   shipment.Delivery
+		action     shipment.Action
 		reason     string
 		header     string
 		headerWant int64
 		metric     func(m *metrics.Metrics) prometheus.Counter
 	}{
-		"applied":          {store: fakeStore{outcome: shipment.OutcomeApplied}, action: rabbitmq.Ack, metric: func(m *metrics.Metrics) prometheus.Counter { return m.Processed }},
-		"already applied":  {store: fakeStore{outcome: shipment.OutcomeAlreadyApplied}, action: rabbitmq.Ack, metric: func(m *metrics.Metrics) prometheus.Counter { return m.Duplicates.WithLabelValues("version") }},
-		"inbox duplicate":  {inbox: fakeInbox{duplicate: true}, action: rabbitmq.Ack, metric: func(m *metrics.Metrics) prometheus.Counter { return m.Duplicates.WithLabelValues("inbox") }},
-		"gate duplicate":   {inbox: fakeInbox{alreadyApplied: true}, action: rabbitmq.Ack, metric: func(m *metrics.Metrics) prometheus.Counter { return m.Duplicates.WithLabelValues("version") }},
-		"gate conflict":    {inbox: failingInbox{err: &inbox.ConflictError{MessageID: "7", HeldBy: "6"}}, action: rabbitmq.DeadLetter, reason: "version_conflict"},
-		"no message id":    {inbox: failingInbox{err: fmt.Errorf("%w: empty", inbox.ErrInvalidMessageID)}, delivery: func() rabbitmq.Delivery { d := delivery(nil); d.MessageID = ""; return d }(), action: rabbitmq.DeadLetter, reason: "missing_message_id"},
-		"unknown type":     {delivery: func() rabbitmq.Delivery { d := delivery(nil); d.Type = "order.paid"; return d }(), action: rabbitmq.Ack, metric: func(m *metrics.Metrics) prometheus.Counter { return m.UnknownType }},
-		"bad version":      {delivery: delivery(map[string]any{"aggregate_version": "x"}), action: rabbitmq.DeadLetter, reason: "invalid_version"},
-		"gap":              {inbox: fakeInbox{gap: true}, action: rabbitmq.Defer, reason: "gap", header: processor.HeaderDeferrals, headerWant: 1},
-		"gap, again":       {inbox: fakeInbox{gap: true}, delivery: delivery(map[string]any{processor.HeaderDeferrals: int64(4)}), action: rabbitmq.Defer, reason: "gap", header: processor.HeaderDeferrals, headerWant: 5},
-		"gap never filled": {inbox: fakeInbox{gap: true}, delivery: delivery(map[string]any{processor.HeaderDeferrals: int64(10)}), action: rabbitmq.DeadLetter, reason: "gap_not_filled"},
-		"in progress":      {inbox: inProgressInbox{}, action: rabbitmq.Defer, reason: "in_progress", header: processor.HeaderDeferrals, headerWant: 1},
-		"version conflict": {store: fakeStore{err: shipment.ErrVersionConflict}, action: rabbitmq.DeadLetter, reason: "version_conflict"},
-		"mongo down": {store: fakeStore{err: errors.New("server selection timeout"), pingErr: errors.New("down")}, action: rabbitmq.Retry,
+		"applied":          {store: fakeStore{outcome: shipment.OutcomeApplied}, action: shipment.Ack, metric: func(m *metrics.Metrics) prometheus.Counter { return m.Processed }},
+		"already applied":  {store: fakeStore{outcome: shipment.OutcomeAlreadyApplied}, action: shipment.Ack, metric: func(m *metrics.Metrics) prometheus.Counter { return m.Duplicates.WithLabelValues("version") }},
+		"inbox duplicate":  {inbox: fakeInbox{duplicate: true}, action: shipment.Ack, metric: func(m *metrics.Metrics) prometheus.Counter { return m.Duplicates.WithLabelValues("inbox") }},
+		"gate duplicate":   {inbox: fakeInbox{alreadyApplied: true}, action: shipment.Ack, metric: func(m *metrics.Metrics) prometheus.Counter { return m.Duplicates.WithLabelValues("version") }},
+		"gate conflict":    {inbox: failingInbox{err: &inbox.ConflictError{MessageID: "7", HeldBy: "6"}}, action: shipment.DeadLetter, reason: "version_conflict"},
+		"no message id":    {inbox: failingInbox{err: fmt.Errorf("%w: empty", inbox.ErrInvalidMessageID)}, delivery: func() shipment.Delivery { d := delivery(nil); d.MessageID = ""; return d }(), action: shipment.DeadLetter, reason: "missing_message_id"},
+		"unknown type":     {delivery: func() shipment.Delivery { d := delivery(nil); d.Type = "order.paid"; return d }(), action: shipment.Ack, metric: func(m *metrics.Metrics) prometheus.Counter { return m.UnknownType }},
+		"bad version":      {delivery: delivery(map[string]any{"aggregate_version": "x"}), action: shipment.DeadLetter, reason: "invalid_version"},
+		"gap":              {inbox: fakeInbox{gap: true}, action: shipment.Defer, reason: "gap", header: processor.HeaderDeferrals, headerWant: 1},
+		"gap, again":       {inbox: fakeInbox{gap: true}, delivery: delivery(map[string]any{processor.HeaderDeferrals: int64(4)}), action: shipment.Defer, reason: "gap", header: processor.HeaderDeferrals, headerWant: 5},
+		"gap never filled": {inbox: fakeInbox{gap: true}, delivery: delivery(map[string]any{processor.HeaderDeferrals: int64(10)}), action: shipment.DeadLetter, reason: "gap_not_filled"},
+		"in progress":      {inbox: inProgressInbox{}, action: shipment.Defer, reason: "in_progress", header: processor.HeaderDeferrals, headerWant: 1},
+		"version conflict": {store: fakeStore{err: shipment.ErrVersionConflict}, action: shipment.DeadLetter, reason: "version_conflict"},
+		"mongo down": {store: fakeStore{err: errors.New("server selection timeout"), pingErr: errors.New("down")}, action: shipment.Retry,
 			metric: func(m *metrics.Metrics) prometheus.Counter { return m.MongoUnavailable }},
-		"handler fails":         {store: fakeStore{err: errors.New("bug")}, action: rabbitmq.Defer, reason: "retry", header: processor.HeaderAttempts, headerWant: 1},
-		"handler keeps failing": {store: fakeStore{err: errors.New("bug")}, delivery: delivery(map[string]any{processor.HeaderAttempts: int32(2)}), action: rabbitmq.DeadLetter, reason: "handler_failed"},
-		"handler panics":        {store: fakeStore{panics: true}, action: rabbitmq.Defer, reason: "retry", header: processor.HeaderAttempts, headerWant: 1},
+		"handler fails":         {store: fakeStore{err: errors.New("bug")}, action: shipment.Defer, reason: "retry", header: processor.HeaderAttempts, headerWant: 1},
+		"handler keeps failing": {store: fakeStore{err: errors.New("bug")}, delivery: delivery(map[string]any{processor.HeaderAttempts: int32(2)}), action: shipment.DeadLetter, reason: "handler_failed"},
+		"handler panics":        {store: fakeStore{panics: true}, action: shipment.Defer, reason: "retry", header: processor.HeaderAttempts, headerWant: 1},
 	} {
 		t.Run(name, func(t *testing.T) {
 			m, err := metrics.New(prometheus.NewRegistry())
@@ -133,7 +132,7 @@ func TestVerdicts(t *testing.T) {
 			if v.Action != tc.action || v.Reason != tc.reason {
 				t.Fatalf("verdict %v %q (%s), want %v %q", v.Action, v.Reason, v.Detail, tc.action, tc.reason)
 			}
-			if v.Action == rabbitmq.DeadLetter && v.Detail == "" {
+			if v.Action == shipment.DeadLetter && v.Detail == "" {
 				t.Error("dead letter without an error detail")
 			}
 			if tc.header != "" && v.Headers[tc.header] != tc.headerWant {
@@ -198,7 +197,7 @@ func TestTheDeliverysMessageIDGoesToTheInboxAndTheStore(t *testing.T) {
 	p, _ := newProcessor(t, in, store)
 	d := delivery(nil)
 	d.MessageID = "01JDQ7-é"
-	if v := p.Handle(t.Context(), d); v.Action != rabbitmq.Ack {
+	if v := p.Handle(t.Context(), d); v.Action != shipment.Ack {
 		t.Fatalf("verdict %v %q (%s), want an ack", v.Action, v.Reason, v.Detail)
 	}
 	if !slices.Equal(in.ids, []string{d.MessageID}) || !slices.Equal(store.ids, []string{d.MessageID}) {
@@ -225,7 +224,7 @@ func TestUnknownTypeIsRecordedAtItsVersion(t *testing.T) {
 	p, m := newProcessor(t, fakeInbox{}, store)
 	d := delivery(map[string]any{"aggregate_version": int64(2), "event_type": "order.paid"})
 	d.Type, d.RoutingKey, d.Body = "order.paid", "order.paid", []byte(`{"order_id":"o-1","paid_at":"2026-11-29T22:00:30Z"}`)
-	if v := p.Handle(t.Context(), d); v.Action != rabbitmq.Ack {
+	if v := p.Handle(t.Context(), d); v.Action != shipment.Ack {
 		t.Fatalf("verdict %v %q (%s), want ack", v.Action, v.Reason, v.Detail)
 	}
 	if len(store.applied) != 1 || !store.applied[0].Ignored || store.applied[0].OrderID != "o-1" ||
@@ -243,10 +242,10 @@ func TestTypeComesFromTheOriginalRoutingKeyAfterTheDelayQueue(t *testing.T) {
 	// A cancel published without type property nor event_type header, back
 	// from the delay queue: its routing key is now the queue's name.
 	d := delivery(map[string]any{
-		"aggregate_version": int64(2), rabbitmq.HeaderOriginalRoutingKey: shipment.TypeCancelled,
+		"aggregate_version": int64(2), shipment.HeaderOriginalRoutingKey: shipment.TypeCancelled,
 	})
 	d.Type, d.RoutingKey, d.Body = "", "shipping.order-events", []byte(`{"order_id":"o-1","cancelled_at":"2026-11-29T22:01:00Z"}`)
-	if v := p.Handle(t.Context(), d); v.Action != rabbitmq.Ack {
+	if v := p.Handle(t.Context(), d); v.Action != shipment.Ack {
 		t.Fatalf("verdict %v %q (%s), want ack", v.Action, v.Reason, v.Detail)
 	}
 	if len(store.applied) != 1 || store.applied[0].Type != shipment.TypeCancelled || store.applied[0].Ignored {
@@ -280,7 +279,7 @@ func TestInboxErrorsThatAreNotTheHandlersAreNotHandlerFailures(t *testing.T) {
 			// Even on what would be the last attempt of a failing handler.
 			d := delivery(map[string]any{"x-shipping-attempts": int64(2)})
 			v := p.Handle(t.Context(), d)
-			if v.Action != rabbitmq.Defer || v.Reason != tc.reason {
+			if v.Action != shipment.Defer || v.Reason != tc.reason {
 				t.Fatalf("verdict %v %q (%s), want defer %q: the message is not at fault", v.Action, v.Reason, v.Detail, tc.reason)
 			}
 			if _, ok := v.Headers["x-shipping-attempts"]; ok {
@@ -307,19 +306,19 @@ func TestDeferralsAreCappedByCountAndByAge(t *testing.T) {
 		inbox   processor.Inbox
 		store   fakeStore
 		headers map[string]any
-		action  rabbitmq.Action
+		action  shipment.Action
 		reason  string
 		counter string
 		want    int64
 	}{
-		"transient, first":            {inbox: failingInbox{err: transient}, action: rabbitmq.Defer, reason: "transient", counter: "x-shipping-transient-deferrals", want: 1},
-		"transient, 20th":             {inbox: failingInbox{err: transient}, headers: map[string]any{"x-shipping-transient-deferrals": int64(19)}, action: rabbitmq.Defer, reason: "transient", counter: "x-shipping-transient-deferrals", want: 20},
-		"transient, past the count":   {inbox: failingInbox{err: transient}, headers: map[string]any{"x-shipping-transient-deferrals": int64(20)}, action: rabbitmq.DeadLetter, reason: "inbox_failed"},
-		"database, past the count":    {inbox: failingInbox{err: unauthorized}, headers: map[string]any{"x-shipping-transient-deferrals": int32(20)}, action: rabbitmq.DeadLetter, reason: "inbox_failed"},
-		"transient, past the age":     {inbox: failingInbox{err: transient}, headers: map[string]any{"x-shipping-transient-deferrals": int64(2), "x-shipping-first-deferred-at": longAgo}, action: rabbitmq.DeadLetter, reason: "inbox_failed"},
-		"transient, within the age":   {inbox: failingInbox{err: transient}, headers: map[string]any{"x-shipping-transient-deferrals": int64(2), "x-shipping-first-deferred-at": recently}, action: rabbitmq.Defer, reason: "transient", counter: "x-shipping-transient-deferrals", want: 3},
-		"gap, past the age":           {inbox: fakeInbox{gap: true}, headers: map[string]any{"x-shipping-deferrals": int64(3), "x-shipping-first-deferred-at": longAgo}, action: rabbitmq.DeadLetter, reason: "gap_not_filled"},
-		"handler retry, past the age": {store: fakeStore{err: errors.New("bug")}, headers: map[string]any{"x-shipping-attempts": int64(1), "x-shipping-first-deferred-at": longAgo}, action: rabbitmq.DeadLetter, reason: "handler_failed"},
+		"transient, first":            {inbox: failingInbox{err: transient}, action: shipment.Defer, reason: "transient", counter: "x-shipping-transient-deferrals", want: 1},
+		"transient, 20th":             {inbox: failingInbox{err: transient}, headers: map[string]any{"x-shipping-transient-deferrals": int64(19)}, action: shipment.Defer, reason: "transient", counter: "x-shipping-transient-deferrals", want: 20},
+		"transient, past the count":   {inbox: failingInbox{err: transient}, headers: map[string]any{"x-shipping-transient-deferrals": int64(20)}, action: shipment.DeadLetter, reason: "inbox_failed"},
+		"database, past the count":    {inbox: failingInbox{err: unauthorized}, headers: map[string]any{"x-shipping-transient-deferrals": int32(20)}, action: shipment.DeadLetter, reason: "inbox_failed"},
+		"transient, past the age":     {inbox: failingInbox{err: transient}, headers: map[string]any{"x-shipping-transient-deferrals": int64(2), "x-shipping-first-deferred-at": longAgo}, action: shipment.DeadLetter, reason: "inbox_failed"},
+		"transient, within the age":   {inbox: failingInbox{err: transient}, headers: map[string]any{"x-shipping-transient-deferrals": int64(2), "x-shipping-first-deferred-at": recently}, action: shipment.Defer, reason: "transient", counter: "x-shipping-transient-deferrals", want: 3},
+		"gap, past the age":           {inbox: fakeInbox{gap: true}, headers: map[string]any{"x-shipping-deferrals": int64(3), "x-shipping-first-deferred-at": longAgo}, action: shipment.DeadLetter, reason: "gap_not_filled"},
+		"handler retry, past the age": {store: fakeStore{err: errors.New("bug")}, headers: map[string]any{"x-shipping-attempts": int64(1), "x-shipping-first-deferred-at": longAgo}, action: shipment.DeadLetter, reason: "handler_failed"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			m, err := metrics.New(prometheus.NewRegistry())
@@ -339,7 +338,7 @@ func TestDeferralsAreCappedByCountAndByAge(t *testing.T) {
 			if v.Action != tc.action || v.Reason != tc.reason {
 				t.Fatalf("verdict %v %q (%s), want %v %q", v.Action, v.Reason, v.Detail, tc.action, tc.reason)
 			}
-			if tc.action == rabbitmq.DeadLetter {
+			if tc.action == shipment.DeadLetter {
 				if v.Detail == "" {
 					t.Error("dead letter without an error detail")
 				}
@@ -418,7 +417,7 @@ func newGapProcessor(t *testing.T, dl processor.DeadLetters) (*processor.Process
 	return p, m
 }
 
-func cancelDelivery(version int64, extra map[string]any) rabbitmq.Delivery {
+func cancelDelivery(version int64, extra map[string]any) shipment.Delivery {
 	h := map[string]any{"aggregate_version": version}
 	for k, v := range extra {
 		h[k] = v
@@ -432,7 +431,7 @@ func TestDeadLettersAreRecordedAndHoldTheirOrder(t *testing.T) {
 	dl := &fakeDeadLetters{}
 	p, _ := newDeadLetterProcessor(t, fakeStore{err: errors.New("bug")}, dl)
 	d := cancelDelivery(2, map[string]any{processor.HeaderAttempts: int64(2), processor.HeaderDeferrals: int64(1)})
-	if v := p.Handle(t.Context(), d); v.Action != rabbitmq.DeadLetter || v.Reason != "handler_failed" {
+	if v := p.Handle(t.Context(), d); v.Action != shipment.DeadLetter || v.Reason != "handler_failed" {
 		t.Fatalf("verdict %v %q", v.Action, v.Reason)
 	}
 	if len(dl.recorded) != 1 {
@@ -466,7 +465,7 @@ func TestDeadLettersAreRecordedAndHoldTheirOrder(t *testing.T) {
 func TestDeadLetterThatCannotBeRecordedKeepsTheDelivery(t *testing.T) {
 	dl := &fakeDeadLetters{recordErr: errors.New("mongo down")}
 	p, _ := newDeadLetterProcessor(t, fakeStore{err: errors.New("bug")}, dl)
-	if v := p.Handle(t.Context(), cancelDelivery(2, map[string]any{processor.HeaderAttempts: int64(2)})); v.Action != rabbitmq.Retry {
+	if v := p.Handle(t.Context(), cancelDelivery(2, map[string]any{processor.HeaderAttempts: int64(2)})); v.Action != shipment.Retry {
 		t.Fatalf("verdict %v %q, want retry", v.Action, v.Reason)
 	}
 }
@@ -474,7 +473,7 @@ func TestDeadLetterThatCannotBeRecordedKeepsTheDelivery(t *testing.T) {
 func TestLaterVersionOfAHeldOrderIsParkedAtOnce(t *testing.T) {
 	dl := &fakeDeadLetters{hold: &deadletter.Hold{OrderID: "o-1", Version: 2, State: deadletter.StateHeld, Token: "t1"}}
 	p, m := newGapProcessor(t, dl)
-	if v := p.Handle(t.Context(), cancelDelivery(3, nil)); v.Action != rabbitmq.Ack {
+	if v := p.Handle(t.Context(), cancelDelivery(3, nil)); v.Action != shipment.Ack {
 		t.Fatalf("verdict %v %q, want ack (parked)", v.Action, v.Reason)
 	}
 	if len(dl.parked) != 1 || dl.parked[0].Version != 3 || counter(m.Parked) != 1 || counter(m.Deferred.WithLabelValues("gap")) != 0 {
@@ -490,7 +489,7 @@ func TestLaterVersionOfAHeldOrderIsParkedAtOnce(t *testing.T) {
 	} {
 		dl := &fakeDeadLetters{hold: hold}
 		p, _ := newGapProcessor(t, dl)
-		if v := p.Handle(t.Context(), cancelDelivery(3, nil)); v.Action != rabbitmq.Defer || v.Reason != "gap" || len(dl.parked) != 0 {
+		if v := p.Handle(t.Context(), cancelDelivery(3, nil)); v.Action != shipment.Defer || v.Reason != "gap" || len(dl.parked) != 0 {
 			t.Errorf("%s: verdict %v %q, parked %v; want a plain deferral", name, v.Action, v.Reason, dl.parked)
 		}
 	}
@@ -502,7 +501,7 @@ func TestParkedMessageIsTakenBackWhenAReleaseBeganMeanwhile(t *testing.T) {
 		afterPark: func(f *fakeDeadLetters) { f.hold.State, f.hold.Token = deadletter.StateReleasing, "t2" },
 	}
 	p, _ := newGapProcessor(t, dl)
-	if v := p.Handle(t.Context(), cancelDelivery(3, nil)); v.Action != rabbitmq.Defer || v.Reason != "gap" {
+	if v := p.Handle(t.Context(), cancelDelivery(3, nil)); v.Action != shipment.Defer || v.Reason != "gap" {
 		t.Fatalf("verdict %v %q, want the message taken back and deferred", v.Action, v.Reason)
 	}
 	if len(dl.parked) != 0 {
@@ -556,7 +555,7 @@ func TestAppliedMessagesReleaseTheirOrderIfHeldAtTheirVersion(t *testing.T) {
 				return
 			}
 			rel.err = errors.New("broker down")
-			if v := p.Handle(t.Context(), cancelDelivery(2, nil)); v.Action != rabbitmq.Retry {
+			if v := p.Handle(t.Context(), cancelDelivery(2, nil)); v.Action != shipment.Retry {
 				t.Fatalf("verdict %v %q with a release that failed, want retry", v.Action, v.Reason)
 			}
 		})

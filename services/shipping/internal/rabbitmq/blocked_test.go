@@ -2,6 +2,7 @@ package rabbitmq
 
 import (
 	"context"
+	"github.com/outbox-inbox/reference/services/shipping/internal/shipment"
 	"strconv"
 	"strings"
 	"sync"
@@ -85,18 +86,18 @@ func TestBlockedPublishingConnectionDoesNotFreezeTheAcks(t *testing.T) {
 	handled := map[string]int{}
 	back := make(chan string, 16)
 	startConsumer(t, Config{URL: node.URL(), Concurrency: 2, Prefetch: 16, ConfirmTimeout: 2 * time.Second, Topology: top, Metrics: m},
-		HandlerFunc(func(_ context.Context, d Delivery) Verdict {
-			if d.Headers[HeaderOriginalRoutingKey] != nil {
+		HandlerFunc(func(_ context.Context, d shipment.Delivery) shipment.Verdict {
+			if d.Headers[shipment.HeaderOriginalRoutingKey] != nil {
 				back <- d.MessageID // round the delay queue
-				return Verdict{Action: Ack}
+				return shipment.Verdict{Action: shipment.Ack}
 			}
 			mu.Lock()
 			handled[d.MessageID]++
 			mu.Unlock()
 			if strings.HasPrefix(d.MessageID, "d-") {
-				return Verdict{Action: Defer, Reason: "test"}
+				return shipment.Verdict{Action: shipment.Defer, Reason: "test"}
 			}
-			return Verdict{Action: Ack}
+			return shipment.Verdict{Action: shipment.Ack}
 		}))
 
 	blocked := false

@@ -21,92 +21,22 @@ import (
 
 	"github.com/outbox-inbox/reference/services/shipping/internal/amqpaddr"
 	"github.com/outbox-inbox/reference/services/shipping/internal/metrics"
+	"github.com/outbox-inbox/reference/services/shipping/internal/shipment"
 )
-
-// Headers the consumer writes on messages it republishes.
-const (
-	// HeaderReason is the dead-letter reason code, e.g. "malformed_payload".
-	HeaderReason = "x-dead-letter-reason"
-	// HeaderError is the human-readable error that sent the message to the
-	// dead-letter queue.
-	HeaderError = "x-error"
-	// HeaderOriginalExchange and HeaderOriginalRoutingKey keep where the
-	// message was first published (a deferred message comes back through the
-	// default exchange).
-	HeaderOriginalExchange   = "x-original-exchange"
-	HeaderOriginalRoutingKey = "x-original-routing-key"
-	// HeaderDeadLetteredBy names the service that dead-lettered it.
-	HeaderDeadLetteredBy = "x-dead-lettered-by"
-)
-
-// Action is what to do with a delivery.
-type Action int
-
-const (
-	// Ack: done (processed, duplicate, or deliberately ignored).
-	Ack Action = iota + 1
-	// Defer: republish a copy to the delay queue (confirmed), then ack; the
-	// copy comes back after the delay. The delivery limit is not touched.
-	Defer
-	// DeadLetter: republish a copy to the dead-letter exchange with the
-	// reason (confirmed), then ack.
-	DeadLetter
-	// Retry: keep the delivery unacked and handle it again after a backoff
-	// (a dependency such as MongoDB is down). Nothing is acked, nothing is
-	// requeued, so the delivery limit is not burnt.
-	Retry
-)
-
-func (a Action) String() string {
-	switch a {
-	case Ack:
-		return "ack"
-	case Defer:
-		return "defer"
-	case DeadLetter:
-		return "dead_letter"
-	case Retry:
-		return "retry"
-	default:
-		return fmt.Sprintf("Action(%d)", int(a))
-	}
-}
-
-// Verdict is a handler's decision about one delivery.
-type Verdict struct {
-	Action Action
-	// Reason labels Defer ("gap", "in_progress", "retry") and DeadLetter
-	// (a reason code, sent as HeaderReason).
-	Reason string
-	// Detail is the error text sent as HeaderError with a DeadLetter.
-	Detail string
-	// Headers are set on the republished copy (Defer, DeadLetter).
-	Headers map[string]any
-}
-
-// Delivery is the part of an AMQP delivery a handler sees.
-type Delivery struct {
-	MessageID   string
-	Type        string
-	ContentType string
-	Exchange    string
-	RoutingKey  string
-	Headers     map[string]any
-	Body        []byte
-	Redelivered bool
-}
 
 // Handler decides what happens to each delivery. It is called from several
 // goroutines at once.
 type Handler interface {
-	Handle(ctx context.Context, d Delivery) Verdict
+	Handle(ctx context.Context, d shipment.Delivery) shipment.Verdict
 }
 
 // HandlerFunc adapts a function to Handler.
-type HandlerFunc func(ctx context.Context, d Delivery) Verdict
+type HandlerFunc func(ctx context.Context, d shipment.Delivery) shipment.Verdict
 
 // Handle calls f.
-func (f HandlerFunc) Handle(ctx context.Context, d Delivery) Verdict { return f(ctx, d) }
+func (f HandlerFunc) Handle(ctx context.Context, d shipment.Delivery) shipment.Verdict {
+	return f(ctx, d)
+}
 
 // Config configures a Consumer.
 type Config struct {
@@ -486,7 +416,7 @@ func (c *Consumer) handle(ctx context.Context, s *sessionState, d amqp.Delivery)
 	if mutantShippingAckFirst {
 		_ = d.Ack(false) // a planted bug: see mutant_shipping_ackfirst.go
 	}
-	del := Delivery{
+	del := shipment.Delivery{
 		MessageID: d.MessageId, Type: d.Type, ContentType: d.ContentType, Exchange: d.Exchange, RoutingKey: d.RoutingKey,
 		Headers: d.Headers, Body: d.Body, Redelivered: d.Redelivered,
 	}
@@ -500,7 +430,7 @@ func (c *Consumer) handle(ctx context.Context, s *sessionState, d amqp.Delivery)
 			endProcess(span, v, errors.New("connection lost before the delivery was settled; the broker delivers it again"))
 			return
 		}
-		if v.Action == Retry {
+		if v.Action == shipment.Retry {
 			endProcess(span, v, nil)
 		} else {
 			err := c.settle(hctx, s, d, v)
@@ -551,10 +481,10 @@ func (c *Consumer) handle(ctx context.Context, s *sessionState, d amqp.Delivery)
 
 // settle carries out a verdict. Republished copies are confirmed before the
 // original is acked, so a message is never only in flight.
-func (c *Consumer) settle(ctx context.Context, s *sessionState, d amqp.Delivery, v Verdict) error {
+func (c *Consumer) settle(ctx context.Context, s *sessionState, d amqp.Delivery, v shipment.Verdict) error {
 	switch v.Action {
-	case Ack:
-	case Defer:
+	case shipment.Ack:
+	case shipment.Defer:
 		msg := c.copyOf(d, v.Headers)
 		if err := republish(ctx, &c.tr, s.pub, "", c.cfg.Topology.DelayQueue, v.Reason, msg); err != nil {
 			return fmt.Errorf("defer to %s: %w", c.cfg.Topology.DelayQueue, err)
@@ -562,14 +492,14 @@ func (c *Consumer) settle(ctx context.Context, s *sessionState, d amqp.Delivery,
 		if m := c.cfg.Metrics; m != nil {
 			m.Deferred.WithLabelValues(v.Reason).Inc()
 		}
-	case DeadLetter:
+	case shipment.DeadLetter:
 		h := maps.Clone(v.Headers)
 		if h == nil {
 			h = map[string]any{}
 		}
-		h[HeaderReason] = v.Reason
-		h[HeaderError] = truncate(v.Detail, 1024)
-		h[HeaderDeadLetteredBy] = c.cfg.ConnectionName
+		h[shipment.HeaderReason] = v.Reason
+		h[shipment.HeaderError] = truncate(v.Detail, 1024)
+		h[shipment.HeaderDeadLetteredBy] = c.cfg.ConnectionName
 		msg := c.copyOf(d, h)
 		if err := republish(ctx, &c.tr, s.pub, c.cfg.Topology.DeadLetterExchange, d.RoutingKey, v.Reason, msg); err != nil {
 			return fmt.Errorf("dead-letter to %s: %w", c.cfg.Topology.DeadLetterExchange, err)
@@ -621,9 +551,9 @@ func (c *Consumer) copyOf(d amqp.Delivery, extra map[string]any) amqp.Publishing
 			h[k] = v
 		}
 	}
-	if _, ok := h[HeaderOriginalExchange]; !ok {
-		h[HeaderOriginalExchange] = d.Exchange
-		h[HeaderOriginalRoutingKey] = d.RoutingKey
+	if _, ok := h[shipment.HeaderOriginalExchange]; !ok {
+		h[shipment.HeaderOriginalExchange] = d.Exchange
+		h[shipment.HeaderOriginalRoutingKey] = d.RoutingKey
 	}
 	for k, v := range extra {
 		h[k] = v

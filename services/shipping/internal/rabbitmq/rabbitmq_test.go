@@ -3,6 +3,7 @@ package rabbitmq
 import (
 	"context"
 	"errors"
+	"github.com/outbox-inbox/reference/services/shipping/internal/shipment"
 	"testing"
 	"time"
 
@@ -15,7 +16,9 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func TestNewValidatesConfig(t *testing.T) {
-	ok := HandlerFunc(func(context.Context, Delivery) Verdict { return Verdict{Action: Ack} })
+	ok := HandlerFunc(func(context.Context, shipment.Delivery) shipment.Verdict {
+		return shipment.Verdict{Action: shipment.Ack}
+	})
 	for name, tc := range map[string]struct {
 		cfg Config
 		h   Handler
@@ -130,12 +133,12 @@ func TestShutdownLetsInFlightDeliveriesFinish(t *testing.T) {
 	t.Parallel()
 	vhost, url := amqptest.VHost(t)
 	entered, release := make(chan struct{}), make(chan struct{})
-	c, err := New(Config{URL: url, Concurrency: 1, Prefetch: 5}, HandlerFunc(func(ctx context.Context, d Delivery) Verdict {
+	c, err := New(Config{URL: url, Concurrency: 1, Prefetch: 5}, HandlerFunc(func(ctx context.Context, d shipment.Delivery) shipment.Verdict {
 		if d.MessageID == "slow" {
 			close(entered)
 			<-release
 		}
-		return Verdict{Action: Ack}
+		return shipment.Verdict{Action: shipment.Ack}
 	}))
 	if err != nil {
 		t.Fatal(err)

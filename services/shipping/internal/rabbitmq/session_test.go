@@ -2,6 +2,7 @@ package rabbitmq
 
 import (
 	"context"
+	"github.com/outbox-inbox/reference/services/shipping/internal/shipment"
 	"log/slog"
 	"slices"
 	"sync"
@@ -89,9 +90,9 @@ func TestConsumerRedeclaresItsQueueAfterTheBrokerCancelsIt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := startConsumer(t, Config{URL: url, Metrics: m}, HandlerFunc(func(_ context.Context, d Delivery) Verdict {
+	c := startConsumer(t, Config{URL: url, Metrics: m}, HandlerFunc(func(_ context.Context, d shipment.Delivery) shipment.Verdict {
 		ids <- d.MessageID
-		return Verdict{Action: Ack}
+		return shipment.Verdict{Action: shipment.Ack}
 	}))
 	_, ch := channel(t, url)
 	publishEvent(t, ch, "before")
@@ -118,16 +119,16 @@ func TestMissingRepublishTargetRedeclaresTheTopology(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name   string
-		action Action
+		action shipment.Action
 		remove func(t *testing.T, vhost, url string, top Topology)
 	}{
-		{"delay queue deleted", Defer, func(t *testing.T, vhost, _ string, top Topology) {
+		{"delay queue deleted", shipment.Defer, func(t *testing.T, vhost, _ string, top Topology) {
 			amqptest.DeleteQueue(t, vhost, top.DelayQueue) // the copy is returned
 		}},
-		{"dead-letter queue deleted", DeadLetter, func(t *testing.T, vhost, _ string, top Topology) {
+		{"dead-letter queue deleted", shipment.DeadLetter, func(t *testing.T, vhost, _ string, top Topology) {
 			amqptest.DeleteQueue(t, vhost, top.DeadLetterQueue) // the copy is returned
 		}},
-		{"dead-letter exchange deleted", DeadLetter, func(t *testing.T, _, url string, top Topology) {
+		{"dead-letter exchange deleted", shipment.DeadLetter, func(t *testing.T, _, url string, top Topology) {
 			// The publish closes the publishing channel (404 NOT_FOUND).
 			_, ch := channel(t, url)
 			if err := ch.ExchangeDelete(top.DeadLetterExchange, false, false); err != nil {
@@ -140,19 +141,19 @@ func TestMissingRepublishTargetRedeclaresTheTopology(t *testing.T) {
 			vhost, url := amqptest.VHost(t)
 			back := make(chan string, 16)
 			c := startConsumer(t, Config{URL: url, Topology: Topology{Delay: 50 * time.Millisecond}},
-				HandlerFunc(func(_ context.Context, d Delivery) Verdict {
-					if _, ok := d.Headers[HeaderOriginalRoutingKey]; ok {
+				HandlerFunc(func(_ context.Context, d shipment.Delivery) shipment.Verdict {
+					if _, ok := d.Headers[shipment.HeaderOriginalRoutingKey]; ok {
 						back <- d.MessageID // came back through the delay queue
-						return Verdict{Action: Ack}
+						return shipment.Verdict{Action: shipment.Ack}
 					}
-					return Verdict{Action: tc.action, Reason: "test"}
+					return shipment.Verdict{Action: tc.action, Reason: "test"}
 				}))
 			top := c.Topology()
 			tc.remove(t, vhost, url, top)
 			_, ch := channel(t, url)
 			publishEvent(t, ch, "m")
 
-			if tc.action == Defer {
+			if tc.action == shipment.Defer {
 				await(t, back, "m", 60*time.Second)
 			} else {
 				waitUntil(t, 60*time.Second, "the dead letter in "+top.DeadLetterQueue, func() bool {
@@ -179,7 +180,7 @@ func TestRepublishingHasItsOwnConnection(t *testing.T) {
 	entered, release := make(chan struct{}, 4), make(chan struct{})
 	back := make(chan string, 16)
 	c := startConsumer(t, Config{URL: url, Concurrency: 2, ConnectionName: "shipping-test", Topology: Topology{Delay: 50 * time.Millisecond}},
-		HandlerFunc(func(_ context.Context, d Delivery) Verdict {
+		HandlerFunc(func(_ context.Context, d shipment.Delivery) shipment.Verdict {
 			switch {
 			case d.MessageID == "hold":
 				mu.Lock()
@@ -187,12 +188,12 @@ func TestRepublishingHasItsOwnConnection(t *testing.T) {
 				mu.Unlock()
 				entered <- struct{}{}
 				<-release
-				return Verdict{Action: Ack}
-			case d.Headers[HeaderOriginalRoutingKey] != nil:
+				return shipment.Verdict{Action: shipment.Ack}
+			case d.Headers[shipment.HeaderOriginalRoutingKey] != nil:
 				back <- d.MessageID
-				return Verdict{Action: Ack}
+				return shipment.Verdict{Action: shipment.Ack}
 			default:
-				return Verdict{Action: Defer, Reason: "test"}
+				return shipment.Verdict{Action: shipment.Defer, Reason: "test"}
 			}
 		}))
 	_, ch := channel(t, url)

@@ -219,7 +219,7 @@ func (t *tracing) startProcess(ctx context.Context, d *amqp.Delivery, retry int,
 // endProcess ends a process span with the verdict and its outcome: a dead
 // letter, a retry, a failed handler run or a settle that failed is an
 // error.
-func endProcess(span trace.Span, v Verdict, err error) {
+func endProcess(span trace.Span, v shipment.Verdict, err error) {
 	if span == nil {
 		return
 	}
@@ -233,13 +233,13 @@ func endProcess(span trace.Span, v Verdict, err error) {
 		span.RecordError(err)
 		span.SetStatus(codes.Error, err.Error())
 		span.SetAttributes(semconv.ErrorTypeOther)
-	case v.Action == DeadLetter:
+	case v.Action == shipment.DeadLetter:
 		span.SetStatus(codes.Error, "dead-lettered: "+v.Reason+": "+v.Detail)
 		span.SetAttributes(semconv.ErrorTypeKey.String(cmp.Or(v.Reason, "dead_letter")))
-	case v.Action == Retry:
+	case v.Action == shipment.Retry:
 		span.SetStatus(codes.Error, "kept for a retry: a dependency is unavailable")
 		span.SetAttributes(semconv.ErrorTypeKey.String("dependency_unavailable"))
-	case v.Action == Defer && (v.Reason == "retry" || v.Reason == "transient" || v.Reason == "database"):
+	case v.Action == shipment.Defer && (v.Reason == "retry" || v.Reason == "transient" || v.Reason == "database"):
 		span.SetStatus(codes.Error, "deferred: "+v.Reason)
 		span.SetAttributes(semconv.ErrorTypeKey.String(v.Reason))
 	}

@@ -3,6 +3,7 @@ package rabbitmq
 import (
 	"context"
 	"errors"
+	"github.com/outbox-inbox/reference/services/shipping/internal/shipment"
 	"log/slog"
 	"maps"
 	"slices"
@@ -35,7 +36,7 @@ func TestNoopTracingAllocatesNothingPerDelivery(t *testing.T) {
 		dctx := tr.extract(ctx, d)
 		hctx, span := tr.startProcess(dctx, d, 0, nil)
 		endSpan(tr.startAck(hctx, d), nil)
-		endProcess(span, Verdict{Action: Ack}, nil)
+		endProcess(span, shipment.Verdict{Action: shipment.Ack}, nil)
 	})
 	if allocs != 0 {
 		t.Fatalf("%v allocations per delivery with tracing off, want 0", allocs)
