@@ -12,6 +12,7 @@ import (
 	"github.com/outbox-inbox/reference/services/shipping/internal/amqptest"
 	"github.com/outbox-inbox/reference/services/shipping/internal/deadletter"
 	"github.com/outbox-inbox/reference/services/shipping/internal/mongodb"
+	"github.com/outbox-inbox/reference/services/shipping/internal/shipment"
 )
 
 func TestDeadLettersCLIListsAndDiscards(t *testing.T) {
@@ -33,15 +34,15 @@ func TestDeadLettersCLIListsAndDiscards(t *testing.T) {
 
 	store, _ := deadletter.NewStore(db)
 	now := time.Now().UTC()
-	msg := func(id string) deadletter.Message {
-		return deadletter.Message{MessageID: id, Type: "order.cancelled", RoutingKey: "order.cancelled",
+	msg := func(id string) shipment.KeptMessage {
+		return shipment.KeptMessage{MessageID: id, Type: "order.cancelled", RoutingKey: "order.cancelled",
 			Headers: map[string]any{"aggregate_id": "o-1", "aggregate_version": int64(3)}, Body: []byte(`{"order_id":"o-1"}`)}
 	}
-	if err := store.Record(t.Context(), deadletter.Letter{OrderID: "o-1", Version: 2, EventType: "order.paid",
+	if err := store.Record(t.Context(), shipment.Letter{OrderID: "o-1", Version: 2, EventType: "order.paid",
 		Reason: "malformed_payload", Error: "bad json", Holds: true, DeadLetteredAt: now, Message: msg("m2")}); err != nil {
 		t.Fatal(err)
 	}
-	if err := store.Park(t.Context(), deadletter.Parked{OrderID: "o-1", Version: 3, ParkedAt: now, Message: msg("m3")}); err != nil {
+	if err := store.Park(t.Context(), shipment.Parked{OrderID: "o-1", Version: 3, ParkedAt: now, Message: msg("m3")}); err != nil {
 		t.Fatal(err)
 	}
 	vars := env(map[string]string{"MONGO_URI": uri, "AMQP_URL": amqpURL})

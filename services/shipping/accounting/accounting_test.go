@@ -49,12 +49,12 @@ func TestAccountTellsWhatShippingDidWithAMessage(t *testing.T) {
 		t.Fatal(err)
 	}
 	now := time.Now().UTC()
-	if err := letters.Record(ctx, deadletter.Letter{OrderID: "o-2", Version: 1, Reason: "handler_failed", Holds: true,
-		DeadLetteredAt: now, Message: deadletter.Message{MessageID: id(3)}}); err != nil {
+	if err := letters.Record(ctx, shipment.Letter{OrderID: "o-2", Version: 1, Reason: "handler_failed", Holds: true,
+		DeadLetteredAt: now, Message: shipment.KeptMessage{MessageID: id(3)}}); err != nil {
 		t.Fatal(err)
 	}
-	if err := letters.Park(ctx, deadletter.Parked{OrderID: "o-2", Version: 2, ParkedAt: now,
-		Message: deadletter.Message{MessageID: id(4)}}); err != nil {
+	if err := letters.Park(ctx, shipment.Parked{OrderID: "o-2", Version: 2, ParkedAt: now,
+		Message: shipment.KeptMessage{MessageID: id(4)}}); err != nil {
 		t.Fatal(err)
 	}
 

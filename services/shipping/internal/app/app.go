@@ -114,11 +114,15 @@ type Config struct {
 }
 
 // The wiring plugs the adapters into the interfaces their consumers declare:
-// the MongoDB store is the processor's Store, the processor the RabbitMQ
-// consumer's Handler.
+// the MongoDB store is the processor's Store, the dead-letter store and its
+// releases the processor's DeadLetters and Releases and the HTTP API's
+// DeadLetters, the processor the RabbitMQ consumer's Handler.
 var (
-	_ processor.Store  = (*mongodb.Store)(nil)
-	_ rabbitmq.Handler = (*processor.Processor)(nil)
+	_ processor.Store       = (*mongodb.Store)(nil)
+	_ processor.DeadLetters = (*deadletter.Store)(nil)
+	_ processor.Releases    = (*deadletter.Manager)(nil)
+	_ httpapi.DeadLetters   = (*deadletter.Manager)(nil)
+	_ rabbitmq.Handler      = (*processor.Processor)(nil)
 )
 
 // App is a configured service; Run runs it.

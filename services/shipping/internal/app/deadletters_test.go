@@ -189,21 +189,21 @@ func TestServiceFinishesAReleaseACrashInterruptedAtStart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	kept := func(ev event) deadletter.Message {
-		return deadletter.Message{MessageID: ev.MessageID, Type: ev.Type, ContentType: "application/json", RoutingKey: ev.Type,
+	kept := func(ev event) shipment.KeptMessage {
+		return shipment.KeptMessage{MessageID: ev.MessageID, Type: ev.Type, ContentType: "application/json", RoutingKey: ev.Type,
 			Headers: map[string]any{"aggregate_type": "order", "aggregate_id": ev.OrderID, "event_type": ev.Type, "aggregate_version": ev.Version},
 			Body:    ev.Body}
 	}
 	now := time.Now().UTC()
-	if err := store.Record(t.Context(), deadletter.Letter{OrderID: "res-1", Version: 1, EventType: shipment.TypeCreated,
+	if err := store.Record(t.Context(), shipment.Letter{OrderID: "res-1", Version: 1, EventType: shipment.TypeCreated,
 		Reason: "handler_failed", Holds: true, DeadLetteredAt: now, Message: kept(created("1801", "res-1"))}); err != nil {
 		t.Fatal(err)
 	}
-	if err := store.Park(t.Context(), deadletter.Parked{OrderID: "res-1", Version: 2, ParkedAt: now, Message: kept(cancelled("1802", "res-1"))}); err != nil {
+	if err := store.Park(t.Context(), shipment.Parked{OrderID: "res-1", Version: 2, ParkedAt: now, Message: kept(cancelled("1802", "res-1"))}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := e.db.Collection(deadletter.HoldsCollection).UpdateOne(t.Context(), bson.D{{Key: "_id", Value: "res-1"}},
-		bson.D{{Key: "$set", Value: bson.D{{Key: "state", Value: deadletter.StateReleasing}, {Key: "action", Value: "replay"}}}}); err != nil {
+		bson.D{{Key: "$set", Value: bson.D{{Key: "state", Value: shipment.StateReleasing}, {Key: "action", Value: "replay"}}}}); err != nil {
 		t.Fatal(err)
 	}
 

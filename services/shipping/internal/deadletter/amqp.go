@@ -18,6 +18,7 @@ import (
 
 	"github.com/outbox-inbox/reference/services/shipping/internal/amqpaddr"
 	"github.com/outbox-inbox/reference/services/shipping/internal/rabbitmq"
+	"github.com/outbox-inbox/reference/services/shipping/internal/shipment"
 )
 
 // DefaultConfirmTimeout is AMQPPublisher.ConfirmTimeout's default.
@@ -65,7 +66,7 @@ var _ Publisher = (*AMQPPublisher)(nil)
 
 // Publish sends m and waits for the broker's confirm, at most
 // ConfirmTimeout.
-func (p *AMQPPublisher) Publish(ctx context.Context, m Message) error {
+func (p *AMQPPublisher) Publish(ctx context.Context, m shipment.KeptMessage) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	timeout := cmp.Or(p.ConfirmTimeout, DefaultConfirmTimeout)
@@ -151,7 +152,7 @@ func (p *AMQPPublisher) open(timeout time.Duration) error {
 // startSpan starts Publish's span, a child of the context in headers (kept
 // with the message), and writes the span's context into headers in place
 // of the kept one.
-func (p *AMQPPublisher) startSpan(ctx context.Context, m Message, headers amqp.Table) (context.Context, trace.Span) {
+func (p *AMQPPublisher) startSpan(ctx context.Context, m shipment.KeptMessage, headers amqp.Table) (context.Context, trace.Span) {
 	if p.TracerProvider == nil {
 		return ctx, trace.SpanFromContext(context.Background()) // a no-op span
 	}
@@ -187,7 +188,7 @@ func (p *AMQPPublisher) startSpan(ctx context.Context, m Message, headers amqp.T
 	return ctx, span
 }
 
-func (p *AMQPPublisher) publish(ctx context.Context, m Message, headers amqp.Table) error {
+func (p *AMQPPublisher) publish(ctx context.Context, m shipment.KeptMessage, headers amqp.Table) error {
 	dc, err := p.ch.PublishWithDeferredConfirmWithContext(ctx, "", p.Queue, true, false, amqp.Publishing{
 		MessageId: m.MessageID, Type: m.Type, ContentType: m.ContentType, DeliveryMode: amqp.Persistent,
 		Timestamp: time.Now(), Headers: headers, Body: m.Body,

@@ -11,6 +11,7 @@ import (
 
 	"github.com/outbox-inbox/reference/internal/tracing"
 	"github.com/outbox-inbox/reference/services/shipping/internal/deadletter"
+	"github.com/outbox-inbox/reference/services/shipping/internal/shipment"
 )
 
 // The operator's request is linked to a replay, never copied into it: a
@@ -33,7 +34,7 @@ func TestReplayDoesNotCarryTheOperatorsBaggage(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx, operator := tp.Tracer("test").Start(baggage.ContextWithBaggage(t.Context(), bag), "operator request")
-	err = pub.Publish(ctx, deadletter.Message{
+	err = pub.Publish(ctx, shipment.KeptMessage{
 		MessageID: "m-1", RoutingKey: "order.created", Body: []byte("{}"),
 		Headers: map[string]any{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"},
 	})

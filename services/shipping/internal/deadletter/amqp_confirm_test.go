@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/outbox-inbox/reference/services/shipping/internal/deadletter"
+	"github.com/outbox-inbox/reference/services/shipping/internal/shipment"
 )
 
 // publishProxy forwards TCP connections to an AMQP broker, frame by frame.
@@ -131,7 +132,7 @@ func TestRepublishGivesUpWhenTheConfirmNeverComes(t *testing.T) {
 
 	proxy.armed.Store(true)
 	errc := make(chan error, 1)
-	go func() { errc <- pub.Publish(t.Context(), deadletter.Message{MessageID: "m-1", Body: []byte("{}")}) }()
+	go func() { errc <- pub.Publish(t.Context(), shipment.KeptMessage{MessageID: "m-1", Body: []byte("{}")}) }()
 	select {
 	case err := <-errc:
 		if err == nil {
@@ -143,7 +144,7 @@ func TestRepublishGivesUpWhenTheConfirmNeverComes(t *testing.T) {
 	}
 
 	proxy.armed.Store(false)
-	if err := pub.Publish(t.Context(), deadletter.Message{MessageID: "m-2", Body: []byte("{}")}); err != nil {
+	if err := pub.Publish(t.Context(), shipment.KeptMessage{MessageID: "m-2", Body: []byte("{}")}); err != nil {
 		t.Fatalf("Publish after the stalled one: %v", err)
 	}
 }
@@ -159,7 +160,7 @@ func TestRepublisherKeepsItsConnection(t *testing.T) {
 
 	const n = 5
 	for i := range n {
-		if err := pub.Publish(t.Context(), deadletter.Message{MessageID: "m-" + string(rune('a'+i)), Body: []byte("{}")}); err != nil {
+		if err := pub.Publish(t.Context(), shipment.KeptMessage{MessageID: "m-" + string(rune('a'+i)), Body: []byte("{}")}); err != nil {
 			t.Fatal(err)
 		}
 	}

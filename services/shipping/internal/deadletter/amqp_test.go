@@ -17,6 +17,7 @@ import (
 	"github.com/outbox-inbox/reference/services/shipping/internal/amqptest"
 	"github.com/outbox-inbox/reference/services/shipping/internal/deadletter"
 	"github.com/outbox-inbox/reference/services/shipping/internal/rabbitmq"
+	"github.com/outbox-inbox/reference/services/shipping/internal/shipment"
 )
 
 // A replayed dead letter stays in the trace kept with it: its publish span
@@ -33,7 +34,7 @@ func TestReplayedMessageStaysInTheTraceKeptWithIt(t *testing.T) {
 	pub := &deadletter.AMQPPublisher{URL: url, Queue: "q", TracerProvider: tp, Propagator: tracing.Propagator()}
 	t.Cleanup(func() { _ = pub.Close() })
 	ctx, operator := tp.Tracer("test").Start(t.Context(), "operator request")
-	err := pub.Publish(ctx, deadletter.Message{
+	err := pub.Publish(ctx, shipment.KeptMessage{
 		MessageID: "m-1", RoutingKey: "order.created", Body: []byte("{}"),
 		Headers: map[string]any{"traceparent": "00-" + kept + "-00f067aa0ba902b7-01", "baggage": "tenant=acme", "aggregate_id": "o-1"},
 	})
@@ -113,7 +114,7 @@ func TestFailedReplayPublishSpanCarriesErrorType(t *testing.T) {
 	defer func() { _ = tp.Shutdown(context.Background()) }()
 	pub := &deadletter.AMQPPublisher{URL: url, Queue: "no-such-queue", TracerProvider: tp, Propagator: tracing.Propagator()}
 	t.Cleanup(func() { _ = pub.Close() })
-	if err := pub.Publish(t.Context(), deadletter.Message{MessageID: "m-1", Body: []byte("{}")}); !errors.Is(err, rabbitmq.ErrReturned) {
+	if err := pub.Publish(t.Context(), shipment.KeptMessage{MessageID: "m-1", Body: []byte("{}")}); !errors.Is(err, rabbitmq.ErrReturned) {
 		t.Fatalf("replay to a missing queue: %v, want it returned", err)
 	}
 	var span sdktrace.ReadOnlySpan

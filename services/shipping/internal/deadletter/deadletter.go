@@ -69,6 +69,8 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 	"go.mongodb.org/mongo-driver/v2/mongo/readpref"
 	"go.mongodb.org/mongo-driver/v2/mongo/writeconcern"
+
+	"github.com/outbox-inbox/reference/services/shipping/internal/shipment"
 )
 
 // Collection names.
@@ -78,79 +80,90 @@ const (
 	ParkedCollection  = "parked"
 )
 
-// Hold states.
-const (
-	StateHeld      = "held"
-	StateReleasing = "releasing"
-)
-
-// ErrNotFound: no dead letter at that order and version, and no release of
-// that order to resume.
-var ErrNotFound = errors.New("deadletter: no such dead letter")
-
-// Message is a message as kept for a later re-publish.
-type Message struct {
-	MessageID   string  `bson:"message_id" json:"message_id"`
-	Type        string  `bson:"type,omitempty" json:"type,omitempty"`
-	ContentType string  `bson:"content_type,omitempty" json:"content_type,omitempty"`
-	RoutingKey  string  `bson:"routing_key" json:"routing_key"` // as first published
-	Headers     Headers `bson:"headers,omitempty" json:"-"`
-	Body        []byte  `bson:"body" json:"-"`
+// messageDoc is a shipment.KeptMessage as stored: its headers as Headers.
+type messageDoc struct {
+	MessageID   string  `bson:"message_id"`
+	Type        string  `bson:"type,omitempty"`
+	ContentType string  `bson:"content_type,omitempty"`
+	RoutingKey  string  `bson:"routing_key"` // as first published
+	Headers     Headers `bson:"headers,omitempty"`
+	Body        []byte  `bson:"body"`
 	// BodyOmitted is the size of a body too large to keep (over
-	// MaxKeptBodyBytes), which Body then lacks: the broker's dead-letter
-	// queue holds the whole message, and a replay from this record is
-	// refused (ErrBodyNotKept). 0 when Body is the whole body.
-	BodyOmitted int `bson:"body_omitted,omitempty" json:"body_omitted_bytes,omitempty"`
+	// MaxKeptBodyBytes), which Body then lacks.
+	BodyOmitted int `bson:"body_omitted,omitempty"`
+}
+
+func messageOf(m shipment.KeptMessage) messageDoc {
+	return messageDoc{MessageID: m.MessageID, Type: m.Type, ContentType: m.ContentType, RoutingKey: m.RoutingKey,
+		Headers: Headers(m.Headers), Body: m.Body, BodyOmitted: m.BodyOmitted}
+}
+
+func (m messageDoc) kept() shipment.KeptMessage {
+	return shipment.KeptMessage{MessageID: m.MessageID, Type: m.Type, ContentType: m.ContentType, RoutingKey: m.RoutingKey,
+		Headers: map[string]any(m.Headers), Body: m.Body, BodyOmitted: m.BodyOmitted}
 }
 
 // MaxKeptBodyBytes bounds the body a dead letter keeps: a MongoDB document
 // holds at most 16 MiB, headers and the letter's other fields included, and
 // a dead letter that cannot be recorded would keep its delivery, redelivered
-// for ever. A larger body is left out (Message.BodyOmitted).
+// for ever. A larger body is left out (shipment.KeptMessage.BodyOmitted).
 const MaxKeptBodyBytes = 15 << 20
 
-// ErrBodyNotKept: the dead letter's body was too large to keep, so it cannot
-// be replayed from its record (replay it from the dead-letter queue, or
-// discard it).
-var ErrBodyNotKept = errors.New("deadletter: the message's body was too large to keep")
-
-// Letter is a recorded dead letter.
-type Letter struct {
-	OrderID   string `bson:"order_id" json:"order_id"`
-	Version   int64  `bson:"version" json:"version"`
-	EventType string `bson:"event_type" json:"event_type"`
-	Reason    string `bson:"reason" json:"reason"`
-	Error     string `bson:"error" json:"error"`
-	Holds     bool   `bson:"holds" json:"holds_order"` // its order's later versions are parked behind it
-	// AwaitsPredecessor: dead-lettered because the version before it never
-	// came (a gap). When that version applies after all, the gap is filled
-	// and the dead letter is replayed with no operator (Manager.Applied).
-	AwaitsPredecessor bool      `bson:"awaits_predecessor,omitempty" json:"awaits_predecessor,omitempty"`
-	DeadLetteredAt    time.Time `bson:"dead_lettered_at" json:"dead_lettered_at"`
-	Message           Message   `bson:"message" json:"message"`
+// letterDoc is a shipment.Letter as stored, _id "order/version".
+type letterDoc struct {
+	ID                string     `bson:"_id"`
+	OrderID           string     `bson:"order_id"`
+	Version           int64      `bson:"version"`
+	EventType         string     `bson:"event_type"`
+	Reason            string     `bson:"reason"`
+	Error             string     `bson:"error"`
+	Holds             bool       `bson:"holds"`
+	AwaitsPredecessor bool       `bson:"awaits_predecessor,omitempty"`
+	DeadLetteredAt    time.Time  `bson:"dead_lettered_at"`
+	Message           messageDoc `bson:"message"`
 }
 
-// Hold is an order whose later versions are parked behind a dead letter.
-type Hold struct {
-	OrderID string `bson:"_id" json:"order_id"`
-	Version int64  `bson:"version" json:"dead_version"`
-	State   string `bson:"state" json:"state"`
-	// Action is, while releasing, what the operator asked: "replay" or
-	// "discard" (Resume repeats it).
-	Action string    `bson:"action,omitempty" json:"action,omitempty"`
-	Token  string    `bson:"token" json:"-"`
-	Since  time.Time `bson:"since" json:"since"`
-	// Parked and OldestParkedAt are filled by List.
-	Parked         int        `bson:"-" json:"parked"`
-	OldestParkedAt *time.Time `bson:"-" json:"oldest_parked_at,omitempty"`
+func letterDocOf(l shipment.Letter) letterDoc {
+	return letterDoc{ID: key(l.OrderID, l.Version), OrderID: l.OrderID, Version: l.Version, EventType: l.EventType,
+		Reason: l.Reason, Error: l.Error, Holds: l.Holds, AwaitsPredecessor: l.AwaitsPredecessor,
+		DeadLetteredAt: l.DeadLetteredAt, Message: messageOf(l.Message)}
 }
 
-// Parked is a message parked behind its order's dead letter.
-type Parked struct {
-	OrderID  string    `bson:"order_id" json:"order_id"`
-	Version  int64     `bson:"version" json:"version"`
-	ParkedAt time.Time `bson:"parked_at" json:"parked_at"`
-	Message  Message   `bson:"message" json:"message"`
+func (d letterDoc) letter() shipment.Letter {
+	return shipment.Letter{OrderID: d.OrderID, Version: d.Version, EventType: d.EventType, Reason: d.Reason,
+		Error: d.Error, Holds: d.Holds, AwaitsPredecessor: d.AwaitsPredecessor, DeadLetteredAt: d.DeadLetteredAt,
+		Message: d.Message.kept()}
+}
+
+// holdDoc is a shipment.Hold as stored, _id the order id.
+type holdDoc struct {
+	OrderID string    `bson:"_id"`
+	Version int64     `bson:"version"`
+	State   string    `bson:"state"`
+	Action  string    `bson:"action,omitempty"`
+	Token   string    `bson:"token"`
+	Since   time.Time `bson:"since"`
+}
+
+func holdDocOf(h shipment.Hold) holdDoc {
+	return holdDoc{OrderID: h.OrderID, Version: h.Version, State: h.State, Action: h.Action, Token: h.Token, Since: h.Since}
+}
+
+func (d holdDoc) hold() shipment.Hold {
+	return shipment.Hold{OrderID: d.OrderID, Version: d.Version, State: d.State, Action: d.Action, Token: d.Token, Since: d.Since}
+}
+
+// parkedDoc is a shipment.Parked as stored, _id "order/version".
+type parkedDoc struct {
+	ID       string     `bson:"_id"`
+	OrderID  string     `bson:"order_id"`
+	Version  int64      `bson:"version"`
+	ParkedAt time.Time  `bson:"parked_at"`
+	Message  messageDoc `bson:"message"`
+}
+
+func (d parkedDoc) parked() shipment.Parked {
+	return shipment.Parked{OrderID: d.OrderID, Version: d.Version, ParkedAt: d.ParkedAt, Message: d.Message.kept()}
 }
 
 // Store keeps dead letters, holds and parked messages in MongoDB.
@@ -190,24 +203,14 @@ func newToken() string {
 	return hex.EncodeToString(b)
 }
 
-type letterDoc struct {
-	ID     string `bson:"_id"`
-	Letter `bson:",inline"`
-}
-
-type parkedDoc struct {
-	ID     string `bson:"_id"`
-	Parked `bson:",inline"`
-}
-
 // Record records a dead letter (replacing an earlier one at the same order
 // and version) and, when it holds its order, holds it.
-func (s *Store) Record(ctx context.Context, l Letter) error {
+func (s *Store) Record(ctx context.Context, l shipment.Letter) error {
 	id := key(l.OrderID, l.Version)
 	if n := len(l.Message.Body); n > MaxKeptBodyBytes {
 		l.Message.Body, l.Message.BodyOmitted = nil, n
 	}
-	if _, err := s.letters.ReplaceOne(ctx, byID(id), letterDoc{ID: id, Letter: l}, options.Replace().SetUpsert(true)); err != nil {
+	if _, err := s.letters.ReplaceOne(ctx, byID(id), letterDocOf(l), options.Replace().SetUpsert(true)); err != nil {
 		return fmt.Errorf("record dead letter %s: %w", id, err)
 	}
 	if !l.Holds {
@@ -221,10 +224,10 @@ func (s *Store) Record(ctx context.Context, l Letter) error {
 	if err != nil {
 		return fmt.Errorf("hold order %s behind dead letter %s: %w", l.OrderID, id, err)
 	}
-	if cur != nil && cur.State == StateHeld && cur.Version < l.Version {
+	if cur != nil && cur.State == shipment.StateHeld && cur.Version < l.Version {
 		return nil
 	}
-	h := Hold{OrderID: l.OrderID, Version: l.Version, State: StateHeld, Token: newToken(), Since: l.DeadLetteredAt}
+	h := holdDoc{OrderID: l.OrderID, Version: l.Version, State: shipment.StateHeld, Token: newToken(), Since: l.DeadLetteredAt}
 	if _, err := s.holds.ReplaceOne(ctx, byID(l.OrderID), h, options.Replace().SetUpsert(true)); err != nil {
 		return fmt.Errorf("hold order %s behind dead letter %s: %w", l.OrderID, id, err)
 	}
@@ -232,7 +235,7 @@ func (s *Store) Record(ctx context.Context, l Letter) error {
 }
 
 // letter returns the dead letter at orderID/version, or nil.
-func (s *Store) letter(ctx context.Context, orderID string, version int64) (*Letter, error) {
+func (s *Store) letter(ctx context.Context, orderID string, version int64) (*shipment.Letter, error) {
 	var doc letterDoc
 	err := s.letters.FindOne(ctx, byID(key(orderID, version)), options.FindOne().
 		SetProjection(bson.D{{Key: "message.body", Value: 0}, {Key: "message.headers", Value: 0}})).Decode(&doc)
@@ -242,29 +245,29 @@ func (s *Store) letter(ctx context.Context, orderID string, version int64) (*Let
 	if err != nil {
 		return nil, fmt.Errorf("read dead letter %s: %w", key(orderID, version), err)
 	}
-	return &doc.Letter, nil
+	l := doc.letter()
+	return &l, nil
 }
 
 // Held returns orderID's hold, or nil.
-func (s *Store) Held(ctx context.Context, orderID string) (*Hold, error) {
-	var h Hold
-	err := s.holds.FindOne(ctx, byID(orderID)).Decode(&h)
+func (s *Store) Held(ctx context.Context, orderID string) (*shipment.Hold, error) {
+	var doc holdDoc
+	err := s.holds.FindOne(ctx, byID(orderID)).Decode(&doc)
 	if errors.Is(err, mongo.ErrNoDocuments) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("read hold of order %s: %w", orderID, err)
 	}
+	h := doc.hold()
 	return &h, nil
 }
 
-// ErrParkedConflict: another message is parked at that order and version.
-var ErrParkedConflict = errors.New("deadletter: another message is parked at this version")
-
-// Park parks p. Parking the same message twice is a no-op.
-func (s *Store) Park(ctx context.Context, p Parked) error {
+// Park parks p. Parking the same message twice is a no-op; another message
+// parked at its order and version is a shipment.ErrParkedConflict.
+func (s *Store) Park(ctx context.Context, p shipment.Parked) error {
 	id := key(p.OrderID, p.Version)
-	_, err := s.parked.InsertOne(ctx, parkedDoc{ID: id, Parked: p})
+	_, err := s.parked.InsertOne(ctx, parkedDoc{ID: id, OrderID: p.OrderID, Version: p.Version, ParkedAt: p.ParkedAt, Message: messageOf(p.Message)})
 	if err == nil {
 		return nil
 	}
@@ -279,7 +282,7 @@ func (s *Store) Park(ctx context.Context, p Parked) error {
 		return fmt.Errorf("read parked %s: %w", id, err)
 	}
 	if existing.Message.MessageID != p.Message.MessageID {
-		return fmt.Errorf("%w: %s holds message %s, not %s", ErrParkedConflict, id, existing.Message.MessageID, p.Message.MessageID)
+		return fmt.Errorf("%w: %s holds message %s, not %s", shipment.ErrParkedConflict, id, existing.Message.MessageID, p.Message.MessageID)
 	}
 	return nil
 }
@@ -296,28 +299,33 @@ func (s *Store) Unpark(ctx context.Context, orderID string, version int64) (bool
 
 // nextHolding returns orderID's dead letter of the lowest version that
 // holds its order, or nil.
-func (s *Store) nextHolding(ctx context.Context, orderID string) (*Letter, error) {
-	var l Letter
+func (s *Store) nextHolding(ctx context.Context, orderID string) (*shipment.Letter, error) {
+	var doc letterDoc
 	err := s.letters.FindOne(ctx, bson.D{{Key: "order_id", Value: orderID}, {Key: "holds", Value: true}},
-		options.FindOne().SetSort(bson.D{{Key: "version", Value: 1}})).Decode(&l)
+		options.FindOne().SetSort(bson.D{{Key: "version", Value: 1}})).Decode(&doc)
 	if errors.Is(err, mongo.ErrNoDocuments) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("find the dead letters holding order %s: %w", orderID, err)
 	}
+	l := doc.letter()
 	return &l, nil
 }
 
 // parkedOf returns orderID's parked messages in version order.
-func (s *Store) parkedOf(ctx context.Context, orderID string) ([]Parked, error) {
+func (s *Store) parkedOf(ctx context.Context, orderID string) ([]shipment.Parked, error) {
 	cur, err := s.parked.Find(ctx, bson.D{{Key: "order_id", Value: orderID}}, options.Find().SetSort(bson.D{{Key: "version", Value: 1}}))
 	if err != nil {
 		return nil, fmt.Errorf("list parked messages of order %s: %w", orderID, err)
 	}
-	var out []Parked
-	if err := cur.All(ctx, &out); err != nil {
+	var docs []parkedDoc
+	if err := cur.All(ctx, &docs); err != nil {
 		return nil, fmt.Errorf("list parked messages of order %s: %w", orderID, err)
+	}
+	out := make([]shipment.Parked, len(docs))
+	for i, d := range docs {
+		out[i] = d.parked()
 	}
 	return out, nil
 }
@@ -387,22 +395,26 @@ func (s *Store) Stats(ctx context.Context, now time.Time) (Stats, error) {
 
 // List returns every dead letter (oldest first, without its message's body
 // and headers) and every held order, with its parked messages counted.
-func (s *Store) List(ctx context.Context) ([]Letter, []Hold, error) {
+func (s *Store) List(ctx context.Context) ([]shipment.Letter, []shipment.Hold, error) {
 	cur, err := s.letters.Find(ctx, bson.D{}, options.Find().SetSort(bson.D{{Key: "dead_lettered_at", Value: 1}}).
 		SetProjection(bson.D{{Key: "message.body", Value: 0}, {Key: "message.headers", Value: 0}}))
 	if err != nil {
 		return nil, nil, fmt.Errorf("list dead letters: %w", err)
 	}
-	letters := []Letter{}
-	if err := cur.All(ctx, &letters); err != nil {
+	var docs []letterDoc
+	if err := cur.All(ctx, &docs); err != nil {
 		return nil, nil, fmt.Errorf("list dead letters: %w", err)
+	}
+	letters := make([]shipment.Letter, len(docs))
+	for i, d := range docs {
+		letters[i] = d.letter()
 	}
 	cur, err = s.holds.Find(ctx, bson.D{}, options.Find().SetSort(bson.D{{Key: "since", Value: 1}}))
 	if err != nil {
 		return nil, nil, fmt.Errorf("list held orders: %w", err)
 	}
-	holds := []Hold{}
-	if err := cur.All(ctx, &holds); err != nil {
+	holds, err := allHolds(ctx, cur)
+	if err != nil {
 		return nil, nil, fmt.Errorf("list held orders: %w", err)
 	}
 	if err := s.countParked(ctx, holds); err != nil {
@@ -413,11 +425,11 @@ func (s *Store) List(ctx context.Context) ([]Letter, []Hold, error) {
 
 // countParked fills the holds' Parked and OldestParkedAt, in one read of
 // the parked messages' order and time only (an index covers it on MongoDB).
-func (s *Store) countParked(ctx context.Context, holds []Hold) error {
+func (s *Store) countParked(ctx context.Context, holds []shipment.Hold) error {
 	if len(holds) == 0 {
 		return nil
 	}
-	byOrder := make(map[string]*Hold, len(holds))
+	byOrder := make(map[string]*shipment.Hold, len(holds))
 	ids := make(bson.A, 0, len(holds))
 	for i := range holds {
 		byOrder[holds[i].OrderID] = &holds[i]
@@ -454,14 +466,27 @@ func (s *Store) countParked(ctx context.Context, holds []Hold) error {
 }
 
 // releasing returns the holds whose release was interrupted.
-func (s *Store) releasing(ctx context.Context) ([]Hold, error) {
-	cur, err := s.holds.Find(ctx, bson.D{{Key: "state", Value: StateReleasing}})
+func (s *Store) releasing(ctx context.Context) ([]shipment.Hold, error) {
+	cur, err := s.holds.Find(ctx, bson.D{{Key: "state", Value: shipment.StateReleasing}})
 	if err != nil {
 		return nil, fmt.Errorf("list releasing holds: %w", err)
 	}
-	out := []Hold{}
-	if err := cur.All(ctx, &out); err != nil {
+	out, err := allHolds(ctx, cur)
+	if err != nil {
 		return nil, fmt.Errorf("list releasing holds: %w", err)
+	}
+	return out, nil
+}
+
+// allHolds reads cur's holds (never nil: a listing of none is []).
+func allHolds(ctx context.Context, cur *mongo.Cursor) ([]shipment.Hold, error) {
+	var docs []holdDoc
+	if err := cur.All(ctx, &docs); err != nil {
+		return nil, err
+	}
+	out := make([]shipment.Hold, len(docs))
+	for i, d := range docs {
+		out[i] = d.hold()
 	}
 	return out, nil
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/outbox-inbox/reference/internal/mongolocal/mongotest"
 	"github.com/outbox-inbox/reference/services/shipping/internal/deadletter"
+	"github.com/outbox-inbox/reference/services/shipping/internal/shipment"
 )
 
 type noSkip struct{}
@@ -70,14 +71,14 @@ func TestHeadersOfAnyKeyAndTypeSurviveParkingAndReplay(t *testing.T) {
 	}
 	ctx := t.Context()
 	now := time.Now().UTC()
-	kept := func(id string) deadletter.Message {
-		return deadletter.Message{MessageID: id, RoutingKey: "order.cancelled", Headers: awkwardHeaders(), Body: []byte("{}")}
+	kept := func(id string) shipment.KeptMessage {
+		return shipment.KeptMessage{MessageID: id, RoutingKey: "order.cancelled", Headers: awkwardHeaders(), Body: []byte("{}")}
 	}
-	if err := store.Record(ctx, deadletter.Letter{OrderID: "o-1", Version: 1, Reason: "handler_failed", Holds: true,
+	if err := store.Record(ctx, shipment.Letter{OrderID: "o-1", Version: 1, Reason: "handler_failed", Holds: true,
 		DeadLetteredAt: now, Message: kept("m1")}); err != nil {
 		t.Fatalf("Record: %v", err)
 	}
-	if err := store.Park(ctx, deadletter.Parked{OrderID: "o-1", Version: 2, ParkedAt: now, Message: kept("m2")}); err != nil {
+	if err := store.Park(ctx, shipment.Parked{OrderID: "o-1", Version: 2, ParkedAt: now, Message: kept("m2")}); err != nil {
 		t.Fatalf("Park: %v", err)
 	}
 	pub := &deadletter.AMQPPublisher{URL: url, Queue: "q"}

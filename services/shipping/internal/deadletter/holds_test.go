@@ -9,6 +9,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/outbox-inbox/reference/internal/mongolocal/mongotest"
+	"github.com/outbox-inbox/reference/services/shipping/internal/shipment"
 )
 
 // An order can hold two dead letters: version 2 (its handler kept failing)
@@ -26,18 +27,18 @@ func TestAnOrderWithTwoDeadLettersStaysHeldUntilBothAreSettled(t *testing.T) {
 	now := time.Now().UTC()
 	record := func(v int64, reason string) {
 		t.Helper()
-		if err := s.Record(ctx, Letter{OrderID: "o-1", Version: v, Reason: reason, Holds: true,
+		if err := s.Record(ctx, shipment.Letter{OrderID: "o-1", Version: v, Reason: reason, Holds: true,
 			DeadLetteredAt: now.Add(time.Duration(v) * time.Millisecond), Message: msg(msgID(v))}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	park := func(v int64) {
 		t.Helper()
-		if err := s.Park(ctx, Parked{OrderID: "o-1", Version: v, ParkedAt: now, Message: msg(msgID(v))}); err != nil {
+		if err := s.Park(ctx, shipment.Parked{OrderID: "o-1", Version: v, ParkedAt: now, Message: msg(msgID(v))}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	held := func() *Hold {
+	held := func() *shipment.Hold {
 		t.Helper()
 		h, err := s.Held(ctx, "o-1")
 		if err != nil {
@@ -49,7 +50,7 @@ func TestAnOrderWithTwoDeadLettersStaysHeldUntilBothAreSettled(t *testing.T) {
 	record(2, "handler_failed")
 	park(3)
 	record(4, "malformed_payload")
-	if h := held(); h == nil || h.Version != 2 || h.State != StateHeld {
+	if h := held(); h == nil || h.Version != 2 || h.State != shipment.StateHeld {
 		t.Fatalf("hold after a second dead letter at version 4: %+v; want it still at version 2", h)
 	}
 	park(5)
@@ -59,7 +60,7 @@ func TestAnOrderWithTwoDeadLettersStaysHeldUntilBothAreSettled(t *testing.T) {
 	if _, err := m.Replay(ctx, "o-1", 2); err != nil {
 		t.Fatalf("Replay 2: %v", err)
 	}
-	if h := held(); h == nil || h.Version != 4 || h.State != StateHeld {
+	if h := held(); h == nil || h.Version != 4 || h.State != shipment.StateHeld {
 		t.Fatalf("hold after replaying version 2 while version 4 is still dead: %+v; want the order held at version 4", h)
 	}
 	// Version 3 can apply now; 5 comes back to a gap and parks again.

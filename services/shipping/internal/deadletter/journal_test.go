@@ -8,6 +8,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/outbox-inbox/reference/internal/mongolocal/mongotest"
+	"github.com/outbox-inbox/reference/services/shipping/internal/shipment"
 )
 
 // A parked message is acked once Park returns: the parked copy is then its
@@ -25,11 +26,11 @@ func TestParkedMessagesAndDeadLettersAreWrittenJournaledToAMajority(t *testing.T
 		t.Fatal(err)
 	}
 	now := time.Now().UTC()
-	if err := s.Record(t.Context(), Letter{OrderID: "o-1", Version: 2, Reason: "handler_failed", Holds: true,
+	if err := s.Record(t.Context(), shipment.Letter{OrderID: "o-1", Version: 2, Reason: "handler_failed", Holds: true,
 		DeadLetteredAt: now, Message: msg("m2")}); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Park(t.Context(), Parked{OrderID: "o-1", Version: 3, ParkedAt: now, Message: msg("m3")}); err != nil {
+	if err := s.Park(t.Context(), shipment.Parked{OrderID: "o-1", Version: 3, ParkedAt: now, Message: msg("m3")}); err != nil {
 		t.Fatal(err)
 	}
 	writes := map[string]bson.Raw{}
@@ -63,7 +64,7 @@ func TestADeadLetterTooLargeForMongoDBIsRecordedWithoutItsBody(t *testing.T) {
 	ctx := t.Context()
 	huge := msg("m-huge")
 	huge.Body = make([]byte, 17<<20)
-	if err := s.Record(ctx, Letter{OrderID: "o-big", Version: 1, Reason: "oversize", Holds: true,
+	if err := s.Record(ctx, shipment.Letter{OrderID: "o-big", Version: 1, Reason: "oversize", Holds: true,
 		DeadLetteredAt: time.Now().UTC(), Message: huge}); err != nil {
 		t.Fatalf("Record of a 17 MiB dead letter: %v", err)
 	}
@@ -78,10 +79,10 @@ func TestADeadLetterTooLargeForMongoDBIsRecordedWithoutItsBody(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := m.Replay(ctx, "o-big", 1); !errors.Is(err, ErrBodyNotKept) {
+	if _, err := m.Replay(ctx, "o-big", 1); !errors.Is(err, shipment.ErrBodyNotKept) {
 		t.Fatalf("Replay: %v; want ErrBodyNotKept", err)
 	}
-	if h, err := s.Held(ctx, "o-big"); err != nil || h == nil || h.State != StateHeld {
+	if h, err := s.Held(ctx, "o-big"); err != nil || h == nil || h.State != shipment.StateHeld {
 		t.Fatalf("hold after the refused replay: %+v, %v; want it still held, not releasing", h, err)
 	}
 	if _, err := m.Discard(ctx, "o-big", 1); err != nil {

@@ -10,6 +10,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 
 	"github.com/outbox-inbox/reference/internal/mongolocal/mongotest"
+	"github.com/outbox-inbox/reference/services/shipping/internal/shipment"
 )
 
 // What an operator's listing, the metrics and a start cost does not grow
@@ -98,16 +99,16 @@ func fillParked(tb testing.TB, s *Store, orders, perOrder int) time.Time {
 	var letters, holds, parked []any
 	for o := range orders {
 		id := fmt.Sprintf("o-%d", o)
-		letters = append(letters, letterDoc{ID: key(id, 1), Letter: Letter{OrderID: id, Version: 1, Reason: "handler_failed", Holds: true,
-			DeadLetteredAt: start, Message: Message{MessageID: id + "-1", RoutingKey: "order.created", Body: letterBody, Headers: Headers{"k": "v"}}}})
-		state := StateHeld
+		letters = append(letters, letterDocOf(shipment.Letter{OrderID: id, Version: 1, Reason: "handler_failed", Holds: true,
+			DeadLetteredAt: start, Message: shipment.KeptMessage{MessageID: id + "-1", RoutingKey: "order.created", Body: letterBody, Headers: map[string]any{"k": "v"}}}))
+		state := shipment.StateHeld
 		if o == 7 {
-			state = StateReleasing
+			state = shipment.StateReleasing
 		}
-		holds = append(holds, Hold{OrderID: id, Version: 1, State: state, Action: "replay", Token: "t", Since: start})
+		holds = append(holds, holdDocOf(shipment.Hold{OrderID: id, Version: 1, State: state, Action: "replay", Token: "t", Since: start}))
 		for v := int64(2); v < 2+int64(perOrder); v++ {
-			parked = append(parked, parkedDoc{ID: key(id, v), Parked: Parked{OrderID: id, Version: v,
-				ParkedAt: start.Add(time.Duration(v) * time.Second), Message: Message{MessageID: fmt.Sprintf("%s-%d", id, v), Body: parkedBody}}})
+			parked = append(parked, parkedDoc{ID: key(id, v), OrderID: id, Version: v,
+				ParkedAt: start.Add(time.Duration(v) * time.Second), Message: messageDoc{MessageID: fmt.Sprintf("%s-%d", id, v), Body: parkedBody}})
 		}
 	}
 	for _, w := range []struct {

@@ -10,12 +10,14 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/outbox-inbox/reference/services/shipping/internal/shipment"
 )
 
 // Publisher re-publishes a kept message to the consumer's queue and returns
 // once the broker confirmed it.
 type Publisher interface {
-	Publish(ctx context.Context, m Message) error
+	Publish(ctx context.Context, m shipment.KeptMessage) error
 }
 
 // Skipper records a version of an order as skipped, so that the versions
@@ -34,7 +36,7 @@ type Config struct {
 	// afterPublish, when set (tests), runs after each confirmed re-publish of
 	// a parked message, before it is deleted; an error stops the release
 	// there, as a crash would.
-	afterPublish func(p Parked) error
+	afterPublish func(p shipment.Parked) error
 }
 
 // Manager replays and discards dead letters and releases their orders.
@@ -56,7 +58,9 @@ func NewManager(cfg Config) (*Manager, error) {
 }
 
 // List returns the dead letters and the held orders.
-func (m *Manager) List(ctx context.Context) ([]Letter, []Hold, error) { return m.cfg.Store.List(ctx) }
+func (m *Manager) List(ctx context.Context) ([]shipment.Letter, []shipment.Hold, error) {
+	return m.cfg.Store.List(ctx)
+}
 
 // Replay re-publishes the dead letter at orderID/version to the consumer's
 // queue, then releases its order's parked messages, in version order. It
@@ -68,9 +72,9 @@ func (m *Manager) Replay(ctx context.Context, orderID string, version int64) (in
 	if l, err := m.cfg.Store.letter(ctx, orderID, version); err != nil {
 		return 0, err
 	} else if l != nil && l.Message.BodyOmitted > 0 {
-		return 0, fmt.Errorf("replay dead letter %s: %w (%d bytes)", key(orderID, version), ErrBodyNotKept, l.Message.BodyOmitted)
+		return 0, fmt.Errorf("replay dead letter %s: %w (%d bytes)", key(orderID, version), shipment.ErrBodyNotKept, l.Message.BodyOmitted)
 	}
-	return m.settle(ctx, orderID, version, actionReplay, func(l Letter) error {
+	return m.settle(ctx, orderID, version, actionReplay, func(l shipment.Letter) error {
 		if err := m.cfg.Publisher.Publish(ctx, l.Message); err != nil {
 			return fmt.Errorf("replay dead letter %s: %w", key(orderID, version), err)
 		}
@@ -84,7 +88,7 @@ func (m *Manager) Replay(ctx context.Context, orderID string, version int64) (in
 // many parked messages it released. Discarding an order whose release was
 // interrupted resumes it.
 func (m *Manager) Discard(ctx context.Context, orderID string, version int64) (int, error) {
-	return m.settle(ctx, orderID, version, actionDiscard, func(l Letter) error {
+	return m.settle(ctx, orderID, version, actionDiscard, func(l shipment.Letter) error {
 		if err := m.cfg.Skipper.Skip(ctx, orderID, version, l.Message.MessageID, l.EventType); err != nil {
 			return fmt.Errorf("discard dead letter %s: %w", key(orderID, version), err)
 		}
@@ -100,7 +104,7 @@ func (m *Manager) Discard(ctx context.Context, orderID string, version int64) (i
 // letter at that version is dropped (its version is applied) and the order's
 // parked messages are re-published in version order. When the hold is at the
 // next version instead, and that dead letter only waited for this one
-// (Letter.AwaitsPredecessor), its gap is filled: it is replayed (Replay).
+// (shipment.Letter.AwaitsPredecessor), its gap is filled: it is replayed (Replay).
 // It returns how many parked messages it released: 0, with no write, when
 // neither is the case. A release an operator began (replay, discard) is
 // left to finish on its own.
@@ -111,11 +115,11 @@ func (m *Manager) Applied(ctx context.Context, orderID string, version int64) (i
 	}
 	switch {
 	case hold.Version == version:
-		if hold.State != StateHeld && hold.Action != actionApplied {
+		if hold.State != shipment.StateHeld && hold.Action != actionApplied {
 			return 0, nil
 		}
 		return m.settle(ctx, orderID, version, actionApplied, nil)
-	case hold.Version == version+1 && hold.State == StateHeld:
+	case hold.Version == version+1 && hold.State == shipment.StateHeld:
 		l, err := m.cfg.Store.letter(ctx, orderID, version+1)
 		if err != nil || l == nil || !l.AwaitsPredecessor {
 			return 0, err
@@ -151,7 +155,7 @@ func (m *Manager) Resume(ctx context.Context) (int, error) {
 		case actionApplied:
 			do = m.Applied
 		}
-		if _, err := do(ctx, h.OrderID, h.Version); err != nil && !errors.Is(err, ErrNotFound) {
+		if _, err := do(ctx, h.OrderID, h.Version); err != nil && !errors.Is(err, shipment.ErrNoDeadLetter) {
 			return done, fmt.Errorf("resume the release of order %s: %w", h.OrderID, err)
 		}
 		done++
@@ -161,7 +165,7 @@ func (m *Manager) Resume(ctx context.Context) (int, error) {
 
 // settle marks orderID releasing, runs act on the dead letter at version
 // (none for actionApplied), deletes it, and releases the order.
-func (m *Manager) settle(ctx context.Context, orderID string, version int64, action string, act func(Letter) error) (int, error) {
+func (m *Manager) settle(ctx context.Context, orderID string, version int64, action string, act func(shipment.Letter) error) (int, error) {
 	s := m.cfg.Store
 	id := key(orderID, version)
 	var doc letterDoc
@@ -174,15 +178,15 @@ func (m *Manager) settle(ctx context.Context, orderID string, version int64, act
 	if err != nil {
 		return 0, err
 	}
-	if !found && action != actionApplied && (hold == nil || hold.State != StateReleasing) {
-		return 0, fmt.Errorf("%w: %s", ErrNotFound, id)
+	if !found && action != actionApplied && (hold == nil || hold.State != shipment.StateReleasing) {
+		return 0, fmt.Errorf("%w: %s", shipment.ErrNoDeadLetter, id)
 	}
 
 	// Mark the release first: from now on no consumer parks behind this hold,
 	// and a crash leaves a trace that the next call resumes from.
 	token := newToken()
 	if hold != nil || (found && doc.Holds) {
-		h := Hold{OrderID: orderID, Version: version, State: StateReleasing, Action: action, Token: token, Since: time.Now().UTC()}
+		h := holdDoc{OrderID: orderID, Version: version, State: shipment.StateReleasing, Action: action, Token: token, Since: time.Now().UTC()}
 		if hold != nil {
 			h.Since = hold.Since
 		}
@@ -192,7 +196,7 @@ func (m *Manager) settle(ctx context.Context, orderID string, version int64, act
 	}
 	if found {
 		if act != nil {
-			if err := act(doc.Letter); err != nil {
+			if err := act(doc.letter()); err != nil {
 				return 0, err
 			}
 		}
@@ -214,7 +218,7 @@ func (m *Manager) settle(ctx context.Context, orderID string, version int64, act
 		return released, err
 	}
 	if next != nil {
-		h := Hold{OrderID: orderID, Version: next.Version, State: StateHeld, Token: newToken(), Since: next.DeadLetteredAt}
+		h := holdDoc{OrderID: orderID, Version: next.Version, State: shipment.StateHeld, Token: newToken(), Since: next.DeadLetteredAt}
 		if _, err := s.holds.ReplaceOne(ctx, bson.D{{Key: "_id", Value: orderID}, {Key: "token", Value: token}}, h); err != nil {
 			return released, fmt.Errorf("hold order %s behind dead letter %s: %w", orderID, key(orderID, next.Version), err)
 		}

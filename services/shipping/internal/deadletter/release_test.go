@@ -12,6 +12,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/outbox-inbox/reference/internal/mongolocal/mongotest"
+	"github.com/outbox-inbox/reference/services/shipping/internal/shipment"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(mongotest.Suite(m)) }
@@ -21,7 +22,7 @@ type fakePublisher struct {
 	published []string // message ids
 }
 
-func (f *fakePublisher) Publish(_ context.Context, m Message) error {
+func (f *fakePublisher) Publish(_ context.Context, m shipment.KeptMessage) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.published = append(f.published, m.MessageID)
@@ -35,8 +36,8 @@ func (f *fakeSkipper) Skip(_ context.Context, orderID string, version int64, _, 
 	return nil
 }
 
-func msg(id string) Message {
-	return Message{MessageID: id, RoutingKey: "order.cancelled", Body: []byte("{}")}
+func msg(id string) shipment.KeptMessage {
+	return shipment.KeptMessage{MessageID: id, RoutingKey: "order.cancelled", Body: []byte("{}")}
 }
 
 // setup holds order o-1 behind a dead letter at version 2, with versions 3,
@@ -49,19 +50,19 @@ func setup(t *testing.T) (*Store, *fakePublisher, *fakeSkipper) {
 	}
 	ctx := t.Context()
 	now := time.Now().UTC()
-	if err := s.Record(ctx, Letter{OrderID: "o-1", Version: 2, EventType: "order.cancelled", Reason: "handler_failed",
+	if err := s.Record(ctx, shipment.Letter{OrderID: "o-1", Version: 2, EventType: "order.cancelled", Reason: "handler_failed",
 		Error: "boom", Holds: true, DeadLetteredAt: now, Message: msg("m2")}); err != nil {
 		t.Fatal(err)
 	}
 	for _, v := range []int64{4, 3, 5} {
-		if err := s.Park(ctx, Parked{OrderID: "o-1", Version: v, ParkedAt: now, Message: msg(fmt.Sprintf("m%d", v))}); err != nil {
+		if err := s.Park(ctx, shipment.Parked{OrderID: "o-1", Version: v, ParkedAt: now, Message: msg(fmt.Sprintf("m%d", v))}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := s.Park(ctx, Parked{OrderID: "o-1", Version: 4, ParkedAt: now, Message: msg("m4")}); err != nil {
+	if err := s.Park(ctx, shipment.Parked{OrderID: "o-1", Version: 4, ParkedAt: now, Message: msg("m4")}); err != nil {
 		t.Fatalf("parking the same message twice: %v", err)
 	}
-	if err := s.Park(ctx, Parked{OrderID: "o-1", Version: 4, ParkedAt: now, Message: msg("other")}); !errors.Is(err, ErrParkedConflict) {
+	if err := s.Park(ctx, shipment.Parked{OrderID: "o-1", Version: 4, ParkedAt: now, Message: msg("other")}); !errors.Is(err, shipment.ErrParkedConflict) {
 		t.Fatalf("another message at a parked version: %v, want ErrParkedConflict", err)
 	}
 	return s, &fakePublisher{}, &fakeSkipper{}
@@ -100,8 +101,8 @@ func TestReplayRepublishesTheDeadLetterThenTheParkedInVersionOrder(t *testing.T)
 		t.Fatalf("replay skipped %v", skip.skipped)
 	}
 	wantReleased(t, s)
-	if _, err := m.Replay(t.Context(), "o-1", 2); !errors.Is(err, ErrNotFound) {
-		t.Fatalf("second Replay: %v, want ErrNotFound", err)
+	if _, err := m.Replay(t.Context(), "o-1", 2); !errors.Is(err, shipment.ErrNoDeadLetter) {
+		t.Fatalf("second Replay: %v, want shipment.ErrNoDeadLetter", err)
 	}
 }
 
@@ -124,7 +125,7 @@ func TestReleaseInterruptedMidwayResumesWithoutLossOrReorder(t *testing.T) {
 	crash := errors.New("crash")
 	// The release dies after version 4's re-publish was confirmed, before
 	// its parked copy is deleted.
-	m, _ := NewManager(Config{Store: s, Publisher: pub, Skipper: skip, afterPublish: func(p Parked) error {
+	m, _ := NewManager(Config{Store: s, Publisher: pub, Skipper: skip, afterPublish: func(p shipment.Parked) error {
 		if p.Version == 4 {
 			return crash
 		}
@@ -134,7 +135,7 @@ func TestReleaseInterruptedMidwayResumesWithoutLossOrReorder(t *testing.T) {
 		t.Fatalf("Replay: %v, want the crash", err)
 	}
 	h, err := s.Held(t.Context(), "o-1")
-	if err != nil || h == nil || h.State != StateReleasing {
+	if err != nil || h == nil || h.State != shipment.StateReleasing {
 		t.Fatalf("hold after the crash: %+v, %v; want it releasing", h, err)
 	}
 
@@ -155,9 +156,9 @@ func TestAReplayThatFailsAgainHoldsTheOrderAnew(t *testing.T) {
 	t.Parallel()
 	s, _, skip := setup(t)
 	// The replayed message is dead-lettered again while the release runs.
-	pub := publishFunc(func(ctx context.Context, m Message) error {
+	pub := publishFunc(func(ctx context.Context, m shipment.KeptMessage) error {
 		if m.MessageID == "m2" {
-			return s.Record(ctx, Letter{OrderID: "o-1", Version: 2, Reason: "handler_failed", Holds: true,
+			return s.Record(ctx, shipment.Letter{OrderID: "o-1", Version: 2, Reason: "handler_failed", Holds: true,
 				DeadLetteredAt: time.Now().UTC().Add(time.Second), Message: msg("m2")})
 		}
 		return nil
@@ -167,7 +168,7 @@ func TestAReplayThatFailsAgainHoldsTheOrderAnew(t *testing.T) {
 		t.Fatal(err)
 	}
 	h, err := s.Held(t.Context(), "o-1")
-	if err != nil || h == nil || h.State != StateHeld {
+	if err != nil || h == nil || h.State != shipment.StateHeld {
 		t.Fatalf("hold %+v, %v: want the order held again", h, err)
 	}
 	if letters, _, err := s.List(t.Context()); err != nil || len(letters) != 1 || letters[0].Message.MessageID != "m2" {
@@ -175,15 +176,15 @@ func TestAReplayThatFailsAgainHoldsTheOrderAnew(t *testing.T) {
 	}
 }
 
-type publishFunc func(ctx context.Context, m Message) error
+type publishFunc func(ctx context.Context, m shipment.KeptMessage) error
 
-func (f publishFunc) Publish(ctx context.Context, m Message) error { return f(ctx, m) }
+func (f publishFunc) Publish(ctx context.Context, m shipment.KeptMessage) error { return f(ctx, m) }
 
 func TestResumeFinishesAnInterruptedDiscard(t *testing.T) {
 	t.Parallel()
 	s, pub, skip := setup(t)
 	crash := errors.New("crash")
-	m, _ := NewManager(Config{Store: s, Publisher: pub, Skipper: skip, afterPublish: func(Parked) error { return crash }})
+	m, _ := NewManager(Config{Store: s, Publisher: pub, Skipper: skip, afterPublish: func(shipment.Parked) error { return crash }})
 	if _, err := m.Discard(t.Context(), "o-1", 2); !errors.Is(err, crash) {
 		t.Fatalf("Discard: %v, want the crash", err)
 	}
@@ -220,7 +221,7 @@ func TestAppliedHeldVersionReleasesItsOrder(t *testing.T) {
 			t.Fatalf("Applied(%s, %d): %d, %v; want nothing released", tc.order, tc.version, n, err)
 		}
 	}
-	if h, err := s.Held(t.Context(), "o-1"); err != nil || h == nil || h.State != StateHeld || len(pub.published) != 0 {
+	if h, err := s.Held(t.Context(), "o-1"); err != nil || h == nil || h.State != shipment.StateHeld || len(pub.published) != 0 {
 		t.Fatalf("hold %+v, %v, published %v: want o-1 still held, nothing published", h, err, pub.published)
 	}
 	if n, err := m.Applied(t.Context(), "o-1", 2); err != nil || n != 3 {
@@ -239,7 +240,7 @@ func TestResumeFinishesAnInterruptedReleaseOfAnAppliedVersion(t *testing.T) {
 	t.Parallel()
 	s, pub, skip := setup(t)
 	crash := errors.New("crash")
-	m, _ := NewManager(Config{Store: s, Publisher: pub, Skipper: skip, afterPublish: func(Parked) error { return crash }})
+	m, _ := NewManager(Config{Store: s, Publisher: pub, Skipper: skip, afterPublish: func(shipment.Parked) error { return crash }})
 	if _, err := m.Applied(t.Context(), "o-1", 2); !errors.Is(err, crash) {
 		t.Fatalf("Applied: %v, want the crash", err)
 	}

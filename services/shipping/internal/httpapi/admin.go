@@ -10,18 +10,16 @@ import (
 
 	"github.com/go-chi/chi/v5"
 
-	"github.com/outbox-inbox/reference/services/shipping/internal/deadletter"
+	"github.com/outbox-inbox/reference/services/shipping/internal/shipment"
 )
 
 // DeadLetters is what the operator endpoints need
 // (services/shipping/internal/deadletter).
 type DeadLetters interface {
-	List(ctx context.Context) ([]deadletter.Letter, []deadletter.Hold, error)
+	List(ctx context.Context) ([]shipment.Letter, []shipment.Hold, error)
 	Replay(ctx context.Context, orderID string, version int64) (int, error)
 	Discard(ctx context.Context, orderID string, version int64) (int, error)
 }
-
-var _ DeadLetters = (*deadletter.Manager)(nil)
 
 // mountAdmin adds the operator's endpoints under /admin, behind the bearer
 // token:
@@ -70,9 +68,9 @@ func (a *api) settle(do func(context.Context, string, int64) (int, error), done 
 		}
 		released, err := do(r.Context(), orderID, version)
 		switch {
-		case errors.Is(err, deadletter.ErrNotFound):
+		case errors.Is(err, shipment.ErrNoDeadLetter):
 			writeError(w, http.StatusNotFound, "no dead letter at that order and version")
-		case errors.Is(err, deadletter.ErrBodyNotKept):
+		case errors.Is(err, shipment.ErrBodyNotKept):
 			writeError(w, http.StatusConflict, err.Error()+": replay it from the dead-letter queue, or discard it")
 		case err != nil:
 			a.log.ErrorContext(r.Context(), "settle dead letter", "aggregate_id", orderID, "version", version, "error", err)

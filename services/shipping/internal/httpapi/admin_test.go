@@ -12,7 +12,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/outbox-inbox/reference/services/shipping/internal/deadletter"
 	"github.com/outbox-inbox/reference/services/shipping/internal/httpapi"
 	"github.com/outbox-inbox/reference/services/shipping/internal/shipment"
 )
@@ -25,19 +24,19 @@ func (noShipments) Get(context.Context, string) (shipment.Shipment, error) {
 
 type fakeDeadLetters struct{ calls []string }
 
-func (f *fakeDeadLetters) List(context.Context) ([]deadletter.Letter, []deadletter.Hold, error) {
-	return []deadletter.Letter{{OrderID: "o-1", Version: 2, Reason: "handler_failed"}}, []deadletter.Hold{}, nil
+func (f *fakeDeadLetters) List(context.Context) ([]shipment.Letter, []shipment.Hold, error) {
+	return []shipment.Letter{{OrderID: "o-1", Version: 2, Reason: "handler_failed"}}, []shipment.Hold{}, nil
 }
 
 func (f *fakeDeadLetters) settle(what, orderID string, version int64) (int, error) {
 	f.calls = append(f.calls, what+" "+orderID)
 	switch {
 	case version == 9:
-		return 0, deadletter.ErrNotFound
+		return 0, shipment.ErrNoDeadLetter
 	case version == 8:
 		return 1, errors.New("broker gone")
 	case version == 7:
-		return 0, fmt.Errorf("replay: %w", deadletter.ErrBodyNotKept)
+		return 0, fmt.Errorf("replay: %w", shipment.ErrBodyNotKept)
 	}
 	return 3, nil
 }

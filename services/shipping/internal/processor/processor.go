@@ -51,7 +51,6 @@ import (
 	"github.com/outbox-inbox/reference/internal/crashpoint"
 	"github.com/outbox-inbox/reference/pkg/inbox"
 	"github.com/outbox-inbox/reference/pkg/inbox/inboxotel"
-	"github.com/outbox-inbox/reference/services/shipping/internal/deadletter"
 	"github.com/outbox-inbox/reference/services/shipping/internal/metrics"
 	"github.com/outbox-inbox/reference/services/shipping/internal/shipment"
 )
@@ -93,9 +92,9 @@ type Store interface {
 // DeadLetters keeps dead letters and parks the later versions of the
 // orders they hold (services/shipping/internal/deadletter).
 type DeadLetters interface {
-	Record(ctx context.Context, l deadletter.Letter) error
-	Held(ctx context.Context, orderID string) (*deadletter.Hold, error)
-	Park(ctx context.Context, p deadletter.Parked) error
+	Record(ctx context.Context, l shipment.Letter) error
+	Held(ctx context.Context, orderID string) (*shipment.Hold, error)
+	Park(ctx context.Context, p shipment.Parked) error
 	Unpark(ctx context.Context, orderID string, version int64) (bool, error)
 }
 
@@ -106,11 +105,7 @@ type Releases interface {
 	Applied(ctx context.Context, orderID string, version int64) (int, error)
 }
 
-var (
-	_ Releases    = (*deadletter.Manager)(nil)
-	_ Inbox       = (*inbox.Gate)(nil)
-	_ DeadLetters = (*deadletter.Store)(nil)
-)
+var _ Inbox = (*inbox.Gate)(nil)
 
 // Config configures a Processor.
 type Config struct {
@@ -413,7 +408,7 @@ func (p *Processor) deadLetter(ctx context.Context, d shipment.Delivery, ev ship
 		}
 		typ = d.Type
 	}
-	l := deadletter.Letter{
+	l := shipment.Letter{
 		OrderID: orderID, Version: version, EventType: typ, Reason: string(r), Error: truncate(err.Error(), 1024),
 		Holds: r != shipment.ReasonVersionConflict, AwaitsPredecessor: r == shipment.ReasonGapNotFilled,
 		DeadLetteredAt: time.Now().UTC(), Message: keep(d),
@@ -440,13 +435,13 @@ func (p *Processor) park(ctx context.Context, log *slog.Logger, d shipment.Deliv
 	if err != nil {
 		return retry(err)
 	}
-	if hold == nil || hold.State != deadletter.StateHeld || hold.Version >= ev.Version {
+	if hold == nil || hold.State != shipment.StateHeld || hold.Version >= ev.Version {
 		return shipment.Verdict{}, false
 	}
-	err = p.cfg.DeadLetters.Park(ctx, deadletter.Parked{
+	err = p.cfg.DeadLetters.Park(ctx, shipment.Parked{
 		OrderID: ev.OrderID, Version: ev.Version, ParkedAt: time.Now().UTC(), Message: keep(d),
 	})
-	if errors.Is(err, deadletter.ErrParkedConflict) {
+	if errors.Is(err, shipment.ErrParkedConflict) {
 		return p.deadLetter(ctx, d, ev, shipment.ReasonVersionConflict, err), true
 	}
 	if err != nil {
@@ -459,7 +454,7 @@ func (p *Processor) park(ctx context.Context, log *slog.Logger, d shipment.Deliv
 	if err != nil {
 		return retry(err) // handled again: parking is idempotent
 	}
-	if again != nil && again.State == deadletter.StateHeld && again.Token == hold.Token {
+	if again != nil && again.State == shipment.StateHeld && again.Token == hold.Token {
 		p.cfg.Metrics.Parked.Inc()
 		log.InfoContext(ctx, "parked behind a dead letter", "dead_version", hold.Version)
 		return shipment.Verdict{Action: shipment.Ack}, true
@@ -491,7 +486,7 @@ var transportHeaders = []string{
 }
 
 // keep is d as kept for a later re-publish.
-func keep(d shipment.Delivery) deadletter.Message {
+func keep(d shipment.Delivery) shipment.KeptMessage {
 	h := make(map[string]any, len(d.Headers))
 	for k, v := range d.Headers {
 		h[k] = v
@@ -503,7 +498,7 @@ func keep(d shipment.Delivery) deadletter.Message {
 		h[shipment.HeaderOriginalExchange] = d.Exchange
 		h[shipment.HeaderOriginalRoutingKey] = d.RoutingKey
 	}
-	return deadletter.Message{
+	return shipment.KeptMessage{
 		MessageID: d.MessageID, Type: d.Type, ContentType: "application/json",
 		RoutingKey: originalRoutingKey(d), Headers: h, Body: d.Body,
 	}

@@ -13,7 +13,6 @@ import (
 
 	"github.com/outbox-inbox/reference/internal/crashpoint"
 	"github.com/outbox-inbox/reference/pkg/inbox"
-	"github.com/outbox-inbox/reference/services/shipping/internal/deadletter"
 	"github.com/outbox-inbox/reference/services/shipping/internal/metrics"
 	"github.com/outbox-inbox/reference/services/shipping/internal/processor"
 	"github.com/outbox-inbox/reference/services/shipping/internal/shipment"
@@ -357,15 +356,15 @@ func TestDeferralsAreCappedByCountAndByAge(t *testing.T) {
 
 // fakeDeadLetters is an in-memory processor.DeadLetters.
 type fakeDeadLetters struct {
-	recorded  []deadletter.Letter
-	hold      *deadletter.Hold
-	parked    []deadletter.Parked
+	recorded  []shipment.Letter
+	hold      *shipment.Hold
+	parked    []shipment.Parked
 	recordErr error
 	// afterPark, when set, runs after Park (a release beginning meanwhile).
 	afterPark func(f *fakeDeadLetters)
 }
 
-func (f *fakeDeadLetters) Record(_ context.Context, l deadletter.Letter) error {
+func (f *fakeDeadLetters) Record(_ context.Context, l shipment.Letter) error {
 	if f.recordErr != nil {
 		return f.recordErr
 	}
@@ -373,7 +372,7 @@ func (f *fakeDeadLetters) Record(_ context.Context, l deadletter.Letter) error {
 	return nil
 }
 
-func (f *fakeDeadLetters) Held(context.Context, string) (*deadletter.Hold, error) {
+func (f *fakeDeadLetters) Held(context.Context, string) (*shipment.Hold, error) {
 	if f.hold == nil {
 		return nil, nil
 	}
@@ -381,7 +380,7 @@ func (f *fakeDeadLetters) Held(context.Context, string) (*deadletter.Hold, error
 	return &h, nil
 }
 
-func (f *fakeDeadLetters) Park(_ context.Context, p deadletter.Parked) error {
+func (f *fakeDeadLetters) Park(_ context.Context, p shipment.Parked) error {
 	f.parked = append(f.parked, p)
 	if f.afterPark != nil {
 		f.afterPark(f)
@@ -471,7 +470,7 @@ func TestDeadLetterThatCannotBeRecordedKeepsTheDelivery(t *testing.T) {
 }
 
 func TestLaterVersionOfAHeldOrderIsParkedAtOnce(t *testing.T) {
-	dl := &fakeDeadLetters{hold: &deadletter.Hold{OrderID: "o-1", Version: 2, State: deadletter.StateHeld, Token: "t1"}}
+	dl := &fakeDeadLetters{hold: &shipment.Hold{OrderID: "o-1", Version: 2, State: shipment.StateHeld, Token: "t1"}}
 	p, m := newGapProcessor(t, dl)
 	if v := p.Handle(t.Context(), cancelDelivery(3, nil)); v.Action != shipment.Ack {
 		t.Fatalf("verdict %v %q, want ack (parked)", v.Action, v.Reason)
@@ -482,10 +481,10 @@ func TestLaterVersionOfAHeldOrderIsParkedAtOnce(t *testing.T) {
 
 	// Not parked: an order without a hold, a hold of a later version, a
 	// release under way.
-	for name, hold := range map[string]*deadletter.Hold{
+	for name, hold := range map[string]*shipment.Hold{
 		"no hold":        nil,
-		"later version":  {OrderID: "o-1", Version: 5, State: deadletter.StateHeld},
-		"being released": {OrderID: "o-1", Version: 2, State: deadletter.StateReleasing},
+		"later version":  {OrderID: "o-1", Version: 5, State: shipment.StateHeld},
+		"being released": {OrderID: "o-1", Version: 2, State: shipment.StateReleasing},
 	} {
 		dl := &fakeDeadLetters{hold: hold}
 		p, _ := newGapProcessor(t, dl)
@@ -497,8 +496,8 @@ func TestLaterVersionOfAHeldOrderIsParkedAtOnce(t *testing.T) {
 
 func TestParkedMessageIsTakenBackWhenAReleaseBeganMeanwhile(t *testing.T) {
 	dl := &fakeDeadLetters{
-		hold:      &deadletter.Hold{OrderID: "o-1", Version: 2, State: deadletter.StateHeld, Token: "t1"},
-		afterPark: func(f *fakeDeadLetters) { f.hold.State, f.hold.Token = deadletter.StateReleasing, "t2" },
+		hold:      &shipment.Hold{OrderID: "o-1", Version: 2, State: shipment.StateHeld, Token: "t1"},
+		afterPark: func(f *fakeDeadLetters) { f.hold.State, f.hold.Token = shipment.StateReleasing, "t2" },
 	}
 	p, _ := newGapProcessor(t, dl)
 	if v := p.Handle(t.Context(), cancelDelivery(3, nil)); v.Action != shipment.Defer || v.Reason != "gap" {
