@@ -53,7 +53,7 @@ var layers = map[string]layer{
 	"shipping/internal/metrics":    {},
 	"shipping/internal/mongodb":    {may: []string{"shipping/internal/shipment"}},
 	"shipping/internal/rabbitmq":   {may: []string{"shipping/internal/shipment", "shipping/internal/amqpaddr", "shipping/internal/metrics"}},
-	"shipping/internal/deadletter": {may: []string{"shipping/internal/shipment", "shipping/internal/rabbitmq", "shipping/internal/amqpaddr"}},
+	"shipping/internal/deadletter": {may: []string{"shipping/internal/shipment"}},
 	"shipping/internal/httpapi":    {may: []string{"shipping/internal/shipment"}},
 	"shipping/internal/processor":  {may: []string{"shipping/internal/shipment", "shipping/internal/metrics"}},
 	// The accounting of an end-to-end run reads what the stores kept: an
@@ -149,6 +149,8 @@ func TestLayersRefuseWhatTheRuleForbids(t *testing.T) {
 		{"shipping/internal/processor", module + "services/shipping/internal/rabbitmq"},
 		{"shipping/internal/processor", module + "services/shipping/internal/deadletter"},
 		{"shipping/internal/httpapi", module + "services/shipping/internal/deadletter"},
+		{"shipping/internal/deadletter", module + "services/shipping/internal/rabbitmq"},
+		{"shipping/internal/rabbitmq", module + "services/shipping/internal/deadletter"},
 		{"shipping/internal/shipment", module + "pkg/inbox"},
 		{"shipping/internal/mongodb", module + "services/shipping/internal/app"},
 	} {

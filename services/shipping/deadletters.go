@@ -18,6 +18,7 @@ import (
 	"github.com/outbox-inbox/reference/internal/tracing"
 	"github.com/outbox-inbox/reference/services/shipping/internal/deadletter"
 	"github.com/outbox-inbox/reference/services/shipping/internal/mongodb"
+	"github.com/outbox-inbox/reference/services/shipping/internal/rabbitmq"
 )
 
 const deadLettersUsage = `usage: shipping dead-letters <command>
@@ -93,7 +94,7 @@ func deadLetters(ctx context.Context, args []string, getenv func(string) string,
 		defer cancel()
 		_ = tel.Shutdown(sctx)
 	}()
-	pub := &deadletter.AMQPPublisher{
+	pub := &rabbitmq.ReplayPublisher{
 		URL: cmp.Or(getenv("AMQP_URL"), "amqp://guest:guest@127.0.0.1:5672/"), Queue: *queue,
 		TracerProvider: tel.TracerProvider, Propagator: tel.Propagator,
 	}

@@ -90,6 +90,25 @@ func VHost(t testing.TB) (name, amqpURL string) {
 	return name, u.String()
 }
 
+// Queue makes a vhost of the test's own (VHost) with a queue named queue,
+// and returns its URL and a channel on it, closed when the test ends.
+func Queue(t testing.TB, queue string) (amqpURL string, ch *amqp.Channel) {
+	t.Helper()
+	_, amqpURL = VHost(t)
+	conn, err := amqp.Dial(amqpURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	if ch, err = conn.Channel(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueueDeclare(queue, false, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	return amqpURL, ch
+}
+
 // CloseConnections cuts every client connection of vhost, as a broker restart
 // would (without stopping the broker others use).
 func CloseConnections(t testing.TB, vhost string) {

@@ -67,7 +67,7 @@ type Config struct {
 	// ConfirmTimeout bounds the wait for the confirm of a deferred or
 	// dead-lettered copy, after which its delivery goes back to the queue
 	// (default in rabbitmq.Config: 30s), and of a released or replayed
-	// message's re-publish (default deadletter.DefaultConfirmTimeout).
+	// message's re-publish (rabbitmq.ReplayPublisher, the same default).
 	ConfirmTimeout time.Duration
 	// InboxRetention keeps inbox records (default in inbox.Config: 7 days).
 	InboxRetention time.Duration
@@ -134,7 +134,7 @@ type App struct {
 	store     *mongodb.Store
 	dead      *deadletter.Store
 	releases  *deadletter.Manager
-	republish *deadletter.AMQPPublisher // the releases' publisher
+	republish *rabbitmq.ReplayPublisher // the releases' publisher
 	consumer  *rabbitmq.Consumer
 	registry  *prometheus.Registry
 	metrics   *metrics.Metrics
@@ -242,7 +242,7 @@ func New(cfg Config) (*App, error) {
 	if cfg.WrapInbox != nil {
 		in = cfg.WrapInbox(in)
 	}
-	a.republish = &deadletter.AMQPPublisher{
+	a.republish = &rabbitmq.ReplayPublisher{
 		URL: cfg.AMQPURL, Queue: cfg.Topology.WithDefaults().Queue, ConfirmTimeout: cfg.ConfirmTimeout,
 		TracerProvider: cfg.TracerProvider, Propagator: cfg.Propagator,
 	}

@@ -1,7 +1,9 @@
 // Package deadletter keeps the shipping service's dead letters, and the
-// messages parked behind them, in MongoDB, so that a dead letter holds back
-// only the later versions of its own order, and an operator can replay or
-// discard it and release what it held, in order.
+// messages parked behind them, in MongoDB (Store), so that a dead letter
+// holds back only the later versions of its own order, and releases them
+// (Manager): an operator can replay or discard it and release what it
+// held, in order, re-published through a Publisher. The types it keeps are
+// the domain's (shipment.Letter, Hold, Parked).
 //
 // Versions of an order apply one after the other. When version v of an
 // order is dead-lettered (its handler kept failing, its payload is

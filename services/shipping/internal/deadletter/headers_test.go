@@ -10,7 +10,9 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outbox-inbox/reference/internal/mongolocal/mongotest"
+	"github.com/outbox-inbox/reference/services/shipping/internal/amqptest"
 	"github.com/outbox-inbox/reference/services/shipping/internal/deadletter"
+	"github.com/outbox-inbox/reference/services/shipping/internal/rabbitmq"
 	"github.com/outbox-inbox/reference/services/shipping/internal/shipment"
 )
 
@@ -64,7 +66,7 @@ func sameHeaders(t *testing.T, what string, got, want map[string]any) {
 // type.
 func TestHeadersOfAnyKeyAndTypeSurviveParkingAndReplay(t *testing.T) {
 	t.Parallel()
-	url, ch := replayQueue(t)
+	url, ch := amqptest.Queue(t, "q")
 	store, err := deadletter.NewStore(mongotest.Database(t))
 	if err != nil {
 		t.Fatal(err)
@@ -81,7 +83,7 @@ func TestHeadersOfAnyKeyAndTypeSurviveParkingAndReplay(t *testing.T) {
 	if err := store.Park(ctx, shipment.Parked{OrderID: "o-1", Version: 2, ParkedAt: now, Message: kept("m2")}); err != nil {
 		t.Fatalf("Park: %v", err)
 	}
-	pub := &deadletter.AMQPPublisher{URL: url, Queue: "q"}
+	pub := &rabbitmq.ReplayPublisher{URL: url, Queue: "q"}
 	t.Cleanup(func() { _ = pub.Close() })
 	mgr, err := deadletter.NewManager(deadletter.Config{Store: store, Publisher: pub, Skipper: noSkip{}})
 	if err != nil {

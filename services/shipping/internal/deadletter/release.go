@@ -15,7 +15,8 @@ import (
 )
 
 // Publisher re-publishes a kept message to the consumer's queue and returns
-// once the broker confirmed it.
+// once the broker confirmed it (the service plugs in
+// rabbitmq.ReplayPublisher).
 type Publisher interface {
 	Publish(ctx context.Context, m shipment.KeptMessage) error
 }

@@ -1,4 +1,4 @@
-package deadletter
+package rabbitmq
 
 import (
 	"cmp"
@@ -17,14 +17,11 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outbox-inbox/reference/services/shipping/internal/amqpaddr"
-	"github.com/outbox-inbox/reference/services/shipping/internal/rabbitmq"
 	"github.com/outbox-inbox/reference/services/shipping/internal/shipment"
 )
 
-// DefaultConfirmTimeout is AMQPPublisher.ConfirmTimeout's default.
-const DefaultConfirmTimeout = 30 * time.Second
-
-// AMQPPublisher re-publishes kept messages straight to the consumer's queue
+// ReplayPublisher re-publishes kept messages (a replayed dead letter, the
+// parked messages a release lets go) straight to the consumer's queue
 // (through the default exchange, so no other consumer of the producers'
 // exchange sees them again), persistent and mandatory, with a publisher
 // confirm. It keeps one connection, opened at the first Publish and opened
@@ -32,7 +29,7 @@ const DefaultConfirmTimeout = 30 * time.Second
 // re-publishes an order's parked messages one after the other. Close it when
 // done. Use it through a pointer; its zero value (with URL and Queue set) is
 // ready.
-type AMQPPublisher struct {
+type ReplayPublisher struct {
 	// URL is the broker; its path is the vhost. For a cluster it lists the
 	// nodes' URLs separated by commas, tried in turn (amqpaddr).
 	URL   string
@@ -62,11 +59,9 @@ type AMQPPublisher struct {
 	returns <-chan amqp.Return
 }
 
-var _ Publisher = (*AMQPPublisher)(nil)
-
 // Publish sends m and waits for the broker's confirm, at most
 // ConfirmTimeout.
-func (p *AMQPPublisher) Publish(ctx context.Context, m shipment.KeptMessage) error {
+func (p *ReplayPublisher) Publish(ctx context.Context, m shipment.KeptMessage) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	timeout := cmp.Or(p.ConfirmTimeout, DefaultConfirmTimeout)
@@ -88,7 +83,7 @@ func (p *AMQPPublisher) Publish(ctx context.Context, m shipment.KeptMessage) err
 	if err != nil {
 		span.RecordError(err)
 		span.SetStatus(codes.Error, err.Error())
-		span.SetAttributes(semconv.ErrorTypeKey.String(rabbitmq.ErrorType(err)))
+		span.SetAttributes(semconv.ErrorTypeKey.String(ErrorType(err)))
 		// Whatever failed (the connection, a confirm that never came), the
 		// next Publish starts on a fresh connection: a late confirm or
 		// return of this message must not be taken for the next one's.
@@ -99,13 +94,13 @@ func (p *AMQPPublisher) Publish(ctx context.Context, m shipment.KeptMessage) err
 
 // Close closes the connection, if one is open. A later Publish opens a new
 // one.
-func (p *AMQPPublisher) Close() error {
+func (p *ReplayPublisher) Close() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.closeLocked()
 }
 
-func (p *AMQPPublisher) closeLocked() error {
+func (p *ReplayPublisher) closeLocked() error {
 	if p.conn == nil {
 		return nil
 	}
@@ -118,7 +113,7 @@ func (p *AMQPPublisher) closeLocked() error {
 }
 
 // open makes sure a connection and a confirming channel are open.
-func (p *AMQPPublisher) open(timeout time.Duration) error {
+func (p *ReplayPublisher) open(timeout time.Duration) error {
 	if p.conn != nil && !p.conn.IsClosed() && p.ch != nil && !p.ch.IsClosed() {
 		return nil
 	}
@@ -152,7 +147,7 @@ func (p *AMQPPublisher) open(timeout time.Duration) error {
 // startSpan starts Publish's span, a child of the context in headers (kept
 // with the message), and writes the span's context into headers in place
 // of the kept one.
-func (p *AMQPPublisher) startSpan(ctx context.Context, m shipment.KeptMessage, headers amqp.Table) (context.Context, trace.Span) {
+func (p *ReplayPublisher) startSpan(ctx context.Context, m shipment.KeptMessage, headers amqp.Table) (context.Context, trace.Span) {
 	if p.TracerProvider == nil {
 		return ctx, trace.SpanFromContext(context.Background()) // a no-op span
 	}
@@ -179,16 +174,16 @@ func (p *AMQPPublisher) startSpan(ctx context.Context, m shipment.KeptMessage, h
 	// The operator's request is linked, not inherited: neither its span nor
 	// its baggage may stand in for what the kept headers lack.
 	base := baggage.ContextWithoutBaggage(trace.ContextWithSpanContext(ctx, trace.SpanContext{}))
-	kept := prop.Extract(base, rabbitmq.HeaderCarrier(headers))
-	ctx, span := p.TracerProvider.Tracer(rabbitmq.ScopeName).Start(kept, "publish "+p.Queue, opts...)
-	delete(headers, rabbitmq.HeaderTraceparent)
-	delete(headers, rabbitmq.HeaderTracestate)
-	delete(headers, rabbitmq.HeaderBaggage)
-	prop.Inject(ctx, rabbitmq.HeaderCarrier(headers))
+	kept := prop.Extract(base, HeaderCarrier(headers))
+	ctx, span := p.TracerProvider.Tracer(ScopeName).Start(kept, "publish "+p.Queue, opts...)
+	delete(headers, HeaderTraceparent)
+	delete(headers, HeaderTracestate)
+	delete(headers, HeaderBaggage)
+	prop.Inject(ctx, HeaderCarrier(headers))
 	return ctx, span
 }
 
-func (p *AMQPPublisher) publish(ctx context.Context, m shipment.KeptMessage, headers amqp.Table) error {
+func (p *ReplayPublisher) publish(ctx context.Context, m shipment.KeptMessage, headers amqp.Table) error {
 	dc, err := p.ch.PublishWithDeferredConfirmWithContext(ctx, "", p.Queue, true, false, amqp.Publishing{
 		MessageId: m.MessageID, Type: m.Type, ContentType: m.ContentType, DeliveryMode: amqp.Persistent,
 		Timestamp: time.Now(), Headers: headers, Body: m.Body,
@@ -205,7 +200,7 @@ func (p *AMQPPublisher) publish(ctx context.Context, m shipment.KeptMessage, hea
 	}
 	select {
 	case <-p.returns:
-		return fmt.Errorf("publish message %s: queue %s does not exist: %w", m.MessageID, p.Queue, rabbitmq.ErrReturned)
+		return fmt.Errorf("publish message %s: queue %s does not exist: %w", m.MessageID, p.Queue, ErrReturned)
 	default:
 	}
 	return nil

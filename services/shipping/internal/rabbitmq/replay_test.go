@@ -1,4 +1,4 @@
-package deadletter_test
+package rabbitmq_test
 
 import (
 	"context"
@@ -15,7 +15,6 @@ import (
 
 	"github.com/outbox-inbox/reference/internal/tracing"
 	"github.com/outbox-inbox/reference/services/shipping/internal/amqptest"
-	"github.com/outbox-inbox/reference/services/shipping/internal/deadletter"
 	"github.com/outbox-inbox/reference/services/shipping/internal/rabbitmq"
 	"github.com/outbox-inbox/reference/services/shipping/internal/shipment"
 )
@@ -25,13 +24,13 @@ import (
 // message goes out with the publish span's context and the kept baggage.
 func TestReplayedMessageStaysInTheTraceKeptWithIt(t *testing.T) {
 	t.Parallel()
-	url, ch := replayQueue(t)
+	url, ch := amqptest.Queue(t, "q")
 
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	defer func() { _ = tp.Shutdown(context.Background()) }()
 	const kept = "4bf92f3577b34da6a3ce929d0e0e4736"
-	pub := &deadletter.AMQPPublisher{URL: url, Queue: "q", TracerProvider: tp, Propagator: tracing.Propagator()}
+	pub := &rabbitmq.ReplayPublisher{URL: url, Queue: "q", TracerProvider: tp, Propagator: tracing.Propagator()}
 	t.Cleanup(func() { _ = pub.Close() })
 	ctx, operator := tp.Tracer("test").Start(t.Context(), "operator request")
 	err := pub.Publish(ctx, shipment.KeptMessage{
@@ -84,35 +83,15 @@ func TestReplayedMessageStaysInTheTraceKeptWithIt(t *testing.T) {
 	}
 }
 
-// replayQueue makes a vhost of the test's own with a queue "q" to replay
-// into, and returns its URL and a channel on it, closed when the test ends.
-func replayQueue(t *testing.T) (string, *amqp.Channel) {
-	t.Helper()
-	_, url := amqptest.VHost(t)
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ch.QueueDeclare("q", false, false, false, false, nil); err != nil {
-		t.Fatal(err)
-	}
-	return url, ch
-}
-
 // A replay the broker returns (its queue is gone) ends its publish span as
 // an error with error.type.
 func TestFailedReplayPublishSpanCarriesErrorType(t *testing.T) {
 	t.Parallel()
-	url, _ := replayQueue(t)
+	url, _ := amqptest.Queue(t, "q")
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	defer func() { _ = tp.Shutdown(context.Background()) }()
-	pub := &deadletter.AMQPPublisher{URL: url, Queue: "no-such-queue", TracerProvider: tp, Propagator: tracing.Propagator()}
+	pub := &rabbitmq.ReplayPublisher{URL: url, Queue: "no-such-queue", TracerProvider: tp, Propagator: tracing.Propagator()}
 	t.Cleanup(func() { _ = pub.Close() })
 	if err := pub.Publish(t.Context(), shipment.KeptMessage{MessageID: "m-1", Body: []byte("{}")}); !errors.Is(err, rabbitmq.ErrReturned) {
 		t.Fatalf("replay to a missing queue: %v, want it returned", err)

@@ -1,4 +1,4 @@
-package deadletter_test
+package rabbitmq_test
 
 import (
 	"context"
@@ -10,7 +10,8 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/outbox-inbox/reference/internal/tracing"
-	"github.com/outbox-inbox/reference/services/shipping/internal/deadletter"
+	"github.com/outbox-inbox/reference/services/shipping/internal/amqptest"
+	"github.com/outbox-inbox/reference/services/shipping/internal/rabbitmq"
 	"github.com/outbox-inbox/reference/services/shipping/internal/shipment"
 )
 
@@ -19,10 +20,10 @@ import (
 // client sent to the admin endpoint.
 func TestReplayDoesNotCarryTheOperatorsBaggage(t *testing.T) {
 	t.Parallel()
-	url, ch := replayQueue(t)
+	url, ch := amqptest.Queue(t, "q")
 	tp := sdktrace.NewTracerProvider()
 	defer func() { _ = tp.Shutdown(context.Background()) }()
-	pub := &deadletter.AMQPPublisher{URL: url, Queue: "q", TracerProvider: tp, Propagator: tracing.Propagator()}
+	pub := &rabbitmq.ReplayPublisher{URL: url, Queue: "q", TracerProvider: tp, Propagator: tracing.Propagator()}
 	t.Cleanup(func() { _ = pub.Close() })
 
 	member, err := baggage.NewMember("operator", "alice")

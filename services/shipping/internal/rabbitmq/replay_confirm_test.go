@@ -1,4 +1,4 @@
-package deadletter_test
+package rabbitmq_test
 
 import (
 	"bufio"
@@ -12,7 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outbox-inbox/reference/services/shipping/internal/deadletter"
+	"github.com/outbox-inbox/reference/services/shipping/internal/amqptest"
+	"github.com/outbox-inbox/reference/services/shipping/internal/rabbitmq"
 	"github.com/outbox-inbox/reference/services/shipping/internal/shipment"
 )
 
@@ -125,9 +126,9 @@ func (p *publishProxy) pipe(c net.Conn) {
 // connection.
 func TestRepublishGivesUpWhenTheConfirmNeverComes(t *testing.T) {
 	t.Parallel()
-	broker, _ := replayQueue(t)
+	broker, _ := amqptest.Queue(t, "q")
 	proxy, viaProxy := newPublishProxy(t, broker)
-	pub := &deadletter.AMQPPublisher{URL: viaProxy, Queue: "q", ConfirmTimeout: 2 * time.Second}
+	pub := &rabbitmq.ReplayPublisher{URL: viaProxy, Queue: "q", ConfirmTimeout: 2 * time.Second}
 	t.Cleanup(func() { _ = pub.Close() })
 
 	proxy.armed.Store(true)
@@ -153,9 +154,9 @@ func TestRepublishGivesUpWhenTheConfirmNeverComes(t *testing.T) {
 // on one connection, not one per message.
 func TestRepublisherKeepsItsConnection(t *testing.T) {
 	t.Parallel()
-	broker, ch := replayQueue(t)
+	broker, ch := amqptest.Queue(t, "q")
 	proxy, viaProxy := newPublishProxy(t, broker)
-	pub := &deadletter.AMQPPublisher{URL: viaProxy, Queue: "q"}
+	pub := &rabbitmq.ReplayPublisher{URL: viaProxy, Queue: "q"}
 	t.Cleanup(func() { _ = pub.Close() })
 
 	const n = 5
