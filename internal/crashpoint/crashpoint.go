@@ -26,6 +26,9 @@ const (
 	RelayAfterPublishBeforeMark     = "relay.after_publish_before_mark"
 	ShippingAfterEffectBeforeInbox  = "shipping.after_effect_before_inbox"
 	ShippingAfterInboxBeforeAck     = "shipping.after_inbox_before_ack"
+	// ShippingReleaseAfterPublish: a dead letter's release re-published a
+	// parked message (confirmed) and has not deleted its parked copy yet.
+	ShippingReleaseAfterPublish = "shipping.release_after_publish"
 )
 
 // Points lists every named point.
@@ -35,6 +38,7 @@ func Points() []string {
 		RelayAfterPublishBeforeMark,
 		ShippingAfterEffectBeforeInbox,
 		ShippingAfterInboxBeforeAck,
+		ShippingReleaseAfterPublish,
 	}
 }
 

@@ -250,6 +250,7 @@ func New(cfg Config) (*App, error) {
 		Store:     a.dead,
 		Publisher: a.republish,
 		Skipper:   skipper{store: a.store, gate: gate},
+		Crash:     cfg.Crash,
 		Logger:    log,
 	})
 	if err != nil {

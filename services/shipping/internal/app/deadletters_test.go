@@ -16,6 +16,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.mongodb.org/mongo-driver/v2/bson"
 
+	"github.com/outbox-inbox/reference/internal/crashpoint"
 	"github.com/outbox-inbox/reference/pkg/outbox"
 	"github.com/outbox-inbox/reference/services/shipping/internal/app"
 	"github.com/outbox-inbox/reference/services/shipping/internal/deadletter"
@@ -180,11 +181,11 @@ func TestDiscardedDeadLetterReleasesTheRestOfItsOrder(t *testing.T) {
 	}
 }
 
-func TestServiceFinishesAReleaseACrashInterruptedAtStart(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t)
-	// What a service killed in the middle of a replay leaves: the order's
-	// hold marked releasing, the dead letter and a parked version still there.
+// holdBehindDeadLetter records, in e's database, the create of orderID
+// (message createID) as a dead letter holding its order, and parks its
+// cancel (cancelID) behind it.
+func holdBehindDeadLetter(t *testing.T, e *env, orderID, createID, cancelID string) *deadletter.Store {
+	t.Helper()
 	store, err := deadletter.NewStore(e.db)
 	if err != nil {
 		t.Fatal(err)
@@ -195,13 +196,22 @@ func TestServiceFinishesAReleaseACrashInterruptedAtStart(t *testing.T) {
 			Body:    ev.Body}
 	}
 	now := time.Now().UTC()
-	if err := store.Record(t.Context(), shipment.Letter{OrderID: "res-1", Version: 1, EventType: shipment.TypeCreated,
-		Reason: "handler_failed", Holds: true, DeadLetteredAt: now, Message: kept(created("1801", "res-1"))}); err != nil {
+	if err := store.Record(t.Context(), shipment.Letter{OrderID: orderID, Version: 1, EventType: shipment.TypeCreated,
+		Reason: "handler_failed", Holds: true, DeadLetteredAt: now, Message: kept(created(createID, orderID))}); err != nil {
 		t.Fatal(err)
 	}
-	if err := store.Park(t.Context(), shipment.Parked{OrderID: "res-1", Version: 2, ParkedAt: now, Message: kept(cancelled("1802", "res-1"))}); err != nil {
+	if err := store.Park(t.Context(), shipment.Parked{OrderID: orderID, Version: 2, ParkedAt: now, Message: kept(cancelled(cancelID, orderID))}); err != nil {
 		t.Fatal(err)
 	}
+	return store
+}
+
+func TestServiceFinishesAReleaseACrashInterruptedAtStart(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	// What a service killed in the middle of a replay leaves: the order's
+	// hold marked releasing, the dead letter and a parked version still there.
+	store := holdBehindDeadLetter(t, e, "res-1", "1801", "1802")
 	if _, err := e.db.Collection(deadletter.HoldsCollection).UpdateOne(t.Context(), bson.D{{Key: "_id", Value: "res-1"}},
 		bson.D{{Key: "$set", Value: bson.D{{Key: "state", Value: shipment.StateReleasing}, {Key: "action", Value: "replay"}}}}); err != nil {
 		t.Fatal(err)
@@ -215,6 +225,27 @@ func TestServiceFinishesAReleaseACrashInterruptedAtStart(t *testing.T) {
 	if err != nil || len(letters) != 0 || len(holds) != 0 {
 		t.Fatalf("after the restart: dead letters %+v, holds %+v, %v; want the release finished", letters, holds, err)
 	}
+}
+
+// The service's Crash arms the releases' crash point too: an operator's
+// replay hits it after re-publishing the parked version.
+func TestServiceCrashArmsTheReleasesCrashPoint(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	holdBehindDeadLetter(t, e, "rel-1", "1851", "1852")
+	fired := make(chan struct{})
+	a := e.start(app.Config{AdminToken: "s3cret",
+		Crash: crashpoint.New(crashpoint.ShippingReleaseAfterPublish, 1, func() { close(fired) })})
+	if code, body := adminDo(t, http.MethodPost, "http://"+a.HTTPAddr()+"/admin/dead-letters/rel-1/1/replay", "s3cret"); code != http.StatusOK {
+		t.Fatalf("replay: %d %s", code, body)
+	}
+	select {
+	case <-fired:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the release's crash point was not hit")
+	}
+	wantEvents(t, e.waitShipment("rel-1", 2), "1851", "1852")
+	e.waitDrained(a)
 }
 
 // A dead-lettered version that applies after all (the relay published it

@@ -11,6 +11,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
+	"github.com/outbox-inbox/reference/internal/crashpoint"
 	"github.com/outbox-inbox/reference/services/shipping/internal/shipment"
 )
 
@@ -34,10 +35,10 @@ type Config struct {
 	Skipper   Skipper   // required
 	// Logger. Default: discard.
 	Logger *slog.Logger
-	// afterPublish, when set (tests), runs after each confirmed re-publish of
-	// a parked message, before it is deleted; an error stops the release
-	// there, as a crash would.
-	afterPublish func(p shipment.Parked) error
+	// Crash arms the crash point shipping.release_after_publish, hit after
+	// each confirmed re-publish of a parked message, before its parked copy
+	// is deleted. Default: nil (disarmed).
+	Crash *crashpoint.Trigger
 }
 
 // Manager replays and discards dead letters and releases their orders.
@@ -256,11 +257,7 @@ func (m *Manager) releaseParked(ctx context.Context, orderID string) (int, error
 		if err := m.cfg.Publisher.Publish(ctx, p.Message); err != nil {
 			return i, fmt.Errorf("release %s: %w", key(p.OrderID, p.Version), err)
 		}
-		if m.cfg.afterPublish != nil {
-			if err := m.cfg.afterPublish(p); err != nil {
-				return i, err
-			}
-		}
+		m.cfg.Crash.Hit(crashpoint.ShippingReleaseAfterPublish)
 		if _, err := m.cfg.Store.Unpark(ctx, p.OrderID, p.Version); err != nil {
 			return i, err
 		}

@@ -11,6 +11,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/outbox-inbox/reference/internal/crashpoint"
 	"github.com/outbox-inbox/reference/internal/mongolocal/mongotest"
 	"github.com/outbox-inbox/reference/services/shipping/internal/shipment"
 )
@@ -119,19 +120,24 @@ func TestDiscardSkipsTheVersionThenReleasesTheParked(t *testing.T) {
 	wantReleased(t, s)
 }
 
+// crashAt arms the crash point shipping.release_after_publish to fire at
+// its after-th hit, and returns the context to release in: firing ends it,
+// as a killed process ends its work, so the release stops there, the parked
+// copy of the message it just re-published not deleted.
+func crashAt(t *testing.T, after int64) (context.Context, *crashpoint.Trigger) {
+	ctx, cancel := context.WithCancel(t.Context())
+	t.Cleanup(cancel)
+	return ctx, crashpoint.New(crashpoint.ShippingReleaseAfterPublish, after, cancel)
+}
+
 func TestReleaseInterruptedMidwayResumesWithoutLossOrReorder(t *testing.T) {
 	t.Parallel()
 	s, pub, skip := setup(t)
-	crash := errors.New("crash")
 	// The release dies after version 4's re-publish was confirmed, before
 	// its parked copy is deleted.
-	m, _ := NewManager(Config{Store: s, Publisher: pub, Skipper: skip, afterPublish: func(p shipment.Parked) error {
-		if p.Version == 4 {
-			return crash
-		}
-		return nil
-	}})
-	if _, err := m.Replay(t.Context(), "o-1", 2); !errors.Is(err, crash) {
+	ctx, crash := crashAt(t, 2)
+	m, _ := NewManager(Config{Store: s, Publisher: pub, Skipper: skip, Crash: crash})
+	if _, err := m.Replay(ctx, "o-1", 2); !errors.Is(err, context.Canceled) {
 		t.Fatalf("Replay: %v, want the crash", err)
 	}
 	h, err := s.Held(t.Context(), "o-1")
@@ -183,9 +189,9 @@ func (f publishFunc) Publish(ctx context.Context, m shipment.KeptMessage) error 
 func TestResumeFinishesAnInterruptedDiscard(t *testing.T) {
 	t.Parallel()
 	s, pub, skip := setup(t)
-	crash := errors.New("crash")
-	m, _ := NewManager(Config{Store: s, Publisher: pub, Skipper: skip, afterPublish: func(shipment.Parked) error { return crash }})
-	if _, err := m.Discard(t.Context(), "o-1", 2); !errors.Is(err, crash) {
+	ctx, crash := crashAt(t, 1)
+	m, _ := NewManager(Config{Store: s, Publisher: pub, Skipper: skip, Crash: crash})
+	if _, err := m.Discard(ctx, "o-1", 2); !errors.Is(err, context.Canceled) {
 		t.Fatalf("Discard: %v, want the crash", err)
 	}
 	// The service restarts and resumes what was interrupted.
@@ -239,9 +245,9 @@ func TestAppliedHeldVersionReleasesItsOrder(t *testing.T) {
 func TestResumeFinishesAnInterruptedReleaseOfAnAppliedVersion(t *testing.T) {
 	t.Parallel()
 	s, pub, skip := setup(t)
-	crash := errors.New("crash")
-	m, _ := NewManager(Config{Store: s, Publisher: pub, Skipper: skip, afterPublish: func(shipment.Parked) error { return crash }})
-	if _, err := m.Applied(t.Context(), "o-1", 2); !errors.Is(err, crash) {
+	ctx, crash := crashAt(t, 1)
+	m, _ := NewManager(Config{Store: s, Publisher: pub, Skipper: skip, Crash: crash})
+	if _, err := m.Applied(ctx, "o-1", 2); !errors.Is(err, context.Canceled) {
 		t.Fatalf("Applied: %v, want the crash", err)
 	}
 	m, _ = NewManager(Config{Store: s, Publisher: pub, Skipper: skip})
