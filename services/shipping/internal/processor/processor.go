@@ -400,10 +400,11 @@ func (p *Processor) deadLetter(ctx context.Context, d shipment.Delivery, ev ship
 	if p.cfg.DeadLetters == nil || r == shipment.ReasonMissingMessageID {
 		return v
 	}
+	msg := p.message(d)
 	orderID, version, typ := ev.OrderID, ev.Version, ev.Type
 	if orderID == "" {
 		var ok bool
-		if orderID, version, ok = shipment.Locate(p.message(d)); !ok {
+		if orderID, version, ok = shipment.Locate(msg); !ok {
 			return v
 		}
 		typ = d.Type
@@ -411,10 +412,10 @@ func (p *Processor) deadLetter(ctx context.Context, d shipment.Delivery, ev ship
 	l := shipment.Letter{
 		OrderID: orderID, Version: version, EventType: typ, Reason: string(r), Error: truncate(err.Error(), 1024),
 		Holds: r != shipment.ReasonVersionConflict, AwaitsPredecessor: r == shipment.ReasonGapNotFilled,
-		DeadLetteredAt: time.Now().UTC(), Message: keep(d),
+		DeadLetteredAt: time.Now().UTC(), Message: keep(d, shipment.MessageID(msg)),
 	}
 	if rerr := p.cfg.DeadLetters.Record(ctx, l); rerr != nil {
-		p.log.WarnContext(ctx, "could not record the dead letter, keeping the delivery", "event_id", d.MessageID,
+		p.log.WarnContext(ctx, "could not record the dead letter, keeping the delivery", "event_id", shipment.MessageID(msg),
 			"aggregate_id", orderID, "version", version, "reason", string(r), "error", rerr)
 		return shipment.Verdict{Action: shipment.Retry}
 	}
@@ -439,7 +440,7 @@ func (p *Processor) park(ctx context.Context, log *slog.Logger, d shipment.Deliv
 		return shipment.Verdict{}, false
 	}
 	err = p.cfg.DeadLetters.Park(ctx, shipment.Parked{
-		OrderID: ev.OrderID, Version: ev.Version, ParkedAt: time.Now().UTC(), Message: keep(d),
+		OrderID: ev.OrderID, Version: ev.Version, ParkedAt: time.Now().UTC(), Message: keep(d, shipment.MessageID(p.message(d))),
 	})
 	if errors.Is(err, shipment.ErrParkedConflict) {
 		return p.deadLetter(ctx, d, ev, shipment.ReasonVersionConflict, err), true
@@ -485,8 +486,9 @@ var transportHeaders = []string{
 	"x-first-death-reason", "x-last-death-exchange", "x-last-death-queue", "x-last-death-reason",
 }
 
-// keep is d as kept for a later re-publish.
-func keep(d shipment.Delivery) shipment.KeptMessage {
+// keep is d, whose message id is id (shipment.MessageID), as kept for a
+// later re-publish.
+func keep(d shipment.Delivery, id string) shipment.KeptMessage {
 	h := make(map[string]any, len(d.Headers))
 	for k, v := range d.Headers {
 		h[k] = v
@@ -499,7 +501,7 @@ func keep(d shipment.Delivery) shipment.KeptMessage {
 		h[shipment.HeaderOriginalRoutingKey] = d.RoutingKey
 	}
 	return shipment.KeptMessage{
-		MessageID: d.MessageID, Type: d.Type, ContentType: "application/json",
+		MessageID: id, Type: d.Type, ContentType: "application/json",
 		RoutingKey: originalRoutingKey(d), Headers: h, Body: d.Body,
 	}
 }

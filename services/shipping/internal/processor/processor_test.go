@@ -461,6 +461,30 @@ func TestDeadLettersAreRecordedAndHoldTheirOrder(t *testing.T) {
 	}
 }
 
+// A CloudEvents message without a MessageId is kept under its id attribute
+// (shipment.MessageID), the id the inbox knows it by: the id a parked copy
+// is told apart by, a discard records and a replay sends.
+func TestAKeptCloudEventKeepsItsMessageID(t *testing.T) {
+	ce := func(version int64) shipment.Delivery {
+		return shipment.Delivery{ContentType: "application/json", RoutingKey: shipment.TypeCancelled, Headers: map[string]any{
+			"cloudEvents_specversion": "1.0", "cloudEvents_id": fmt.Sprintf("ce-%d", version), "cloudEvents_source": "/orders",
+			"cloudEvents_type": shipment.TypeCancelled, "cloudEvents_subject": "o-1", "cloudEvents_aggregateversion": version,
+		}, Body: []byte(`{"order_id":"o-1","cancelled_at":"2026-11-29T22:01:00Z"}`)}
+	}
+	dl := &fakeDeadLetters{}
+	p, _ := newDeadLetterProcessor(t, fakeStore{err: errors.New("bug")}, dl)
+	d := ce(2)
+	d.Headers[processor.HeaderAttempts] = int64(2)
+	if v := p.Handle(t.Context(), d); v.Action != shipment.DeadLetter || len(dl.recorded) != 1 || dl.recorded[0].Message.MessageID != "ce-2" {
+		t.Fatalf("verdict %v %q, recorded %+v; want a dead letter kept as ce-2", v.Action, v.Reason, dl.recorded)
+	}
+	dl = &fakeDeadLetters{hold: &shipment.Hold{OrderID: "o-1", Version: 2, State: shipment.StateHeld, Token: "t1"}}
+	p, _ = newGapProcessor(t, dl)
+	if v := p.Handle(t.Context(), ce(3)); v.Action != shipment.Ack || len(dl.parked) != 1 || dl.parked[0].Message.MessageID != "ce-3" {
+		t.Fatalf("verdict %v %q, parked %+v; want it parked as ce-3", v.Action, v.Reason, dl.parked)
+	}
+}
+
 func TestDeadLetterThatCannotBeRecordedKeepsTheDelivery(t *testing.T) {
 	dl := &fakeDeadLetters{recordErr: errors.New("mongo down")}
 	p, _ := newDeadLetterProcessor(t, fakeStore{err: errors.New("bug")}, dl)

@@ -253,19 +253,16 @@ func fromCloudEvent(m Message) (Message, error) {
 
 // MessageID is m's id, the inbox's key: the AMQP message-id property, or,
 // in a CloudEvents message that has none, its id attribute (Decode refuses
-// one where the two disagree). It does not judge whether the id can be a
-// key: the inbox does.
+// one where the two disagree). It is the one place the id is decided: the
+// inbox, the store and a kept dead letter or parked message all take it
+// from here. It does not judge whether the id can be a key: the inbox does.
 func MessageID(m Message) string {
 	if m.MessageID != "" || !IsCloudEvent(m) {
 		return m.MessageID
 	}
-	for k, v := range m.Headers {
-		if name, _, ok := cloudEventsName(k); ok && name == ceID {
-			id, _ := v.(string)
-			return id
-		}
-	}
-	return ""
+	id, _ := CloudEventAttr(m.Headers, ceID)
+	s, _ := id.(string)
+	return s
 }
 
 // ceVersion reads the aggregateversion attribute: an Integer, as an AMQP
