@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/pkg/outbox/outboxadmin"
 )
 
 // tableStats are the physical facts behind a claim latency.
@@ -326,7 +327,7 @@ func (b *bench) runClaimFlat(ctx context.Context) ([]Figure, error) {
 	if _, err := takeQueue(url, drainQueueName); err != nil {
 		return nil, err
 	}
-	purged, err := outbox.NewAdmin(aged).Purge(ctx, 7*24*time.Hour, 1000)
+	purged, err := outboxadmin.New(aged).Purge(ctx, 7*24*time.Hour, 1000)
 	if err != nil {
 		return nil, err
 	}

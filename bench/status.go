@@ -7,7 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/pkg/outbox/outboxadmin"
 )
 
 // statusBacklog is the backlog status_scrape reads: the outbox of a long
@@ -30,9 +30,9 @@ type statusArm struct {
 	name    string
 	backlog int
 	pool    *pgxpool.Pool
-	admin   *outbox.Admin
+	admin   *outboxadmin.Admin
 	samples []time.Duration
-	last    outbox.Status
+	last    outboxadmin.Status
 }
 
 // runStatusScrape measures status_scrape: the latency of Admin.Status, which
@@ -44,7 +44,7 @@ type statusArm struct {
 func (b *bench) runStatusScrape(ctx context.Context) ([]Figure, error) {
 	arms := []*statusArm{
 		{name: "empty"},
-		{name: "at_count_limit", backlog: outbox.StatusCountLimit},
+		{name: "at_count_limit", backlog: outboxadmin.StatusCountLimit},
 		{name: "large", backlog: statusBacklog},
 	}
 	for _, a := range arms {
@@ -53,7 +53,7 @@ func (b *bench) runStatusScrape(ctx context.Context) ([]Figure, error) {
 			return nil, err
 		}
 		defer pool.Close()
-		a.pool, a.admin = pool, outbox.NewAdmin(pool)
+		a.pool, a.admin = pool, outboxadmin.New(pool)
 		if a.backlog == 0 {
 			continue
 		}
@@ -103,7 +103,7 @@ func (b *bench) runStatusScrape(ctx context.Context) ([]Figure, error) {
 			}
 		}
 	}
-	details := map[string]any{"backlog_rows": statusBacklog, "count_limit": outbox.StatusCountLimit}
+	details := map[string]any{"backlog_rows": statusBacklog, "count_limit": outboxadmin.StatusCountLimit}
 	sums := map[string]Latencies{}
 	for _, a := range arms {
 		l, err := summarize(a.samples)
@@ -138,7 +138,7 @@ func (b *bench) runStatusScrape(ctx context.Context) ([]Figure, error) {
 
 	return []Figure{newFigure("status_scrape", "ms", ms(sums["large"].P50), ms(sums["empty"].P50),
 		Goal{Kind: RatioAtMost, Limit: 2},
-		fmt.Sprintf("p50 of outbox.Admin.Status (what every orders process runs on each /metrics scrape), %d sequential calls, with a backlog of %d pending rows", statusCalls, statusBacklog),
+		fmt.Sprintf("p50 of outboxadmin.Admin.Status (what every orders process runs on each /metrics scrape), %d sequential calls, with a backlog of %d pending rows", statusCalls, statusBacklog),
 		"the same calls on an empty outbox, alternating with them",
 		details)}, nil
 }

@@ -36,6 +36,7 @@ import (
 	"github.com/outbox-inbox/reference/internal/mongolocal/mongotest"
 	"github.com/outbox-inbox/reference/pkg/inbox"
 	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/pkg/outbox/outboxadmin"
 	"github.com/outbox-inbox/reference/pkg/outbox/outboxamqp"
 )
 
@@ -512,13 +513,13 @@ func TestAuditOfTheRealFlow(t *testing.T) {
 	// invalid) and the next event of its order, parked behind it.
 	poison := f.order(randomName("o-"), true, true)
 	waitFor(t, "the relay's verdicts and shipping's dead letters", func() bool {
-		s, err := outbox.NewAdmin(f.pool).Status(t.Context())
+		s, err := outboxadmin.New(f.pool).Status(t.Context())
 		letters, parked := f.deadLetters()
 		return err == nil && s.DeadLettered == 2 && s.Pending == 0 && letters == 1 && parked == 1
 	})
 	var discardedID int64
 	fmt.Sscan(discarded[0], &discardedID)
-	if err := outbox.NewAdmin(f.pool).Discard(t.Context(), discardedID, "test"); err != nil {
+	if err := outboxadmin.New(f.pool).Discard(t.Context(), discardedID, "test"); err != nil {
 		t.Fatal(err)
 	}
 	// An event committed while no relay runs: pending, within the grace.

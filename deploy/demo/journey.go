@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/pkg/outbox/outboxadmin"
 )
 
 // journey is one order's way through the system, for /api/journey.
@@ -88,7 +89,7 @@ func (v *liveView) journey(ctx context.Context, id string) (journey, int, error)
 	}
 	j = journey{OrderID: order.ID, Status: order.Status, Version: order.Version, CreatedAt: order.CreatedAt, Events: []journeyEvent{}}
 
-	history, err := outbox.NewAdmin(v.pool).History(ctx, "order", id)
+	history, err := outboxadmin.New(v.pool).History(ctx, "order", id)
 	if err != nil {
 		return j, http.StatusBadGateway, err
 	}

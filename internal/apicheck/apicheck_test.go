@@ -23,6 +23,7 @@ var update = flag.Bool("update", false, "rewrite testdata/*.api from the package
 var packages = []string{
 	"pkg/outbox",
 	"pkg/outbox/outboxamqp",
+	"pkg/outbox/outboxadmin",
 	"pkg/outbox/outboxaudit",
 	"pkg/outbox/outboxbackfill",
 	"pkg/outbox/outboxnats",

@@ -17,6 +17,7 @@ import (
 
 	"github.com/outbox-inbox/reference/internal/pgbouncertest"
 	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/pkg/outbox/outboxadmin"
 )
 
 // database creates a database of the test's own, directly, dropped when the
@@ -204,12 +205,12 @@ func TestOutboxBehindTransactionPooler(t *testing.T) {
 				}
 			}
 			waitFor(t, "every event published", time.Minute, func() bool { return pub.count() == n })
-			var st outbox.Status
+			var st outboxadmin.Status
 			waitFor(t, "the outbox drained", time.Minute, func() bool {
-				st, err = outbox.NewAdmin(pool).Status(ctx)
+				st, err = outboxadmin.New(pool).Status(ctx)
 				return err == nil && st.Pending == 0
 			})
-			if _, err := outbox.NewAdmin(pool).DeadLetters(ctx, 0, 10); err != nil {
+			if _, err := outboxadmin.New(pool).DeadLetters(ctx, 0, 10); err != nil {
 				t.Fatalf("DeadLetters: %v", err)
 			}
 			waitFor(t, "the LISTEN probe's verdict", 30*time.Second, func() bool {

@@ -109,7 +109,7 @@
 //     levels two writers of one aggregate conflict (SQLSTATE 40001): retry.
 //   - A transaction that enqueues for several aggregates should do so in a
 //     consistent order (say, sorted by id), or concurrent writers can deadlock.
-//   - Never insert, update or delete outbox rows by hand: use [Admin]. Never
+//   - Never insert, update or delete outbox rows by hand: use outboxadmin. Never
 //     purge outbox_aggregates: it holds the last version handed out, and an
 //     aggregate whose row is gone starts again at version 1.
 //   - Payload must be JSON. It is stored as jsonb, so consumers receive an
@@ -145,7 +145,7 @@
 // batch, which unblocks each aggregate's next event. Failed rows get an
 // exponential backoff; after [RelayConfig.MaxAttempts] a row is dead-lettered:
 // kept, excluded from claims, holding back its aggregate until an operator
-// retries it ([Admin.Retry]) or discards it ([Admin.Discard]). A message the
+// retries or discards it (package outboxadmin). A message the
 // publisher never sent ([ErrNotSent]) gets its attempt back.
 //
 // A row whose relay stopped while publishing it (a kill, an out-of-memory, a
@@ -165,7 +165,7 @@
 //     behind an earlier event of their aggregate, dead-lettered). Its size is
 //     the backlog, never the history.
 //   - outbox_published: confirmed rows, for audit, until purged
-//     ([RelayConfig.PublishedRetention] or [Admin.Purge]). The claim never
+//     ([RelayConfig.PublishedRetention] or outboxadmin). The claim never
 //     reads it.
 //   - outbox_aggregates: per aggregate, the last version handed out.
 //   - outbox_discarded: the dead letters an operator discarded, with the
@@ -193,7 +193,7 @@
 //   - A message that crashes the relay: alone from its third attempt,
 //     dead-lettered after MaxAttempts.
 //   - Poison event that always fails: dead-lettered, its aggregate held back,
-//     everything else flowing. Watch [Status.DeadLettered]; retry it once the
+//     everything else flowing. Watch the dead letters; retry it once the
 //     cause is fixed, or discard it and the aggregate's next events go out.
 //
 // # How late a duplicate can come
@@ -209,9 +209,9 @@
 //
 // # Operating it
 //
-// [Admin] lists, retries and discards dead letters, reports [Status] at a
-// bounded cost (alert on DeadLettered and OldestPendingAge), reads one
-// aggregate's [Admin.History] and purges published rows. An [Observer]
+// Package outboxadmin lists, retries and discards dead letters, reports the
+// backlog at a bounded cost (alert on DeadLettered and OldestPendingAge), reads
+// one aggregate's history and purges published rows. An [Observer]
 // receives counters and timings; the relay logs with slog (event_id,
 // aggregate_id, event_type, attempt); [StatementOf] names its statements for a
 // pgx tracer. Give the relay a pool of its own, or one with room to spare:
@@ -221,7 +221,7 @@
 //
 // # Behind a connection pooler
 //
-// Nothing relies on session state, so Enqueue, the relay, Admin and Migrate
+// Nothing relies on session state, so Enqueue, the relay, outboxadmin and Migrate
 // work through PgBouncer in transaction mode once the pool's connection
 // string sets default_query_exec_mode=cache_describe (or exec,
 // simple_protocol), the outbox tables are in the role's default search_path,

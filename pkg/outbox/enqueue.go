@@ -7,9 +7,10 @@ import (
 	"fmt"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-inbox/reference/pkg/outbox/internal/outboxsql"
 )
 
 // ErrInvalidMessage is returned by Enqueue for a message that can never be
@@ -325,7 +326,7 @@ func (m Message) validate(maxPayload int) error {
 		if f.value == "" {
 			return fmt.Errorf("%s is empty", f.name)
 		}
-		if err := storableText(f.value); err != nil {
+		if err := outboxsql.StorableText(f.value); err != nil {
 			return fmt.Errorf("%s: %w", f.name, err)
 		}
 		if f.short && len(f.value) > MaxNameBytes {
@@ -353,7 +354,7 @@ func (m Message) validate(maxPayload int) error {
 		return fmt.Errorf("Payload takes %d bytes as the relays publish it (jsonb's text form: numbers written out digit by digit, a space after each comma and colon), more than the limit of %d (%s)", text, limit, what)
 	}
 	for k, v := range m.Headers {
-		if err := storableText(k); err != nil {
+		if err := outboxsql.StorableText(k); err != nil {
 			return fmt.Errorf("header name %q: %w", k, err)
 		}
 		if len(k) > MaxNameBytes {
@@ -362,22 +363,12 @@ func (m Message) validate(maxPayload int) error {
 		if refusedHeaderName(k) {
 			return fmt.Errorf("header %q: RabbitMQ takes it for a list of routing keys and closes the channel on a string value; use another name", k)
 		}
-		if err := storableText(v); err != nil {
+		if err := outboxsql.StorableText(v); err != nil {
 			return fmt.Errorf("header %q: %w", k, err)
 		}
 	}
 	if n := headerBytes(m); n > MaxHeaderBytes {
 		return fmt.Errorf("the headers take %d bytes as the broker measures them (an AMQP field table, with the publisher's aggregate_type, aggregate_id, event_type and aggregate_version), more than the limit of %d (MaxHeaderBytes)", n, MaxHeaderBytes)
-	}
-	return nil
-}
-
-func storableText(s string) error {
-	if !utf8.ValidString(s) {
-		return errors.New("not valid UTF-8")
-	}
-	if strings.ContainsRune(s, 0) {
-		return errors.New("contains a NUL byte")
 	}
 	return nil
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/pkg/outbox/outboxadmin"
 )
 
 // printPublisher is the smallest Publisher: it "publishes" by printing, and
@@ -81,7 +82,7 @@ func Example() {
 		log.Fatal(err)
 	}
 
-	status, err := outbox.NewAdmin(pool).Status(ctx)
+	status, err := outboxadmin.New(pool).Status(ctx)
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -68,13 +68,3 @@ var HeaderBytes = headerBytes
 // JSONBTextSize lets the external tests compare the measure of the text form
 // with PostgreSQL's.
 var JSONBTextSize = jsonbTextSize
-
-// HistorySQL lets the external tests EXPLAIN Admin.History.
-var HistorySQL = historySQL
-
-// MaxHistory and MaxPurgeBatch are the bounds of Admin.History and
-// Admin.Purge.
-const (
-	MaxHistory    = maxHistory
-	MaxPurgeBatch = maxPurgeBatch
-)

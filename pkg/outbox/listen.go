@@ -14,6 +14,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 
 	"github.com/outbox-inbox/reference/pkg/outbox/internal/retry"
+
+	"github.com/outbox-inbox/reference/pkg/outbox/internal/outboxsql"
 )
 
 // errNoNotifications is the probe's verdict on a LISTEN connection that
@@ -187,7 +189,7 @@ func (r *Relay) purge(ctx context.Context) {
 	t := time.NewTicker(r.cfg.PurgeInterval)
 	defer t.Stop()
 	for {
-		n, err := r.admin.Purge(ctx, r.cfg.PublishedRetention, r.cfg.PurgeBatchSize)
+		n, err := outboxsql.Purge(ctx, r.pool, r.cfg.PublishedRetention, r.cfg.PurgeBatchSize)
 		switch {
 		case ctx.Err() != nil:
 			return

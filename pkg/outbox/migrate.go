@@ -385,6 +385,15 @@ func (s schemaState) check(version int) error {
 	return nil
 }
 
+// DB is what CheckSchema and package outboxadmin need to run their
+// statements: *pgxpool.Pool, *pgx.Conn and pgx.Tx all satisfy it.
+type DB interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
 // CheckSchema reports whether the outbox tables are there, at a version this
 // binary can run against. It reads the catalog only and takes no lock on the
 // tables: call it when a process starts. It returns an error wrapping

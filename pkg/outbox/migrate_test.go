@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/pkg/outbox/outboxadmin"
 )
 
 // nextColumn is the migration of a next version of the package: a column
@@ -357,7 +358,7 @@ func TestMigrateUpgradeBesideOpenTransactionsKeepsTheOutboxAnswering(t *testing.
 	var wg sync.WaitGroup
 	defer func() { close(stop); wg.Wait() }()
 	var reader, writers answering
-	admin := outbox.NewAdmin(pool)
+	admin := outboxadmin.New(pool)
 	wg.Go(func() {
 		reader.run(stop, "Admin.Status", func(ctx context.Context) error {
 			_, err := admin.Status(ctx)
@@ -746,8 +747,8 @@ ALTER TABLE outbox ALTER COLUMN id RESTART WITH 1001`); err != nil {
 	if got, want := catalog(t, pool), catalog(t, schemaNextPool(t, nextPublishedIndex)); !slices.Equal(got, want) {
 		t.Fatalf("the upgraded schema differs from Schema:\nupgraded: %q\nSchema:   %q", got, want)
 	}
-	h, err := outbox.NewAdmin(pool).History(ctx, "order", "during-7")
+	h, err := outboxadmin.New(pool).History(ctx, "order", "during-7")
 	if err != nil || len(h) != 1 || h[0].State != outbox.EventPublished {
-		t.Fatalf("History after the upgrade: %v, %s", err, historyOf(h))
+		t.Fatalf("History after the upgrade: %v, %+v", err, h)
 	}
 }

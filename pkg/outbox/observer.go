@@ -9,7 +9,7 @@ import (
 // The package itself imports no metrics library; wire an Observer to
 // Prometheus or anything else. Gauges that describe the table (pending
 // count, age of the oldest pending row, dead letters) come from
-// Admin.Status, which a collector calls on scrape.
+// outboxadmin's Admin.Status, which a collector calls on scrape.
 //
 // Observe is called synchronously by the relay's goroutines: it must be safe
 // for concurrent use, and the relay waits while it runs, so keep it cheap.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/outbox-inbox/reference/pkg/outbox"
 	"github.com/outbox-inbox/reference/pkg/outbox/internal/outboxtest"
+	"github.com/outbox-inbox/reference/pkg/outbox/outboxadmin"
 )
 
 // crashingPublisher sends like memPublisher, but computes each message's
@@ -187,7 +188,7 @@ func TestRelayDeadLettersARowThatCrashesItsRelays(t *testing.T) {
 	// Retried by an operator (the cause may not be fixed), the row goes out
 	// alone although other rows are due with it, and its aggregate follows.
 	others := enqueue(t, pool, msg("other-1", "order.created"), msg("other-2", "order.created"))
-	if err := outbox.NewAdmin(pool).Retry(ctx, poison[0].ID); err != nil {
+	if err := outboxadmin.New(pool).Retry(ctx, poison[0].ID); err != nil {
 		t.Fatal(err)
 	}
 	batches := &batchPublisher{}

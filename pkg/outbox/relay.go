@@ -84,7 +84,7 @@ type RelayConfig struct {
 	RetryBackoffMax time.Duration
 	// PublishedRetention, when set, makes the relay delete rows published
 	// longer ago, every PurgeInterval, PurgeBatchSize rows per statement.
-	// Default 0: keep them (or use Admin.Purge).
+	// Default 0: keep them (or use outboxadmin's Admin.Purge).
 	PublishedRetention time.Duration
 	// PurgeInterval is the period of the purge. Default DefaultPurgeInterval.
 	PurgeInterval time.Duration
@@ -198,8 +198,8 @@ func (c RelayConfig) withDefaults() (RelayConfig, error) {
 		return c, fmt.Errorf("outbox relay config: RetryBackoffMin %v exceeds RetryBackoffMax %v", c.RetryBackoffMin, c.RetryBackoffMax)
 	case c.VacuumEvery < -1:
 		return c, fmt.Errorf("outbox relay config: VacuumEvery %d: want -1 (never), 0 (auto) or a number of rows", c.VacuumEvery)
-	case c.PurgeBatchSize > maxPurgeBatch:
-		return c, fmt.Errorf("outbox relay config: PurgeBatchSize %d: at most %d", c.PurgeBatchSize, maxPurgeBatch)
+	case c.PurgeBatchSize > outboxsql.MaxPurgeBatch:
+		return c, fmt.Errorf("outbox relay config: PurgeBatchSize %d: at most %d", c.PurgeBatchSize, outboxsql.MaxPurgeBatch)
 	case strings.ContainsRune(c.NotifyChannel, 0) || len(c.NotifyChannel) > 63:
 		return c, fmt.Errorf("outbox relay config: NotifyChannel %q: must be at most 63 bytes without NUL", c.NotifyChannel)
 	}
@@ -218,7 +218,6 @@ type Relay struct {
 	pub     Publisher
 	cfg     RelayConfig
 	log     *slog.Logger
-	admin   *Admin
 	wake    chan struct{}
 	running atomic.Bool
 
@@ -259,7 +258,6 @@ func NewRelay(pool *pgxpool.Pool, pub Publisher, cfg RelayConfig) (*Relay, error
 		claimBytes:     claimBytes,
 		handedOverOnly: handedOverOnly,
 		log:            cfg.Logger,
-		admin:          NewAdmin(pool),
 		wake:           make(chan struct{}, 1),
 		vacuumer:       vacuum.New(pool, cfg.Logger, "outbox relay", cfg.VacuumEvery),
 	}, nil

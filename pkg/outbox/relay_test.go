@@ -17,7 +17,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/pkg/outbox/internal/outboxsql"
 	"github.com/outbox-inbox/reference/pkg/outbox/internal/outboxtest"
+	"github.com/outbox-inbox/reference/pkg/outbox/outboxadmin"
 )
 
 // memPublisher keeps what the relay gives it, so the relay's own logic
@@ -309,7 +311,7 @@ func TestRelayFailingEventHoldsBackOnlyItsAggregateThenDeadLettersAndRetries(t *
 	t.Parallel()
 	pool := newTestPool(t)
 	ctx := context.Background()
-	admin := outbox.NewAdmin(pool)
+	admin := outboxadmin.New(pool)
 
 	bad := enqueue(t, pool, msg("bad", "order.created"), msg("bad", "order.cancelled"))
 	var good []outbox.Message
@@ -378,7 +380,7 @@ func TestRelayFailingEventHoldsBackOnlyItsAggregateThenDeadLettersAndRetries(t *
 	if err := admin.Retry(ctx, bad[0].ID); err != nil {
 		t.Fatalf("retry: %v", err)
 	}
-	if err := admin.Retry(ctx, bad[0].ID); !errors.Is(err, outbox.ErrNotFound) {
+	if err := admin.Retry(ctx, bad[0].ID); !errors.Is(err, outboxadmin.ErrNotFound) {
 		t.Fatalf("second retry of the same id: %v, want ErrNotFound", err)
 	}
 	waitFor(t, "retried events published", 10*time.Second, outboxEmpty(pool))
@@ -398,7 +400,7 @@ func TestRelayFailingEventHoldsBackOnlyItsAggregateThenDeadLettersAndRetries(t *
 	if attempts != 1 {
 		t.Fatalf("retried event published with attempts %d, want 1 (reset by the retry)", attempts)
 	}
-	if st, err := admin.Status(ctx); err != nil || st != (outbox.Status{}) {
+	if st, err := admin.Status(ctx); err != nil || st != (outboxadmin.Status{}) {
 		t.Fatalf("status after drain = %+v, %v; want zero", st, err)
 	}
 }
@@ -606,7 +608,7 @@ func TestNewRelayValidatesConfig(t *testing.T) {
 		"negative retention":           {PublishedRetention: -time.Hour},
 		"NUL in channel":               {NotifyChannel: "a\x00b"},
 		"long channel":                 {NotifyChannel: string(make([]byte, 64))},
-		"huge purge batch":             {PurgeBatchSize: outbox.MaxPurgeBatch + 1},
+		"huge purge batch":             {PurgeBatchSize: outboxsql.MaxPurgeBatch + 1},
 		"vacuum every -2":              {VacuumEvery: -2},
 		"tiny listen keepalive":        {ListenKeepalive: time.Microsecond},
 		"negative listen keepalive":    {ListenKeepalive: -time.Second},

@@ -446,3 +446,20 @@ func ids(envs []Envelope) []int64 {
 	}
 	return out
 }
+
+// EventState is where an event is in its life.
+type EventState string
+
+const (
+	// EventPending: in the outbox, not dead-lettered: due, in flight, backing
+	// off, or blocked behind an earlier event of its aggregate. It may have
+	// been published already (a confirm lost, a mark not written yet).
+	EventPending EventState = "pending"
+	// EventPublished: the broker confirmed it; the row is in
+	// outbox_published until retention purges it.
+	EventPublished EventState = "published"
+	// EventDeadLettered: it reached MaxAttempts and waits for an operator.
+	EventDeadLettered EventState = "dead_lettered"
+	// EventDiscarded: an operator discarded it (package outboxadmin).
+	EventDiscarded EventState = "discarded"
+)

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/pkg/outbox/outboxadmin"
 	"github.com/outbox-inbox/reference/services/orders/internal/postgres/pgtest"
 )
 
@@ -276,7 +277,7 @@ func TestCommandsRefuseAMissingOrOutdatedSchema(t *testing.T) {
 }
 
 // outbox-status says when its pending count is PostgreSQL's estimate (a
-// backlog above outbox.StatusCountLimit) rather than a count.
+// backlog above outboxadmin.StatusCountLimit) rather than a count.
 func TestOutboxStatusSaysWhenPendingIsAnEstimate(t *testing.T) {
 	t.Parallel()
 	dbURL := migratedDatabaseURL(t)
@@ -293,13 +294,13 @@ func TestOutboxStatusSaysWhenPendingIsAnEstimate(t *testing.T) {
 	defer conn.Release()
 	if _, err := conn.Exec(ctx, `
 INSERT INTO outbox (aggregate_type, aggregate_id, aggregate_version, event_type, payload)
-SELECT 'order', 'o-' || g, 1, 'order.created', '{}' FROM generate_series(1, $1::int) g`, outbox.StatusCountLimit+1); err != nil {
+SELECT 'order', 'o-' || g, 1, 'order.created', '{}' FROM generate_series(1, $1::int) g`, outboxadmin.StatusCountLimit+1); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := conn.Exec(ctx, "SELECT pg_stat_force_next_flush()"); err != nil {
 		t.Fatal(err)
 	}
-	want := fmt.Sprintf("pending=%d ", outbox.StatusCountLimit+1)
+	want := fmt.Sprintf("pending=%d ", outboxadmin.StatusCountLimit+1)
 	if out, err := runCommand(ctx, env, "outbox-status"); err != nil || !strings.Contains(out, want) || !strings.Contains(out, "pending_estimated=true") {
 		t.Fatalf("outbox-status: %v %q, want %q and pending_estimated=true", err, out, want)
 	}

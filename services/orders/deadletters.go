@@ -10,7 +10,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/pkg/outbox/outboxadmin"
 )
 
 // deadLetters is the operator's CLI on the outbox's dead letters. It works on
@@ -52,7 +52,7 @@ func deadLetters(ctx context.Context, args []string, getenv func(string) string,
 		return err
 	}
 	defer pool.Close()
-	admin := outbox.NewAdmin(pool)
+	admin := outboxadmin.New(pool)
 
 	switch sub {
 	case "list":

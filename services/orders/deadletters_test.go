@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/pkg/outbox/outboxadmin"
 )
 
 // deadLetterDB returns the environment of a migrated database whose outbox
@@ -104,7 +105,7 @@ func TestDeadLettersDiscardCLI(t *testing.T) {
 		t.Fatalf("after discard: reason %q, next event blocked %v, %v", reason, blocked, err)
 	}
 	// The flag may come first, too; a second discard of the same id is an error.
-	if _, err := cli("-reason", "again", strconv.FormatInt(dead, 10)); !errors.Is(err, outbox.ErrNotFound) {
+	if _, err := cli("-reason", "again", strconv.FormatInt(dead, 10)); !errors.Is(err, outboxadmin.ErrNotFound) {
 		t.Fatalf("second discard: %v, want ErrNotFound", err)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/outbox-inbox/reference/internal/crashpoint"
 	"github.com/outbox-inbox/reference/internal/tracing"
 	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/pkg/outbox/outboxadmin"
 	"github.com/outbox-inbox/reference/pkg/outbox/outboxamqp"
 	"github.com/outbox-inbox/reference/services/orders/internal/config"
 	"github.com/outbox-inbox/reference/services/orders/internal/metrics"
@@ -159,12 +160,12 @@ func outboxStatus(ctx context.Context, getenv func(string) string, stdout io.Wri
 		return err
 	}
 	defer pool.Close()
-	admin := outbox.NewAdmin(pool)
+	admin := outboxadmin.New(pool)
 	st, err := admin.Status(ctx)
 	if err != nil {
 		return err
 	}
-	// pending_estimated: above outbox.StatusCountLimit, pending is
+	// pending_estimated: above outboxadmin.StatusCountLimit, pending is
 	// PostgreSQL's running estimate of the table's rows, not a count.
 	fmt.Fprintf(stdout, "pending=%d dead_lettered=%d oldest_pending_age=%s pending_estimated=%t\n",
 		st.Pending, st.DeadLettered, st.OldestPendingAge.Round(time.Millisecond), st.PendingEstimated)

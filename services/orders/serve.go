@@ -20,6 +20,7 @@ import (
 	"github.com/outbox-inbox/reference/internal/logfmt"
 	"github.com/outbox-inbox/reference/internal/tracing"
 	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/pkg/outbox/outboxadmin"
 	"github.com/outbox-inbox/reference/services/orders/internal/config"
 	"github.com/outbox-inbox/reference/services/orders/internal/httpapi"
 	"github.com/outbox-inbox/reference/services/orders/internal/metrics"
@@ -86,7 +87,7 @@ func serve(ctx context.Context, getenv func(string) string, logOut io.Writer, te
 	}
 	api, err := httpapi.New(httpapi.Config{
 		Orders:     countedOrders{Orders: store, m: metrics.NewOrders(reg)},
-		Outbox:     outbox.NewAdmin(pool),
+		Outbox:     outboxadmin.New(pool),
 		AdminToken: cfg.AdminToken,
 		Wake:       wake,
 		Metrics:    promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
@@ -113,7 +114,7 @@ func newRegistry(pool *pgxpool.Pool, logger *slog.Logger) *prometheus.Registry {
 	reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		metrics.NewBacklog(outbox.NewAdmin(pool), logger),
+		metrics.NewBacklog(outboxadmin.New(pool), logger),
 	)
 	return reg
 }

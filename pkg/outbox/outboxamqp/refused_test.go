@@ -11,6 +11,7 @@ import (
 
 	"github.com/outbox-inbox/reference/pkg/outbox"
 	"github.com/outbox-inbox/reference/pkg/outbox/internal/outboxtest"
+	"github.com/outbox-inbox/reference/pkg/outbox/outboxadmin"
 )
 
 // A row the broker refuses although Enqueue let it through (here a CC header
@@ -62,7 +63,7 @@ func TestRelayIsolatesARowTheBrokerRefuses(t *testing.T) {
 		err := pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE dead_lettered_at IS NULL), count(*) FILTER (WHERE dead_lettered_at IS NOT NULL) FROM outbox`).Scan(&left, &dead)
 		return left == 0 && dead == 1, err
 	})
-	dls, err := outbox.NewAdmin(pool).DeadLetters(ctx, 0, 10)
+	dls, err := outboxadmin.New(pool).DeadLetters(ctx, 0, 10)
 	if err != nil {
 		t.Fatal(err)
 	}

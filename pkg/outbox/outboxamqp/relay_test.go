@@ -15,6 +15,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/pkg/outbox/outboxadmin"
 
 	"github.com/outbox-inbox/reference/pkg/outbox/internal/outboxtest"
 )
@@ -102,7 +103,7 @@ func TestRelayNeverMarksAnUnroutableMessageThenRetriesADeadLetter(t *testing.T) 
 	pool := newTestPool(t)
 	b := newBroker(t, false)
 	pub := newPublisher(t, testAMQPURL(), b.exchange, testLogger(t, nil))
-	admin := outbox.NewAdmin(pool)
+	admin := outboxadmin.New(pool)
 
 	cfg := relayConfig(t)
 	cfg.MaxAttempts = 3

@@ -13,6 +13,7 @@ import (
 
 	"github.com/outbox-inbox/reference/pkg/outbox"
 	"github.com/outbox-inbox/reference/pkg/outbox/internal/outboxtest"
+	"github.com/outbox-inbox/reference/pkg/outbox/outboxadmin"
 	"github.com/outbox-inbox/reference/pkg/outbox/outboxaudit"
 )
 
@@ -50,7 +51,7 @@ func ExampleEventLog() {
 	}
 	done := make(chan error, 1)
 	go func() { done <- relay.Run(rctx) }()
-	admin := outbox.NewAdmin(pool)
+	admin := outboxadmin.New(pool)
 	for s, err := admin.Status(ctx); err != nil || s.Pending > 0 || s.DeadLettered == 0; s, err = admin.Status(ctx) {
 		time.Sleep(10 * time.Millisecond)
 	}

@@ -255,7 +255,7 @@ SELECT (SELECT count(*) FROM outbox WHERE dead_lettered_at IS NULL),
 // Counts counts the events of every state exactly, in one statement (one
 // snapshot, so an event moving between tables meanwhile counts once). It
 // reads every table in full: for an audit, a test or a demo, not for every
-// metrics scrape ([outbox.Admin.Status] costs the same however large the backlog is).
+// metrics scrape (outboxadmin's Admin.Status costs the same however large the backlog is).
 func (l *EventLog) Counts(ctx context.Context) (EventCounts, error) {
 	var c EventCounts
 	var ageMicros int64

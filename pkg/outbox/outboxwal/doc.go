@@ -79,7 +79,7 @@
 //     relay this relay runs (Config.Poll) retries it with its backoff,
 //     dead-letters it after Poll.MaxAttempts attempts in all (exactly as
 //     the polling relay does: dead_lettered_at, attempts, last_error,
-//     visible to outbox.Admin), and publishes the aggregate's later events
+//     visible to outboxadmin.Admin), and publishes the aggregate's later events
 //     after it, in order. The stream and the slot move on meanwhile: a
 //     failing aggregate never keeps other aggregates' events or the
 //     server's WAL waiting.

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/pkg/outbox/outboxadmin"
 	"github.com/outbox-inbox/reference/pkg/outbox/outboxwal"
 )
 
@@ -134,7 +135,7 @@ func TestCutOffRelayStartsNothingAndWritesNothingAfterTakeover(t *testing.T) {
 	}
 
 	publishThroughHolder(t, pool, gate, a[0].ID, b[0].ID)
-	dls, err := outbox.NewAdmin(pool).DeadLetters(ctx, 0, 10)
+	dls, err := outboxadmin.New(pool).DeadLetters(ctx, 0, 10)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/outbox-inbox/reference/pkg/outbox"
 	"github.com/outbox-inbox/reference/pkg/outbox/internal/outboxtest"
+	"github.com/outbox-inbox/reference/pkg/outbox/outboxadmin"
 	"github.com/outbox-inbox/reference/pkg/outbox/outboxwal"
 )
 
@@ -55,7 +56,7 @@ func TestPublishesConfirmsSweepsAndAcknowledges(t *testing.T) {
 			if n := count(t, pool, "SELECT count(*) FROM outbox_published"); n != wantArchived {
 				t.Fatalf("outbox_published has %d rows, want %d", n, wantArchived)
 			}
-			st, err := outbox.NewAdmin(pool).Status(ctx)
+			st, err := outboxadmin.New(pool).Status(ctx)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -247,7 +248,7 @@ func TestDeadLetterHoldsBackItsAggregateUntilRetryOrDiscard(t *testing.T) {
 	cfg.MaxAttempts = 3
 	relay, _ := startWAL(t, pool, newPublisherForTest(t, b), cfg)
 	waitActive(t, relay)
-	admin := outbox.NewAdmin(pool)
+	admin := outboxadmin.New(pool)
 
 	bad := func(agg string) outbox.Message { return msg(agg, "bad.event") } // no binding: unroutable
 	first := enqueue(t, pool, msg("p", "order.created"), msg("d", "order.created"))

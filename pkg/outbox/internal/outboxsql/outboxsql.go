@@ -5,8 +5,9 @@
 // so that no statement is written twice: unblocking an aggregate's next
 // event, walking the table, handing rows over to polling and finding them, sweeping confirmed
 // rows, dead-lettering and recording attempts. (Their vacuum of the table is
-// package vacuum's.) It also reads outbox_published for package
-// outboxbackfill (archive.go), which replays it to a new consumer.
+// package vacuum's.) It also holds the statements of package outboxadmin
+// (admin.go) and reads outbox_published for package outboxbackfill
+// (archive.go), which replays it to a new consumer.
 //
 // Every function runs one statement on the DB it is given, usually a
 // transaction of the caller's: the callers decide the isolation and the

@@ -22,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/pkg/outbox/outboxadmin"
 )
 
 // DatabaseURL is where tests find PostgreSQL: TEST_DATABASE_URL, or the local
@@ -207,7 +208,7 @@ func AMQPURL() string {
 // that publish it.
 func WantCrashDeadLetter(t testing.TB, pool *pgxpool.Pool, id int64, attempts int) {
 	t.Helper()
-	dls, err := outbox.NewAdmin(pool).DeadLetters(context.Background(), 0, 10)
+	dls, err := outboxadmin.New(pool).DeadLetters(context.Background(), 0, 10)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -230,7 +231,7 @@ func EveryState(t testing.TB) *pgxpool.Pool {
 	StartRelay(t, pool, refusing{"o-6", "o-7"}, outbox.RelayConfig{
 		MaxAttempts: 1, PollInterval: 10 * time.Millisecond, Logger: slog.New(slog.DiscardHandler),
 	})
-	admin := outbox.NewAdmin(pool)
+	admin := outboxadmin.New(pool)
 	WaitFor(t, "five published, two dead letters", 30*time.Second, func() (bool, error) {
 		s, err := admin.Status(context.Background())
 		return s.Pending == 0 && s.DeadLettered == 2, err

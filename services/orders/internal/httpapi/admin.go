@@ -11,20 +11,20 @@ import (
 
 	"github.com/go-chi/chi/v5"
 
-	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/pkg/outbox/outboxadmin"
 	"github.com/outbox-inbox/reference/services/orders/internal/order"
 )
 
 // OutboxAdmin is what the operator endpoints need from the outbox.
 type OutboxAdmin interface {
-	Status(ctx context.Context) (outbox.Status, error)
-	DeadLetters(ctx context.Context, afterID int64, limit int) ([]outbox.DeadLetter, error)
+	Status(ctx context.Context) (outboxadmin.Status, error)
+	DeadLetters(ctx context.Context, afterID int64, limit int) ([]outboxadmin.DeadLetter, error)
 	Retry(ctx context.Context, id int64) error
 	RetryAll(ctx context.Context) (int64, error)
 	Discard(ctx context.Context, id int64, reason string) error
 }
 
-var _ OutboxAdmin = (*outbox.Admin)(nil)
+var _ OutboxAdmin = (*outboxadmin.Admin)(nil)
 
 // mountAdmin adds the operator's endpoints under /admin/outbox, behind the
 // bearer token.
@@ -52,7 +52,7 @@ func (s *Server) requireAdmin(next http.Handler) http.Handler {
 }
 
 // statusBody is Status with the age in seconds, for humans and scripts.
-// pending_estimated says pending is an estimate (above outbox.StatusCountLimit).
+// pending_estimated says pending is an estimate (above outboxadmin.StatusCountLimit).
 type statusBody struct {
 	Pending                 int64   `json:"pending"`
 	PendingEstimated        bool    `json:"pending_estimated"`
@@ -74,8 +74,8 @@ func (s *Server) listDeadLetters(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
 	if v := q.Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > outbox.MaxDeadLettersPage {
-			return badRequest("invalid_limit", fmt.Sprintf("limit must be an integer from 1 to %d", outbox.MaxDeadLettersPage))
+		if err != nil || n < 1 || n > outboxadmin.MaxDeadLettersPage {
+			return badRequest("invalid_limit", fmt.Sprintf("limit must be an integer from 1 to %d", outboxadmin.MaxDeadLettersPage))
 		}
 		limit = n
 	}
@@ -91,7 +91,7 @@ func (s *Server) listDeadLetters(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	if dls == nil {
-		dls = []outbox.DeadLetter{}
+		dls = []outboxadmin.DeadLetter{}
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"dead_letters": dls})
 	return nil
@@ -111,7 +111,7 @@ func (s *Server) retryDeadLetter(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	if err := s.outbox.Retry(r.Context(), id); err != nil {
-		if errors.Is(err, outbox.ErrNotFound) {
+		if errors.Is(err, outboxadmin.ErrNotFound) {
 			return &apiError{http.StatusNotFound, "not_found", fmt.Sprintf("no dead letter with id %d", id)}
 		}
 		return err
@@ -140,7 +140,7 @@ type discardRequest struct {
 }
 
 // discardDeadLetter gives up on a dead letter that can never be published, so
-// its aggregate's next events go out (outbox.Admin.Discard).
+// its aggregate's next events go out (outboxadmin.Admin.Discard).
 func (s *Server) discardDeadLetter(w http.ResponseWriter, r *http.Request) error {
 	id, err := deadLetterID(r)
 	if err != nil {
@@ -153,16 +153,16 @@ func (s *Server) discardDeadLetter(w http.ResponseWriter, r *http.Request) error
 	switch {
 	case strings.TrimSpace(req.Reason) == "":
 		return &order.ValidationError{Field: "reason", Message: "is required: say why the event is discarded"}
-	case len(req.Reason) > outbox.MaxDiscardReasonBytes:
-		return &order.ValidationError{Field: "reason", Message: fmt.Sprintf("must be at most %d bytes", outbox.MaxDiscardReasonBytes)}
+	case len(req.Reason) > outboxadmin.MaxDiscardReasonBytes:
+		return &order.ValidationError{Field: "reason", Message: fmt.Sprintf("must be at most %d bytes", outboxadmin.MaxDiscardReasonBytes)}
 	case strings.ContainsRune(req.Reason, 0):
 		return &order.ValidationError{Field: "reason", Message: "must not contain NUL"}
 	}
 	if err := s.outbox.Discard(r.Context(), id, req.Reason); err != nil {
 		switch {
-		case errors.Is(err, outbox.ErrNotFound):
+		case errors.Is(err, outboxadmin.ErrNotFound):
 			return &apiError{http.StatusNotFound, "not_found", fmt.Sprintf("no event with id %d", id)}
-		case errors.Is(err, outbox.ErrNotDeadLettered):
+		case errors.Is(err, outboxadmin.ErrNotDeadLettered):
 			return &apiError{http.StatusConflict, "not_dead_lettered", fmt.Sprintf("event %d is not dead-lettered: only dead letters can be discarded", id)}
 		}
 		return err

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/pkg/outbox/outboxadmin"
 	"github.com/outbox-inbox/reference/services/orders/internal/httpapi"
 	"github.com/outbox-inbox/reference/services/orders/internal/postgres"
 	"github.com/outbox-inbox/reference/services/orders/internal/postgres/pgtest"
@@ -27,7 +28,7 @@ func setupAdmin(t *testing.T) bundle {
 	var wakes atomic.Int64
 	api, err := httpapi.New(httpapi.Config{
 		Orders:     postgres.NewStore(pool, postgres.StoreConfig{}),
-		Outbox:     outbox.NewAdmin(pool),
+		Outbox:     outboxadmin.New(pool),
 		AdminToken: adminToken,
 		Wake:       func() { wakes.Add(1) },
 		Logger:     slog.New(slog.DiscardHandler),
@@ -85,7 +86,7 @@ func TestAdminDiscardDeadLetter(t *testing.T) {
 		{"no reason", path(dead), "application/json", `{}`, auth, 422, "invalid_field"},
 		{"blank reason", path(dead), "application/json", `{"reason": "  "}`, auth, 422, "invalid_field"},
 		{"NUL in reason", path(dead), "application/json", `{"reason": "a\u0000b"}`, auth, 422, "invalid_field"},
-		{"reason too long", path(dead), "application/json", `{"reason": "` + strings.Repeat("r", outbox.MaxDiscardReasonBytes+1) + `"}`, auth, 422, "invalid_field"},
+		{"reason too long", path(dead), "application/json", `{"reason": "` + strings.Repeat("r", outboxadmin.MaxDiscardReasonBytes+1) + `"}`, auth, 422, "invalid_field"},
 		{"not a dead letter", path(behind), "application/json", body, auth, 409, "not_dead_lettered"},
 		{"no such event", path(behind + 100), "application/json", body, auth, 404, "not_found"},
 	} {

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/pkg/outbox/outboxadmin"
 )
 
 // Relay is an outbox.Observer that feeds Prometheus collectors.
@@ -96,9 +97,9 @@ func (m *Relay) Observe(_ context.Context, o outbox.Observation) {
 	}
 }
 
-// StatusReader reads the outbox backlog; *outbox.Admin implements it.
+// StatusReader reads the outbox backlog; *outboxadmin.Admin implements it.
 type StatusReader interface {
-	Status(ctx context.Context) (outbox.Status, error)
+	Status(ctx context.Context) (outboxadmin.Status, error)
 }
 
 // Backlog is a collector that reads the outbox backlog on every scrape.

@@ -1,8 +1,7 @@
-package outbox_test
+package outboxadmin_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"slices"
 	"strings"
@@ -14,81 +13,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/pkg/outbox/internal/outboxsql"
 	"github.com/outbox-inbox/reference/pkg/outbox/internal/outboxtest"
+	"github.com/outbox-inbox/reference/pkg/outbox/outboxadmin"
 )
-
-// The claim reads about as many index entries as it returns, however long the
-// backlog and however many events wait behind an in-flight one: measured on the
-// plan of 100k pending rows across 20k aggregates plus one aggregate with 20k
-// events queued behind its in-flight head.
-func TestClaimPlanReadsOnlyHeadsWithALargeBacklog(t *testing.T) {
-	t.Parallel()
-	pool := newTestPool(t)
-	ctx := context.Background()
-
-	// Rows as Enqueue writes them: an aggregate's later events are blocked.
-	_, err := pool.Exec(ctx, `
-INSERT INTO outbox (aggregate_type, aggregate_id, aggregate_version, event_type, payload, blocked, created_at, next_attempt_at)
-SELECT 'order', 'o-' || (g % 20000), g / 20000 + 1, 'order.created', '{}', g >= 20000,
-       now() - interval '1 hour' + g * interval '1 ms', now() - interval '1 hour' + g * interval '1 ms'
-FROM generate_series(0, 99999) g;
-INSERT INTO outbox (aggregate_type, aggregate_id, aggregate_version, event_type, payload, blocked, created_at, next_attempt_at, attempts)
-SELECT 'order', 'hot', g, 'order.updated', '{}', g > 1,
-       now() - interval '2 hours', CASE WHEN g = 1 THEN now() + interval '30 seconds' ELSE now() - interval '2 hours' END,
-       CASE WHEN g = 1 THEN 1 ELSE 0 END
-FROM generate_series(1, 20000) g;
-ANALYZE outbox;`)
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx) //nolint:errcheck // EXPLAIN ANALYZE runs the claim: undo it
-	var plan []struct {
-		Plan          planNode `json:"Plan"`
-		ExecutionTime float64  `json:"Execution Time"`
-	}
-	if err := tx.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+outbox.ClaimSQL, claimArgs(500, 30*time.Second)...).Scan(&plan); err != nil {
-		t.Fatal(err)
-	}
-	var dueScan *planNode
-	var walk func(n *planNode)
-	walk = func(n *planNode) {
-		if n.NodeType == "Seq Scan" {
-			t.Errorf("claim plan has a sequential scan on %s", n.RelationName)
-		}
-		if n.IndexName == "outbox_due" {
-			dueScan = n
-		}
-		for i := range n.Plans {
-			walk(&n.Plans[i])
-		}
-	}
-	walk(&plan[0].Plan)
-	if dueScan == nil {
-		b, _ := json.MarshalIndent(plan, "", "  ")
-		t.Fatalf("claim does not scan outbox_due:\n%s", b)
-	}
-	if dueScan.ActualRows > 500 {
-		t.Errorf("claim read %v entries of outbox_due to return 500 rows", dueScan.ActualRows)
-	}
-	if plan[0].Plan.ActualRows != 500 {
-		t.Errorf("claim returned %v rows, want 500", plan[0].Plan.ActualRows)
-	}
-	t.Logf("claim of 500 over 120k pending rows: %.1f ms, %v shared buffers hit", plan[0].ExecutionTime, plan[0].Plan.SharedHitBlocks)
-}
-
-type planNode struct {
-	NodeType        string     `json:"Node Type"`
-	RelationName    string     `json:"Relation Name"`
-	IndexName       string     `json:"Index Name"`
-	ActualRows      float64    `json:"Actual Rows"`
-	SharedHitBlocks float64    `json:"Shared Hit Blocks"`
-	Plans           []planNode `json:"Plans"`
-}
 
 func TestPurgeDeletesOnlyOldPublishedRowsInBatches(t *testing.T) {
 	t.Parallel()
@@ -102,7 +30,7 @@ FROM generate_series(1, 40) g`)
 	if err != nil {
 		t.Fatal(err)
 	}
-	admin := outbox.NewAdmin(pool)
+	admin := outboxadmin.New(pool)
 	n, err := admin.Purge(ctx, 24*time.Hour, 10) // three statements: 10, 10, 5
 	if err != nil {
 		t.Fatal(err)
@@ -121,54 +49,22 @@ FROM generate_series(1, 40) g`)
 	for _, bad := range []struct {
 		age   time.Duration
 		batch int
-	}{{0, 10}, {-time.Hour, 10}, {time.Hour, 0}, {time.Hour, outbox.MaxPurgeBatch + 1}} {
+	}{{0, 10}, {-time.Hour, 10}, {time.Hour, 0}, {time.Hour, outboxsql.MaxPurgeBatch + 1}} {
 		if _, err := admin.Purge(ctx, bad.age, bad.batch); err == nil {
 			t.Errorf("Purge(%v, %d) accepted", bad.age, bad.batch)
 		}
 	}
 }
 
-func TestRelayPurgesOldPublishedRows(t *testing.T) {
-	t.Parallel()
-	pool := newTestPool(t)
-	ctx := context.Background()
-	enqueue(t, pool, msg("o-1", "order.created"), msg("o-2", "order.created"))
-	cfg := fastConfig(t)
-	cfg.PublishedRetention = time.Hour
-	cfg.PurgeInterval = 20 * time.Millisecond
-	cfg.PurgeBatchSize = 1
-	startRelay(t, pool, &memPublisher{}, cfg)
-	waitFor(t, "outbox drained", 10*time.Second, outboxEmpty(pool))
-	// Age one of the two published rows past the retention.
-	if _, err := pool.Exec(ctx, "UPDATE outbox_published SET published_at = now() - interval '2 hours' WHERE aggregate_id = 'o-1'"); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, "old row purged", 10*time.Second, func() (bool, error) {
-		var ids []string
-		rows, err := pool.Query(ctx, "SELECT aggregate_id FROM outbox_published")
-		if err != nil {
-			return false, err
-		}
-		ids, err = pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			return false, err
-		}
-		if len(ids) == 1 && ids[0] != "o-2" {
-			t.Fatalf("the recent row was purged, %v left", ids)
-		}
-		return len(ids) == 1, nil
-	})
-}
-
 func TestAdminRejectsBadInput(t *testing.T) {
 	t.Parallel()
 	pool := newTestPool(t)
 	ctx := context.Background()
-	admin := outbox.NewAdmin(pool)
+	admin := outboxadmin.New(pool)
 	if _, err := admin.DeadLetters(ctx, 0, 0); err == nil {
 		t.Error("limit 0 accepted")
 	}
-	if _, err := admin.DeadLetters(ctx, 0, outbox.MaxDeadLettersPage+1); err == nil {
+	if _, err := admin.DeadLetters(ctx, 0, outboxadmin.MaxDeadLettersPage+1); err == nil {
 		t.Error("limit above the page maximum accepted")
 	}
 	if _, err := admin.DeadLetters(ctx, -1, 10); err == nil {
@@ -241,7 +137,7 @@ func TestDiscardUnblocksTheAggregatesNextEvent(t *testing.T) {
 	// The first attempt of the event took the next ones along (a run): the
 	// broker took them, and they were not marked, as the event failed.
 	sentBefore := len(pub.snapshot())
-	admin := outbox.NewAdmin(pool)
+	admin := outboxadmin.New(pool)
 	const reason = "payload rejected by the schema registry; order o-1 re-sent by hand"
 	if err := admin.Discard(ctx, first.ID, reason); err != nil {
 		t.Fatalf("Discard: %v", err)
@@ -257,7 +153,7 @@ func TestDiscardUnblocksTheAggregatesNextEvent(t *testing.T) {
 	}
 
 	var (
-		d       outbox.DeadLetter
+		d       outboxadmin.DeadLetter
 		dReason string
 		age     time.Duration
 	)
@@ -357,7 +253,7 @@ func discardWhileAWriterHoldsTheEvent(t *testing.T, pool, adminPool *pgxpool.Poo
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
-	go func() { done <- outbox.NewAdmin(adminPool).Discard(ctx, firstID, "never publishable") }()
+	go func() { done <- outboxadmin.New(adminPool).Discard(ctx, firstID, "never publishable") }()
 	waitFor(t, "Discard waiting for the writer", 10*time.Second, func() (bool, error) {
 		var waiting bool
 		err := pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid)))", writerPID).Scan(&waiting)
@@ -383,7 +279,7 @@ func TestDiscardRejectsWhatIsNotADeadLetter(t *testing.T) {
 	t.Parallel()
 	pool := newTestPool(t)
 	ctx := context.Background()
-	admin := outbox.NewAdmin(pool)
+	admin := outboxadmin.New(pool)
 	e := enqueue(t, pool, msg("o-1", "order.created"), msg("o-1", "order.paid"))
 
 	snapshot := func() string {
@@ -404,12 +300,12 @@ SELECT (SELECT coalesce(json_agg(o ORDER BY id), '[]')::text FROM outbox o) ||
 		reason string
 		is     error
 	}{
-		{"pending event", e[0].ID, "stuck", outbox.ErrNotDeadLettered},
-		{"blocked event", e[1].ID, "stuck", outbox.ErrNotDeadLettered},
-		{"missing id", e[1].ID + 1000, "stuck", outbox.ErrNotFound},
+		{"pending event", e[0].ID, "stuck", outboxadmin.ErrNotDeadLettered},
+		{"blocked event", e[1].ID, "stuck", outboxadmin.ErrNotDeadLettered},
+		{"missing id", e[1].ID + 1000, "stuck", outboxadmin.ErrNotFound},
 		{"id 0", 0, "stuck", nil},
 		{"empty reason", e[0].ID, "", nil},
-		{"reason over the limit", e[0].ID, strings.Repeat("r", outbox.MaxDiscardReasonBytes+1), nil},
+		{"reason over the limit", e[0].ID, strings.Repeat("r", outboxadmin.MaxDiscardReasonBytes+1), nil},
 		{"reason not UTF-8", e[0].ID, "\xff", nil},
 	} {
 		err := admin.Discard(ctx, tc.id, tc.reason)
@@ -439,7 +335,7 @@ func TestStatusReadsABoundedPartOfALargeBacklog(t *testing.T) {
 	}
 	defer conn.Release()
 	for range 6 { // past the server's first custom plans of a prepared statement
-		if _, err := outbox.NewAdmin(conn).Status(ctx); err != nil {
+		if _, err := outboxadmin.New(conn).Status(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -464,22 +360,22 @@ FROM generate_series(0, 99999) g`)
 		return n
 	}
 	before := rowsRead()
-	st, err := outbox.NewAdmin(conn).Status(ctx)
+	st, err := outboxadmin.New(conn).Status(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if read := rowsRead() - before; read > 3*outbox.StatusCountLimit {
+	if read := rowsRead() - before; read > 3*outboxadmin.StatusCountLimit {
 		t.Fatalf("Status read %d rows of a 100,000-row backlog (status %+v)", read, st)
 	}
 }
 
 // Status is exact up to StatusCountLimit pending rows and an estimate above,
-// as documented on outbox.Status.
+// as documented on outboxadmin.Status.
 func TestStatusIsExactBelowTheCountLimitAndEstimatedAbove(t *testing.T) {
 	t.Parallel()
 	pool := newTestPool(t)
 	ctx := context.Background()
-	admin := outbox.NewAdmin(pool)
+	admin := outboxadmin.New(pool)
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -495,7 +391,7 @@ func TestStatusIsExactBelowTheCountLimitAndEstimatedAbove(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	status := func() outbox.Status {
+	status := func() outboxadmin.Status {
 		t.Helper()
 		st, err := admin.Status(ctx)
 		if err != nil {
@@ -505,7 +401,7 @@ func TestStatusIsExactBelowTheCountLimitAndEstimatedAbove(t *testing.T) {
 	}
 	within := func(d, want time.Duration) bool { return d >= want && d < want+time.Minute }
 
-	if st := status(); st != (outbox.Status{}) {
+	if st := status(); st != (outboxadmin.Status{}) {
 		t.Fatalf("empty outbox: %+v", st)
 	}
 
@@ -527,18 +423,18 @@ FROM generate_series(1, 50) g`)
 	// every insert; the age is the first pending row's in id order (1m).
 	insert(`
 INSERT INTO outbox (aggregate_type, aggregate_id, aggregate_version, event_type, payload)
-SELECT 'order', 'p-' || g, 1, 'order.created', '{}' FROM generate_series(1, $1::int) g`, outbox.StatusCountLimit)
+SELECT 'order', 'p-' || g, 1, 'order.created', '{}' FROM generate_series(1, $1::int) g`, outboxadmin.StatusCountLimit)
 	st = status()
-	if st.Pending != outbox.StatusCountLimit+50 || !st.PendingEstimated || st.DeadLettered != 3 || !within(st.OldestPendingAge, time.Minute) {
+	if st.Pending != outboxadmin.StatusCountLimit+50 || !st.PendingEstimated || st.DeadLettered != 3 || !within(st.OldestPendingAge, time.Minute) {
 		t.Fatalf("%d pending, 3 dead letters: %+v; want an estimate of the same, 3 dead letters, age 1m",
-			outbox.StatusCountLimit+50, st)
+			outboxadmin.StatusCountLimit+50, st)
 	}
 
 	// Dead letters over the limit are reported as the limit + 1.
 	insert(`
 INSERT INTO outbox (aggregate_type, aggregate_id, aggregate_version, event_type, payload, dead_lettered_at)
-SELECT 'order', 'dl-' || g, 1, 'order.created', '{}', now() FROM generate_series(1, $1::int) g`, outbox.StatusCountLimit)
-	if st = status(); st.DeadLettered != outbox.StatusCountLimit+1 {
-		t.Fatalf("%d dead letters: %+v; want DeadLettered %d", outbox.StatusCountLimit+3, st, outbox.StatusCountLimit+1)
+SELECT 'order', 'dl-' || g, 1, 'order.created', '{}', now() FROM generate_series(1, $1::int) g`, outboxadmin.StatusCountLimit)
+	if st = status(); st.DeadLettered != outboxadmin.StatusCountLimit+1 {
+		t.Fatalf("%d dead letters: %+v; want DeadLettered %d", outboxadmin.StatusCountLimit+3, st, outboxadmin.StatusCountLimit+1)
 	}
 }

@@ -1,4 +1,7 @@
-package outbox
+// Package outboxadmin holds the operator's actions on an outbox of package
+// outbox (see [Admin]): dead letters hold back their aggregate until an
+// operator retries or discards them here. The relays do not need it.
+package outboxadmin
 
 import (
 	"context"
@@ -8,7 +11,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/pkg/outbox/internal/outboxsql"
 )
 
 // ErrNotFound is returned by Admin.Retry when no dead-lettered event has the
@@ -20,28 +25,20 @@ var ErrNotFound = errors.New("outbox: not found")
 // letter can be discarded.
 var ErrNotDeadLettered = errors.New("outbox: not a dead letter")
 
-// DB is what Admin needs to run its statements: *pgxpool.Pool, *pgx.Conn and
-// pgx.Tx all satisfy it.
-type DB interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-	Begin(ctx context.Context) (pgx.Tx, error)
-}
-
 // Admin holds the operator's actions on an outbox: inspect, retry and discard
 // dead letters, read the backlog's status, purge old published rows. It works on the
 // database alone, so a CLI can use it without a running relay.
 type Admin struct {
-	db DB
+	db outbox.DB
 }
 
-// NewAdmin returns an Admin working on db, in the schema of db's search_path.
-func NewAdmin(db DB) *Admin {
+// New returns an Admin working on db, in the schema of db's search_path.
+func New(db outbox.DB) *Admin {
 	return &Admin{db: db}
 }
 
-// DeadLetter is an event that reached its relay's MaxAttempts. It stays in the
+// DeadLetter is an event that reached its relay's MaxAttempts
+// ([outbox.RelayConfig.MaxAttempts]). It stays in the
 // outbox, and holds back the later events of its aggregate, until retried or
 // discarded.
 type DeadLetter struct {
@@ -71,13 +68,7 @@ func (a *Admin) DeadLetters(ctx context.Context, afterID int64, limit int) ([]De
 	if afterID < 0 {
 		return nil, fmt.Errorf("outbox dead letters: afterID %d: must not be negative", afterID)
 	}
-	rows, err := a.db.Query(ctx, `
-SELECT id, aggregate_type, aggregate_id, aggregate_version, event_type, payload, headers,
-       attempts, coalesce(last_error, ''), created_at, dead_lettered_at
-FROM outbox
-WHERE dead_lettered_at IS NOT NULL AND id > $1
-ORDER BY id
-LIMIT $2`, afterID, limit)
+	rows, err := a.db.Query(ctx, outboxsql.DeadLettersSQL, afterID, limit)
 	if err != nil {
 		return nil, fmt.Errorf("outbox dead letters: %w", err)
 	}
@@ -93,13 +84,6 @@ LIMIT $2`, afterID, limit)
 	return out, nil
 }
 
-// retrySQL gives dead letters a fresh set of attempts, due now. last_error is
-// kept: it is the history the operator acted on.
-const retrySQL = `
-UPDATE outbox
-SET attempts = 0, next_attempt_at = now(), dead_lettered_at = NULL
-WHERE dead_lettered_at IS NOT NULL`
-
 // Retry puts the dead letter id back in the queue with its attempts reset. It
 // returns ErrNotFound when no dead letter has that id (never existed, already
 // retried, or published).
@@ -107,7 +91,7 @@ func (a *Admin) Retry(ctx context.Context, id int64) error {
 	if id <= 0 {
 		return fmt.Errorf("outbox retry: id %d: must be positive", id)
 	}
-	tag, err := a.db.Exec(ctx, retrySQL+" AND id = $1", id)
+	tag, err := a.db.Exec(ctx, outboxsql.RetrySQL+" AND id = $1", id)
 	if err != nil {
 		return fmt.Errorf("outbox retry %d: %w", id, err)
 	}
@@ -120,7 +104,7 @@ func (a *Admin) Retry(ctx context.Context, id int64) error {
 // RetryAll puts every dead letter back in the queue, like Retry, and returns how
 // many there were.
 func (a *Admin) RetryAll(ctx context.Context) (int64, error) {
-	tag, err := a.db.Exec(ctx, retrySQL)
+	tag, err := a.db.Exec(ctx, outboxsql.RetrySQL)
 	if err != nil {
 		return 0, fmt.Errorf("outbox retry all: %w", err)
 	}
@@ -129,41 +113,6 @@ func (a *Admin) RetryAll(ctx context.Context) (int64, error) {
 
 // MaxDiscardReasonBytes bounds the reason of Admin.Discard.
 const MaxDiscardReasonBytes = 1000
-
-// discardLockSQL is the first statement of a discard: it locks the event,
-// waiting for the writer of the aggregate's next version if that writer holds
-// it FOR KEY SHARE (see insertSQL; writers' transactions are short by contract,
-// and an operator can wait), and says whether the event is a dead letter.
-const discardLockSQL = `
-SELECT dead_lettered_at IS NOT NULL FROM outbox WHERE id = $1 FOR UPDATE`
-
-// discardSQL is the second statement, in the same transaction, with a snapshot
-// taken after the lock was granted. It does what a mark does for a published
-// event (see moveSQL and outboxsql.UnblockNextSQL): takes the event out of outbox and
-// unblocks the aggregate's next event, which this snapshot shows if its writer
-// looked at the event before the lock was granted (a writer that looks later
-// waits for this transaction, finds the event gone and writes its row
-// unblocked). The event goes to outbox_discarded instead of outbox_published.
-const discardSQL = `
-WITH gone AS (
-    DELETE FROM outbox o
-    WHERE o.id = $1 AND o.dead_lettered_at IS NOT NULL
-    RETURNING o.id, o.aggregate_type, o.aggregate_id, o.aggregate_version, o.event_type, o.payload,
-              o.headers, o.created_at, o.attempts, o.last_error, o.dead_lettered_at
-), unblocked AS (
-    UPDATE outbox s
-    SET blocked = false
-    FROM gone g
-    WHERE s.aggregate_type = g.aggregate_type
-      AND s.aggregate_id = g.aggregate_id
-      AND s.aggregate_version = g.aggregate_version + 1
-      AND s.blocked
-)
-INSERT INTO outbox_discarded (id, aggregate_type, aggregate_id, aggregate_version, event_type, payload,
-                              headers, created_at, attempts, last_error, dead_lettered_at, reason)
-SELECT id, aggregate_type, aggregate_id, aggregate_version, event_type, payload,
-       headers, created_at, attempts, last_error, dead_lettered_at, $2
-FROM gone`
 
 // Discard gives up on the dead letter id, for an event that can never be
 // published (a payload every consumer rejects, a message the broker refuses):
@@ -189,7 +138,7 @@ func (a *Admin) Discard(ctx context.Context, id int64, reason string) error {
 	case len(reason) > MaxDiscardReasonBytes:
 		return fmt.Errorf("outbox discard %d: reason has %d bytes, more than %d", id, len(reason), MaxDiscardReasonBytes)
 	}
-	if err := storableText(reason); err != nil {
+	if err := outboxsql.StorableText(reason); err != nil {
 		return fmt.Errorf("outbox discard %d: reason: %w", id, err)
 	}
 	err := pgx.BeginFunc(ctx, a.db, func(tx pgx.Tx) error {
@@ -202,7 +151,7 @@ func (a *Admin) Discard(ctx context.Context, id int64, reason string) error {
 			return fmt.Errorf("set read committed: %w", err)
 		}
 		var dead bool
-		err := tx.QueryRow(ctx, discardLockSQL, id).Scan(&dead)
+		err := tx.QueryRow(ctx, outboxsql.DiscardLockSQL, id).Scan(&dead)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("no event with this id: %w", ErrNotFound)
 		}
@@ -212,7 +161,7 @@ func (a *Admin) Discard(ctx context.Context, id int64, reason string) error {
 		if !dead {
 			return fmt.Errorf("the event is pending, not dead-lettered: %w", ErrNotDeadLettered)
 		}
-		tag, err := tx.Exec(ctx, discardSQL, id, reason)
+		tag, err := tx.Exec(ctx, outboxsql.DiscardSQL, id, reason)
 		if err != nil {
 			return err
 		}
@@ -231,6 +180,10 @@ func (a *Admin) Discard(ctx context.Context, id int64, reason string) error {
 // stays the same however large the backlog grows (Status runs on every metrics
 // scrape of every process, and a backlog grows during a broker outage).
 const StatusCountLimit = 1000
+
+// StatusCountLimit is the limit outboxsql.StatusSQL counts to: this fails to
+// compile if the two differ.
+const _ = uint(StatusCountLimit-outboxsql.StatusCountLimit) + uint(outboxsql.StatusCountLimit-StatusCountLimit)
 
 // Status describes the backlog.
 type Status struct {
@@ -254,53 +207,6 @@ type Status struct {
 	OldestPendingAge time.Duration
 }
 
-// statusSQL reads the backlog at a bounded cost. Each part reads the table in
-// a way the planner picks whatever the table's size and even without column
-// statistics (a table autovacuum never analyzed):
-//
-//   - est is the statistics' count of live rows in outbox: no table access.
-//   - counted counts the pending rows, and finds the oldest, reading one row
-//     more than the limit at most, and only when est says the backlog is
-//     small: above that, the one-time filter skips the scan.
-//   - walk finds the pending row with the smallest id, dead counts the dead
-//     letters up to one more than the limit: one index lookup per row, in the
-//     primary key and in the dead letters' partial index.
-//
-// It has no parameters, so a connection plans it once (a generic plan), and
-// that plan is the same on an empty outbox as on a large one: a plan made when
-// the process started stays cheap when an outage grows the backlog.
-var statusSQL = fmt.Sprintf(`
-WITH RECURSIVE est AS MATERIALIZED (
-    SELECT greatest(coalesce(pg_stat_get_live_tuples('outbox'::regclass), 0), 0) AS live
-), counted AS (
-    SELECT count(*) AS n, min(created_at) AS oldest
-    FROM (SELECT created_at FROM outbox
-          WHERE dead_lettered_at IS NULL AND (SELECT live FROM est) <= %[1]d
-          LIMIT %[1]d + 1) p
-), walk (id, created_at, dead, n) AS (
-    (SELECT id, created_at, dead_lettered_at IS NOT NULL, 1 FROM outbox ORDER BY id LIMIT 1)
-    UNION ALL
-    (SELECT o.id, o.created_at, o.dead, w.n + 1
-     FROM walk w
-     CROSS JOIN LATERAL (
-         SELECT id, created_at, dead_lettered_at IS NOT NULL AS dead
-         FROM outbox WHERE outbox.id > w.id ORDER BY outbox.id LIMIT 1) o
-     WHERE w.dead AND w.n <= %[1]d)
-), dead (id, n) AS (
-    (SELECT id, 1 FROM outbox WHERE dead_lettered_at IS NOT NULL ORDER BY id LIMIT 1)
-    UNION ALL
-    (SELECT o.id, d.n + 1
-     FROM dead d
-     CROSS JOIN LATERAL (
-         SELECT id FROM outbox
-         WHERE dead_lettered_at IS NOT NULL AND outbox.id > d.id ORDER BY outbox.id LIMIT 1) o
-     WHERE d.n <= %[1]d)
-)
-SELECT (SELECT live FROM est), (SELECT n FROM counted), (SELECT count(*) FROM dead),
-       coalesce((extract(epoch FROM now() - least(
-           (SELECT oldest FROM counted),
-           (SELECT created_at FROM walk WHERE NOT dead))) * 1e6)::bigint, 0)`, StatusCountLimit)
-
 // Status reads the backlog, at a cost bounded by StatusCountLimit rows however
 // large the backlog is: see Status for what is exact and what is estimated.
 func (a *Admin) Status(ctx context.Context) (Status, error) {
@@ -309,7 +215,7 @@ func (a *Admin) Status(ctx context.Context) (Status, error) {
 		live, counted, dead int64
 		ageMicros           int64
 	)
-	err := a.db.QueryRow(ctx, statusSQL).Scan(&live, &counted, &dead, &ageMicros)
+	err := a.db.QueryRow(ctx, outboxsql.StatusSQL).Scan(&live, &counted, &dead, &ageMicros)
 	if err != nil {
 		return Status{}, fmt.Errorf("outbox status: %w", err)
 	}
@@ -324,40 +230,10 @@ func (a *Admin) Status(ctx context.Context) (Status, error) {
 	return s, nil
 }
 
-// maxPurgeBatch bounds the batch size of Admin.Purge.
-const maxPurgeBatch = 100_000
-
-// purgeSQL deletes one batch of old published rows. SKIP LOCKED lets several
-// relays purge at once without waiting on each other.
-const purgeSQL = `
-DELETE FROM outbox_published
-WHERE id IN (
-    SELECT id FROM outbox_published
-    WHERE published_at < now() - $1::bigint * interval '1 microsecond'
-    ORDER BY published_at
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED)`
-
 // Purge deletes published rows older than olderThan, batchSize rows per
 // statement (1 to 100,000; each its own short transaction), until none is left, and returns
 // how many it deleted. Small batches keep locks and WAL bursts small on a busy
 // database; ctx stops it between (or during) batches.
 func (a *Admin) Purge(ctx context.Context, olderThan time.Duration, batchSize int) (int64, error) {
-	if olderThan <= 0 {
-		return 0, fmt.Errorf("outbox purge: olderThan %v: must be positive", olderThan)
-	}
-	if batchSize < 1 || batchSize > maxPurgeBatch {
-		return 0, fmt.Errorf("outbox purge: batchSize %d: must be in 1..%d", batchSize, maxPurgeBatch)
-	}
-	var total int64
-	for {
-		tag, err := a.db.Exec(ctx, purgeSQL, olderThan.Microseconds(), batchSize)
-		if err != nil {
-			return total, fmt.Errorf("outbox purge: %w", err)
-		}
-		total += tag.RowsAffected()
-		if tag.RowsAffected() < int64(batchSize) {
-			return total, nil
-		}
-	}
+	return outboxsql.Purge(ctx, a.db, olderThan, batchSize)
 }

@@ -1,4 +1,4 @@
-package outbox
+package outboxadmin
 
 import (
 	"context"
@@ -8,12 +8,10 @@ import (
 
 	"github.com/jackc/pgx/v5/pgtype"
 
+	"github.com/outbox-inbox/reference/pkg/outbox"
 	"github.com/outbox-inbox/reference/pkg/outbox/internal/headerjson"
+	"github.com/outbox-inbox/reference/pkg/outbox/internal/outboxsql"
 )
-
-// maxHistory bounds the events Admin.History returns: an aggregate's most
-// recent maxHistory events.
-const maxHistory = 1000
 
 // HistoryEvent is one event of an aggregate as Admin.History reads it: where
 // it is in its life and what the relays did with it so far.
@@ -22,9 +20,9 @@ type HistoryEvent struct {
 	AggregateVersion int64
 	EventType        string
 	// CreatedAt is its writer's transaction start: with ID, the message id
-	// it is published under (MessageID).
+	// it is published under ([outbox.MessageID]).
 	CreatedAt time.Time
-	State     EventState
+	State     outbox.EventState
 	// InFlight says a relay claimed the pending event and has not written
 	// the outcome yet: it is being published, or its relay stopped while
 	// publishing it and its lease has not expired.
@@ -48,32 +46,8 @@ type HistoryEvent struct {
 	Headers map[string]string
 }
 
-// MessageID is the message id e is published under (MessageID, the function).
-func (e HistoryEvent) MessageID() string { return MessageID(e.ID, e.CreatedAt) }
-
-// historySQL reads one aggregate's most recent events from the three tables.
-// outbox and outbox_published are read through their (aggregate_type,
-// aggregate_id, aggregate_version) indexes; outbox_discarded, which holds the
-// rare discarded dead letters only, has no index by aggregate and is scanned.
-var historySQL = fmt.Sprintf(`
-SELECT * FROM (
-    SELECT id, aggregate_version, event_type, created_at,
-           CASE WHEN dead_lettered_at IS NULL THEN 'pending' ELSE 'dead_lettered' END,
-           in_flight AND dead_lettered_at IS NULL, attempts, last_error,
-           CASE WHEN dead_lettered_at IS NULL THEN next_attempt_at END,
-           dead_lettered_at, dead_lettered_at, headers
-    FROM outbox WHERE aggregate_type = $1 AND aggregate_id = $2
-    UNION ALL
-    SELECT id, aggregate_version, event_type, created_at, 'published', false, attempts, NULL,
-           NULL, published_at, NULL, headers
-    FROM outbox_published WHERE aggregate_type = $1 AND aggregate_id = $2
-    UNION ALL
-    SELECT id, aggregate_version, event_type, created_at, 'discarded', false, attempts, last_error,
-           NULL, discarded_at, dead_lettered_at, headers
-    FROM outbox_discarded WHERE aggregate_type = $1 AND aggregate_id = $2
-) h
-ORDER BY 2 DESC
-LIMIT %d`, maxHistory)
+// MessageID is the message id e is published under ([outbox.MessageID]).
+func (e HistoryEvent) MessageID() string { return outbox.MessageID(e.ID, e.CreatedAt) }
 
 // History returns the events of one aggregate in version order, each in its
 // state, the most recent 1,000 of them; published events purged by
@@ -83,7 +57,7 @@ LIMIT %d`, maxHistory)
 // the tables' size; it is meant for an operator's question about one
 // aggregate.
 func (a *Admin) History(ctx context.Context, aggregateType, aggregateID string) ([]HistoryEvent, error) {
-	rows, err := a.db.Query(ctx, historySQL, aggregateType, aggregateID)
+	rows, err := a.db.Query(ctx, outboxsql.HistorySQL, aggregateType, aggregateID)
 	if err != nil {
 		return nil, fmt.Errorf("outbox history of %s %s: %w", aggregateType, aggregateID, err)
 	}
@@ -101,7 +75,7 @@ func (a *Admin) History(ctx context.Context, aggregateType, aggregateID string) 
 			&e.Attempts, &lastError, &next, &since, &deadAt, &headers); err != nil {
 			return nil, fmt.Errorf("outbox history of %s %s: %w", aggregateType, aggregateID, err)
 		}
-		e.State, e.NextAttemptAt, e.Since, e.DeadLetteredAt = EventState(state), next.Time, since.Time, deadAt.Time
+		e.State, e.NextAttemptAt, e.Since, e.DeadLetteredAt = outbox.EventState(state), next.Time, since.Time, deadAt.Time
 		if lastError != nil {
 			e.LastError = *lastError
 		}
@@ -116,20 +90,3 @@ func (a *Admin) History(ctx context.Context, aggregateType, aggregateID string) 
 	slices.Reverse(out)
 	return out, nil
 }
-
-// EventState is where an event is in its life.
-type EventState string
-
-const (
-	// EventPending: in the outbox, not dead-lettered: due, in flight, backing
-	// off, or blocked behind an earlier event of its aggregate. It may have
-	// been published already (a confirm lost, a mark not written yet).
-	EventPending EventState = "pending"
-	// EventPublished: the broker confirmed it; the row is in
-	// outbox_published until retention purges it.
-	EventPublished EventState = "published"
-	// EventDeadLettered: it reached MaxAttempts and waits for an operator.
-	EventDeadLettered EventState = "dead_lettered"
-	// EventDiscarded: an operator discarded it (Admin.Discard).
-	EventDiscarded EventState = "discarded"
-)

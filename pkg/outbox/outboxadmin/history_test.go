@@ -1,18 +1,21 @@
-package outbox_test
+package outboxadmin_test
 
 import (
 	"context"
 	"encoding/json"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/pkg/outbox/internal/outboxsql"
 	"github.com/outbox-inbox/reference/pkg/outbox/internal/outboxtest"
+	"github.com/outbox-inbox/reference/pkg/outbox/outboxadmin"
 )
 
-func historyOf(events []outbox.HistoryEvent) string {
+func historyOf(events []outboxadmin.HistoryEvent) string {
 	var b strings.Builder
 	for _, e := range events {
 		fmt.Fprintf(&b, "v%d:%d:%s:%s ", e.AggregateVersion, e.ID, e.EventType, e.State)
@@ -26,7 +29,7 @@ func TestAdminHistory(t *testing.T) {
 	t.Parallel()
 	pool := outboxtest.EveryState(t)
 	ctx := context.Background()
-	admin := outbox.NewAdmin(pool)
+	admin := outboxadmin.New(pool)
 
 	h, err := admin.History(ctx, "order", "o-6")
 	if err != nil {
@@ -82,7 +85,7 @@ func TestAdminHistory(t *testing.T) {
 			t.Errorf("History(%s %s) = %v, %v; want nothing", other[0], other[1], h, err)
 		}
 	}
-	if _, err := outbox.NewAdmin(newSchemaPool(t)).History(ctx, "order", "o-1"); err == nil || !strings.Contains(err.Error(), "outbox history") {
+	if _, err := outboxadmin.New(newSchemaPool(t)).History(ctx, "order", "o-1"); err == nil || !strings.Contains(err.Error(), "outbox history") {
 		t.Errorf("History without the tables: %v, want an error naming the operation", err)
 	}
 }
@@ -91,18 +94,18 @@ func TestAdminHistory(t *testing.T) {
 func TestAdminHistoryKeepsTheMostRecent(t *testing.T) {
 	t.Parallel()
 	pool := newTestPool(t)
-	msgs := make([]outbox.Message, outbox.MaxHistory+2)
+	msgs := make([]outbox.Message, outboxsql.MaxHistory+2)
 	for i := range msgs {
 		msgs[i] = msg("hot", "order.updated")
 	}
 	enqueue(t, pool, msgs...)
-	h, err := outbox.NewAdmin(pool).History(context.Background(), "order", "hot")
+	h, err := outboxadmin.New(pool).History(context.Background(), "order", "hot")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(h) != outbox.MaxHistory || h[0].AggregateVersion != 3 || h[len(h)-1].AggregateVersion != outbox.MaxHistory+2 {
+	if len(h) != outboxsql.MaxHistory || h[0].AggregateVersion != 3 || h[len(h)-1].AggregateVersion != outboxsql.MaxHistory+2 {
 		t.Fatalf("%d events, versions %d to %d; want %d, 3 to %d", len(h), h[0].AggregateVersion, h[len(h)-1].AggregateVersion,
-			outbox.MaxHistory, outbox.MaxHistory+2)
+			outboxsql.MaxHistory, outboxsql.MaxHistory+2)
 	}
 }
 
@@ -113,15 +116,25 @@ func TestAdminHistoryShowsAClaimInFlight(t *testing.T) {
 	pool := newTestPool(t)
 	ctx := context.Background()
 	enqueue(t, pool, msg("o-1", "order.created"))
-	rows, err := pool.Query(ctx, outbox.ClaimSQL, claimArgs(10, time.Minute)...)
-	if err != nil {
-		t.Fatal(err)
+	claimed, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	pub := &memPublisher{block: func(ctx context.Context) {
+		once.Do(func() { close(claimed) })
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+	}}
+	cfg := fastConfig(t)
+	cfg.Lease, cfg.PublishTimeout = time.Minute, 30*time.Second
+	startRelay(t, pool, pub, cfg)
+	t.Cleanup(func() { close(release) }) // before the relay stops
+	select {
+	case <-claimed:
+	case <-time.After(30 * time.Second):
+		t.Fatal("event not claimed within 30s")
 	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	h, err := outbox.NewAdmin(pool).History(ctx, "order", "o-1")
+	h, err := outboxadmin.New(pool).History(ctx, "order", "o-1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,7 +162,7 @@ ANALYZE outbox_published;`); err != nil {
 	var plan []struct {
 		Plan planNode `json:"Plan"`
 	}
-	if err := pool.QueryRow(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+outbox.HistorySQL, "order", "o-42").Scan(&plan); err != nil {
+	if err := pool.QueryRow(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+outboxsql.HistorySQL, "order", "o-42").Scan(&plan); err != nil {
 		t.Fatal(err)
 	}
 	var indexed bool
@@ -175,7 +188,7 @@ ANALYZE outbox_published;`); err != nil {
 		t.Errorf("History's query returned %v rows, want the aggregate's 10", plan[0].Plan.ActualRows)
 	}
 
-	h, err := outbox.NewAdmin(pool).History(ctx, "order", "o-42")
+	h, err := outboxadmin.New(pool).History(ctx, "order", "o-42")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package outbox_test
+package outboxadmin_test
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outbox-inbox/reference/pkg/outbox"
+	"github.com/outbox-inbox/reference/pkg/outbox/outboxadmin"
 )
 
 // brokenPublisher fails every message while broken is set.
@@ -52,7 +53,7 @@ func ExampleAdmin_Retry() {
 	pub.broken.Store(true)
 	runRelayUntil(pool, pub, outbox.KindDeadLettered)
 
-	admin := outbox.NewAdmin(pool)
+	admin := outboxadmin.New(pool)
 	dead, err := admin.DeadLetters(ctx, 0, 100)
 	if err != nil {
 		log.Fatal(err)
@@ -126,7 +127,7 @@ func ExampleAdmin_Discard() {
 	pub := &schemaRegistry{rejects: "order.created"}
 	runRelayUntil(pool, pub, outbox.KindDeadLettered)
 
-	admin := outbox.NewAdmin(pool)
+	admin := outboxadmin.New(pool)
 	dead, err := admin.DeadLetters(ctx, 0, 100)
 	if err != nil {
 		log.Fatal(err)

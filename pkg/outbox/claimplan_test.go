@@ -1,0 +1,117 @@
+package outbox_test
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-inbox/reference/pkg/outbox"
+)
+
+// The claim reads about as many index entries as it returns, however long the
+// backlog and however many events wait behind an in-flight one: measured on the
+// plan of 100k pending rows across 20k aggregates plus one aggregate with 20k
+// events queued behind its in-flight head.
+func TestClaimPlanReadsOnlyHeadsWithALargeBacklog(t *testing.T) {
+	t.Parallel()
+	pool := newTestPool(t)
+	ctx := context.Background()
+
+	// Rows as Enqueue writes them: an aggregate's later events are blocked.
+	_, err := pool.Exec(ctx, `
+INSERT INTO outbox (aggregate_type, aggregate_id, aggregate_version, event_type, payload, blocked, created_at, next_attempt_at)
+SELECT 'order', 'o-' || (g % 20000), g / 20000 + 1, 'order.created', '{}', g >= 20000,
+       now() - interval '1 hour' + g * interval '1 ms', now() - interval '1 hour' + g * interval '1 ms'
+FROM generate_series(0, 99999) g;
+INSERT INTO outbox (aggregate_type, aggregate_id, aggregate_version, event_type, payload, blocked, created_at, next_attempt_at, attempts)
+SELECT 'order', 'hot', g, 'order.updated', '{}', g > 1,
+       now() - interval '2 hours', CASE WHEN g = 1 THEN now() + interval '30 seconds' ELSE now() - interval '2 hours' END,
+       CASE WHEN g = 1 THEN 1 ELSE 0 END
+FROM generate_series(1, 20000) g;
+ANALYZE outbox;`)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // EXPLAIN ANALYZE runs the claim: undo it
+	var plan []struct {
+		Plan          planNode `json:"Plan"`
+		ExecutionTime float64  `json:"Execution Time"`
+	}
+	if err := tx.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+outbox.ClaimSQL, claimArgs(500, 30*time.Second)...).Scan(&plan); err != nil {
+		t.Fatal(err)
+	}
+	var dueScan *planNode
+	var walk func(n *planNode)
+	walk = func(n *planNode) {
+		if n.NodeType == "Seq Scan" {
+			t.Errorf("claim plan has a sequential scan on %s", n.RelationName)
+		}
+		if n.IndexName == "outbox_due" {
+			dueScan = n
+		}
+		for i := range n.Plans {
+			walk(&n.Plans[i])
+		}
+	}
+	walk(&plan[0].Plan)
+	if dueScan == nil {
+		b, _ := json.MarshalIndent(plan, "", "  ")
+		t.Fatalf("claim does not scan outbox_due:\n%s", b)
+	}
+	if dueScan.ActualRows > 500 {
+		t.Errorf("claim read %v entries of outbox_due to return 500 rows", dueScan.ActualRows)
+	}
+	if plan[0].Plan.ActualRows != 500 {
+		t.Errorf("claim returned %v rows, want 500", plan[0].Plan.ActualRows)
+	}
+	t.Logf("claim of 500 over 120k pending rows: %.1f ms, %v shared buffers hit", plan[0].ExecutionTime, plan[0].Plan.SharedHitBlocks)
+}
+
+type planNode struct {
+	NodeType        string     `json:"Node Type"`
+	RelationName    string     `json:"Relation Name"`
+	IndexName       string     `json:"Index Name"`
+	ActualRows      float64    `json:"Actual Rows"`
+	SharedHitBlocks float64    `json:"Shared Hit Blocks"`
+	Plans           []planNode `json:"Plans"`
+}
+
+func TestRelayPurgesOldPublishedRows(t *testing.T) {
+	t.Parallel()
+	pool := newTestPool(t)
+	ctx := context.Background()
+	enqueue(t, pool, msg("o-1", "order.created"), msg("o-2", "order.created"))
+	cfg := fastConfig(t)
+	cfg.PublishedRetention = time.Hour
+	cfg.PurgeInterval = 20 * time.Millisecond
+	cfg.PurgeBatchSize = 1
+	startRelay(t, pool, &memPublisher{}, cfg)
+	waitFor(t, "outbox drained", 10*time.Second, outboxEmpty(pool))
+	// Age one of the two published rows past the retention.
+	if _, err := pool.Exec(ctx, "UPDATE outbox_published SET published_at = now() - interval '2 hours' WHERE aggregate_id = 'o-1'"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "old row purged", 10*time.Second, func() (bool, error) {
+		var ids []string
+		rows, err := pool.Query(ctx, "SELECT aggregate_id FROM outbox_published")
+		if err != nil {
+			return false, err
+		}
+		ids, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return false, err
+		}
+		if len(ids) == 1 && ids[0] != "o-2" {
+			t.Fatalf("the recent row was purged, %v left", ids)
+		}
+		return len(ids) == 1, nil
+	})
+}
