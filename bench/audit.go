@@ -241,7 +241,7 @@ func (b *bench) auditIncremental(ctx context.Context, pool *pgxpool.Pool, db *mo
 			msgs[j] = outbox.Message{AggregateType: "order", AggregateID: fmt.Sprintf("new-%d", i+j), EventType: "order.created", Payload: []byte(`{}`)}
 		}
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			enq, err := outbox.Enqueue(ctx, tx, msgs...)
+			enq, err := new(outbox.Writer).Enqueue(ctx, tx, msgs...)
 			for _, e := range enq {
 				msgIDs = append(msgIDs, outbox.MessageID(e.ID, e.CreatedAt))
 			}

@@ -183,7 +183,7 @@ func enqueueOrders(ctx context.Context, pool *pgxpool.Pool, n int, wake func()) 
 			Payload: createdEvent(id, i, now), Headers: traceHeaders()}
 	}
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		_, err := outbox.Enqueue(ctx, tx, msgs...)
+		err := outbox.Enqueue(ctx, tx, msgs...)
 		return err
 	})
 	if err != nil {
@@ -227,7 +227,7 @@ func (b *bench) churn(ctx context.Context, pool *pgxpool.Pool, relay *runningRel
 						Payload: cancelPayload(previous[i], now), Headers: traceHeaders()})
 				}
 				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-					_, err := outbox.Enqueue(ctx, tx, msgs...)
+					err := outbox.Enqueue(ctx, tx, msgs...)
 					return err
 				})
 				if err != nil {

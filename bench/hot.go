@@ -183,7 +183,7 @@ func (b *bench) hotWriters(ctx context.Context, poolCfg *pgxpool.Config, pool *p
 		wg.Go(func() {
 			for i := 0; time.Now().Before(stop); i++ {
 				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-					_, err := outbox.Enqueue(ctx, tx, outbox.Message{AggregateType: aggregateType, AggregateID: id,
+					err := outbox.Enqueue(ctx, tx, outbox.Message{AggregateType: aggregateType, AggregateID: id,
 						EventType: "order.updated", Payload: createdEvent(id, i, time.Now()), Headers: traceHeaders()})
 					return err
 				})
@@ -254,7 +254,7 @@ func seedHotAggregate(ctx context.Context, pool *pgxpool.Pool, n int) error {
 			Payload: createdEvent(id, i, now), Headers: traceHeaders()}
 	}
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		_, err := outbox.Enqueue(ctx, tx, msgs...)
+		err := outbox.Enqueue(ctx, tx, msgs...)
 		return err
 	})
 	if err != nil {

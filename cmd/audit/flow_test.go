@@ -389,7 +389,7 @@ func (f *flow) order(id string, cancel, poison bool) (ids []string) {
 	}
 	for _, m := range events {
 		err := pgx.BeginFunc(f.t.Context(), f.pool, func(tx pgx.Tx) error {
-			e, err := outbox.Enqueue(f.t.Context(), tx, m)
+			e, err := new(outbox.Writer).Enqueue(f.t.Context(), tx, m)
 			for _, x := range e {
 				ids = append(ids, fmt.Sprint(x.ID))
 			}
@@ -591,7 +591,7 @@ func TestContinuousModeServesGauges(t *testing.T) {
 	dbURL, pool := newDatabase(t)
 	db, mongoURI := mongoDatabase(t)
 	err := pgx.BeginFunc(t.Context(), pool, func(tx pgx.Tx) error {
-		_, err := outbox.Enqueue(t.Context(), tx, outbox.Message{AggregateType: "order", AggregateID: "o-1", EventType: "order.created", Payload: []byte(`{}`)})
+		err := outbox.Enqueue(t.Context(), tx, outbox.Message{AggregateType: "order", AggregateID: "o-1", EventType: "order.created", Payload: []byte(`{}`)})
 		return err
 	})
 	if err != nil {
@@ -646,7 +646,7 @@ func TestContinuousModeServesGauges(t *testing.T) {
 	// phantom, found by the first (full) cycle, is carried.
 	var second []outbox.Enqueued
 	err = pgx.BeginFunc(t.Context(), pool, func(tx pgx.Tx) error {
-		second, err = outbox.Enqueue(t.Context(), tx, outbox.Message{AggregateType: "order", AggregateID: "o-2", EventType: "order.created", Payload: []byte(`{}`)})
+		second, err = new(outbox.Writer).Enqueue(t.Context(), tx, outbox.Message{AggregateType: "order", AggregateID: "o-2", EventType: "order.created", Payload: []byte(`{}`)})
 		return err
 	})
 	if err != nil {

@@ -61,7 +61,7 @@ func TestRelayKeepsUpWithBackToBackWritersOfOneAggregate(t *testing.T) {
 		wg.Go(func() {
 			for time.Now().Before(stop) {
 				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-					if _, err := outbox.Enqueue(ctx, tx, msg("hot", "account.changed")); err != nil {
+					if err := outbox.Enqueue(ctx, tx, msg("hot", "account.changed")); err != nil {
 						return err
 					}
 					// A short transaction: a few milliseconds of work after the
@@ -237,7 +237,7 @@ func TestEnqueueAtEveryIsolationLevelWhileTheRelayAdvancesTheAggregate(t *testin
 			relay.Wake()
 			waitPublished(t, batches, first[0].ID, first[1].ID)
 
-			third, err := outbox.Enqueue(ctx, tx, msg("o-1", "order.shipped"))
+			third, err := new(outbox.Writer).Enqueue(ctx, tx, msg("o-1", "order.shipped"))
 			if err != nil {
 				t.Fatalf("Enqueue at %s after the relay advanced the aggregate: %v", level, err)
 			}
@@ -270,7 +270,7 @@ func TestRepeatableReadWritersKeepTheOrderBehindAPendingHead(t *testing.T) {
 	startRelay(t, pool, pub, fastConfig(t))
 	for i := range 5 {
 		err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead}, func(tx pgx.Tx) error {
-			_, err := outbox.Enqueue(ctx, tx, msg("o-1", fmt.Sprintf("order.step%d", i)))
+			err := outbox.Enqueue(ctx, tx, msg("o-1", fmt.Sprintf("order.step%d", i)))
 			return err
 		})
 		if err != nil {

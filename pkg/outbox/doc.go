@@ -57,7 +57,7 @@
 //			if _, err := tx.Exec(ctx, "INSERT INTO orders (id) VALUES ($1)", orderID); err != nil {
 //				return fmt.Errorf("insert order %s: %w", orderID, err)
 //			}
-//			_, err := outbox.Enqueue(ctx, tx, outbox.Message{
+//			err := outbox.Enqueue(ctx, tx, outbox.Message{
 //				AggregateType: "order",
 //				AggregateID:   orderID,
 //				EventType:     "order.created",

@@ -116,7 +116,7 @@ type Message struct {
 	Headers map[string]string
 }
 
-// Enqueued describes a message Enqueue wrote.
+// Enqueued describes a message Writer.Enqueue or Writer.Queue wrote.
 type Enqueued struct {
 	// ID is the outbox row's id.
 	ID int64
@@ -174,9 +174,10 @@ func NewWriter(cfg WriterConfig) (*Writer, error) {
 }
 
 // Enqueue writes msgs with the zero Writer (no NOTIFY, payloads up to
-// DefaultMaxPayloadBytes). See Writer.Enqueue.
-func Enqueue(ctx context.Context, tx pgx.Tx, msgs ...Message) ([]Enqueued, error) {
-	return (&Writer{}).Enqueue(ctx, tx, msgs...)
+// DefaultMaxPayloadBytes). See Writer.Enqueue, which also returns their ids.
+func Enqueue(ctx context.Context, tx pgx.Tx, msgs ...Message) error {
+	_, err := (&Writer{}).Enqueue(ctx, tx, msgs...)
+	return err
 }
 
 // versionSQL bumps the aggregate's version. The upsert locks the aggregate's

@@ -32,7 +32,7 @@ func TestEnqueueWritesRowsWithVersionsAndHeaders(t *testing.T) {
 	var got []outbox.Enqueued
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		var err error
-		got, err = outbox.Enqueue(ctx, tx, msg("o-1", "order.created"), msg("o-1", "order.cancelled"), msg("o-2", "order.created"))
+		got, err = new(outbox.Writer).Enqueue(ctx, tx, msg("o-1", "order.created"), msg("o-1", "order.cancelled"), msg("o-2", "order.created"))
 		return err
 	})
 	if err != nil {
@@ -63,7 +63,7 @@ func TestEnqueueWritesRowsWithVersionsAndHeaders(t *testing.T) {
 	// A later transaction continues the aggregate's versions.
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		var err error
-		got, err = outbox.Enqueue(ctx, tx, msg("o-1", "order.shipped"))
+		got, err = new(outbox.Writer).Enqueue(ctx, tx, msg("o-1", "order.shipped"))
 		return err
 	})
 	if err != nil {
@@ -81,7 +81,7 @@ func TestEnqueueRolledBackLeavesNothing(t *testing.T) {
 
 	injected := errors.New("injected failure after enqueue")
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		if _, err := outbox.Enqueue(ctx, tx, msg("o-1", "order.created")); err != nil {
+		if err := outbox.Enqueue(ctx, tx, msg("o-1", "order.created")); err != nil {
 			return err
 		}
 		return injected
@@ -94,7 +94,7 @@ func TestEnqueueRolledBackLeavesNothing(t *testing.T) {
 	}
 	// The version counter rolled back too: the next event is still version 1.
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		got, err := outbox.Enqueue(ctx, tx, msg("o-1", "order.created"))
+		got, err := new(outbox.Writer).Enqueue(ctx, tx, msg("o-1", "order.created"))
 		if err == nil && got[0].AggregateVersion != 1 {
 			return fmt.Errorf("version after rollback = %d, want 1", got[0].AggregateVersion)
 		}
@@ -128,7 +128,7 @@ func TestEnqueueRejectsInvalidMessagesAndWritesNothing(t *testing.T) {
 			mutate(&bad)
 			err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 				// The valid message comes first: the bad one must stop both.
-				_, err := outbox.Enqueue(ctx, tx, valid, bad)
+				err := outbox.Enqueue(ctx, tx, valid, bad)
 				return err
 			})
 			if !errors.Is(err, outbox.ErrInvalidMessage) {
@@ -156,7 +156,7 @@ func TestEnqueueConcurrentWritersOfOneAggregateAreSerialised(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			errs <- pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-				if _, err := outbox.Enqueue(ctx, tx, msg("hot", "order.touched")); err != nil {
+				if err := outbox.Enqueue(ctx, tx, msg("hot", "order.touched")); err != nil {
 					return err
 				}
 				// Hold the aggregate a little, so writers really overlap.
@@ -392,7 +392,7 @@ func TestEnqueueRejectsMessagesTheBrokerCannotTake(t *testing.T) {
 			bad := valid
 			mutate(&bad)
 			err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-				_, err := outbox.Enqueue(ctx, tx, valid, bad)
+				err := outbox.Enqueue(ctx, tx, valid, bad)
 				if !errors.Is(err, outbox.ErrInvalidMessage) {
 					return fmt.Errorf("Enqueue error = %v, want ErrInvalidMessage", err)
 				}

@@ -338,7 +338,7 @@ func TestMigrateUpgradeBesideOpenTransactionsKeepsTheOutboxAnswering(t *testing.
 		t.Fatal(err)
 	}
 	defer writer.Rollback(ctx) //nolint:errcheck // committed below
-	if _, err := outbox.Enqueue(ctx, writer, msg("open", "order.created")); err != nil {
+	if err := outbox.Enqueue(ctx, writer, msg("open", "order.created")); err != nil {
 		t.Fatal(err)
 	}
 	writerPID := backendPID(t, writer)
@@ -369,7 +369,7 @@ func TestMigrateUpgradeBesideOpenTransactionsKeepsTheOutboxAnswering(t *testing.
 	wg.Go(func() {
 		writers.run(stop, "Enqueue", func(ctx context.Context) error {
 			return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-				_, err := outbox.Enqueue(ctx, tx, msg(fmt.Sprintf("w-%d", n.Add(1)), "order.created"))
+				err := outbox.Enqueue(ctx, tx, msg(fmt.Sprintf("w-%d", n.Add(1)), "order.created"))
 				return err
 			})
 		})
@@ -407,7 +407,7 @@ func TestMigrateUpgradeBesideOpenTransactionsKeepsTheOutboxAnswering(t *testing.
 			var e []outbox.Enqueued
 			if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 				var err error
-				e, err = outbox.Enqueue(ctx, tx, msg(fmt.Sprintf("r-%d", n.Add(1)), "order.created"))
+				e, err = new(outbox.Writer).Enqueue(ctx, tx, msg(fmt.Sprintf("r-%d", n.Add(1)), "order.created"))
 				return err
 			}); err != nil {
 				return err

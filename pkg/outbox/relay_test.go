@@ -201,7 +201,7 @@ func TestRelayWithConcurrentWritersKeepsOrderAndNeverStrandsARow(t *testing.T) {
 			for i := range perWriter {
 				agg := fmt.Sprintf("o-%d", (w+i)%aggregates)
 				err := pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {
-					if _, err := outbox.Enqueue(context.Background(), tx, msg(agg, "order.touched")); err != nil {
+					if err := outbox.Enqueue(context.Background(), tx, msg(agg, "order.touched")); err != nil {
 						return err
 					}
 					// Hold the aggregate's lock while relays work.
@@ -247,7 +247,7 @@ func holdAggregate(t *testing.T, pool *pgxpool.Pool) (first outbox.Enqueued, sec
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
-	second, err = outbox.Enqueue(ctx, tx, msg("o-1", "order.cancelled"))
+	second, err = new(outbox.Writer).Enqueue(ctx, tx, msg("o-1", "order.cancelled"))
 	if err != nil {
 		t.Fatal(err)
 	}

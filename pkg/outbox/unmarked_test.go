@@ -27,7 +27,7 @@ func TestUnmarkedRowAtItsLastAttemptIsNotDeadLettered(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
-	second, err := outbox.Enqueue(ctx, tx, msg("o-1", "order.paid"))
+	second, err := new(outbox.Writer).Enqueue(ctx, tx, msg("o-1", "order.paid"))
 	if err != nil {
 		t.Fatal(err)
 	}

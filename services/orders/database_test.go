@@ -112,7 +112,7 @@ func TestOperatorCommandsDoNotQueueWriters(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer held.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // ends the test's transaction
-	if _, err := outbox.Enqueue(ctx, held, outbox.Message{AggregateType: "order", AggregateID: "held", EventType: "order.created", Payload: []byte(`{}`)}); err != nil {
+	if err := outbox.Enqueue(ctx, held, outbox.Message{AggregateType: "order", AggregateID: "held", EventType: "order.created", Payload: []byte(`{}`)}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := held.Exec(ctx, "SELECT id FROM outbox FOR UPDATE"); err != nil {
@@ -129,7 +129,7 @@ func TestOperatorCommandsDoNotQueueWriters(t *testing.T) {
 		}()
 		go func() {
 			done <- pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-				_, err := outbox.Enqueue(ctx, tx, outbox.Message{AggregateType: "order", AggregateID: fmt.Sprint("other-", i), EventType: "order.created", Payload: []byte(`{}`)})
+				err := outbox.Enqueue(ctx, tx, outbox.Message{AggregateType: "order", AggregateID: fmt.Sprint("other-", i), EventType: "order.created", Payload: []byte(`{}`)})
 				return err
 			})
 		}()

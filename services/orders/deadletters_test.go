@@ -36,7 +36,7 @@ func deadLetterDB(t *testing.T) (env map[string]string, pool *pgxpool.Pool, dead
 		m := func(id, event string) outbox.Message {
 			return outbox.Message{AggregateType: "order", AggregateID: id, EventType: event, Payload: []byte(`{}`)}
 		}
-		got, err = outbox.Enqueue(ctx, tx, m("o-1", "order.created"), m("o-1", "order.cancelled"), m("o-2", "order.created"))
+		got, err = new(outbox.Writer).Enqueue(ctx, tx, m("o-1", "order.created"), m("o-1", "order.cancelled"), m("o-2", "order.created"))
 		return err
 	})
 	if err != nil {

@@ -268,7 +268,7 @@ func TestRelayWaitsBehindPgBouncerWhoseServerIsDown(t *testing.T) {
 	up.Store(true) // the server comes up
 	pool := connectPool(t, direct)
 	err = pgx.BeginFunc(t.Context(), pool, func(tx pgx.Tx) error {
-		_, err := outbox.Enqueue(t.Context(), tx, outbox.Message{
+		err := outbox.Enqueue(t.Context(), tx, outbox.Message{
 			AggregateType: "order", AggregateID: "o-bounced", EventType: "order.created", Payload: []byte(`{}`)})
 		return err
 	})

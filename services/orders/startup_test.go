@@ -67,7 +67,7 @@ func TestRelayWaitsForADatabaseThatIsNotUpYet(t *testing.T) {
 	// And the relay publishes.
 	pool := connectPool(t, dbURL)
 	err = pgx.BeginFunc(t.Context(), pool, func(tx pgx.Tx) error {
-		_, err := outbox.Enqueue(t.Context(), tx, outbox.Message{
+		err := outbox.Enqueue(t.Context(), tx, outbox.Message{
 			AggregateType: "order", AggregateID: "o-late", EventType: "order.created", Payload: []byte(`{}`)})
 		return err
 	})

@@ -244,7 +244,7 @@ func discardWhileAWriterHoldsTheEvent(t *testing.T, pool, adminPool *pgxpool.Poo
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
-	second, err := outbox.Enqueue(ctx, tx, msg("o-1", "order.cancelled"))
+	second, err := new(outbox.Writer).Enqueue(ctx, tx, msg("o-1", "order.cancelled"))
 	if err != nil {
 		t.Fatal(err)
 	}

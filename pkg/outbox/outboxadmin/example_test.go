@@ -41,7 +41,7 @@ func ExampleAdmin_Retry() {
 		log.Fatal(err)
 	}
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		_, err := outbox.Enqueue(ctx, tx, outbox.Message{
+		err := outbox.Enqueue(ctx, tx, outbox.Message{
 			AggregateType: "order", AggregateID: "o-7", EventType: "order.created", Payload: []byte(`{}`)})
 		return err
 	})
@@ -115,7 +115,7 @@ func ExampleAdmin_Discard() {
 		log.Fatal(err)
 	}
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		_, err := outbox.Enqueue(ctx, tx,
+		err := outbox.Enqueue(ctx, tx,
 			outbox.Message{AggregateType: "order", AggregateID: "o-7", EventType: "order.created", Payload: []byte(`{"v": 0}`)},
 			outbox.Message{AggregateType: "order", AggregateID: "o-7", EventType: "order.paid", Payload: []byte(`{}`)})
 		return err

@@ -67,7 +67,7 @@ func TestRelayPublishesARowCommittedAfterLaterRowsWerePublished(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer late.Rollback(ctx) //nolint:errcheck
-	lateIDs, err := outbox.Enqueue(ctx, late, msg("late", "order.created"))
+	lateIDs, err := new(outbox.Writer).Enqueue(ctx, late, msg("late", "order.created"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -502,7 +502,7 @@ func TestThreeRelaysKeepPerAggregateOrder(t *testing.T) {
 		wg.Go(func() {
 			for chunk := range slices.Chunk(part, 10) {
 				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-					e, err := outbox.Enqueue(ctx, tx, chunk...)
+					e, err := new(outbox.Writer).Enqueue(ctx, tx, chunk...)
 					if err == nil {
 						record(chunk, e)
 					}
@@ -621,7 +621,7 @@ func TestRelayUnderConcurrentWriters(t *testing.T) {
 		wg.Go(func() {
 			for i := range 50 {
 				err := pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {
-					e, err := outbox.Enqueue(context.Background(), tx, msg(fmt.Sprintf("o-%d", (w+i)%8), "order.touched"))
+					e, err := new(outbox.Writer).Enqueue(context.Background(), tx, msg(fmt.Sprintf("o-%d", (w+i)%8), "order.touched"))
 					if err != nil {
 						return err
 					}

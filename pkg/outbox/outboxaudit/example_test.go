@@ -32,7 +32,7 @@ func ExampleEventLog() {
 	}
 	enqueue := func(aggregateID string) {
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			_, err := outbox.Enqueue(ctx, tx, outbox.Message{
+			err := outbox.Enqueue(ctx, tx, outbox.Message{
 				AggregateType: "order", AggregateID: aggregateID, EventType: "order.created", Payload: []byte(`{}`)})
 			return err
 		})

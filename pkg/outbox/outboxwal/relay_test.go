@@ -208,7 +208,7 @@ func TestOrderPerAggregateWithConcurrentWriters(t *testing.T) {
 				var out []outbox.Enqueued
 				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 					var err error
-					out, err = outbox.Enqueue(ctx, tx, msg(agg, "order.updated"), msg(fmt.Sprintf("w%d-%d", w, i), "order.created"))
+					out, err = new(outbox.Writer).Enqueue(ctx, tx, msg(agg, "order.updated"), msg(fmt.Sprintf("w%d-%d", w, i), "order.created"))
 					return err
 				})
 				if err != nil {
@@ -453,7 +453,7 @@ func TestSweepSkipsARowAWriterHolds(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck
-	second, err := outbox.Enqueue(ctx, tx, msg("a", "order.paid"))
+	second, err := new(outbox.Writer).Enqueue(ctx, tx, msg("a", "order.paid"))
 	if err != nil {
 		t.Fatal(err)
 	}

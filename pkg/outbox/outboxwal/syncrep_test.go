@@ -48,7 +48,7 @@ func TestNothingIsPublishedBeforeTheSynchronousStandbyHasIt(t *testing.T) {
 		var out []outbox.Enqueued
 		err := pgx.BeginFunc(ctx, writers, func(tx pgx.Tx) error {
 			var err error
-			out, err = outbox.Enqueue(ctx, tx, outboxtest.Msg("waits-for-the-standby", "order.created"))
+			out, err = new(outbox.Writer).Enqueue(ctx, tx, outboxtest.Msg("waits-for-the-standby", "order.created"))
 			return err
 		})
 		if err != nil {

@@ -141,7 +141,7 @@ func PublishedOrRefused(t *testing.T, pool *pgxpool.Pool, rec *Recorder, m outbo
 		t.Fatal(err)
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	enq, err := outbox.Enqueue(ctx, tx, m)
+	enq, err := new(outbox.Writer).Enqueue(ctx, tx, m)
 	if err != nil {
 		if !errors.Is(err, outbox.ErrInvalidMessage) {
 			t.Fatalf("Enqueue: %v, want ErrInvalidMessage or success", err)

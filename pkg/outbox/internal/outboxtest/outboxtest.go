@@ -134,7 +134,7 @@ func Enqueue(t testing.TB, pool *pgxpool.Pool, msgs ...outbox.Message) []outbox.
 	var out []outbox.Enqueued
 	err := pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {
 		var err error
-		out, err = outbox.Enqueue(context.Background(), tx, msgs...)
+		out, err = new(outbox.Writer).Enqueue(context.Background(), tx, msgs...)
 		return err
 	})
 	if err != nil {

@@ -54,7 +54,7 @@ func TestAdminDiscardDeadLetter(t *testing.T) {
 			return outbox.Message{AggregateType: "order", AggregateID: id, EventType: event, Payload: []byte(`{}`)}
 		}
 		var err error
-		got, err = outbox.Enqueue(ctx, tx, m("o-1", "order.created"), m("o-1", "order.cancelled"))
+		got, err = new(outbox.Writer).Enqueue(ctx, tx, m("o-1", "order.created"), m("o-1", "order.cancelled"))
 		return err
 	})
 	if err != nil {
