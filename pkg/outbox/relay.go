@@ -28,11 +28,11 @@ type RelayConfig struct {
 	// BatchSize is how many rows one claim takes: the head event of up to
 	// BatchSize aggregates and, behind each, its next events in version order
 	// (a run), so one aggregate's backlog drains a batch at a time. Default
-	// DefaultBatchSize, at most MaxBatchSize.
+	// DefaultBatchSize, at most 10,000.
 	BatchSize int
 	// Workers is how many batches one relay keeps in flight at once. Each
 	// uses a pool connection only while it claims or marks. Default
-	// DefaultWorkers, at most MaxWorkers.
+	// DefaultWorkers, at most 64.
 	Workers int
 	// MaxInFlightBytes bounds the bytes of payloads and headers in the
 	// batches in flight: each worker's claim stops at MaxInFlightBytes /
@@ -126,8 +126,8 @@ const (
 
 // Limits of RelayConfig: larger values are refused.
 const (
-	MaxBatchSize = 10_000
-	MaxWorkers   = 64
+	maxBatchSize = 10_000
+	maxWorkers   = 64
 )
 
 const (
@@ -182,10 +182,10 @@ func (c RelayConfig) withDefaults() (RelayConfig, error) {
 	}
 
 	switch {
-	case c.BatchSize > MaxBatchSize:
-		return c, fmt.Errorf("outbox relay config: BatchSize %d: at most %d", c.BatchSize, MaxBatchSize)
-	case c.Workers > MaxWorkers:
-		return c, fmt.Errorf("outbox relay config: Workers %d: at most %d", c.Workers, MaxWorkers)
+	case c.BatchSize > maxBatchSize:
+		return c, fmt.Errorf("outbox relay config: BatchSize %d: at most %d", c.BatchSize, maxBatchSize)
+	case c.Workers > maxWorkers:
+		return c, fmt.Errorf("outbox relay config: Workers %d: at most %d", c.Workers, maxWorkers)
 	case c.ListenKeepalive < minListenKeepalive:
 		return c, fmt.Errorf("outbox relay config: ListenKeepalive %v: at least %v", c.ListenKeepalive, minListenKeepalive)
 	case c.PollInterval < minPollInterval:
