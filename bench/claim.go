@@ -183,8 +183,7 @@ func enqueueOrders(ctx context.Context, pool *pgxpool.Pool, n int, wake func()) 
 			Payload: createdEvent(id, i, now), Headers: traceHeaders()}
 	}
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		err := outbox.Enqueue(ctx, tx, msgs...)
-		return err
+		return outbox.Enqueue(ctx, tx, msgs...)
 	})
 	if err != nil {
 		return err
@@ -227,8 +226,7 @@ func (b *bench) churn(ctx context.Context, pool *pgxpool.Pool, relay *runningRel
 						Payload: cancelPayload(previous[i], now), Headers: traceHeaders()})
 				}
 				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-					err := outbox.Enqueue(ctx, tx, msgs...)
-					return err
+					return outbox.Enqueue(ctx, tx, msgs...)
 				})
 				if err != nil {
 					errs[w] = err

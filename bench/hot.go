@@ -183,9 +183,8 @@ func (b *bench) hotWriters(ctx context.Context, poolCfg *pgxpool.Config, pool *p
 		wg.Go(func() {
 			for i := 0; time.Now().Before(stop); i++ {
 				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-					err := outbox.Enqueue(ctx, tx, outbox.Message{AggregateType: aggregateType, AggregateID: id,
+					return outbox.Enqueue(ctx, tx, outbox.Message{AggregateType: aggregateType, AggregateID: id,
 						EventType: "order.updated", Payload: createdEvent(id, i, time.Now()), Headers: traceHeaders()})
-					return err
 				})
 				if err != nil {
 					errs <- fmt.Errorf("hot writer: %w", err)
@@ -254,8 +253,7 @@ func seedHotAggregate(ctx context.Context, pool *pgxpool.Pool, n int) error {
 			Payload: createdEvent(id, i, now), Headers: traceHeaders()}
 	}
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		err := outbox.Enqueue(ctx, tx, msgs...)
-		return err
+		return outbox.Enqueue(ctx, tx, msgs...)
 	})
 	if err != nil {
 		return fmt.Errorf("seed one aggregate: %w", err)

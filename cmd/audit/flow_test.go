@@ -591,8 +591,7 @@ func TestContinuousModeServesGauges(t *testing.T) {
 	dbURL, pool := newDatabase(t)
 	db, mongoURI := mongoDatabase(t)
 	err := pgx.BeginFunc(t.Context(), pool, func(tx pgx.Tx) error {
-		err := outbox.Enqueue(t.Context(), tx, outbox.Message{AggregateType: "order", AggregateID: "o-1", EventType: "order.created", Payload: []byte(`{}`)})
-		return err
+		return outbox.Enqueue(t.Context(), tx, outbox.Message{AggregateType: "order", AggregateID: "o-1", EventType: "order.created", Payload: []byte(`{}`)})
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -270,8 +270,7 @@ func TestRepeatableReadWritersKeepTheOrderBehindAPendingHead(t *testing.T) {
 	startRelay(t, pool, pub, fastConfig(t))
 	for i := range 5 {
 		err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead}, func(tx pgx.Tx) error {
-			err := outbox.Enqueue(ctx, tx, msg("o-1", fmt.Sprintf("order.step%d", i)))
-			return err
+			return outbox.Enqueue(ctx, tx, msg("o-1", fmt.Sprintf("order.step%d", i)))
 		})
 		if err != nil {
 			t.Fatalf("enqueue %d: %v", i, err)

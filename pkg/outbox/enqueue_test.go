@@ -128,8 +128,7 @@ func TestEnqueueRejectsInvalidMessagesAndWritesNothing(t *testing.T) {
 			mutate(&bad)
 			err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 				// The valid message comes first: the bad one must stop both.
-				err := outbox.Enqueue(ctx, tx, valid, bad)
-				return err
+				return outbox.Enqueue(ctx, tx, valid, bad)
 			})
 			if !errors.Is(err, outbox.ErrInvalidMessage) {
 				t.Fatalf("error = %v, want ErrInvalidMessage", err)

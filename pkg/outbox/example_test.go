@@ -50,19 +50,17 @@ func Example() {
 	// Write side: the events commit with the business change, or not at all.
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		// ... INSERT INTO orders ... in the same transaction ...
-		err := outbox.Enqueue(ctx, tx,
+		return outbox.Enqueue(ctx, tx,
 			outbox.Message{AggregateType: "order", AggregateID: "o-1", EventType: "order.created", Payload: []byte(`{"order_id":"o-1"}`)},
 			outbox.Message{AggregateType: "order", AggregateID: "o-2", EventType: "order.created", Payload: []byte(`{"order_id":"o-2"}`)},
 		)
-		return err
 	})
 	if err != nil {
 		log.Fatal(err)
 	}
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		err := outbox.Enqueue(ctx, tx,
+		return outbox.Enqueue(ctx, tx,
 			outbox.Message{AggregateType: "order", AggregateID: "o-1", EventType: "order.cancelled", Payload: []byte(`{"order_id":"o-1"}`)})
-		return err
 	})
 	if err != nil {
 		log.Fatal(err)

@@ -369,8 +369,7 @@ func TestMigrateUpgradeBesideOpenTransactionsKeepsTheOutboxAnswering(t *testing.
 	wg.Go(func() {
 		writers.run(stop, "Enqueue", func(ctx context.Context) error {
 			return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-				err := outbox.Enqueue(ctx, tx, msg(fmt.Sprintf("w-%d", n.Add(1)), "order.created"))
-				return err
+				return outbox.Enqueue(ctx, tx, msg(fmt.Sprintf("w-%d", n.Add(1)), "order.created"))
 			})
 		})
 	})

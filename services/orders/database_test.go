@@ -129,8 +129,7 @@ func TestOperatorCommandsDoNotQueueWriters(t *testing.T) {
 		}()
 		go func() {
 			done <- pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-				err := outbox.Enqueue(ctx, tx, outbox.Message{AggregateType: "order", AggregateID: fmt.Sprint("other-", i), EventType: "order.created", Payload: []byte(`{}`)})
-				return err
+				return outbox.Enqueue(ctx, tx, outbox.Message{AggregateType: "order", AggregateID: fmt.Sprint("other-", i), EventType: "order.created", Payload: []byte(`{}`)})
 			})
 		}()
 		// Nothing may wait for a lock. A hang, not a slow answer, is the

@@ -268,9 +268,8 @@ func TestRelayWaitsBehindPgBouncerWhoseServerIsDown(t *testing.T) {
 	up.Store(true) // the server comes up
 	pool := connectPool(t, direct)
 	err = pgx.BeginFunc(t.Context(), pool, func(tx pgx.Tx) error {
-		err := outbox.Enqueue(t.Context(), tx, outbox.Message{
+		return outbox.Enqueue(t.Context(), tx, outbox.Message{
 			AggregateType: "order", AggregateID: "o-bounced", EventType: "order.created", Payload: []byte(`{}`)})
-		return err
 	})
 	if err != nil {
 		t.Fatal(err)

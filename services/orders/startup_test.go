@@ -67,9 +67,8 @@ func TestRelayWaitsForADatabaseThatIsNotUpYet(t *testing.T) {
 	// And the relay publishes.
 	pool := connectPool(t, dbURL)
 	err = pgx.BeginFunc(t.Context(), pool, func(tx pgx.Tx) error {
-		err := outbox.Enqueue(t.Context(), tx, outbox.Message{
+		return outbox.Enqueue(t.Context(), tx, outbox.Message{
 			AggregateType: "order", AggregateID: "o-late", EventType: "order.created", Payload: []byte(`{}`)})
-		return err
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -38,9 +38,8 @@ func New(db outbox.DB) *Admin {
 }
 
 // DeadLetter is an event that reached its relay's MaxAttempts
-// ([outbox.RelayConfig.MaxAttempts]). It stays in the
-// outbox, and holds back the later events of its aggregate, until retried or
-// discarded.
+// ([outbox.RelayConfig.MaxAttempts]). It stays in the outbox, and holds back
+// the later events of its aggregate, until retried or discarded.
 type DeadLetter struct {
 	ID               int64             `json:"id"`
 	AggregateType    string            `json:"aggregate_type"`

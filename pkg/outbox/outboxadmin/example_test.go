@@ -41,9 +41,8 @@ func ExampleAdmin_Retry() {
 		log.Fatal(err)
 	}
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		err := outbox.Enqueue(ctx, tx, outbox.Message{
+		return outbox.Enqueue(ctx, tx, outbox.Message{
 			AggregateType: "order", AggregateID: "o-7", EventType: "order.created", Payload: []byte(`{}`)})
-		return err
 	})
 	if err != nil {
 		log.Fatal(err)
@@ -115,10 +114,9 @@ func ExampleAdmin_Discard() {
 		log.Fatal(err)
 	}
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		err := outbox.Enqueue(ctx, tx,
+		return outbox.Enqueue(ctx, tx,
 			outbox.Message{AggregateType: "order", AggregateID: "o-7", EventType: "order.created", Payload: []byte(`{"v": 0}`)},
 			outbox.Message{AggregateType: "order", AggregateID: "o-7", EventType: "order.paid", Payload: []byte(`{}`)})
-		return err
 	})
 	if err != nil {
 		log.Fatal(err)

@@ -67,11 +67,10 @@ func Example() {
 
 	// The service's side: events written with the business change.
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		err := outbox.Enqueue(ctx, tx,
+		return outbox.Enqueue(ctx, tx,
 			outbox.Message{AggregateType: "order", AggregateID: "o-1", EventType: "order.created", Payload: []byte(`{"order_id":"o-1"}`)},
 			outbox.Message{AggregateType: "order", AggregateID: "o-1", EventType: "order.cancelled", Payload: []byte(`{"order_id":"o-1"}`)},
 		)
-		return err
 	})
 	if err != nil {
 		log.Fatal(err)

@@ -32,9 +32,8 @@ func ExampleEventLog() {
 	}
 	enqueue := func(aggregateID string) {
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			err := outbox.Enqueue(ctx, tx, outbox.Message{
+			return outbox.Enqueue(ctx, tx, outbox.Message{
 				AggregateType: "order", AggregateID: aggregateID, EventType: "order.created", Payload: []byte(`{}`)})
-			return err
 		})
 		if err != nil {
 			log.Fatal(err)
