@@ -13,9 +13,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 
-	"github.com/outbox-inbox/reference/pkg/outbox/internal/retry"
-
 	"github.com/outbox-inbox/reference/pkg/outbox/internal/outboxsql"
+	"github.com/outbox-inbox/reference/pkg/outbox/internal/retry"
 )
 
 // errNoNotifications is the probe's verdict on a LISTEN connection that
