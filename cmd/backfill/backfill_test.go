@@ -323,8 +323,7 @@ func TestBackfillHandsOverToTheLiveFlow(t *testing.T) {
 					Payload: []byte(fmt.Sprintf(`{"n":%d}`, i*perTx+j)), Headers: map[string]string{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}}
 			}
 			err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-				_, err := outbox.Enqueue(ctx, tx, msgs...)
-				return err
+				return outbox.Enqueue(ctx, tx, msgs...)
 			})
 			if err != nil {
 				writeErr <- err

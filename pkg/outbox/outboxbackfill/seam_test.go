@@ -96,7 +96,7 @@ func TestRunReplaysAnEventArchivedLate(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = writer.Rollback(ctx) }()
-	second, err := outbox.Enqueue(ctx, writer, outboxtest.Msg("o-1", "order.paid"))
+	second, err := new(outbox.Writer).Enqueue(ctx, writer, outboxtest.Msg("o-1", "order.paid"))
 	if err != nil {
 		t.Fatal(err)
 	}
