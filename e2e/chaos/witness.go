@@ -218,6 +218,9 @@ var sessionCutKinds = []FaultKind{
 	// A paused consumer outlives its heartbeat: the broker closes its
 	// connection and hands its unacked deliveries to the other consumer.
 	FaultPauseShipping,
+	// A broker alarm first cuts shipping from the broker (its proxies
+	// disabled) to build a backlog.
+	FaultBrokerAlarm,
 }
 
 // cutsShipping says f can end a shipping consumer's broker session: a

@@ -210,6 +210,11 @@ func TestAuditExplainsWhatStandaloneAllows(t *testing.T) {
 			at := e.Started.Add(-8 * time.Second)
 			h.Faults = append(h.Faults, Fault{Kind: FaultBrokerProxyResetPeer, Target: TargetAMQPShipping, Start: at.Add(200 * time.Millisecond), End: at.Add(3 * time.Second)})
 		}, "session_lost", 0},
+		{"a broker alarm's first phase cut shipping from the broker while the handler wrote: the redelivery ran again", func(h *History, s *FinalState) {
+			e := again(s, "2", "w1/100", 8*time.Second)
+			at := e.Started.Add(-8 * time.Second)
+			h.Faults = append(h.Faults, Fault{Kind: FaultBrokerAlarm, Target: "node-3", Start: at.Add(-3 * time.Second), End: at.Add(20 * time.Second)})
+		}, "session_lost", 0},
 		{"the consumer paused past its heartbeat after the handler wrote: the other consumer ran the redelivery", func(h *History, s *FinalState) {
 			e := again(s, "2", "w2/200", 14*time.Second)
 			at := e.Started.Add(-14 * time.Second)
