@@ -101,14 +101,14 @@ func TestSlotIsNotAcknowledgedPastAnUnconfirmedEvent(t *testing.T) {
 
 	a := enqueue(t, pool, msg("a", "order.created"))
 	afterA := currentLSN(t, pool)
-	waitFor(t, "the first event in flight", 5*time.Minute, func() (bool, error) { return blocking.inFlight(a[0].ID), nil })
+	waitFor(t, "the first event in flight", longWait, func() (bool, error) { return blocking.inFlight(a[0].ID), nil })
 	later := enqueue(t, pool, msg("a", "order.cancelled"))
-	waitFor(t, "the second event decoded", 5*time.Minute, func() (bool, error) { return relay.Stats().InMemory == 2, nil })
+	waitFor(t, "the second event decoded", longWait, func() (bool, error) { return relay.Stats().InMemory == 2, nil })
 	if !blocking.inFlight(a[0].ID) || blocking.inFlight(later[0].ID) {
 		t.Fatalf("want event %d in flight and event %d waiting behind it", a[0].ID, later[0].ID)
 	}
 	from := acks.Load()
-	waitFor(t, "the relay reporting its position", 5*time.Minute, func() (bool, error) { return acks.Load() >= from+5, nil })
+	waitFor(t, "the relay reporting its position", longWait, func() (bool, error) { return acks.Load() >= from+5, nil })
 
 	var ahead bool
 	if err := pool.QueryRow(ctx, `SELECT confirmed_flush_lsn >= $2::pg_lsn FROM pg_replication_slots WHERE slot_name = $1`,

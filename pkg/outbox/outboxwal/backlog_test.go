@@ -52,7 +52,7 @@ func TestALargeBacklogDoesNotStopTheStart(t *testing.T) {
 	cfg := walConfig(t, pool)
 	start := time.Now()
 	relay, _ := startWAL(t, pool, rec, cfg)
-	waitFor(t, "the relay streaming", 60*time.Second, func() (bool, error) { return relay.Stats().Active, nil })
+	waitActive(t, relay)
 	t.Logf("streaming %v after the start", time.Since(start).Round(time.Millisecond))
 
 	// An aggregate with no old row goes out from the stream while the
@@ -61,10 +61,10 @@ func TestALargeBacklogDoesNotStopTheStart(t *testing.T) {
 	// backlog's first row (and goes out in due order, behind the backlog).
 	fresh := enqueue(t, pool, msg("fresh", "order.created"))
 	enqueue(t, pool, msg("bulk-1", "order.cancelled"))
-	if _, ok := rec.Wait(fresh[0].ID, 30*time.Second); !ok {
-		t.Fatalf("an event of an aggregate with no old row was not published within 30 s")
+	if _, ok := rec.Wait(fresh[0].ID, longWait); !ok {
+		t.Fatalf("an event of an aggregate with no old row was not published within %v", longWait)
 	}
-	waitFor(t, "20,000 rows of the backlog published", 60*time.Second, func() (bool, error) { return rec.Distinct() >= 20_000, nil })
+	waitFor(t, "20,000 rows of the backlog published", 2*longWait, func() (bool, error) { return rec.Distinct() >= 20_000, nil })
 	var first int64
 	for _, e := range rec.Published() {
 		if e.AggregateID == "bulk-1" {
@@ -101,11 +101,11 @@ func TestALargeOutboxIsAdoptedInSteps(t *testing.T) {
 		t.Fatal(err)
 	}
 	relay, _ := startWAL(t, pool, rec, cfg)
-	waitFor(t, "the relay streaming", 60*time.Second, func() (bool, error) { return relay.Stats().Active, nil })
+	waitActive(t, relay)
 	fresh := enqueue(t, pool, msg("fresh", "order.created"))
-	waitFor(t, "20,000 rows of the outbox published", 2*time.Minute, func() (bool, error) { return rec.Distinct() >= 20_000, nil })
-	if _, ok := rec.Wait(fresh[0].ID, time.Minute); !ok {
-		t.Fatalf("an event of an aggregate with no old row was not published")
+	waitFor(t, "20,000 rows of the outbox published", 2*longWait, func() (bool, error) { return rec.Distinct() >= 20_000, nil })
+	if _, ok := rec.Wait(fresh[0].ID, longWait); !ok {
+		t.Fatalf("an event of an aggregate with no old row was not published within %v", longWait)
 	}
 }
 
@@ -128,7 +128,7 @@ func TestAHandOverStoppedHalfwayResumes(t *testing.T) {
 		}
 		return k
 	}
-	waitFor(t, "part of the backlog handed over", 60*time.Second, func() (bool, error) { return handed() > 0, nil })
+	waitFor(t, "part of the backlog handed over", longWait, func() (bool, error) { return handed() > 0, nil })
 	stop()
 	_ = relay
 	k := handed()
@@ -138,6 +138,6 @@ func TestAHandOverStoppedHalfwayResumes(t *testing.T) {
 	t.Logf("stopped with %d of %d rows handed over", k, n)
 	cfg.Poll.PollInterval = 50 * time.Millisecond
 	startWAL(t, pool, rec, cfg)
-	waitFor(t, "every row published", 2*time.Minute, func() (bool, error) { return rec.Distinct() >= n, nil })
-	waitFor(t, "the outbox swept", 60*time.Second, outboxEmpty(pool))
+	waitFor(t, "every row published", 4*longWait, func() (bool, error) { return rec.Distinct() >= n, nil })
+	waitFor(t, "the outbox swept", longWait, outboxEmpty(pool))
 }

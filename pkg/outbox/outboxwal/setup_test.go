@@ -145,8 +145,8 @@ func walConfig(t testing.TB, pool *pgxpool.Pool) outboxwal.Config {
 }
 
 // startWAL runs a WAL relay until the test ends (or stop is called), and
-// fails the test if Run returns an error or does not return within 30s of
-// being stopped.
+// fails the test if Run returns an error or does not return within longWait
+// of being stopped.
 func startWAL(t testing.TB, pool *pgxpool.Pool, pub outbox.Publisher, cfg outboxwal.Config) (*outboxwal.Relay, func()) {
 	t.Helper()
 	relay, err := outboxwal.NewRelay(pool, pub, cfg)
@@ -165,8 +165,8 @@ func startWAL(t testing.TB, pool *pgxpool.Pool, pub outbox.Publisher, cfg outbox
 				if err != nil {
 					t.Errorf("Run: %v", err)
 				}
-			case <-time.After(30 * time.Second):
-				t.Errorf("relay did not stop within 30s of its context being cancelled")
+			case <-time.After(longWait):
+				t.Errorf("relay did not stop within %v of its context being cancelled", longWait)
 			}
 		})
 	}
@@ -174,10 +174,19 @@ func startWAL(t testing.TB, pool *pgxpool.Pool, pub outbox.Publisher, cfg outbox
 	return relay, stop
 }
 
+// waitActive waits for r to stream from its slot. Creating a slot waits for
+// every transaction running on the server to end (another test's bulk
+// insert included), and the server may be slow: the wait is long, and says
+// nothing of how fast a relay starts.
 func waitActive(t testing.TB, r *outboxwal.Relay) {
 	t.Helper()
-	waitFor(t, "the relay streaming", 30*time.Second, func() (bool, error) { return r.Stats().Active, nil })
+	waitFor(t, "the relay streaming", longWait, func() (bool, error) { return r.Stats().Active, nil })
 }
+
+// longWait bounds the waits for what a relay must do eventually: under load
+// (tests of many packages at once, each decoding the others' writes) it can
+// take minutes, and a wait that runs out is a failure, not a measure.
+const longWait = 5 * time.Minute
 
 func testLogger(t testing.TB) *slog.Logger { return outboxtest.Logger(t) }
 
@@ -258,7 +267,7 @@ func (b *broker) waitIDs(what string, want []outbox.Enqueued) []amqp.Delivery {
 		got     []amqp.Delivery
 		missing []int64
 	)
-	deadline := time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(longWait)
 	for {
 		got = b.deliveries()
 		seen := receivedIDs(got)
@@ -272,7 +281,7 @@ func (b *broker) waitIDs(what string, want []outbox.Enqueued) []amqp.Delivery {
 			return got
 		}
 		if time.Now().After(deadline) {
-			b.t.Fatalf("timed out after 60s waiting for %s: events %v not delivered", what, missing)
+			b.t.Fatalf("timed out after %v waiting for %s: events %v not delivered", longWait, what, missing)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
