@@ -141,3 +141,35 @@ func TestAHandOverStoppedHalfwayResumes(t *testing.T) {
 	waitFor(t, "every row published", 4*longWait, func() (bool, error) { return rec.Distinct() >= n, nil })
 	waitFor(t, "the outbox swept", longWait, outboxEmpty(pool))
 }
+
+// An operator's slot made before the relay makes its publication holds
+// changes written before the publication existed. pgoutput looks the
+// publication up as of each change it decodes, so on PostgreSQL before 18
+// the stream fails at the first such change ("publication does not exist"),
+// at every reconnect: the slot never moves on, it retains WAL for ever, and
+// only the hand-over of each new session publishes anything.
+func TestAnOperatorsSlotMadeBeforeThePublicationMovesOn(t *testing.T) {
+	ctx := context.Background()
+	pool := walPool(t)
+	rec := outboxtest.NewRecorder()
+	cfg := walConfig(t, pool)
+	if _, err := pool.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, cfg.Slot); err != nil {
+		t.Fatal(err)
+	}
+	old := enqueue(t, pool, msg("old", "order.created")) // decoded before the publication exists
+	relay, _ := startWAL(t, pool, rec, cfg)
+	waitActive(t, relay)
+	fresh := enqueue(t, pool, msg("fresh", "order.created"))
+	after := currentLSN(t, pool)
+	waitFor(t, "the slot acknowledged past the fresh event", longWait, func() (bool, error) {
+		var past bool
+		err := pool.QueryRow(ctx, `SELECT coalesce(confirmed_flush_lsn >= $2::pg_lsn, false) FROM pg_replication_slots WHERE slot_name = $1`,
+			cfg.Slot, after).Scan(&past)
+		return past, err
+	})
+	for _, e := range append(old, fresh...) {
+		if _, ok := rec.Wait(e.ID, longWait); !ok {
+			t.Fatalf("event %d was not published", e.ID)
+		}
+	}
+}

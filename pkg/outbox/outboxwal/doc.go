@@ -223,10 +223,13 @@
 // that finds the slot last used from another server (a promoted standby, a
 // restore, a switch to another server behind the same address), or a slot no
 // relay has used yet (one an operator made; never dropped), cannot tell
-// whether the rows in the outbox are all in the slot's stream: it hands them
-// over to polling before it streams, as at slot creation. Events published
-// but not swept before the switch then go out again (duplicates); none is
-// lost. Before PostgreSQL 17, logical slots are not copied to physical
+// whether the rows in the outbox are all in the slot's stream: it moves the
+// slot on to the server's current position and hands every row over to
+// polling before it streams, as at slot creation. (The skipped stream held
+// nothing more, and may not be decodable at all: an operator's slot made
+// before the relay's publication fails "publication does not exist" before
+// PostgreSQL 18.) Events published but not swept before the switch then go
+// out again (duplicates); none is lost. Before PostgreSQL 17, logical slots are not copied to physical
 // standbys: after a failover the new primary has no slot, and the relay
 // creates one, handing over whatever is in the outbox then. A slot whose
 // position is ahead of the server's WAL (acknowledged on another server)

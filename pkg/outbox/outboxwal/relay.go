@@ -283,6 +283,17 @@ func (r *Relay) session(ctx context.Context) (progressed bool, err error) {
 			return false, fmt.Errorf("read the slot's server: %w", err)
 		}
 		if recorded != server {
+			// Every row committed before now is handed over, so the
+			// slot's stream up to now carries nothing to publish: the
+			// slot moves on to now before the listing (which sees every
+			// row committed before it). Its stream could even be unusable:
+			// an operator's slot made before the relay made the
+			// publication holds changes that pgoutput cannot decode
+			// ("publication does not exist" before PostgreSQL 18), at
+			// every reconnect.
+			if err := r.advanceSlot(ctx, server); err != nil {
+				return false, err
+			}
 			if bl, err = listBacklog(ctx, r.pool, "", adoptedReason); err != nil {
 				return false, err
 			}
@@ -555,6 +566,27 @@ LEFT JOIN pg_publication p ON p.pubname = $2`, r.cfg.Slot, r.cfg.Publication).Sc
 	r.log.InfoContext(ctx, "outbox WAL relay: created the replication slot", slog.String("slot", r.cfg.Slot),
 		slog.String("consistent_point", res.ConsistentPoint), slog.Int("rows_older_than_it", len(bl.toMark)))
 	return true, bl, nil
+}
+
+// advanceSlot moves the slot on to the current WAL position of server (of
+// the replication connection: a pool connection on another server is closed,
+// errOtherServer). Under its own deadline: the server reads the WAL from the
+// slot's restart point to there.
+func (r *Relay) advanceSlot(ctx context.Context, server string) error {
+	actx, cancel := context.WithTimeout(ctx, slotCreateTimeout)
+	defer cancel()
+	c, err := r.pool.Acquire(actx)
+	if err != nil {
+		return fmt.Errorf("move slot %s on: %w", r.cfg.Slot, err)
+	}
+	defer c.Release()
+	if err := onServer(actx, c, server); err != nil {
+		return fmt.Errorf("move slot %s on: %w", r.cfg.Slot, err)
+	}
+	if _, err := c.Exec(actx, advanceSlotSQL, r.cfg.Slot); err != nil {
+		return fmt.Errorf("move slot %s on to the current WAL position: %w", r.cfg.Slot, err)
+	}
+	return nil
 }
 
 // commentPublication records the state of the slot's creation as the

@@ -194,6 +194,11 @@ const adoptedReason = "in the outbox when the WAL relay took a slot it cannot vo
 // outbox on ("" when none is recorded).
 const recordedServerSQL = `SELECT coalesce((SELECT server FROM outbox_wal_slots WHERE slot_name = $1), '')`
 
+// advanceSlotSQL moves slot on to the server's current WAL position,
+// skipping its stream up to there (PostgreSQL reads that WAL without
+// decoding it for the output plugin).
+const advanceSlotSQL = `SELECT pg_replication_slot_advance($1, pg_current_wal_lsn())`
+
 // recordSlotServerSQL records that slot covers the whole outbox on server:
 // the rows its stream lacks there were handed over (see backlog), and a
 // session that takes it on that server has nothing to hand over.
