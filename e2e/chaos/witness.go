@@ -331,9 +331,13 @@ func (c *checker) killedBeforeRecord(h History, run RunInfo, writers map[string]
 	}
 	due := e.At.Add(run.InboxRecordWindow)
 	if w.Exited.After(due) {
+		// A MongoDB fault holds the buffered record back; so does a pause
+		// of the writer's own process (SIGSTOP freezes its flush), when the
+		// kill came before the record could go after the fault ended.
 		held := false
 		for _, f := range h.Faults {
-			held = held || slices.Contains(mongoFaultKinds, f.Kind) && !f.Start.After(due) && !f.End.Before(e.At) &&
+			holds := slices.Contains(mongoFaultKinds, f.Kind) || f.Kind == FaultPauseShipping && f.Target == w.Proc
+			held = held || holds && !f.Start.After(due) && !f.End.Before(e.At) &&
 				!w.Exited.After(f.End.Add(run.InboxRecordWindow))
 		}
 		if !held {

@@ -228,6 +228,11 @@ func TestAuditExplainsWhatStandaloneAllows(t *testing.T) {
 			s.Effects.Inbox = slices.DeleteFunc(s.Effects.Inbox, func(r InboxRecord) bool { return r.MessageID == "4" })
 			killed(h, s, FaultKillShipping, t0w.Add(11*time.Second+5*time.Millisecond))
 		}, "", 1},
+		{"a buffered record frozen with its writer by a pause, the writer killed as it resumed", func(h *History, s *FinalState) {
+			s.Effects.Inbox = slices.DeleteFunc(s.Effects.Inbox, func(r InboxRecord) bool { return r.MessageID == "4" })
+			h.Faults = append(h.Faults, Fault{Kind: FaultPauseShipping, Target: "shipping-1", Start: t0w.Add(11*time.Second + 200*time.Millisecond), End: t0w.Add(35 * time.Second)})
+			killed(h, s, FaultKillShipping, t0w.Add(35*time.Second+time.Millisecond))
+		}, "", 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -274,5 +279,19 @@ func TestAuditDoesNotExcuseARunPastItsDoneRecord(t *testing.T) {
 			t.Errorf("%s: unexplained %d, duplicate_effects %d, explained %+v; want the second run unexplained",
 				kind, r.WitnessDuplicatesUnexplained, r.DuplicateEffects, r.WitnessExplanations)
 		}
+	}
+}
+
+// A pause explains a lost record only when the writer is killed before it
+// could flush after resuming: killed well past the record's window after the
+// pause ended, the record should have been written.
+func TestAuditDoesNotExcuseALostRecordLongAfterAPause(t *testing.T) {
+	h, s, run := witnessed()
+	s.Effects.Inbox = slices.DeleteFunc(s.Effects.Inbox, func(r InboxRecord) bool { return r.MessageID == "4" })
+	h.Faults = append(h.Faults, Fault{Kind: FaultPauseShipping, Target: "shipping-1", Start: t0w.Add(11*time.Second + 200*time.Millisecond), End: t0w.Add(35 * time.Second)})
+	killed(&h, &s, FaultKillShipping, t0w.Add(45*time.Second))
+	r := Check(h, s, run)
+	if r.OK || r.InboxAuditViolations != 1 || r.InboxRecordsLost != 0 {
+		t.Errorf("ok %v, inbox_audit_violations %d, inbox_records_lost %d; want the lost record a violation", r.OK, r.InboxAuditViolations, r.InboxRecordsLost)
 	}
 }
