@@ -462,6 +462,43 @@ func TestCheckFailoverExcusesOnlyWhatTheDeadPrimaryHeld(t *testing.T) {
 	}
 }
 
+// After an asynchronous failover the successor may commit another event at
+// a version a dead primary's event took, and shipping applied that orphan:
+// shipping dead-letters the successor's event (version_conflict), and the
+// run reports it apart, as the failover's, not as lost. The same dead
+// letter with no orphan at its version stays a loss and an I6 violation.
+func TestCheckFailoverVersionTakenByAnOrphan(t *testing.T) {
+	t0 := time.Date(2026, 12, 3, 9, 0, 0, 0, time.UTC)
+	o9 := CommittedEvent{MessageID: "9", OrderID: "o9", Version: 1, Type: EventCreated, CreatedAt: t0.Add(300 * time.Millisecond)}
+	build := func(orphanApplied bool) (History, FinalState, RunInfo) {
+		h, s, run := failoverRun(t0.Add(400*time.Millisecond), t0, o9)
+		// The dead primary held o1's v2 (an amendment, after the cut),
+		// which shipping applied; the successor, without it, committed a
+		// cancel at v2, which shipping refused.
+		d := &s.DeadPrimaries[0]
+		d.Events = append(d.Events, CommittedEvent{MessageID: "10", OrderID: "o1", Version: 2, Type: EventAmended, CreatedAt: t0.Add(450 * time.Millisecond)})
+		if orphanApplied {
+			s.Shipments[0].Events = append(s.Shipments[0].Events, AppliedEvent{"10", EventAmended, 2})
+		}
+		s.Events = append(s.Events, CommittedEvent{MessageID: "11", OrderID: "o1", Version: 2, Type: EventCancelled, CreatedAt: t0.Add(5 * time.Second)})
+		for i := range s.Orders {
+			if s.Orders[i].ID == "o1" {
+				s.Orders[i].Status, s.Orders[i].Version = StatusCancelled, 2
+			}
+		}
+		s.DeadLetters = append(s.DeadLetters, DeadLetter{MessageID: "11", RoutingKey: EventCancelled, Reason: "version_conflict"})
+		return h, s, run
+	}
+	if r := Check(build(true)); !r.OK || r.VersionsTakenByFailoverOrphans != 1 || r.Lost != 0 || r.UnexpectedDeadLetters != 0 {
+		t.Errorf("a version taken by an orphan: ok=%v versions_taken_by_failover_orphans=%d lost=%d unexpected_dead_letters=%d %v; want 1, 0, 0 and no violation",
+			r.OK, r.VersionsTakenByFailoverOrphans, r.Lost, r.UnexpectedDeadLetters, r.Violations)
+	}
+	if r := Check(build(false)); r.OK || r.VersionsTakenByFailoverOrphans != 0 || !hasViolation(r, "I2", "lost") || !hasViolation(r, "I6", "unexpected_dead_letter") {
+		t.Errorf("a version conflict with no orphan applied: ok=%v versions_taken_by_failover_orphans=%d %v; want I2 lost and I6",
+			r.OK, r.VersionsTakenByFailoverOrphans, r.Violations)
+	}
+}
+
 // chainLength is the number of versions of withChain's order: create,
 // amendments, cancel.
 const chainLength = 12
