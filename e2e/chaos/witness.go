@@ -93,6 +93,11 @@ var shippingDeathKinds = []FaultKind{FaultKillShipping, FaultCrashShippingAfterE
 // mongoFaultKinds are the faults that can hold back or cut a standalone
 // inbox's record write (or the reply to a write) without killing the
 // process.
+// mongoRecovery bounds how long after a MongoDB fault ends shipping's driver
+// finds the server again (its heartbeat, 10 s by default) and a message
+// whose run the fault failed comes back.
+const mongoRecovery = 10 * time.Second
+
 var mongoFaultKinds = []FaultKind{FaultMongoRestart, FaultMongoProxyDown, FaultMongoAckLoss, FaultMongoDiskFull}
 
 // audit checks the effect log and the inbox against the stored effects (I2):
@@ -140,7 +145,8 @@ func (c *checker) audit(h History, s FinalState, run RunInfo) {
 				Detail: fmt.Sprintf("the effect log shows %s v%d handled %d times, but no shipment holds it", es[0].EventType, es[0].Version, len(es))})
 		}
 		for i := 1; i < len(es); i++ {
-			x, ok := c.explainAgain(h, run, writers, es[i-1], es[i])
+			rec, hasRec := records[msg]
+			x, ok := c.explainAgain(h, run, writers, es[i-1], es[i], rec, hasRec)
 			if r, held := records[msg]; ok && held && recordedBefore(h, run, writers, r, es[i]) {
 				// Whatever else happened, the inbox held the message's done
 				// record before this run began: its check should have
@@ -273,7 +279,9 @@ func recordedBefore(h History, run RunInfo, writers map[string]Writer, r InboxRe
 //     consumers with copies of one message);
 //   - mongo_fault: a MongoDB fault began within the window after earlier
 //     was written (its record's write was held back or cut) and later's run
-//     began within the window after the fault ended;
+//     began within the window after the fault ended, or wrote the done
+//     record itself within mongoRecovery more (the fault failed earlier's
+//     write; the message came back once the driver found the server);
 //   - session_lost: earlier was written while a fault cut shipping's broker
 //     session (from the window before the fault to the window after it):
 //     the consumer cancels its in-flight handlers then, and a handler
@@ -282,7 +290,7 @@ func recordedBefore(h History, run RunInfo, writers map[string]Writer, r InboxRe
 //
 // A relay's redelivery seconds later, with no such fault, is not explained:
 // that is what an inbox that deduplicates nothing does.
-func (c *checker) explainAgain(h History, run RunInfo, writers map[string]Writer, earlier, later WitnessEntry) (WitnessExplanation, bool) {
+func (c *checker) explainAgain(h History, run RunInfo, writers map[string]Writer, earlier, later WitnessEntry, rec InboxRecord, hasRec bool) (WitnessExplanation, bool) {
 	if run.InboxTransactions {
 		return WitnessExplanation{}, false
 	}
@@ -301,8 +309,13 @@ func (c *checker) explainAgain(h History, run RunInfo, writers map[string]Writer
 		return x, true
 	}
 	for _, f := range h.Faults {
+		// later began within the window after the fault ended or, when the
+		// done record is its own (the fault failed earlier's write, and
+		// the message came back), within the time the driver takes to find
+		// a restarted server again.
+		laterRecorded := hasRec && !rec.ProcessedAt.Before(later.Started)
 		if slices.Contains(mongoFaultKinds, f.Kind) && !f.Start.After(earlier.At.Add(window)) && !f.End.Before(earlier.At) &&
-			!later.Started.After(f.End.Add(window)) {
+			(!later.Started.After(f.End.Add(window)) || laterRecorded && !later.Started.After(f.End.Add(window+mongoRecovery))) {
 			x.Reason, x.Fault = "mongo_fault", faultName(f)
 			x.Detail = fmt.Sprintf("%s from %s to %s held back the record of the entry at %s",
 				f.Kind, f.Start.Format(time.RFC3339Nano), f.End.Format(time.RFC3339Nano), earlier.At.Format(time.RFC3339Nano))

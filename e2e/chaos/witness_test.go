@@ -220,6 +220,10 @@ func TestAuditExplainsWhatStandaloneAllows(t *testing.T) {
 			at := e.Started.Add(-14 * time.Second)
 			h.Faults = append(h.Faults, Fault{Kind: FaultPauseShipping, Target: "shipping-0", Start: at.Add(300 * time.Millisecond), End: at.Add(12 * time.Second)})
 		}, "session_lost", 0},
+		{"a MongoDB outage failed the record's write; the redelivery came seconds after it ended and wrote the record", func(h *History, s *FinalState) {
+			e := again(s, "2", "w1/100", 9*time.Second)
+			h.Faults = append(h.Faults, Fault{Kind: FaultMongoDiskFull, Start: e.Started.Add(-9*time.Second - time.Second), End: e.Started.Add(-4 * time.Second)})
+		}, "mongo_fault", 0},
 		{"a MongoDB reply lost after the record's write landed elsewhere: the copy ran again", func(h *History, s *FinalState) {
 			e := again(s, "2", "w2/200", 6*time.Second)
 			h.Faults = append(h.Faults, Fault{Kind: FaultMongoAckLoss, Start: e.Started.Add(-6*time.Second + 5*time.Millisecond), End: e.Started.Add(-time.Second)})
@@ -293,5 +297,19 @@ func TestAuditDoesNotExcuseALostRecordLongAfterAPause(t *testing.T) {
 	r := Check(h, s, run)
 	if r.OK || r.InboxAuditViolations != 1 || r.InboxRecordsLost != 0 {
 		t.Errorf("ok %v, inbox_audit_violations %d, inbox_records_lost %d; want the lost record a violation", r.OK, r.InboxAuditViolations, r.InboxRecordsLost)
+	}
+}
+
+// A MongoDB fault explains a run long after it only when that run wrote the
+// done record: a record the earlier run wrote means the fault failed nothing.
+func TestAuditDoesNotExcuseALateRunWhenTheEarlierRecorded(t *testing.T) {
+	h, s, run := witnessed()
+	e := again(&s, "2", "w1/100", 9*time.Second)
+	r := slices.IndexFunc(s.Effects.Inbox, func(r InboxRecord) bool { return r.MessageID == "2" })
+	first := slices.IndexFunc(s.Effects.Witness, func(w WitnessEntry) bool { return w.MessageID == "2" })
+	s.Effects.Inbox[r].ProcessedAt = s.Effects.Witness[first].At.Add(time.Millisecond) // the earlier run's record
+	h.Faults = append(h.Faults, Fault{Kind: FaultMongoDiskFull, Start: e.Started.Add(-9*time.Second - time.Second), End: e.Started.Add(-4 * time.Second)})
+	if rep := Check(h, s, run); rep.WitnessDuplicatesUnexplained != 1 {
+		t.Errorf("unexplained %d, explained %+v; want the late run unexplained", rep.WitnessDuplicatesUnexplained, rep.WitnessExplanations)
 	}
 }
