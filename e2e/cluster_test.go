@@ -73,6 +73,11 @@ type cluster struct {
 	shipURLs   []string
 	procs      map[string]*proc
 
+	// pgMu guards pg against a failover's promotion (the only writer
+	// while faults run) for readers in steps that do not lock "postgres",
+	// such as a pause's measures (directDB).
+	pgMu sync.RWMutex
+
 	mu      sync.Mutex
 	exits   []exitEvent // exits nobody asked for (crash points included)
 	brokerM sync.Mutex  // guards stopped; serialises stop_app and start_app

@@ -84,9 +84,11 @@ func (c *cluster) postgresProxies() []string {
 // measures), else through the usual URL.
 func (c *cluster) directDB(ctx context.Context) (*pgx.Conn, error) {
 	u := c.dbURL
+	c.pgMu.RLock()
 	if c.pg != nil {
 		u = c.pg.url(c.id)
 	}
+	c.pgMu.RUnlock()
 	conn, err := pgx.Connect(ctx, u)
 	if err != nil {
 		return nil, fmt.Errorf("connect to the run's database: %w", err)

@@ -188,8 +188,10 @@ func (c *cluster) promote(ctx context.Context, st *ownPostgres) error {
 			return err
 		}
 	}
+	c.pgMu.Lock()
 	old := c.pg
 	c.pg, c.adminURL = st, st.url("postgres")
+	c.pgMu.Unlock()
 	c.forgetStandby(st)
 	c.standbys = append(c.standbys, old)
 	return nil
