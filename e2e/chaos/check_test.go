@@ -493,6 +493,15 @@ func TestCheckFailoverVersionTakenByAnOrphan(t *testing.T) {
 		t.Errorf("a version taken by an orphan: ok=%v versions_taken_by_failover_orphans=%d lost=%d unexpected_dead_letters=%d %v; want 1, 0, 0 and no violation",
 			r.OK, r.VersionsTakenByFailoverOrphans, r.Lost, r.UnexpectedDeadLetters, r.Violations)
 	}
+	// The mirror: shipping applied the successor's cancel, then refused
+	// the dead primary's amendment at the same version.
+	h, s, run := build(false)
+	s.Shipments[0].Events = append(s.Shipments[0].Events, AppliedEvent{"11", EventCancelled, 2})
+	s.DeadLetters[len(s.DeadLetters)-1] = DeadLetter{MessageID: "10", RoutingKey: EventAmended, Reason: "version_conflict"}
+	if r := Check(h, s, run); !r.OK || r.VersionsTakenByFailoverOrphans != 1 || r.UnexpectedDeadLetters != 0 {
+		t.Errorf("an orphan refused after the successor's event: ok=%v versions_taken_by_failover_orphans=%d unexpected_dead_letters=%d %v; want 1, 0 and no violation",
+			r.OK, r.VersionsTakenByFailoverOrphans, r.UnexpectedDeadLetters, r.Violations)
+	}
 	if r := Check(build(false)); r.OK || r.VersionsTakenByFailoverOrphans != 0 || !hasViolation(r, "I2", "lost") || !hasViolation(r, "I6", "unexpected_dead_letter") {
 		t.Errorf("a version conflict with no orphan applied: ok=%v versions_taken_by_failover_orphans=%d %v; want I2 lost and I6",
 			r.OK, r.VersionsTakenByFailoverOrphans, r.Violations)
