@@ -313,9 +313,15 @@ func (c *checker) explainAgain(h History, run RunInfo, writers map[string]Writer
 		// done record is its own (the fault failed earlier's write, and
 		// the message came back), within the time the driver takes to find
 		// a restarted server again.
+		// MongoDB faults that follow one another within the window are one
+		// outage: its end is the last one's.
 		laterRecorded := hasRec && !rec.ProcessedAt.Before(later.Started)
-		if slices.Contains(mongoFaultKinds, f.Kind) && !f.Start.After(earlier.At.Add(window)) && !f.End.Before(earlier.At) &&
-			(!later.Started.After(f.End.Add(window)) || laterRecorded && !later.Started.After(f.End.Add(window+mongoRecovery))) {
+		if !slices.Contains(mongoFaultKinds, f.Kind) {
+			continue
+		}
+		end := mongoOutageEnd(h, f, window)
+		if !f.Start.After(earlier.At.Add(window)) && !f.End.Before(earlier.At) &&
+			(!later.Started.After(end.Add(window)) || laterRecorded && !later.Started.After(end.Add(window+mongoRecovery))) {
 			x.Reason, x.Fault = "mongo_fault", faultName(f)
 			x.Detail = fmt.Sprintf("%s from %s to %s held back the record of the entry at %s",
 				f.Kind, f.Start.Format(time.RFC3339Nano), f.End.Format(time.RFC3339Nano), earlier.At.Format(time.RFC3339Nano))
@@ -331,6 +337,21 @@ func (c *checker) explainAgain(h History, run RunInfo, writers map[string]Writer
 		}
 	}
 	return WitnessExplanation{}, false
+}
+
+// mongoOutageEnd is the end of the MongoDB outage f begins: f's end, moved on
+// by every MongoDB fault that starts within window of it.
+func mongoOutageEnd(h History, f Fault, window time.Duration) time.Time {
+	end := f.End
+	for moved := true; moved; {
+		moved = false
+		for _, g := range h.Faults {
+			if slices.Contains(mongoFaultKinds, g.Kind) && !g.Start.After(end.Add(window)) && g.End.After(end) && !g.Start.Before(f.Start) {
+				end, moved = g.End, true
+			}
+		}
+	}
+	return end
 }
 
 // killedBeforeRecord returns e's writer and the fault that killed it, if a

@@ -224,6 +224,14 @@ func TestAuditExplainsWhatStandaloneAllows(t *testing.T) {
 			e := again(s, "2", "w1/100", 9*time.Second)
 			h.Faults = append(h.Faults, Fault{Kind: FaultMongoDiskFull, Start: e.Started.Add(-9*time.Second - time.Second), End: e.Started.Add(-4 * time.Second)})
 		}, "mongo_fault", 0},
+		{"MongoDB faults one after another held the record back; the redelivery came after the last", func(h *History, s *FinalState) {
+			e := again(s, "2", "w1/100", 30*time.Second)
+			at := e.Started.Add(-30 * time.Second)
+			h.Faults = append(h.Faults,
+				Fault{Kind: FaultMongoAckLoss, Start: at.Add(-time.Second), End: at.Add(7 * time.Second)},
+				Fault{Kind: FaultMongoRestart, Start: at.Add(8 * time.Second), End: at.Add(15 * time.Second)},
+				Fault{Kind: FaultMongoDiskFull, Start: at.Add(16 * time.Second), End: at.Add(29 * time.Second)})
+		}, "mongo_fault", 0},
 		{"a MongoDB reply lost after the record's write landed elsewhere: the copy ran again", func(h *History, s *FinalState) {
 			e := again(s, "2", "w2/200", 6*time.Second)
 			h.Faults = append(h.Faults, Fault{Kind: FaultMongoAckLoss, Start: e.Started.Add(-6*time.Second + 5*time.Millisecond), End: e.Started.Add(-time.Second)})
