@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -99,15 +98,21 @@ func maxSustained(stages []sweepStage) (rate int, capped bool) {
 // rate is not sustained. It waits for the calls issued and returns their
 // number and the first error.
 func openLoop(ctx context.Context, perSecond int, d time.Duration, maxInFlight int, fn func(ctx context.Context, i int, due time.Time) error) (issued int, saturated bool, err error) {
+	return pacedLoop(ctx, perSecond, d, maxInFlight, false, fn)
+}
+
+// pacedLoop is openLoop and paced: with maxInFlight calls unreturned it
+// waits for one to return (waitWhenFull) or stops and reports saturated.
+func pacedLoop(ctx context.Context, perSecond int, d time.Duration, maxInFlight int, waitWhenFull bool, fn func(ctx context.Context, i int, due time.Time) error) (issued int, saturated bool, err error) {
 	if perSecond <= 0 {
 		return 0, false, fmt.Errorf("rate %d: want a positive rate", perSecond)
 	}
 	interval := time.Second / time.Duration(perSecond)
+	slots := make(chan struct{}, maxInFlight)
 	var (
-		wg       sync.WaitGroup
-		inFlight atomic.Int64
-		mu       sync.Mutex
-		first    error
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		first error
 	)
 	start := time.Now()
 	for ; ; issued++ {
@@ -124,14 +129,27 @@ func openLoop(ctx context.Context, perSecond int, d time.Duration, maxInFlight i
 		if ctx.Err() != nil {
 			break
 		}
-		if inFlight.Load() >= int64(maxInFlight) {
-			saturated = true
-			break
+		if waitWhenFull {
+			select {
+			case slots <- struct{}{}:
+			case <-ctx.Done():
+			}
+			if ctx.Err() != nil {
+				break
+			}
+		} else {
+			select {
+			case slots <- struct{}{}:
+			default:
+				saturated = true
+			}
+			if saturated {
+				break
+			}
 		}
-		inFlight.Add(1)
 		i := issued
 		wg.Go(func() {
-			defer inFlight.Add(-1)
+			defer func() { <-slots }()
 			if err := fn(ctx, i, due); err != nil {
 				mu.Lock()
 				first = cmp.Or(first, err)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -119,5 +120,22 @@ func TestSummarizeStage(t *testing.T) {
 	}
 	if err := summarizeStage(&sweepStage{}, nil, nil, t0); err == nil {
 		t.Fatal("a stage without orders returned no error")
+	}
+}
+
+// paced, unlike openLoop, waits for a slot when maxInFlight calls are out:
+// every due call is made, never more than maxInFlight at once.
+func TestPacedWaitsForASlot(t *testing.T) {
+	var out, most atomic.Int64
+	n, err := paced(context.Background(), 200, 100*time.Millisecond, 1, func(context.Context, int) error {
+		if c := out.Add(1); c > most.Load() {
+			most.Store(c)
+		}
+		time.Sleep(20 * time.Millisecond)
+		out.Add(-1)
+		return nil
+	})
+	if err != nil || n != 20 || most.Load() != 1 {
+		t.Errorf("paced: %d calls, at most %d at once, err %v; want 20, 1, nil", n, most.Load(), err)
 	}
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"sync"
@@ -99,49 +98,6 @@ func waitDrained(ctx context.Context, pool *pgxpool.Pool, timeout time.Duration)
 // maxInFlight at once. It returns the number of calls made and the first
 // error.
 func paced(ctx context.Context, perSecond int, d time.Duration, maxInFlight int, fn func(ctx context.Context, i int) error) (int, error) {
-	interval := time.Second / time.Duration(perSecond)
-	sem := make(chan struct{}, maxInFlight)
-	var (
-		wg    sync.WaitGroup
-		mu    sync.Mutex
-		first error
-	)
-	start := time.Now()
-	n := 0
-	for ; ; n++ {
-		next := start.Add(time.Duration(n) * interval)
-		if next.Sub(start) >= d {
-			break
-		}
-		if wait := time.Until(next); wait > 0 {
-			select {
-			case <-ctx.Done():
-			case <-time.After(wait):
-			}
-		}
-		if ctx.Err() != nil {
-			break
-		}
-		select {
-		case sem <- struct{}{}:
-		case <-ctx.Done():
-		}
-		if ctx.Err() != nil {
-			break
-		}
-		i := n
-		wg.Go(func() {
-			defer func() { <-sem }()
-			if err := fn(ctx, i); err != nil {
-				mu.Lock()
-				first = cmp.Or(first, err)
-				mu.Unlock()
-			}
-		})
-	}
-	wg.Wait()
-	if first == nil && ctx.Err() != nil {
-		first = ctx.Err()
-	}
-	return n, first
+	n, _, err := pacedLoop(ctx, perSecond, d, maxInFlight, true, func(ctx context.Context, i int, _ time.Time) error { return fn(ctx, i) })
+	return n, err
 }
