@@ -41,7 +41,9 @@ const (
 // the machine's broker it is a durable classic queue (a broker restart
 // keeps it and its persistent messages), on a broker of the run's own (one
 // node, or a cluster) a quorum queue, with a member on every node as
-// shipping's, so that no node fault takes it away.
+// shipping's, so that no node fault takes it away. A copy the queue had
+// handed out before comes with the redelivered flag, kept for a first copy
+// (chaos.Sighting.FirstRedelivered): it was routed before it was seen.
 type publishTap struct {
 	urls   []string // direct, the run's vhost; tried in turn
 	quorum bool
@@ -107,8 +109,11 @@ func (p *publishTap) declare(ch *amqp.Channel) error {
 	}
 	// A classic queue puts what a lost connection gives back at its place
 	// in the queue; a quorum queue gives it back ahead of the rest, in an
-	// order of its own: one delivery in flight at a time keeps the first
-	// copies in routing order there.
+	// order of its own: one delivery in flight per consumer keeps the first
+	// copies in routing order there, except while the queue still holds
+	// the lost connection's consumer beside the new one (until it learns
+	// that it is gone): a copy handed to it comes back, redelivered, after
+	// the next one.
 	prefetch := 200
 	if p.quorum {
 		prefetch = 1
@@ -167,7 +172,7 @@ func (p *publishTap) consume(ctx context.Context, ch *amqp.Channel) error {
 			if !ok {
 				return errors.New("deliveries closed")
 			}
-			p.sight(d.MessageId)
+			p.sight(d.MessageId, d.Redelivered)
 			if err := d.Ack(false); err != nil {
 				return fmt.Errorf("ack: %w", err)
 			}
@@ -175,7 +180,7 @@ func (p *publishTap) consume(ctx context.Context, ch *amqp.Channel) error {
 	}
 }
 
-func (p *publishTap) sight(id string) {
+func (p *publishTap) sight(id string, redelivered bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.seq++
@@ -185,7 +190,7 @@ func (p *publishTap) sight(id string) {
 	i, ok := p.byID[id]
 	if !ok {
 		p.byID[id] = len(p.sightings)
-		p.sightings = append(p.sightings, chaos.Sighting{MessageID: id, First: p.seq, Last: p.seq, Copies: 1})
+		p.sightings = append(p.sightings, chaos.Sighting{MessageID: id, First: p.seq, Last: p.seq, Copies: 1, FirstRedelivered: redelivered})
 		return
 	}
 	p.sightings[i].Last = p.seq

@@ -265,14 +265,17 @@ type Report struct {
 	// inverted (violations); PublishedOutOfOrderResent the inversions
 	// excused because the later event was published again after the
 	// earlier one's first copy (a run behind an event whose publish
-	// failed); PublishOrderTapReconnects how often the tap's consumer lost
-	// its connection.
-	PublishOrderChecked       bool `json:"publish_order_checked"`
-	PublishOrderSighted       int  `json:"publish_order_sighted"`
-	PublishOrderUnsighted     int  `json:"publish_order_unsighted"`
-	PublishedOutOfOrder       int  `json:"published_out_of_order"`
-	PublishedOutOfOrderResent int  `json:"published_out_of_order_resent"`
-	PublishOrderTapReconnects int  `json:"publish_order_tap_reconnects"`
+	// failed); PublishedOutOfOrderRedelivered those where the earlier
+	// event's first copy came redelivered by the tap's queue (its place in
+	// routing order unknown); PublishOrderTapReconnects how often the tap's
+	// consumer lost its connection.
+	PublishOrderChecked            bool `json:"publish_order_checked"`
+	PublishOrderSighted            int  `json:"publish_order_sighted"`
+	PublishOrderUnsighted          int  `json:"publish_order_unsighted"`
+	PublishedOutOfOrder            int  `json:"published_out_of_order"`
+	PublishedOutOfOrderResent      int  `json:"published_out_of_order_resent"`
+	PublishedOutOfOrderRedelivered int  `json:"published_out_of_order_redelivered"`
+	PublishOrderTapReconnects      int  `json:"publish_order_tap_reconnects"`
 	// I4
 	DuplicatesDelivered int64 `json:"duplicates_delivered"`
 	// I5

@@ -15,16 +15,18 @@ func tapped(deliveries ...string) (History, FinalState, RunInfo) {
 	return h, s, run
 }
 
-// tapOf numbers deliveries 1, 2, ... and folds them into sightings.
+// tapOf numbers deliveries 1, 2, ... and folds them into sightings. A
+// delivery written with a trailing "*" came with the redelivered flag.
 func tapOf(deliveries []string) *PublishOrder {
 	byID := make(map[string]int)
 	p := &PublishOrder{}
-	for i, id := range deliveries {
+	for i, d := range deliveries {
 		seq := int64(i + 1)
+		id, redelivered := strings.CutSuffix(d, "*")
 		j, ok := byID[id]
 		if !ok {
 			byID[id] = len(p.Sightings)
-			p.Sightings = append(p.Sightings, Sighting{MessageID: id, First: seq, Last: seq, Copies: 1})
+			p.Sightings = append(p.Sightings, Sighting{MessageID: id, First: seq, Last: seq, Copies: 1, FirstRedelivered: redelivered})
 			continue
 		}
 		p.Sightings[j].Last = seq
@@ -47,11 +49,12 @@ func countKind(r Report, invariant, kind string) int {
 // message 4 (v2).
 func TestPublishOrder(t *testing.T) {
 	tests := []struct {
-		name       string
-		deliveries []string
-		violations int
-		resent     int
-		sighted    int
+		name        string
+		deliveries  []string
+		violations  int
+		resent      int
+		redelivered int
+		sighted     int
 	}{
 		{name: "in order", deliveries: []string{"1", "2", "3", "4"}, sighted: 4},
 		{name: "inversion", deliveries: []string{"1", "4", "2", "3"}, violations: 1, sighted: 4},
@@ -65,6 +68,14 @@ func TestPublishOrder(t *testing.T) {
 			deliveries: []string{"4", "2", "4", "1", "3"}, resent: 1, sighted: 4},
 		{name: "the later event again, but before the earlier one",
 			deliveries: []string{"4", "4", "2", "1", "3"}, violations: 1, sighted: 4},
+		// The quorum tap's consumer left on a lost node took the earlier
+		// event; it came back after the live consumer's next one.
+		{name: "the earlier event's first copy a redelivery by the tap's queue",
+			deliveries: []string{"1", "4", "2*", "3"}, redelivered: 1, sighted: 4},
+		{name: "a redelivered first copy of the later event does not excuse",
+			deliveries: []string{"1", "4*", "2", "3"}, violations: 1, sighted: 4},
+		{name: "a redelivered later copy of the earlier event does not excuse",
+			deliveries: []string{"1", "4", "2", "2*", "3"}, violations: 1, sighted: 4},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -77,6 +88,9 @@ func TestPublishOrder(t *testing.T) {
 			}
 			if r.PublishedOutOfOrderResent != tt.resent {
 				t.Errorf("PublishedOutOfOrderResent = %d, want %d", r.PublishedOutOfOrderResent, tt.resent)
+			}
+			if r.PublishedOutOfOrderRedelivered != tt.redelivered {
+				t.Errorf("PublishedOutOfOrderRedelivered = %d, want %d", r.PublishedOutOfOrderRedelivered, tt.redelivered)
 			}
 			if !r.PublishOrderChecked || r.PublishOrderSighted != tt.sighted || r.PublishOrderUnsighted != 4-tt.sighted {
 				t.Errorf("checked %v, sighted %d, unsighted %d; want true, %d, %d",
@@ -113,9 +127,29 @@ func TestPublishOrderBlindTap(t *testing.T) {
 // random (a lost confirm, a lease that ended mid-publish). reverse plants
 // the bug of mutant relay_reorder: each batch published backwards, nothing
 // failing and nothing sent again (a copy sent again after its predecessor
-// would excuse the inversion). It returns the committed events, the deliveries and the number
-// of consecutive versions of an aggregate in one reversed batch.
+// would excuse the inversion). Unless reverse, the tap's quorum queue now
+// and then hands a copy to a consumer of the tap's lost connection, and
+// gives it back, redelivered, after the next one. It returns the committed
+// events, the deliveries and the number of consecutive versions of an
+// aggregate in one reversed batch.
 func relaySim(rng *rand.Rand, reverse bool) (events []CommittedEvent, deliveries []string, inverted int) {
+	var held string // a copy out to the lost consumer
+	deliver := func(id string) {
+		if !reverse && held == "" && rng.IntN(20) == 0 {
+			held = id
+			return
+		}
+		deliveries = append(deliveries, id)
+		if held != "" {
+			deliveries = append(deliveries, held+"*")
+			held = ""
+		}
+	}
+	defer func() {
+		if held != "" {
+			deliveries = append(deliveries, held+"*")
+		}
+	}()
 	aggregates := 1 + rng.IntN(30)
 	versions := make([]int, aggregates)
 	head := make([]int, aggregates) // next version to confirm, from 1
@@ -176,7 +210,7 @@ func relaySim(rng *rand.Rand, reverse bool) (events []CommittedEvent, deliveries
 				failed[a] = true // the tap did not get it: not confirmed
 				continue
 			}
-			deliveries = append(deliveries, msgID(a, v))
+			deliver(msgID(a, v))
 			sent = append(sent, msgID(a, v))
 			if !failed[a] && (!reverse || v >= head[a]) {
 				head[a] = max(head[a], v+1)
@@ -189,7 +223,7 @@ func relaySim(rng *rand.Rand, reverse bool) (events []CommittedEvent, deliveries
 		}
 		for range rng.IntN(3) {
 			if len(sent) > 0 && !reverse {
-				deliveries = append(deliveries, sent[rng.IntN(len(sent))])
+				deliver(sent[rng.IntN(len(sent))])
 			}
 		}
 	}
@@ -216,10 +250,11 @@ func sortInts(vs []int) {
 }
 
 // Generated runs: what correct relays publish never shows as an inversion,
-// however their publishes fail and however often copies go again; a relay
-// that publishes its batches backwards shows each pair it inverted.
+// however their publishes fail, however often copies go again and however
+// the tap's queue gives copies back; a relay that publishes its batches
+// backwards shows each pair it inverted.
 func TestPublishOrderGenerated(t *testing.T) {
-	resent := 0
+	resent, redelivered := 0, 0
 	for seed := range uint64(300) {
 		for _, reverse := range []bool{false, true} {
 			rng := rand.New(rand.NewPCG(seed, 7))
@@ -230,9 +265,13 @@ func TestPublishOrderGenerated(t *testing.T) {
 					seed, reverse, r.PublishedOutOfOrder, inverted, deliveries)
 			}
 			resent += r.PublishedOutOfOrderResent
+			redelivered += r.PublishedOutOfOrderRedelivered
 		}
 	}
 	if resent == 0 {
 		t.Error("no generated run had a run published again behind a failed event: the excuse went untested")
+	}
+	if redelivered == 0 {
+		t.Error("no generated run had the tap's queue give an earlier event back after a later one: the excuse went untested")
 	}
 }
