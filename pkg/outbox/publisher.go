@@ -100,7 +100,9 @@ func (e Envelope) logAttrs() []any {
 //     table. A publisher using another format says what it adds.
 //   - Order: envelopes of one aggregate (a run) come in version order and
 //     must be sent in that order on one ordered path (AMQP: one channel);
-//     distinct aggregates may go concurrently.
+//     distinct aggregates may go concurrently. A message the publisher
+//     does not send (one it refuses itself) holds back the rest of its
+//     run: [ErrNotSent] for each.
 //   - PublishBatch returns by the time ctx ends ([RelayConfig.PublishTimeout])
 //     and is safe for concurrent use.
 type Publisher interface {

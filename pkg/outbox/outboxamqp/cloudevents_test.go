@@ -190,3 +190,31 @@ func TestCloudEventsRefusesWhatCannotBeAnEvent(t *testing.T) {
 		t.Errorf("version 2^31-1: %v", err)
 	}
 }
+
+// A message that cannot be sent holds back the rest of its run: sending
+// them would put them before it. They are not sent (ErrNotSent, no attempt
+// counted; the relay sends them after it), while other aggregates' go.
+func TestCloudEventsRefusedEventHoldsBackItsRun(t *testing.T) {
+	t.Parallel()
+	b := newBroker(t, true)
+	p := newCloudEventsPublisher(t, b.exchange, &outboxamqp.CloudEvents{Source: "urn:example:orders"})
+	refused := envelope(1, "o-1", 9, "order.amended")
+	refused.Headers["cloudEvents:partitionkey"] = "k"
+	behind := envelope(2, "o-1", 10, "order.amended")
+	other := envelope(3, "o-2", 1, "order.created")
+	errs := publishBatch(t, p, refused, behind, other)
+	if errs[0] == nil || errors.Is(errs[0], outbox.ErrNotSent) {
+		t.Errorf("the refused message: %v, want a failure of its own", errs[0])
+	}
+	if !errors.Is(errs[1], outbox.ErrNotSent) {
+		t.Errorf("the next version of its aggregate: %v, want ErrNotSent", errs[1])
+	}
+	if errs[2] != nil {
+		t.Fatalf("another aggregate's message: %v", errs[2])
+	}
+	// One channel, one queue: had version 10 gone out, it would come first.
+	ds := b.waitDeliveries("the other aggregate's message", 10*time.Second, func(ds []amqp.Delivery) bool { return len(ds) >= 1 })
+	if len(ds) != 1 || ds[0].MessageId != other.MessageID() {
+		t.Fatalf("delivered %d messages, first %q; want only message 3", len(ds), ds[0].MessageId)
+	}
+}

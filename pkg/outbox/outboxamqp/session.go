@@ -410,7 +410,9 @@ func (c *channel) untrack(fs []*flight) {
 }
 
 // send publishes msgs in order and returns how many it handed to the client;
-// errs holds the error of every message that got no deferred confirm. If ctx
+// errs holds the error of every message that got no deferred confirm. A
+// message it cannot send holds back the rest of its aggregate's run
+// (ErrNotSent): sent, they would reach the queues before it. If ctx
 // ends while a write is stuck (a broker that stopped reading), the connection
 // is closed to unblock it; a publish that has not started sees ctx and does
 // not.
@@ -439,7 +441,19 @@ func (c *channel) send(ctx context.Context, exchange string, msgs []outbox.Envel
 		c.writing.Store(false)
 	}()
 
+	type aggregate struct{ typ, id string }
+	var unsent map[aggregate]bool // aggregates with a message not sent
+	holdBack := func(m outbox.Envelope) {
+		if unsent == nil {
+			unsent = map[aggregate]bool{}
+		}
+		unsent[aggregate{m.AggregateType, m.AggregateID}] = true
+	}
 	for i, m := range msgs {
+		if unsent[aggregate{m.AggregateType, m.AggregateID}] {
+			errs[i] = fmt.Errorf("outboxamqp: an earlier event of its aggregate could not be sent: %w", outbox.ErrNotSent)
+			continue
+		}
 		if _, blocked := c.s.blockedBy(); blocked {
 			// What was framed before the block goes out before the wait.
 			c.writing.Store(true)
@@ -455,6 +469,7 @@ func (c *channel) send(ctx context.Context, exchange string, msgs []outbox.Envel
 			// Never sent, but counted as an attempt: the message itself is
 			// at fault, and would be refused again.
 			errs[i] = err
+			holdBack(m)
 			continue
 		}
 		c.writing.Store(true)
@@ -476,6 +491,7 @@ func (c *channel) send(ctx context.Context, exchange string, msgs []outbox.Envel
 		default:
 			// Refused by the client before sending, e.g. an invalid header.
 			errs[i] = fmt.Errorf("outboxamqp: publish: %w", err)
+			holdBack(m)
 		}
 	}
 	return len(msgs)

@@ -311,16 +311,31 @@ func (p *Publisher) PublishBatch(ctx context.Context, msgs []outbox.Envelope) []
 		stall = max(time.Until(dl), time.Millisecond)
 	}
 	futures := make([]jetstream.PubAckFuture, len(msgs))
+	// A message not sent holds back the rest of its aggregate's run
+	// (ErrNotSent): sent, they would be stored before it.
+	type aggregate struct{ typ, id string }
+	var unsent map[aggregate]bool
+	holdBack := func(e outbox.Envelope) {
+		if unsent == nil {
+			unsent = map[aggregate]bool{}
+		}
+		unsent[aggregate{e.AggregateType, e.AggregateID}] = true
+	}
 	for i, e := range msgs {
 		if err := ctx.Err(); err != nil {
 			fill(errs, i, fmt.Errorf("outboxnats: %w: %w", err, outbox.ErrNotSent))
 			break
+		}
+		if unsent[aggregate{e.AggregateType, e.AggregateID}] {
+			errs[i] = fmt.Errorf("outboxnats: an earlier event of its aggregate could not be sent: %w", outbox.ErrNotSent)
+			continue
 		}
 		m, err := p.Message(e)
 		if err != nil {
 			// Never sent, but counted as an attempt: the message itself is
 			// at fault, and would be refused again.
 			errs[i] = err
+			holdBack(e)
 			continue
 		}
 		f, err := s.js.PublishMsgAsync(m, jetstream.WithMsgID(e.MessageID()),
@@ -337,6 +352,7 @@ func (p *Publisher) PublishBatch(ctx context.Context, msgs []outbox.Envelope) []
 		// Refused by the client before sending (e.g. larger than the
 		// server's max_payload): counted, as it would be refused again.
 		errs[i] = fmt.Errorf("outboxnats: publish: %w", err)
+		holdBack(e)
 	}
 	for i, f := range futures {
 		if f != nil {
