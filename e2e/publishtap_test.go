@@ -95,8 +95,11 @@ func (p *publishTap) connect(attempt int) (*amqp.Connection, *amqp.Channel, erro
 func (p *publishTap) declare(ch *amqp.Channel) error {
 	args := amqp.Table{"x-queue-type": "classic"}
 	if p.quorum {
-		// A copy given back more often than that would be dropped.
-		args = amqp.Table{"x-queue-type": "quorum", "x-delivery-limit": int64(1_000_000)}
+		// A copy given back more often than that would be dropped. One
+		// active consumer: a new connection's consumer waits until the
+		// queue has dropped the lost one and given its copy back.
+		args = amqp.Table{"x-queue-type": "quorum", "x-delivery-limit": int64(1_000_000),
+			"x-single-active-consumer": true}
 	}
 	if err := ch.ExchangeDeclare(exchange, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
 		return fmt.Errorf("declare exchange %s: %w", exchange, err)
