@@ -112,11 +112,12 @@ func (p *publishTap) declare(ch *amqp.Channel) error {
 	}
 	// A classic queue puts what a lost connection gives back at its place
 	// in the queue; a quorum queue gives it back ahead of the rest, in an
-	// order of its own: one delivery in flight per consumer keeps the first
-	// copies in routing order there, except while the queue still holds
-	// the lost connection's consumer beside the new one (until it learns
-	// that it is gone): a copy handed to it comes back, redelivered, after
-	// the next one.
+	// order of its own: one delivery in flight and one active consumer
+	// keep the first copies in routing order there. Without the single
+	// active consumer, the queue could hold the lost connection's consumer
+	// beside the new one until it learns that it is gone: a copy handed to
+	// it came back, redelivered, after the next one (the checker excuses
+	// an inversion whose first copy came redelivered and counts it).
 	prefetch := 200
 	if p.quorum {
 		prefetch = 1
