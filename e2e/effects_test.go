@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -94,11 +95,12 @@ func (c *cluster) readEffectsAudit(ctx context.Context, dupes *duplicateScraper)
 			EventType: d.EventType, Discarded: d.Discarded})
 	}
 	for _, p := range c.shipping {
-		ws, err := logWriters(p.spec.name, p.log.Name())
+		ws, fs, err := logWriters(p.spec.name, p.log.Name())
 		if err != nil {
 			return nil, err
 		}
 		a.Writers = append(a.Writers, ws...)
+		a.Failures = append(a.Failures, fs...)
 	}
 	return a, nil
 }
@@ -120,19 +122,30 @@ var (
 	exitLine  = regexp.MustCompile(`^=== chaos: (\S+) #(\d+) exited: (.*) at (\S+)$`)
 )
 
+// failedRunLogs are shipping's log messages for a run that failed after the
+// inbox's check: the inbox recorded nothing, the message comes back
+// (services/shipping/internal/processor).
+var failedRunLogs = []string{
+	"inbox failed, deferring the message",
+	"transient inbox failure, deferring the message",
+	"MongoDB unavailable, keeping the delivery until it is back",
+	"handler failed",
+}
+
 // logWriters reads, from a shipping process's log, each of its runs that
-// logged an effect-log writer: which run it was, when it exited and whether
-// it was SIGKILLed.
-func logWriters(name, path string) ([]chaos.Writer, error) {
+// logged an effect-log writer (which run it was, when it exited and whether
+// it was SIGKILLed) and the failed runs each logged.
+func logWriters(name, path string) ([]chaos.Writer, []chaos.RunFailure, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, fmt.Errorf("read %s's log: %w", name, err)
+		return nil, nil, fmt.Errorf("read %s's log: %w", name, err)
 	}
 	defer f.Close()
 	var (
-		out []chaos.Writer
-		cur = -1 // index in out of the running incarnation's writer
-		inc int
+		out      []chaos.Writer
+		failures []chaos.RunFailure
+		cur      = -1 // index in out of the running incarnation's writer
+		inc      int
 	)
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 0, 64<<10), 4<<20)
@@ -147,7 +160,7 @@ func logWriters(name, path string) ([]chaos.Writer, error) {
 			n, _ := strconv.Atoi(m[2])
 			at, err := time.Parse(time.RFC3339Nano, m[4])
 			if err != nil {
-				return nil, fmt.Errorf("%s's log: exit line %q: %w", name, line, err)
+				return nil, nil, fmt.Errorf("%s's log: exit line %q: %w", name, line, err)
 			}
 			for i := range out {
 				if out[i].Incarnation == n {
@@ -156,7 +169,14 @@ func logWriters(name, path string) ([]chaos.Writer, error) {
 			}
 			continue
 		}
-		if cur >= 0 || !strings.Contains(line, writerLogKey) {
+		if cur >= 0 {
+			if fl, ok := failedRun(line); ok {
+				fl.Writer = out[cur].ID
+				failures = append(failures, fl)
+			}
+			continue
+		}
+		if !strings.Contains(line, writerLogKey) {
 			continue
 		}
 		var l map[string]any
@@ -169,9 +189,27 @@ func logWriters(name, path string) ([]chaos.Writer, error) {
 		}
 	}
 	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("read %s's log: %w", name, err)
+		return nil, nil, fmt.Errorf("read %s's log: %w", name, err)
 	}
-	return out, nil
+	return out, failures, nil
+}
+
+// failedRun parses a log line of a failed run (failedRunLogs), without the
+// writer.
+func failedRun(line string) (chaos.RunFailure, bool) {
+	if !strings.Contains(line, `"event_id"`) ||
+		!slices.ContainsFunc(failedRunLogs, func(m string) bool { return strings.Contains(line, m) }) {
+		return chaos.RunFailure{}, false
+	}
+	var l struct {
+		Time    time.Time `json:"time"`
+		Msg     string    `json:"msg"`
+		EventID string    `json:"event_id"`
+	}
+	if json.Unmarshal([]byte(line), &l) != nil || l.EventID == "" || !slices.Contains(failedRunLogs, l.Msg) {
+		return chaos.RunFailure{}, false
+	}
+	return chaos.RunFailure{MessageID: l.EventID, At: l.Time, Msg: l.Msg}, true
 }
 
 // scrapeCounterBy returns a Prometheus counter's samples by the value of

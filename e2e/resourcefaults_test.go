@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"cmp"
 	"bufio"
 	"context"
 	"errors"
@@ -776,8 +777,9 @@ func (in *injector) mongoDiskFull(ctx context.Context, s chaos.Step, f *chaos.Fa
 	}
 	ctx = context.WithoutCancel(ctx)
 	data := filepath.Join(c.runDir, "mongo-data")
-	moved := ""
+	moved, stopped := "", time.Time{}
 	if _, ok := in.disks.mounted(data); !ok {
+		stopped = time.Now() // the outage begins with the kill, not the fill
 		if err := m.stop(ctx); err != nil {
 			return err
 		}
@@ -796,7 +798,7 @@ func (in *injector) mongoDiskFull(ctx context.Context, s chaos.Step, f *chaos.Fa
 	if err != nil {
 		return err
 	}
-	f.Start = time.Now()
+	f.Start = cmp.Or(stopped, time.Now())
 	if err := fill(mp); err != nil {
 		return errors.Join(err, grow(mp))
 	}

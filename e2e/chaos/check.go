@@ -359,6 +359,8 @@ type checker struct {
 	// takenByOrphan holds the committed events whose version an applied
 	// failover orphan took (eventsApplied), for deadLetters.
 	takenByOrphan map[string]bool
+	// failures holds the effects audit's failed runs by message id.
+	failures map[string][]RunFailure
 }
 
 // refusedOrphan says msg is a failover orphan: the event of an outbox row of

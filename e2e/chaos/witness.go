@@ -74,13 +74,26 @@ type EffectsAudit struct {
 	// label: "inbox" (the inbox's record), "version" (the shipment already
 	// held the message: the store absorbed what the inbox let through).
 	DuplicatesByLayer map[string]int64
+	// Failures are the runs that shipping logged as failed after the
+	// inbox's check (the inbox or MongoDB failed, the handler failed): the
+	// inbox recorded nothing and the message comes back.
+	Failures []RunFailure
+}
+
+// RunFailure is one failed run of a message, as shipping logged it.
+type RunFailure struct {
+	MessageID string    `json:"message_id"`
+	Writer    string    `json:"writer"` // Writer.ID of the process run
+	At        time.Time `json:"at"`
+	Msg       string    `json:"msg"`
 }
 
 // WitnessExplanation says why a second entry of the effect log is not a
 // duplicate effect (standalone mode only).
 type WitnessExplanation struct {
 	MessageID string `json:"message_id"`
-	// Reason: writer_killed, record_window, mongo_fault or session_lost.
+	// Reason: writer_killed, record_window, run_failed, mongo_fault or
+	// session_lost.
 	Reason string `json:"reason"`
 	// Fault names the fault that explains it ("kind on target"), if any.
 	Fault  string `json:"fault,omitempty"`
@@ -123,6 +136,10 @@ func (c *checker) audit(h History, s FinalState, run RunInfo) {
 	writers := make(map[string]Writer, len(a.Writers))
 	for _, w := range a.Writers {
 		writers[w.ID] = w
+	}
+	c.failures = make(map[string][]RunFailure)
+	for _, f := range a.Failures {
+		c.failures[f.MessageID] = append(c.failures[f.MessageID], f)
 	}
 	entries := make(map[string][]WitnessEntry)
 	for _, e := range a.Witness {
@@ -277,6 +294,11 @@ func recordedBefore(h History, run RunInfo, writers map[string]Writer, r InboxRe
 //   - record_window: later's run began within the window after earlier was
 //     written: its inbox check came before the record could be there (two
 //     consumers with copies of one message);
+//   - run_failed: earlier's writer logged, within the window after earlier
+//     was written, that this message's run failed (the inbox's or the
+//     gate's write, or the handler, failed): the inbox recorded nothing and
+//     the message came back, after a deferral and behind the queue's
+//     backlog, so no clock bounds when;
 //   - mongo_fault: a MongoDB fault began within the window after earlier
 //     was written (its record's write was held back or cut) and later's run
 //     began within the window after the fault ended, or wrote the done
@@ -307,6 +329,14 @@ func (c *checker) explainAgain(h History, run RunInfo, writers map[string]Writer
 		x.Detail = fmt.Sprintf("the run of %s began %s after the entry of %s, within the record's window %s",
 			later.Writer, d.Round(time.Millisecond), earlier.Writer, window)
 		return x, true
+	}
+	for _, f := range c.failures[later.MessageID] {
+		if f.Writer == earlier.Writer && !f.At.Before(earlier.At) && !f.At.After(earlier.At.Add(window)) && !f.At.After(later.Started) {
+			x.Reason = "run_failed"
+			x.Detail = fmt.Sprintf("%s logged %q for this message %s after its entry; the run of %s handled it when it came back",
+				earlier.Writer, f.Msg, f.At.Sub(earlier.At).Round(time.Millisecond), later.Writer)
+			return x, true
+		}
 	}
 	for _, f := range h.Faults {
 		// later began within the window after the fault ended or, when the

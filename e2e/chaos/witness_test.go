@@ -115,6 +115,16 @@ func TestAuditCatchesEachBug(t *testing.T) {
 			again(s, "2", "w2/200", -time.Millisecond)
 			run.InboxTransactions = true
 		}, "duplicate_effect", "2"},
+		{"a failure logged by another writer", func(h *History, s *FinalState, run *RunInfo) {
+			e := again(s, "2", "w1/100", 48*time.Second)
+			s.Effects.Failures = append(s.Effects.Failures, RunFailure{MessageID: "2", Writer: "w2/200",
+				At: e.Started.Add(-47 * time.Second), Msg: "inbox failed, deferring the message"})
+		}, "duplicate_effect", "2"},
+		{"a failure logged long after the earlier run's entry", func(h *History, s *FinalState, run *RunInfo) {
+			e := again(s, "2", "w1/100", 48*time.Second)
+			s.Effects.Failures = append(s.Effects.Failures, RunFailure{MessageID: "2", Writer: "w1/100",
+				At: e.Started.Add(-30 * time.Second), Msg: "inbox failed, deferring the message"})
+		}, "duplicate_effect", "2"},
 		{"a MongoDB fault long before the later run", func(h *History, s *FinalState, run *RunInfo) {
 			e := again(s, "2", "w2/200", 20*time.Second)
 			h.Faults = append(h.Faults, Fault{Kind: FaultMongoRestart, Start: e.Started.Add(-20 * time.Second), End: e.Started.Add(-15 * time.Second)})
@@ -224,6 +234,11 @@ func TestAuditExplainsWhatStandaloneAllows(t *testing.T) {
 			e := again(s, "2", "w1/100", 9*time.Second)
 			h.Faults = append(h.Faults, Fault{Kind: FaultMongoDiskFull, Start: e.Started.Add(-9*time.Second - time.Second), End: e.Started.Add(-4 * time.Second)})
 		}, "mongo_fault", 0},
+		{"the earlier run logged its failure after its effect; the message came back behind a backlog long after", func(h *History, s *FinalState) {
+			e := again(s, "2", "w2/200", 48*time.Second)
+			s.Effects.Failures = append(s.Effects.Failures, RunFailure{MessageID: "2", Writer: "w1/100",
+				At: e.Started.Add(-47 * time.Second), Msg: "inbox failed, deferring the message"})
+		}, "run_failed", 0},
 		{"MongoDB faults one after another held the record back; the redelivery came after the last", func(h *History, s *FinalState) {
 			e := again(s, "2", "w1/100", 30*time.Second)
 			at := e.Started.Add(-30 * time.Second)
