@@ -84,7 +84,7 @@ func TestRelayKeepsUpWithBackToBackWritersOfOneAggregate(t *testing.T) {
 		t.Fatalf("writer: %v", err)
 	}
 	duringWrites := map[int64]bool{}
-	for _, e := range pub.snapshot() {
+	for _, e := range pub.Snapshot() {
 		duringWrites[e.ID] = true
 	}
 	t.Logf("%d events written in %v, %d published meanwhile, in %d batches of %d events in all", written.Load(), writeFor, len(duringWrites), batches.Load(), claimed.Load())
@@ -101,7 +101,7 @@ func TestRelayKeepsUpWithBackToBackWritersOfOneAggregate(t *testing.T) {
 	// it does, without a lease having to end.
 	waitFor(t, "backlog drained", time.Minute, outboxEmpty(pool))
 
-	got := pub.snapshot()
+	got := pub.Snapshot()
 	last := checkOrder(t, got, true)
 	if last["hot"] != written.Load() {
 		t.Fatalf("published up to version %d, want %d", last["hot"], written.Load())
@@ -205,7 +205,7 @@ func TestEnqueueAtEveryIsolationLevelWhileTheRelayAdvancesTheAggregate(t *testin
 			first := enqueue(t, pool, msg("o-1", "order.created"), msg("o-1", "order.paid"))
 			release := make(chan struct{})
 			pub := &memPublisher{}
-			pub.setFail(func(e outbox.Envelope) error {
+			pub.SetFail(func(e outbox.Envelope) error {
 				select {
 				case <-release:
 					return nil
@@ -246,7 +246,7 @@ func TestEnqueueAtEveryIsolationLevelWhileTheRelayAdvancesTheAggregate(t *testin
 			}
 			relay.Wake()
 			waitPublished(t, batches, third[0].ID)
-			checkOrder(t, pub.snapshot(), false)
+			checkOrder(t, pub.Snapshot(), false)
 		})
 	}
 }
@@ -261,7 +261,7 @@ func TestRepeatableReadWritersKeepTheOrderBehindAPendingHead(t *testing.T) {
 
 	var fails atomic.Int32
 	pub := &memPublisher{}
-	pub.setFail(func(e outbox.Envelope) error {
+	pub.SetFail(func(e outbox.Envelope) error {
 		if e.AggregateVersion == 1 && fails.Add(1) <= 3 {
 			return errors.New("not yet")
 		}
@@ -279,7 +279,7 @@ func TestRepeatableReadWritersKeepTheOrderBehindAPendingHead(t *testing.T) {
 	waitFor(t, "outbox drained", 20*time.Second, outboxEmpty(pool))
 	// The first attempt of the head took the events behind it along (a
 	// run); they were sent, not marked, and went again after it.
-	if last := checkOrder(t, pub.snapshot(), true); last["o-1"] != 6 {
+	if last := checkOrder(t, pub.Snapshot(), true); last["o-1"] != 6 {
 		t.Fatalf("a consumer checking versions applied up to version %d, want 6", last["o-1"])
 	}
 	var marked []int64

@@ -41,9 +41,9 @@ func TestHandOverRelayClaimsOnlyRowsHandedOver(t *testing.T) {
 		}
 	}()
 	waitFor(t, "both handed-over rows published", 20*time.Second, func() (bool, error) {
-		return len(pub.snapshot()) == 2, nil
+		return len(pub.Snapshot()) == 2, nil
 	})
-	got := pub.snapshot()
+	got := pub.Snapshot()
 	if got[0].ID != handed[0].ID || got[1].ID != handed[1].ID {
 		t.Fatalf("published %d then %d, want %d then %d", got[0].ID, got[1].ID, handed[0].ID, handed[1].ID)
 	}
@@ -54,7 +54,7 @@ func TestHandOverRelayClaimsOnlyRowsHandedOver(t *testing.T) {
 	if n != 1 {
 		t.Fatalf("the row not handed over left the outbox")
 	}
-	for _, e := range pub.snapshot() {
+	for _, e := range pub.Snapshot() {
 		if e.ID == fresh[0].ID {
 			t.Fatalf("the row not handed over was published")
 		}

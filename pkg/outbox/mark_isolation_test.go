@@ -77,7 +77,7 @@ func TestMarkRunsAtReadCommittedWhateverTheSessionDefault(t *testing.T) {
 	pub := &memPublisher{}
 	startRelay(t, pool, pub, fastConfig(t))
 	waitFor(t, "both events published", 20*time.Second, func() (bool, error) {
-		return len(pub.snapshot()) == 2 && len(rec.markBatches()) > 0, nil
+		return len(pub.Snapshot()) == 2 && len(rec.markBatches()) > 0, nil
 	})
 	for _, b := range rec.markBatches() {
 		if len(b) == 0 || !strings.EqualFold(strings.TrimSpace(b[0]), "BEGIN ISOLATION LEVEL READ COMMITTED") ||

@@ -413,7 +413,7 @@ func TestMigrateUpgradeBesideOpenTransactionsKeepsTheOutboxAnswering(t *testing.
 			}
 			relay.Wake()
 			for {
-				if slices.ContainsFunc(pub.snapshot(), func(p outbox.Envelope) bool { return p.ID == e[0].ID }) {
+				if slices.ContainsFunc(pub.Snapshot(), func(p outbox.Envelope) bool { return p.ID == e[0].ID }) {
 					return nil
 				}
 				select {

@@ -116,7 +116,7 @@ func TestRelayCountsFailedMarksAndUnmarkedRows(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitPublished(t, batches, e.ID)
-	if got := pub.snapshot(); len(got) != 2 {
+	if got := pub.Snapshot(); len(got) != 2 {
 		t.Fatalf("published %d times, want 2 (again after the lease)", len(got))
 	}
 }

@@ -124,7 +124,7 @@ func TestRelayDrainsTheRowsOfAKilledRelayInFullBatches(t *testing.T) {
 		t.Fatalf("the backlog took %d claims, want at most %d: the killed relay's rows went out alone (claims %v...)",
 			len(claims), 2*n/batch, claims[:min(len(claims), 20)])
 	}
-	if got := len(pub.snapshot()); got != n {
+	if got := len(pub.Snapshot()); got != n {
 		t.Fatalf("published %d events, want %d", got, n)
 	}
 	var twice int

@@ -22,68 +22,15 @@ import (
 	"github.com/outbox-inbox/reference/pkg/outbox/outboxadmin"
 )
 
-// memPublisher keeps what the relay gives it, so the relay's own logic
-// (claiming, ordering, retries, dead letters) is tested without a broker. The
-// RabbitMQ publisher and the relay over a real broker are tested in outboxamqp.
-type memPublisher struct {
-	mu        sync.Mutex
-	published []outbox.Envelope
-	fail      func(outbox.Envelope) error
-	// block, when set, is called at the start of each PublishBatch.
-	block func(ctx context.Context)
-}
-
-var _ outbox.Publisher = (*memPublisher)(nil)
-
-func (p *memPublisher) WaitReady(ctx context.Context) error { return ctx.Err() }
-
-func (p *memPublisher) PublishBatch(ctx context.Context, msgs []outbox.Envelope) []error {
-	p.mu.Lock()
-	block, fail := p.block, p.fail
-	p.mu.Unlock()
-	if block != nil {
-		block(ctx)
-	}
-	errs := make([]error, len(msgs))
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for i, m := range msgs {
-		if fail != nil {
-			if errs[i] = fail(m); errs[i] != nil {
-				continue
-			}
-		}
-		p.published = append(p.published, m)
-	}
-	return errs
-}
-
-func (p *memPublisher) setFail(f func(outbox.Envelope) error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.fail = f
-}
-
-func (p *memPublisher) snapshot() []outbox.Envelope {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return slices.Clone(p.published)
-}
+// memPublisher keeps what the relay gives it, so the relay's own logic is
+// tested without a broker. The RabbitMQ publisher and the relay over a real
+// broker are tested in outboxamqp.
+type memPublisher = outboxtest.MemPublisher
 
 func testLogger(t testing.TB) *slog.Logger { return outboxtest.Logger(t) }
 
 // fastConfig is a relay configuration that retries quickly, for tests.
-func fastConfig(t testing.TB) outbox.RelayConfig {
-	return outbox.RelayConfig{
-		BatchSize:       100,
-		PollInterval:    50 * time.Millisecond,
-		Lease:           10 * time.Second,
-		PublishTimeout:  5 * time.Second,
-		RetryBackoffMin: 10 * time.Millisecond,
-		RetryBackoffMax: 50 * time.Millisecond,
-		Logger:          testLogger(t),
-	}
-}
+var fastConfig = outboxtest.FastConfig
 
 // checkOrder fails the test unless a consumer that applies version v of an
 // aggregate only once it applied v-1 (and drops any other delivery) applies
@@ -143,7 +90,7 @@ func TestRelayPublishesEveryEventOnceInAggregateOrder(t *testing.T) {
 	startRelay(t, pool, pub, cfg)
 	waitFor(t, "outbox drained", 20*time.Second, outboxEmpty(pool))
 
-	got := pub.snapshot()
+	got := pub.Snapshot()
 	if len(got) != len(msgs) {
 		t.Fatalf("published %d messages, want %d (no duplicate without a failure)", len(got), len(msgs))
 	}
@@ -224,7 +171,7 @@ func TestRelayWithConcurrentWritersKeepsOrderAndNeverStrandsARow(t *testing.T) {
 	}
 	waitFor(t, "outbox drained", 30*time.Second, outboxEmpty(pool))
 
-	got := pub.snapshot()
+	got := pub.Snapshot()
 	last := checkOrder(t, got, true)
 	var total int64
 	for _, v := range last {
@@ -298,7 +245,7 @@ func TestRelayMarkWaitsForAWriterHoldingTheAggregate(t *testing.T) {
 		t.Fatalf("batch after commit = %+v, want %d published", r, first.ID)
 	}
 	waitFor(t, "second event published", 10*time.Second, outboxEmpty(pool))
-	got := pub.snapshot()
+	got := pub.Snapshot()
 	if len(got) != 2 || got[1].ID != second[0].ID {
 		t.Fatalf("published %+v, want the two events in order", got)
 	}
@@ -322,7 +269,7 @@ func TestRelayFailingEventHoldsBackOnlyItsAggregateThenDeadLettersAndRetries(t *
 
 	injected := errors.New("broker said no")
 	pub := &memPublisher{}
-	pub.setFail(func(e outbox.Envelope) error {
+	pub.SetFail(func(e outbox.Envelope) error {
 		if e.AggregateID == "bad" {
 			return injected
 		}
@@ -348,9 +295,9 @@ func TestRelayFailingEventHoldsBackOnlyItsAggregateThenDeadLettersAndRetries(t *
 	}
 	// Every other aggregate went through meanwhile.
 	waitFor(t, "good events published", 10*time.Second, func() (bool, error) {
-		return len(pub.snapshot()) == len(good), nil
+		return len(pub.Snapshot()) == len(good), nil
 	})
-	for _, e := range pub.snapshot() {
+	for _, e := range pub.Snapshot() {
 		if e.AggregateID == "bad" {
 			t.Fatalf("event %d of the failing aggregate was published", e.ID)
 		}
@@ -376,7 +323,7 @@ func TestRelayFailingEventHoldsBackOnlyItsAggregateThenDeadLettersAndRetries(t *
 		t.Fatalf("status = %+v, want 1 dead letter and 1 pending", st)
 	}
 
-	pub.setFail(nil)
+	pub.SetFail(nil)
 	if err := admin.Retry(ctx, bad[0].ID); err != nil {
 		t.Fatalf("retry: %v", err)
 	}
@@ -385,7 +332,7 @@ func TestRelayFailingEventHoldsBackOnlyItsAggregateThenDeadLettersAndRetries(t *
 	}
 	waitFor(t, "retried events published", 10*time.Second, outboxEmpty(pool))
 	var badOrder []int64
-	for _, e := range pub.snapshot() {
+	for _, e := range pub.Snapshot() {
 		if e.AggregateID == "bad" {
 			badOrder = append(badOrder, e.AggregateVersion)
 		}
@@ -414,7 +361,7 @@ func TestRelayNotSentDoesNotCountAnAttempt(t *testing.T) {
 
 	var calls int
 	pub := &memPublisher{}
-	pub.setFail(func(outbox.Envelope) error {
+	pub.SetFail(func(outbox.Envelope) error {
 		calls++ // under pub.mu
 		if calls <= 5 {
 			return fmt.Errorf("connection lost before sending: %w", outbox.ErrNotSent)
@@ -449,7 +396,7 @@ func TestRelayRetriesRowsOfADeadRelayAfterTheLease(t *testing.T) {
 	pub := &memPublisher{}
 	startRelay(t, pool, pub, fastConfig(t))
 	waitFor(t, "event published", 10*time.Second, outboxEmpty(pool))
-	got := pub.snapshot()
+	got := pub.Snapshot()
 	if len(got) != 1 || got[0].ID != e.ID || got[0].Attempt != 2 {
 		t.Fatalf("published %+v, want event %d at attempt 2", got, e.ID)
 	}
@@ -538,7 +485,7 @@ func TestRelayStopFinishesTheBatchInFlight(t *testing.T) {
 
 	entered := make(chan struct{})
 	release := make(chan struct{})
-	pub := &memPublisher{block: func(context.Context) {
+	pub := &memPublisher{Block: func(context.Context) {
 		close(entered)
 		<-release
 	}}
@@ -659,7 +606,7 @@ func TestRelayPublishesAgainWhatItCouldNotMark(t *testing.T) {
 	}
 	waitFor(t, "outbox drained", 10*time.Second, outboxEmpty(pool))
 	var got []int64
-	for _, e := range pub.snapshot() {
+	for _, e := range pub.Snapshot() {
 		got = append(got, e.ID)
 	}
 	if want := []int64{first.ID, first.ID, second[0].ID}; !slices.Equal(got, want) {

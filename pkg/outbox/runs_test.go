@@ -64,7 +64,7 @@ func TestRelayPublishesTheBacklogOfOneAggregateInRuns(t *testing.T) {
 	startRelay(t, pool, pub, cfg)
 	waitFor(t, "outbox drained", 20*time.Second, outboxEmpty(pool))
 
-	if last := checkOrder(t, pub.snapshot(), false); last["hot"] != int64(len(hot)) {
+	if last := checkOrder(t, pub.Snapshot(), false); last["hot"] != int64(len(hot)) {
 		t.Fatalf("published up to version %d, want %d", last["hot"], len(hot))
 	}
 	var claims []int
@@ -127,7 +127,7 @@ func TestARunStopsAtItsFirstFailure(t *testing.T) {
 
 	var failed atomic.Bool
 	pub := &memPublisher{}
-	pub.setFail(func(e outbox.Envelope) error {
+	pub.SetFail(func(e outbox.Envelope) error {
 		if e.AggregateVersion == 4 && failed.CompareAndSwap(false, true) {
 			return errors.New("nacked")
 		}
@@ -152,7 +152,7 @@ func TestARunStopsAtItsFirstFailure(t *testing.T) {
 		t.Fatalf("first batch published %v, failed %v, behind %v; want %v, %v, %v",
 			first.Published, first.Failed, first.Behind, idsOf(hot[:3]), idsOf(hot[3:4]), idsOf(hot[4:]))
 	}
-	if last := checkOrder(t, pub.snapshot(), true); last["hot"] != 10 {
+	if last := checkOrder(t, pub.Snapshot(), true); last["hot"] != 10 {
 		t.Fatalf("a consumer checking versions applied up to version %d, want 10", last["hot"])
 	}
 	rows, err := pool.Query(ctx, "SELECT aggregate_version, attempts FROM outbox_published ORDER BY id")

@@ -91,7 +91,7 @@ func TestAdminRejectsBadInput(t *testing.T) {
 func deadLetter(t *testing.T, pool *pgxpool.Pool, id int64) (*outbox.Relay, *memPublisher) {
 	t.Helper()
 	pub := &memPublisher{}
-	pub.setFail(func(e outbox.Envelope) error {
+	pub.SetFail(func(e outbox.Envelope) error {
 		if e.ID == id {
 			return errors.New("schema registry rejected the payload")
 		}
@@ -136,7 +136,7 @@ func TestDiscardUnblocksTheAggregatesNextEvent(t *testing.T) {
 
 	// The first attempt of the event took the next ones along (a run): the
 	// broker took them, and they were not marked, as the event failed.
-	sentBefore := len(pub.snapshot())
+	sentBefore := len(pub.Snapshot())
 	admin := outboxadmin.New(pool)
 	const reason = "payload rejected by the schema registry; order o-1 re-sent by hand"
 	if err := admin.Discard(ctx, first.ID, reason); err != nil {
@@ -145,7 +145,7 @@ func TestDiscardUnblocksTheAggregatesNextEvent(t *testing.T) {
 	relay.Wake()
 	waitFor(t, "the aggregate's next events published", 10*time.Second, outboxEmpty(pool))
 	var got []int64
-	for _, e := range pub.snapshot()[sentBefore:] {
+	for _, e := range pub.Snapshot()[sentBefore:] {
 		got = append(got, e.ID)
 	}
 	if want := []int64{rest[0].ID, rest[1].ID}; !slices.Equal(got, want) {

@@ -118,7 +118,7 @@ func TestAdminHistoryShowsAClaimInFlight(t *testing.T) {
 	enqueue(t, pool, msg("o-1", "order.created"))
 	claimed, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
-	pub := &memPublisher{block: func(ctx context.Context) {
+	pub := &memPublisher{Block: func(ctx context.Context) {
 		once.Do(func() { close(claimed) })
 		select {
 		case <-release:

@@ -5,15 +5,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"reflect"
-	"slices"
-	"sync"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
 
-	"github.com/outbox-inbox/reference/pkg/outbox"
 	"github.com/outbox-inbox/reference/pkg/outbox/internal/outboxtest"
 )
 
@@ -33,62 +29,11 @@ var (
 	startRelay    = outboxtest.StartRelay
 )
 
-// memPublisher confirms every message fail lets through and keeps it.
-type memPublisher struct {
-	mu        sync.Mutex
-	published []outbox.Envelope
-	fail      func(outbox.Envelope) error
-	// block, when set, is called at the start of each PublishBatch.
-	block func(ctx context.Context)
-}
+// memPublisher confirms every message its fail function lets through and
+// keeps it; fastConfig retries quickly.
+type memPublisher = outboxtest.MemPublisher
 
-func (p *memPublisher) WaitReady(ctx context.Context) error { return ctx.Err() }
-
-func (p *memPublisher) PublishBatch(ctx context.Context, msgs []outbox.Envelope) []error {
-	p.mu.Lock()
-	block, fail := p.block, p.fail
-	p.mu.Unlock()
-	if block != nil {
-		block(ctx)
-	}
-	errs := make([]error, len(msgs))
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for i, m := range msgs {
-		if fail != nil {
-			if errs[i] = fail(m); errs[i] != nil {
-				continue
-			}
-		}
-		p.published = append(p.published, m)
-	}
-	return errs
-}
-
-func (p *memPublisher) setFail(f func(outbox.Envelope) error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.fail = f
-}
-
-func (p *memPublisher) snapshot() []outbox.Envelope {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return slices.Clone(p.published)
-}
-
-// fastConfig is a relay configuration that retries quickly, for tests.
-func fastConfig(t testing.TB) outbox.RelayConfig {
-	return outbox.RelayConfig{
-		BatchSize:       100,
-		PollInterval:    50 * time.Millisecond,
-		Lease:           10 * time.Second,
-		PublishTimeout:  5 * time.Second,
-		RetryBackoffMin: 10 * time.Millisecond,
-		RetryBackoffMax: 50 * time.Millisecond,
-		Logger:          outboxtest.Logger(t),
-	}
-}
+var fastConfig = outboxtest.FastConfig
 
 // sameJSON compares JSON documents: jsonb normalises spacing and key order.
 func sameJSON(a, b []byte) bool {

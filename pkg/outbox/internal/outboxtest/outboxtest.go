@@ -1,6 +1,6 @@
-// Package outboxtest holds the test helpers shared by pkg/outbox and
-// pkg/outbox/outboxamqp: a PostgreSQL schema of each test's own, enqueueing,
-// and waiting on a condition. It lives under pkg/outbox, so copying that
+// Package outboxtest holds the test helpers shared by pkg/outbox and its
+// subpackages: a PostgreSQL schema of each test's own, enqueueing, waiting on
+// a condition, and publishers without a broker. It lives under pkg/outbox, so copying that
 // directory copies it too.
 package outboxtest
 
