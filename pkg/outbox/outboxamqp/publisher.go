@@ -10,15 +10,12 @@ import (
 	"net"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outbox-inbox/reference/pkg/outbox"
-
-	"github.com/outbox-inbox/reference/pkg/outbox/internal/retry"
+	"github.com/outbox-inbox/reference/pkg/outbox/internal/redial"
 )
 
 // Config configures a Publisher. The zero value of every optional field means
@@ -102,19 +99,12 @@ const (
 // fault on one batch's channel fails no other batch. It is safe for
 // concurrent use.
 type Publisher struct {
-	cfg    Config
-	urls   []string // the nodes, from Config.URL
-	nodes  []string // their host:port, for logs
-	log    *slog.Logger
-	dialMu chan struct{} // one dialer at a time; a channel so waiting honours ctx
-
-	sess      atomic.Pointer[session]
-	failures  int                   // consecutive failed dials, under dialMu
-	next      int                   // the node the next dial tries first, under dialMu
-	dialErr   atomic.Pointer[error] // the last failed dial's error; nil once connected
-	closed    atomic.Bool
-	closeOnce sync.Once
-	closing   chan struct{}
+	cfg   Config
+	urls  []string // the nodes, from Config.URL
+	nodes []string // their host:port, for logs
+	log   *slog.Logger
+	conn  *redial.Conn[session] // the session, and the dialling of a new one
+	next  int                   // the node the next dial tries first, under conn's dial lock
 
 	frameSize int // the frame_max the client asks for; 0: amqp091's default, the broker's 128 KiB
 }
@@ -191,15 +181,19 @@ func NewPublisher(cfg Config) (*Publisher, error) {
 		}
 		cfg.CloudEvents = &ce
 	}
-	return &Publisher{
+	p := &Publisher{
 		cfg:   cfg,
 		urls:  urls,
 		nodes: nodes,
 		log: cfg.Logger.With(slog.String("broker", strings.Join(nodes, ",")),
 			slog.String("vhost", vhost), slog.String("exchange", cfg.Exchange), slog.String("queue", cfg.Queue)),
-		dialMu:  make(chan struct{}, 1),
-		closing: make(chan struct{}),
-	}, nil
+	}
+	p.conn = redial.New(redial.Config[session]{
+		Name: "outboxamqp", Min: cfg.ReconnectMin, Max: cfg.ReconnectMax, Logger: p.log,
+		Dial: p.dial, Dead: (*session).isDead, Cause: (*session).cause, Close: (*session).close,
+		ErrClosed: ErrClosed, ErrNotConnected: ErrNotConnected,
+	})
+	return p, nil
 }
 
 // WaitReady returns nil once the publisher is connected and the broker is not
@@ -208,7 +202,7 @@ func NewPublisher(cfg Config) (*Publisher, error) {
 // long as ctx lasts.
 func (p *Publisher) WaitReady(ctx context.Context) error {
 	for {
-		s, err := p.session(ctx)
+		s, err := p.conn.Session(ctx)
 		if err != nil {
 			return err
 		}
@@ -235,18 +229,8 @@ var ErrNotConnected = errors.New("outboxamqp: not connected to the broker")
 // Ready fails until a WaitReady call (the relay makes one before each claim)
 // has connected again.
 func (p *Publisher) Ready() error {
-	if p.closed.Load() {
-		return ErrClosed
-	}
-	s := p.sess.Load()
-	if s == nil || s.isDead() {
-		err := ErrNotConnected
-		if s != nil {
-			err = fmt.Errorf("%w: connection lost: %w", ErrNotConnected, s.cause())
-		}
-		if last := p.dialErr.Load(); last != nil {
-			err = fmt.Errorf("%w (last attempt: %w)", err, *last)
-		}
+	s, err := p.conn.Ready()
+	if err != nil {
 		return err
 	}
 	if reason, blocked := s.blockedBy(); blocked {
@@ -255,59 +239,10 @@ func (p *Publisher) Ready() error {
 	return nil
 }
 
-// session returns the live session, dialling a new one if needed.
-func (p *Publisher) session(ctx context.Context) (*session, error) {
-	select {
-	case p.dialMu <- struct{}{}:
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	case <-p.closing:
-		return nil, ErrClosed
-	}
-	defer func() { <-p.dialMu }()
-	for {
-		if p.closed.Load() {
-			return nil, ErrClosed
-		}
-		if s := p.sess.Load(); s != nil && !s.isDead() {
-			return s, nil
-		}
-		if p.failures > 0 {
-			wait := retry.Jitter(retry.Backoff(p.failures, p.cfg.ReconnectMin, p.cfg.ReconnectMax))
-			if err := retry.SleepOrStop(ctx, wait, p.closing); errors.Is(err, retry.ErrStopped) {
-				return nil, ErrClosed
-			} else if err != nil {
-				return nil, err
-			}
-		}
-		s, err := p.dial(ctx)
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil, ctx.Err()
-			}
-			p.failures++
-			p.dialErr.Store(&err)
-			p.log.WarnContext(ctx, "outboxamqp: connect failed, retrying", slog.Any("error", err), slog.Int("failures", p.failures))
-			continue
-		}
-		if p.failures > 0 {
-			p.log.InfoContext(ctx, "outboxamqp: connected after failures", slog.Int("failures", p.failures))
-		}
-		p.failures = 0
-		p.dialErr.Store(nil)
-		p.sess.Store(s)
-		if p.closed.Load() { // Close ran while dialling
-			s.close()
-			return nil, ErrClosed
-		}
-		return s, nil
-	}
-}
-
 // dial connects to one node: it tries each of them once, starting with
 // p.next, and returns the first session that opens. The next dial starts
 // after the node connected to, so a lost connection moves to another node. It
-// runs under dialMu.
+// runs under the dial lock of p.conn.
 func (p *Publisher) dial(ctx context.Context) (*session, error) {
 	var errs []error
 	for range p.urls {
@@ -431,7 +366,7 @@ func (p *Publisher) PublishBatchTimed(ctx context.Context, msgs []outbox.Envelop
 		confirmed = nil
 	}
 	errs := make([]error, len(msgs))
-	s := p.sess.Load()
+	s := p.conn.Load()
 	if s == nil || s.isDead() {
 		fill(errs, 0, fmt.Errorf("outboxamqp: not connected: %w", outbox.ErrNotSent))
 		return errs
@@ -580,7 +515,7 @@ func (p *Publisher) RoutingKey(e outbox.Envelope) string { return p.cfg.RoutingK
 // connected to, or "" and 0 when it is not, e.g. for a tracing decorator's
 // server.address and server.port (outboxotel.Server).
 func (p *Publisher) Node() (host string, port int) {
-	s := p.sess.Load()
+	s := p.conn.Load()
 	if s == nil || s.isDead() {
 		return "", 0
 	}
@@ -595,17 +530,11 @@ func (p *Publisher) Node() (host string, port int) {
 // Close closes the connection. Later WaitReady calls return ErrClosed. Batches
 // in flight get their confirms reported as failed.
 func (p *Publisher) Close() error {
-	p.closeOnce.Do(func() {
-		p.closed.Store(true)
-		close(p.closing)
-	})
-	// Wait for a dial in progress, so its session is closed too.
-	p.dialMu <- struct{}{}
-	defer func() { <-p.dialMu }()
-	if s := p.sess.Load(); s != nil {
+	// Waits for a dial in progress, so its session is closed too.
+	p.conn.Close(func(s *session) {
 		s.close()
 		s.wg.Wait()
-	}
+	})
 	return nil
 }
 

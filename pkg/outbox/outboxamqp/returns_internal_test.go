@@ -39,7 +39,7 @@ func (h stuckHandler) WithGroup(string) slog.Handler      { return h }
 // would be tempted to log.
 func strayReturn(t *testing.T, ctx context.Context, p *Publisher, exchange string) {
 	t.Helper()
-	s := p.sess.Load()
+	s := p.conn.Load()
 	c, err := s.acquire()
 	if err != nil {
 		t.Fatal(err)

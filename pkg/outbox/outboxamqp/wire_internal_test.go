@@ -190,7 +190,7 @@ func TestABatchLeavesInAFewWrites(t *testing.T) {
 		msgs[i] = outbox.Envelope{ID: int64(i + 1), AggregateType: "order", AggregateID: "a", AggregateVersion: int64(i + 1),
 			EventType: "order.created", Payload: payload, Headers: map[string]string{"traceparent": "00-x"}, CreatedAt: created}
 	}
-	w := p.sess.Load().wire
+	w := p.conn.Load().wire
 	before := w.socketWrites()
 	for i, err := range p.PublishBatch(ctx, msgs) {
 		if err != nil {

@@ -18,7 +18,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/outbox-inbox/reference/pkg/outbox"
-	"github.com/outbox-inbox/reference/pkg/outbox/internal/retry"
+	"github.com/outbox-inbox/reference/pkg/outbox/internal/redial"
 )
 
 // Config configures a Publisher. The zero value of every optional field means
@@ -68,16 +68,9 @@ type Config struct {
 // outbox.Publisher; see the package documentation. It is safe for
 // concurrent use.
 type Publisher struct {
-	cfg    Config
-	log    *slog.Logger
-	dialMu chan struct{} // one dialer at a time; a channel so waiting honours ctx
-
-	sess      atomic.Pointer[session]
-	failures  int // consecutive failed dials, under dialMu
-	dialErr   atomic.Pointer[error]
-	closed    atomic.Bool
-	closeOnce sync.Once
-	closing   chan struct{}
+	cfg  Config
+	log  *slog.Logger
+	conn *redial.Conn[session] // the session, and the dialling of a new one
 }
 
 var _ outbox.Publisher = (*Publisher)(nil)
@@ -127,12 +120,14 @@ func NewPublisher(cfg Config) (*Publisher, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Publisher{
-		cfg:     cfg,
-		log:     cfg.Logger.With(slog.String("server", cfg.URL)),
-		dialMu:  make(chan struct{}, 1),
-		closing: make(chan struct{}),
-	}, nil
+	p := &Publisher{cfg: cfg, log: cfg.Logger.With(slog.String("server", cfg.URL))}
+	p.conn = redial.New(redial.Config[session]{
+		Name: "outboxnats", Min: cfg.ReconnectMin, Max: cfg.ReconnectMax, Logger: p.log,
+		Dial: p.dial, Dead: (*session).isDead, Cause: (*session).causeErr,
+		Discard: (*session).closeConn, Close: (*session).closeConn,
+		ErrClosed: ErrClosed, ErrNotConnected: ErrNotConnected,
+	})
+	return p, nil
 }
 
 // session is one connection and its JetStream context. The client does not
@@ -162,6 +157,9 @@ func (s *session) isDead() bool {
 	}
 }
 
+// closeConn closes the connection; its handler then marks the session lost.
+func (s *session) closeConn() { s.nc.Close() }
+
 func (s *session) causeErr() error {
 	if c := s.cause.Load(); c != nil {
 		return *c
@@ -173,7 +171,7 @@ func (s *session) causeErr() error {
 // JetStream enabled. It (re)connects with jittered exponential backoff,
 // logging each failure, for as long as ctx lasts.
 func (p *Publisher) WaitReady(ctx context.Context) error {
-	_, err := p.session(ctx)
+	_, err := p.conn.Session(ctx)
 	return err
 }
 
@@ -182,72 +180,8 @@ func (p *Publisher) WaitReady(ctx context.Context) error {
 // (with the lost connection's cause and the last failed attempt's error) or
 // ErrClosed. It is meant for a readiness probe.
 func (p *Publisher) Ready() error {
-	if p.closed.Load() {
-		return ErrClosed
-	}
-	s := p.sess.Load()
-	if s == nil || s.isDead() {
-		err := ErrNotConnected
-		if s != nil {
-			err = fmt.Errorf("%w: connection lost: %w", ErrNotConnected, s.causeErr())
-		}
-		if last := p.dialErr.Load(); last != nil {
-			err = fmt.Errorf("%w (last attempt: %w)", err, *last)
-		}
-		return err
-	}
-	return nil
-}
-
-func (p *Publisher) session(ctx context.Context) (*session, error) {
-	select {
-	case p.dialMu <- struct{}{}:
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	case <-p.closing:
-		return nil, ErrClosed
-	}
-	defer func() { <-p.dialMu }()
-	for {
-		if p.closed.Load() {
-			return nil, ErrClosed
-		}
-		if s := p.sess.Load(); s != nil && !s.isDead() {
-			return s, nil
-		}
-		if old := p.sess.Load(); old != nil {
-			old.nc.Close()
-		}
-		if p.failures > 0 {
-			wait := retry.Jitter(retry.Backoff(p.failures, p.cfg.ReconnectMin, p.cfg.ReconnectMax))
-			if err := retry.SleepOrStop(ctx, wait, p.closing); errors.Is(err, retry.ErrStopped) {
-				return nil, ErrClosed
-			} else if err != nil {
-				return nil, err
-			}
-		}
-		s, err := p.dial(ctx)
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil, ctx.Err()
-			}
-			p.failures++
-			p.dialErr.Store(&err)
-			p.log.WarnContext(ctx, "outboxnats: connect failed, retrying", slog.Any("error", err), slog.Int("failures", p.failures))
-			continue
-		}
-		if p.failures > 0 {
-			p.log.InfoContext(ctx, "outboxnats: connected after failures", slog.Int("failures", p.failures))
-		}
-		p.failures = 0
-		p.dialErr.Store(nil)
-		p.sess.Store(s)
-		if p.closed.Load() { // Close ran while dialling
-			s.nc.Close()
-			return nil, ErrClosed
-		}
-		return s, nil
-	}
+	_, err := p.conn.Ready()
+	return err
 }
 
 // ctxDialer dials within ctx, so that a WaitReady whose context ends does
@@ -301,7 +235,7 @@ func (p *Publisher) dial(ctx context.Context) (*session, error) {
 // stream holds it from an earlier attempt). See outbox.Publisher.
 func (p *Publisher) PublishBatch(ctx context.Context, msgs []outbox.Envelope) []error {
 	errs := make([]error, len(msgs))
-	s := p.sess.Load()
+	s := p.conn.Load()
 	if s == nil || s.isDead() {
 		fill(errs, 0, fmt.Errorf("outboxnats: not connected: %w", outbox.ErrNotSent))
 		return errs
@@ -422,16 +356,10 @@ func ackError(err error) error {
 // Close closes the connection. Later WaitReady calls return ErrClosed;
 // batches in flight get their unacknowledged messages reported as failed.
 func (p *Publisher) Close() error {
-	p.closeOnce.Do(func() {
-		p.closed.Store(true)
-		close(p.closing)
-	})
-	p.dialMu <- struct{}{}
-	defer func() { <-p.dialMu }()
-	if s := p.sess.Load(); s != nil {
+	p.conn.Close(func(s *session) {
 		s.nc.Close()
 		s.markLost(ErrClosed)
-	}
+	})
 	return nil
 }
 

@@ -1,5 +1,5 @@
 // Package retry holds the waiting rules shared by the relay, the WAL relay
-// and the RabbitMQ publisher: exponential backoff, jitter, and a sleep that
+// and the publishers' redialling: exponential backoff, jitter, and a sleep that
 // ends with its context.
 package retry
 
