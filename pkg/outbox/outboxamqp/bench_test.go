@@ -32,8 +32,8 @@ const benchBacklog = 20_000
 func BenchmarkRelayDrain(b *testing.B) {
 	br := newBroker(b, false)
 	br.bind("#", amqp.Table{"x-queue-mode": "default"}) // declared, not consumed: like a busy consumer
-	benchDrain(b, newPublisher(b, testAMQPURL(), br.exchange, testLogger(b, nil)), func() {
-		if _, err := br.ch.QueuePurge(br.queue, false); err != nil {
+	benchDrain(b, newPublisher(b, testAMQPURL(), br.Exchange, testLogger(b, nil)), func() {
+		if _, err := br.Ch.QueuePurge(br.Queue, false); err != nil {
 			b.Fatal(err)
 		}
 	})
@@ -117,7 +117,7 @@ func BenchmarkRawConfirmedPublish(b *testing.B) {
 		start := time.Now()
 		inflight := make([]*amqp.DeferredConfirmation, 0, 1000)
 		for i := range benchBacklog {
-			dc, err := ch.PublishWithDeferredConfirmWithContext(context.Background(), br.exchange, "order.created", true, false,
+			dc, err := ch.PublishWithDeferredConfirmWithContext(context.Background(), br.Exchange, "order.created", true, false,
 				amqp.Publishing{DeliveryMode: amqp.Persistent, ContentType: "application/json", MessageId: fmt.Sprint(i), Body: benchPayload})
 			if err != nil {
 				b.Fatal(err)
@@ -137,7 +137,7 @@ func BenchmarkRawConfirmedPublish(b *testing.B) {
 		}
 		total += time.Since(start)
 		b.StopTimer()
-		if _, err := br.ch.QueuePurge(br.queue, false); err != nil {
+		if _, err := br.Ch.QueuePurge(br.Queue, false); err != nil {
 			b.Fatal(err)
 		}
 		b.StartTimer()

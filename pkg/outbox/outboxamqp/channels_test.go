@@ -51,20 +51,20 @@ func TestANackFailsOnlyItsOwnBatch(t *testing.T) {
 	pool := newTestPool(t)
 	ctx := context.Background()
 	b := newBroker(t, false)
-	full := b.queue + ".full"
-	if _, err := b.ch.QueueDeclare(full, false, false, false, false, amqp.Table{"x-max-length": int64(1), "x-overflow": "reject-publish"}); err != nil {
+	full := b.Queue + ".full"
+	if _, err := b.Ch.QueueDeclare(full, false, false, false, false, amqp.Table{"x-max-length": int64(1), "x-overflow": "reject-publish"}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _, _ = b.ch.QueueDelete(full, false, false, false) })
-	if err := b.ch.QueueBind(full, "order.rejected", b.exchange, false, nil); err != nil {
+	t.Cleanup(func() { _, _ = b.Ch.QueueDelete(full, false, false, false) })
+	if err := b.Ch.QueueBind(full, "order.rejected", b.Exchange, false, nil); err != nil {
 		t.Fatal(err)
 	}
 	// The others' queue is a quorum queue, as shipping's is: its confirms
 	// take a few milliseconds, so their batches are in flight for a while.
-	if _, err := b.ch.QueueDeclare(b.queue, true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err != nil {
+	if _, err := b.Ch.QueueDeclare(b.Queue, true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.ch.QueueBind(b.queue, "order.created", b.exchange, false, nil); err != nil {
+	if err := b.Ch.QueueBind(b.Queue, "order.created", b.Exchange, false, nil); err != nil {
 		t.Fatal(err)
 	}
 
@@ -84,7 +84,7 @@ func TestANackFailsOnlyItsOwnBatch(t *testing.T) {
 			nacks.Add(1)
 		}
 	})
-	pub := &overlapping{Publisher: newPublisher(t, testAMQPURL(), b.exchange, testLogger(t, nil)), agg: "rejected", others: make(chan struct{}, 1)}
+	pub := &overlapping{Publisher: newPublisher(t, testAMQPURL(), b.Exchange, testLogger(t, nil)), agg: "rejected", others: make(chan struct{}, 1)}
 	relay := startRelay(t, pool, pub, cfg)
 
 	// The rejected aggregate: its first event fills the queue, the second

@@ -38,7 +38,7 @@ func newCloudEventsPublisher(t *testing.T, exchange string, ce *outboxamqp.Cloud
 func TestCloudEventsEnvelopeReachesTheConsumerAttributeByAttribute(t *testing.T) {
 	t.Parallel()
 	b := newBroker(t, true)
-	p := newCloudEventsPublisher(t, b.exchange, &outboxamqp.CloudEvents{Source: "/orders"})
+	p := newCloudEventsPublisher(t, b.Exchange, &outboxamqp.CloudEvents{Source: "/orders"})
 
 	e := envelope(42, "o-1", 3, "order.cancelled")
 	e.CreatedAt = time.Date(2026, 11, 29, 22, 0, 1, 123456000, time.FixedZone("CET", 3600))
@@ -48,7 +48,7 @@ func TestCloudEventsEnvelopeReachesTheConsumerAttributeByAttribute(t *testing.T)
 	if errs := publishBatch(t, p, e); errs[0] != nil {
 		t.Fatalf("publish: %v", errs[0])
 	}
-	d := b.waitDeliveries("the event", 10*time.Second, func(ds []amqp.Delivery) bool { return len(ds) == 1 })[0]
+	d := b.WaitDeliveries("the event", 10*time.Second, func(ds []amqp.Delivery) bool { return len(ds) == 1 })[0]
 
 	want := amqp.Table{
 		"cloudEvents_specversion":      "1.0",
@@ -165,7 +165,7 @@ func TestCloudEventsRefusesWhatCannotBeAnEvent(t *testing.T) {
 	}
 
 	b := newBroker(t, true)
-	p := newCloudEventsPublisher(t, b.exchange, &outboxamqp.CloudEvents{Source: "urn:example:orders"})
+	p := newCloudEventsPublisher(t, b.Exchange, &outboxamqp.CloudEvents{Source: "urn:example:orders"})
 	tooHigh := envelope(1, "o-1", math.MaxInt32+1, "order.created")
 	colon := envelope(2, "o-2", 1, "order.created")
 	colon.Headers["cloudEvents:partitionkey"] = "k"
@@ -181,7 +181,7 @@ func TestCloudEventsRefusesWhatCannotBeAnEvent(t *testing.T) {
 	if errs[3] != nil {
 		t.Fatalf("the valid message: %v", errs[3])
 	}
-	ds := b.waitDeliveries("the valid message", 10*time.Second, func(ds []amqp.Delivery) bool { return len(ds) >= 1 })
+	ds := b.WaitDeliveries("the valid message", 10*time.Second, func(ds []amqp.Delivery) bool { return len(ds) >= 1 })
 	if len(ds) != 1 || ds[0].MessageId != good.MessageID() {
 		t.Fatalf("delivered %d messages, first %q; want only message 4", len(ds), ds[0].MessageId)
 	}

@@ -27,29 +27,29 @@ func TestPublisherConformance(t *testing.T) {
 
 func newConformanceTarget(t *testing.T) publishertest.Target {
 	b := newBroker(t, false)
-	refusing := b.queue + ".refusing"
+	refusing := b.Queue + ".refusing"
 	for _, q := range []struct {
 		name, key string
 		args      amqp.Table
 	}{
-		{b.queue, publishertest.EventStored, nil},
+		{b.Queue, publishertest.EventStored, nil},
 		{refusing, publishertest.EventRefused, amqp.Table{"x-max-length": int32(0), "x-overflow": "reject-publish"}},
 	} {
-		if _, err := b.ch.QueueDeclare(q.name, true, false, false, false, q.args); err != nil {
+		if _, err := b.Ch.QueueDeclare(q.name, true, false, false, false, q.args); err != nil {
 			t.Fatal(err)
 		}
-		if err := b.ch.QueueBind(q.name, q.key, b.exchange, false, nil); err != nil {
+		if err := b.Ch.QueueBind(q.name, q.key, b.Exchange, false, nil); err != nil {
 			t.Fatal(err)
 		}
 	}
 	t.Cleanup(func() {
-		if _, err := b.ch.QueueDelete(refusing, false, false, false); err != nil {
+		if _, err := b.Ch.QueueDelete(refusing, false, false, false); err != nil {
 			t.Errorf("delete queue: %v", err)
 		}
 	})
 	px := newProxy(t)
-	p := newPublisher(t, px.URL(t), b.exchange, testLogger(t, nil))
-	s := &storedReader{ch: b.ch, queue: b.queue}
+	p := newPublisher(t, px.URL(t), b.Exchange, testLogger(t, nil))
+	s := &storedReader{ch: b.Ch, queue: b.Queue}
 	return publishertest.Target{Publisher: p, Close: p.Close, Stored: s.read, Link: px}
 }
 

@@ -71,16 +71,16 @@ func TestPublisherFailsOverToTheNextAddress(t *testing.T) {
 	t.Parallel()
 	b := newBroker(t, true)
 	dead := deadURL(t)
-	p := newPublisher(t, dead+","+testAMQPURL(), b.exchange, testLogger(t, nil))
+	p := newPublisher(t, dead+","+testAMQPURL(), b.Exchange, testLogger(t, nil))
 	for i, err := range publishBatch(t, p, envelope(1, "o-1", 1, "order.created")) {
 		if err != nil {
 			t.Fatalf("message %d: %v", i, err)
 		}
 	}
-	b.waitDeliveries("the message", 10*time.Second, func(ds []amqp.Delivery) bool { return receivedIDs(ds)[1] == 1 })
+	b.WaitDeliveries("the message", 10*time.Second, func(ds []amqp.Delivery) bool { return receivedIDs(ds)[1] == 1 })
 
 	// Every node down: WaitReady names each failed node.
-	p2 := newPublisher(t, dead+","+dead, b.exchange, testLogger(t, nil))
+	p2 := newPublisher(t, dead+","+dead, b.Exchange, testLogger(t, nil))
 	ctx, cancel := context.WithTimeout(t.Context(), time.Second)
 	defer cancel()
 	if err := p2.WaitReady(ctx); err == nil {
@@ -97,7 +97,7 @@ func TestPublisherMovesToAnotherNodeOnALostConnection(t *testing.T) {
 	t.Parallel()
 	b := newBroker(t, true)
 	first, second := newProxy(t), newProxy(t)
-	p := newPublisher(t, first.URL(t)+","+second.URL(t), b.exchange, testLogger(t, nil))
+	p := newPublisher(t, first.URL(t)+","+second.URL(t), b.Exchange, testLogger(t, nil))
 	if errs := publishBatch(t, p, envelope(1, "o-1", 1, "order.created")); errs[0] != nil {
 		t.Fatal(errs[0])
 	}
@@ -115,7 +115,7 @@ func TestPublisherMovesToAnotherNodeOnALostConnection(t *testing.T) {
 	if n := second.Connections(); n != 1 {
 		t.Errorf("%d connections through the second node after the loss, want 1", n)
 	}
-	b.waitDeliveries("both messages", 10*time.Second, func(ds []amqp.Delivery) bool {
+	b.WaitDeliveries("both messages", 10*time.Second, func(ds []amqp.Delivery) bool {
 		ids := receivedIDs(ds)
 		return ids[1] == 1 && ids[2] == 1
 	})
@@ -142,12 +142,12 @@ func TestPublisherClosesTheChannelOfANack(t *testing.T) {
 	b := newBroker(t, false)
 	b.bind("order.*", amqp.Table{"x-max-length": int64(1), "x-overflow": "reject-publish"})
 	proxy := newProxy(t)
-	p := newPublisher(t, proxy.URL(t), b.exchange, testLogger(t, nil))
+	p := newPublisher(t, proxy.URL(t), b.Exchange, testLogger(t, nil))
 	errs := publishBatch(t, p, envelope(1, "o-1", 1, "order.created"), envelope(2, "o-1", 2, "order.cancelled"))
 	if errs[0] != nil || errs[1] == nil || !strings.Contains(errs[1].Error(), "nacked") {
 		t.Fatalf("results %v; want the first confirmed and the second nacked", errs)
 	}
-	if _, err := b.ch.QueuePurge(b.queue, false); err != nil {
+	if _, err := b.Ch.QueuePurge(b.Queue, false); err != nil {
 		t.Fatal(err)
 	}
 	if errs := publishBatch(t, p, envelope(3, "o-2", 1, "order.created")); errs[0] != nil {

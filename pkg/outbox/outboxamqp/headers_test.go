@@ -99,8 +99,8 @@ func TestEveryAcceptedEdgeCaseReachesTheBroker(t *testing.T) {
 		want[name] = m
 	}
 
-	startRelay(t, pool, newPublisher(t, testAMQPURL(), b.exchange, testLogger(t, nil)), relayConfig(t))
-	ds := b.waitDeliveries("every edge case", 60*time.Second, func(ds []amqp.Delivery) bool { return len(receivedIDs(ds)) == len(cases) })
+	startRelay(t, pool, newPublisher(t, testAMQPURL(), b.Exchange, testLogger(t, nil)), relayConfig(t))
+	ds := b.WaitDeliveries("every edge case", 60*time.Second, func(ds []amqp.Delivery) bool { return len(receivedIDs(ds)) == len(cases) })
 	for _, d := range ds {
 		id, _, _ := outbox.ParseMessageID(d.MessageId)
 		name, ok := byID[id]

@@ -23,12 +23,12 @@ func TestMessageIDIsNotReusedWhenTheSequenceGoesBack(t *testing.T) {
 	ctx := context.Background()
 	pool := newTestPool(t)
 	b := newBroker(t, true)
-	pub := newPublisher(t, testAMQPURL(), b.exchange, testLogger(t, nil))
+	pub := newPublisher(t, testAMQPURL(), b.Exchange, testLogger(t, nil))
 	relay := startRelay(t, pool, pub, relayConfig(t))
 
 	lost := enqueue(t, pool, msg("o-lost", "order.created"))
 	relay.Wake()
-	first := b.waitDeliveries("the event the failover loses", 10*time.Second, allReceived(lost))
+	first := b.WaitDeliveries("the event the failover loses", 10*time.Second, allReceived(lost))
 	waitFor(t, "the lost event marked", 10*time.Second, func() (bool, error) {
 		return len(publishedIDs(t, pool)) == 1, nil
 	})
@@ -47,7 +47,7 @@ func TestMessageIDIsNotReusedWhenTheSequenceGoesBack(t *testing.T) {
 		t.Fatalf("the new event has id %d, want the lost event's id %d reused", next[0].ID, lost[0].ID)
 	}
 	relay.Wake()
-	all := b.waitDeliveries("the event written after the failover", 10*time.Second, func(ds []amqp.Delivery) bool {
+	all := b.WaitDeliveries("the event written after the failover", 10*time.Second, func(ds []amqp.Delivery) bool {
 		for _, d := range ds {
 			if d.Headers["aggregate_id"] == "o-new" {
 				return true

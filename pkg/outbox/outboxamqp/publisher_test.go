@@ -45,7 +45,7 @@ func publishBatch(t *testing.T, p *outboxamqp.Publisher, msgs ...outbox.Envelope
 func TestPublishBatchSendsTheContractedMessage(t *testing.T) {
 	t.Parallel()
 	b := newBroker(t, true)
-	p := newPublisher(t, testAMQPURL(), b.exchange, testLogger(t, nil))
+	p := newPublisher(t, testAMQPURL(), b.Exchange, testLogger(t, nil))
 
 	errs := publishBatch(t, p, envelope(41, "o-1", 1, "order.created"), envelope(42, "o-1", 2, "order.cancelled"))
 	for i, err := range errs {
@@ -53,7 +53,7 @@ func TestPublishBatchSendsTheContractedMessage(t *testing.T) {
 			t.Fatalf("message %d: %v", i, err)
 		}
 	}
-	ds := b.waitDeliveries("two messages", 10*time.Second, func(ds []amqp.Delivery) bool { return len(ds) == 2 })
+	ds := b.WaitDeliveries("two messages", 10*time.Second, func(ds []amqp.Delivery) bool { return len(ds) == 2 })
 	for i, d := range ds {
 		wantID, wantVersion, wantType := int64(41+i), int64(1+i), []string{"order.created", "order.cancelled"}[i]
 		if d.MessageId != outbox.MessageID(wantID, time.Date(2026, 11, 29, 22, 0, 0, 0, time.UTC)) || d.Type != wantType || d.RoutingKey != wantType ||
@@ -87,7 +87,7 @@ func TestPublishBatchReportsReturnedAndNackedMessagesAsFailed(t *testing.T) {
 	// Only order.created is routed, to a queue that holds one message and then
 	// makes the broker nack further publishes.
 	b.bind("order.created", amqp.Table{"x-max-length": int32(1), "x-overflow": "reject-publish"})
-	p := newPublisher(t, testAMQPURL(), b.exchange, testLogger(t, nil))
+	p := newPublisher(t, testAMQPURL(), b.Exchange, testLogger(t, nil))
 
 	errs := publishBatch(t, p,
 		envelope(1, "o-1", 1, "order.created"),   // routed, queued
@@ -154,7 +154,7 @@ func TestPublishBatchWithoutConfirmsByTheDeadline(t *testing.T) {
 	t.Parallel()
 	b := newBroker(t, true)
 	px := newProxy(t)
-	p := newPublisher(t, px.URL(t), b.exchange, testLogger(t, nil))
+	p := newPublisher(t, px.URL(t), b.Exchange, testLogger(t, nil))
 	if errs := publishBatch(t, p, envelope(1, "o-1", 1, "order.created")); errs[0] != nil {
 		t.Fatal(errs[0])
 	}
@@ -172,7 +172,7 @@ func TestPublishBatchWithoutConfirmsByTheDeadline(t *testing.T) {
 			t.Fatalf("message %d: %v, want an outcome-unknown failure", i, err)
 		}
 	}
-	b.waitDeliveries("the unconfirmed messages routed anyway", 10*time.Second, func(ds []amqp.Delivery) bool { return len(ds) == 3 })
+	b.WaitDeliveries("the unconfirmed messages routed anyway", 10*time.Second, func(ds []amqp.Delivery) bool { return len(ds) == 3 })
 	waitUntil(t, "the unanswering connection dropped", func() bool { return p.Ready() != nil })
 
 	px.DropReplies(false)
@@ -189,7 +189,7 @@ func TestReadyReportsTheConnection(t *testing.T) {
 	t.Parallel()
 	b := newBroker(t, true)
 	px := newProxy(t)
-	p := newPublisher(t, px.URL(t), b.exchange, testLogger(t, nil))
+	p := newPublisher(t, px.URL(t), b.Exchange, testLogger(t, nil))
 	if err := p.Ready(); !errors.Is(err, outboxamqp.ErrNotConnected) {
 		t.Fatalf("Ready before connecting: %v, want ErrNotConnected", err)
 	}

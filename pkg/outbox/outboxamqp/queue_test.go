@@ -32,10 +32,10 @@ func TestQueueSendsToThatQueueAlone(t *testing.T) {
 
 	target := newBroker(t, true) // the new consumer's queue
 	other := newBroker(t, true)  // a consumer bound to the live exchange
-	if err := other.ch.QueueBind(other.queue, "#", target.exchange, false, nil); err != nil {
+	if err := other.Ch.QueueBind(other.Queue, "#", target.Exchange, false, nil); err != nil {
 		t.Fatal(err)
 	}
-	pub, err := outboxamqp.NewPublisher(outboxamqp.Config{URL: testAMQPURL(), Queue: target.queue, Logger: testLogger(t, nil)})
+	pub, err := outboxamqp.NewPublisher(outboxamqp.Config{URL: testAMQPURL(), Queue: target.Queue, Logger: testLogger(t, nil)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,16 +55,16 @@ func TestQueueSendsToThatQueueAlone(t *testing.T) {
 			t.Fatalf("message %d: %v", i, err)
 		}
 	}
-	got := target.waitDeliveries("the replayed messages", 30*time.Second, func(ds []amqp.Delivery) bool { return len(ds) >= len(envs) })
+	got := target.WaitDeliveries("the replayed messages", 30*time.Second, func(ds []amqp.Delivery) bool { return len(ds) >= len(envs) })
 	for i, d := range got {
 		want := outboxamqp.Publishing(envs[i])
-		if d.Exchange != "" || d.RoutingKey != target.queue || d.MessageId != want.MessageId || d.Headers["aggregate_version"] != envs[i].AggregateVersion {
+		if d.Exchange != "" || d.RoutingKey != target.Queue || d.MessageId != want.MessageId || d.Headers["aggregate_version"] != envs[i].AggregateVersion {
 			t.Errorf("delivery %d: exchange %q, key %q, id %s, headers %v; want the default exchange, key %q, id %s",
-				i, d.Exchange, d.RoutingKey, d.MessageId, d.Headers, target.queue, want.MessageId)
+				i, d.Exchange, d.RoutingKey, d.MessageId, d.Headers, target.Queue, want.MessageId)
 		}
 	}
 	time.Sleep(500 * time.Millisecond)
-	if n := len(other.deliveries()); n != 0 {
+	if n := len(other.Deliveries()); n != 0 {
 		t.Fatalf("a queue bound to the exchange got %d of the messages sent to one queue", n)
 	}
 

@@ -56,7 +56,7 @@ func TestRelayIsolatesARowTheBrokerRefuses(t *testing.T) {
 			alone = append(alone, slices.Concat(r.Published, r.Failed, r.DeadLettered, r.Isolated, r.NotSent)...)
 		}
 	})
-	startRelay(t, pool, newPublisher(t, testAMQPURL(), b.exchange, testLogger(t, nil)), cfg)
+	startRelay(t, pool, newPublisher(t, testAMQPURL(), b.Exchange, testLogger(t, nil)), cfg)
 
 	waitFor(t, "every other row published and the refused one dead-lettered", 60*time.Second, func() (bool, error) {
 		var left, dead int

@@ -60,7 +60,7 @@ func TestRelayPublishesARowCommittedAfterLaterRowsWerePublished(t *testing.T) {
 	ctx := context.Background()
 	pool := newTestPool(t)
 	b := newBroker(t, true)
-	pub := newPublisher(t, testAMQPURL(), b.exchange, testLogger(t, nil))
+	pub := newPublisher(t, testAMQPURL(), b.Exchange, testLogger(t, nil))
 
 	late, err := pool.Begin(ctx)
 	if err != nil {
@@ -75,7 +75,7 @@ func TestRelayPublishesARowCommittedAfterLaterRowsWerePublished(t *testing.T) {
 	relay := startRelay(t, pool, pub, relayConfig(t))
 	early := enqueue(t, pool, msg("o-1", "order.created"), msg("o-2", "order.created"))
 	relay.Wake()
-	b.waitDeliveries("the early rows", 10*time.Second, allReceived(early))
+	b.WaitDeliveries("the early rows", 10*time.Second, allReceived(early))
 	waitFor(t, "early rows marked", 10*time.Second, func() (bool, error) {
 		var n int
 		err := pool.QueryRow(ctx, "SELECT count(*) FROM outbox_published").Scan(&n)
@@ -89,7 +89,7 @@ func TestRelayPublishesARowCommittedAfterLaterRowsWerePublished(t *testing.T) {
 		t.Fatal(err)
 	}
 	relay.Wake()
-	b.waitDeliveries("the late row", 10*time.Second, allReceived(lateIDs))
+	b.WaitDeliveries("the late row", 10*time.Second, allReceived(lateIDs))
 	waitFor(t, "outbox drained", 10*time.Second, outboxEmpty(pool))
 	checkMarkedWereReceived(t, pool, b)
 }
@@ -102,7 +102,7 @@ func TestRelayNeverMarksAnUnroutableMessageThenRetriesADeadLetter(t *testing.T) 
 	ctx := context.Background()
 	pool := newTestPool(t)
 	b := newBroker(t, false)
-	pub := newPublisher(t, testAMQPURL(), b.exchange, testLogger(t, nil))
+	pub := newPublisher(t, testAMQPURL(), b.Exchange, testLogger(t, nil))
 	admin := outboxadmin.New(pool)
 
 	cfg := relayConfig(t)
@@ -141,7 +141,7 @@ func TestRelayNeverMarksAnUnroutableMessageThenRetriesADeadLetter(t *testing.T) 
 	if n, err := admin.RetryAll(ctx); err != nil || n != 1 {
 		t.Fatalf("RetryAll = %d, %v; want 1", n, err)
 	}
-	ds := b.waitDeliveries("both events", 10*time.Second, allReceived(events))
+	ds := b.WaitDeliveries("both events", 10*time.Second, allReceived(events))
 	if last := checkAggregateOrder(t, ds); last["o-1"] != 2 {
 		t.Fatalf("aggregate o-1 reached version %d, want 2", last["o-1"])
 	}
@@ -169,7 +169,7 @@ func TestRelayDrainsAfterTheBrokerWasDownAtStart(t *testing.T) {
 			close(failed)
 		}
 	})
-	pub := newPublisher(t, url, b.exchange, log)
+	pub := newPublisher(t, url, b.Exchange, log)
 	var msgs []outbox.Message
 	for i := range 300 {
 		msgs = append(msgs, msg(fmt.Sprintf("o-%d", i%50), "order.touched"))
@@ -199,7 +199,7 @@ func TestRelayDrainsAfterTheBrokerWasDownAtStart(t *testing.T) {
 	if err := px.Start(); err != nil {
 		t.Fatalf("restart proxy: %v", err)
 	}
-	ds := b.waitDeliveries("every event", 30*time.Second, allReceived(events))
+	ds := b.WaitDeliveries("every event", 30*time.Second, allReceived(events))
 	checkAggregateOrder(t, ds)
 	waitFor(t, "outbox drained", 10*time.Second, outboxEmpty(pool))
 	checkMarkedWereReceived(t, pool, b)
@@ -236,7 +236,7 @@ func (c *cutter) PublishBatch(ctx context.Context, msgs []outbox.Envelope) []err
 		for _, m := range msgs {
 			want[m.MessageID()] = true
 		}
-		c.b.waitDeliveries("the cut batch routed", 10*time.Second, func(ds []amqp.Delivery) bool {
+		c.b.WaitDeliveries("the cut batch routed", 10*time.Second, func(ds []amqp.Delivery) bool {
 			n := 0
 			for _, d := range ds {
 				if want[d.MessageId] {
@@ -268,7 +268,7 @@ func TestRelayConnectionCutMidBatchMarksNothingUnconfirmed(t *testing.T) {
 	pool := newTestPool(t)
 	b := newBroker(t, true)
 	px := newProxy(t)
-	pub := newPublisher(t, px.URL(t), b.exchange, testLogger(t, nil))
+	pub := newPublisher(t, px.URL(t), b.Exchange, testLogger(t, nil))
 
 	c := &cutter{Publisher: pub, t: t, px: px, b: b, cutErr: make(chan []error, 1)}
 	var cutBatch atomic.Pointer[outboxtest.BatchResult]
@@ -288,7 +288,7 @@ func TestRelayConnectionCutMidBatchMarksNothingUnconfirmed(t *testing.T) {
 	}
 	first := enqueue(t, pool, msgs[:10]...)
 	relay.Wake()
-	b.waitDeliveries("the connection up", 10*time.Second, allReceived(first))
+	b.WaitDeliveries("the connection up", 10*time.Second, allReceived(first))
 	c.armed.Store(true)
 	rest := enqueue(t, pool, msgs[10:]...)
 	relay.Wake()
@@ -309,9 +309,9 @@ func TestRelayConnectionCutMidBatchMarksNothingUnconfirmed(t *testing.T) {
 	}
 
 	all := append(first, rest...)
-	ds := b.waitDeliveries("every event", 30*time.Second, allReceived(all))
+	ds := b.WaitDeliveries("every event", 30*time.Second, allReceived(all))
 	waitFor(t, "outbox drained", 10*time.Second, outboxEmpty(pool))
-	checkAggregateOrder(t, b.deliveries())
+	checkAggregateOrder(t, b.Deliveries())
 	checkMarkedWereReceived(t, pool, b)
 
 	r := cutBatch.Load()
@@ -466,7 +466,7 @@ func TestThreeRelaysKeepPerAggregateOrder(t *testing.T) {
 		stall     *stallOnce
 	)
 	for i := range 3 {
-		f := &failingAggregate{Publisher: newPublisher(t, testAMQPURL(), b.exchange, testLogger(t, nil)), agg: stuck}
+		f := &failingAggregate{Publisher: newPublisher(t, testAMQPURL(), b.Exchange, testLogger(t, nil)), agg: stuck}
 		failing = append(failing, f)
 		cfg := relayConfig(t)
 		cfg.MaxAttempts = 1_000_000 // this test is about holding back, not dead letters
@@ -530,7 +530,7 @@ func TestThreeRelaysKeepPerAggregateOrder(t *testing.T) {
 			others = append(others, e)
 		}
 	}
-	ds := b.waitDeliveries("every event of the healthy aggregates", 90*time.Second, allReceived(others))
+	ds := b.WaitDeliveries("every event of the healthy aggregates", 90*time.Second, allReceived(others))
 	for _, d := range ds {
 		if d.Headers["aggregate_id"] == stuck {
 			t.Fatalf("an event of the failing aggregate was delivered: %s", d.MessageId)
@@ -556,7 +556,7 @@ func TestThreeRelaysKeepPerAggregateOrder(t *testing.T) {
 	for _, f := range failing {
 		f.released.Store(true)
 	}
-	ds = b.waitDeliveries("every event", 60*time.Second, allReceived(written))
+	ds = b.WaitDeliveries("every event", 60*time.Second, allReceived(written))
 	last := checkAggregateOrder(t, ds)
 	if len(last) != aggregates {
 		t.Fatalf("%d aggregates delivered, want %d", len(last), aggregates)
@@ -576,7 +576,7 @@ func TestThreeRelaysKeepPerAggregateOrder(t *testing.T) {
 	default:
 		t.Fatal("no other relay re-claimed the held batch after its lease")
 	}
-	counts := receivedIDs(b.deliveries())
+	counts := receivedIDs(b.Deliveries())
 	twice := 0
 	for id := range stall.ids {
 		if counts[id] >= 2 {
@@ -609,7 +609,7 @@ func TestRelayUnderConcurrentWriters(t *testing.T) {
 	b := newBroker(t, true)
 	var relays []*outbox.Relay
 	for range 2 {
-		relays = append(relays, startRelay(t, pool, newPublisher(t, testAMQPURL(), b.exchange, testLogger(t, nil)), relayConfig(t)))
+		relays = append(relays, startRelay(t, pool, newPublisher(t, testAMQPURL(), b.Exchange, testLogger(t, nil)), relayConfig(t)))
 	}
 	var (
 		mu      sync.Mutex
@@ -644,7 +644,7 @@ func TestRelayUnderConcurrentWriters(t *testing.T) {
 	for err := range errs {
 		t.Fatal(err)
 	}
-	ds := b.waitDeliveries("every event", 30*time.Second, allReceived(written))
+	ds := b.WaitDeliveries("every event", 30*time.Second, allReceived(written))
 	checkAggregateOrder(t, ds)
 	waitFor(t, "outbox drained", 10*time.Second, outboxEmpty(pool))
 	checkMarkedWereReceived(t, pool, b)

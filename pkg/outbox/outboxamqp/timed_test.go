@@ -20,7 +20,7 @@ func TestPublishBatchTimedReportsEachConfirmAndTheNode(t *testing.T) {
 	t.Parallel()
 	b := newBroker(t, false)
 	b.bind("order.created", nil)
-	p := newPublisher(t, testAMQPURL(), b.exchange, testLogger(t, nil))
+	p := newPublisher(t, testAMQPURL(), b.Exchange, testLogger(t, nil))
 	if host, port := p.Node(); host != "" || port != 0 {
 		t.Errorf("Node before any connection = %q, %d; want none", host, port)
 	}

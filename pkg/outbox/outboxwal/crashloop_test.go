@@ -207,7 +207,7 @@ func testCrashLoop(t *testing.T, streamed bool) {
 	c := crashingRelay{
 		Schema:      pool.Config().ConnConfig.RuntimeParams["search_path"],
 		Slot:        cfg.Slot,
-		Exchange:    b.exchange,
+		Exchange:    b.Exchange,
 		MaxAttempts: maxAttempts,
 		PollWorkers: 4,
 	}

@@ -72,7 +72,7 @@ func TestPublishesConfirmsSweepsAndAcknowledges(t *testing.T) {
 }
 
 func newPublisherForTest(t testing.TB, b *broker) outbox.Publisher {
-	return newPublisher(t, testAMQPURL(), b.exchange)
+	return newPublisher(t, testAMQPURL(), b.Exchange)
 }
 
 // Rows in the outbox before the slot existed are not in its stream: the relay
@@ -157,7 +157,7 @@ func TestBrokerOutage(t *testing.T) {
 	b := newBroker(t, "#")
 	p := newProxy(t)
 	cfg := walConfig(t, pool)
-	relay, _ := startWAL(t, pool, newPublisher(t, p.URL(t), b.exchange), cfg)
+	relay, _ := startWAL(t, pool, newPublisher(t, p.URL(t), b.Exchange), cfg)
 	waitActive(t, relay)
 	first := enqueue(t, pool, msg("a", "order.created"))
 	b.waitIDs("the first event", first)
@@ -266,7 +266,7 @@ func TestDeadLetterHoldsBackItsAggregateUntilRetryOrDiscard(t *testing.T) {
 	// The held events may have gone out once already, early, in the run of
 	// the poison's first attempt (see the package doc, "Order per
 	// aggregate"); none goes out again while its aggregate is held.
-	early := receivedIDs(b.deliveries())
+	early := receivedIDs(b.Deliveries())
 	dl, err := admin.DeadLetters(ctx, 0, 10)
 	if err != nil {
 		t.Fatal(err)
@@ -282,14 +282,14 @@ func TestDeadLetterHoldsBackItsAggregateUntilRetryOrDiscard(t *testing.T) {
 		st, err := admin.Status(ctx)
 		return st.Pending == int64(len(heldP)+len(heldD)) && st.DeadLettered == 2, err
 	})
-	seen := receivedIDs(b.deliveries())
+	seen := receivedIDs(b.Deliveries())
 	for _, e := range append(append(append(poisonP, poisonD...), heldP...), heldD...) {
 		if seen[e.ID] > early[e.ID] {
 			t.Fatalf("event %d was delivered while its aggregate is held", e.ID)
 		}
 	}
 
-	b.bind("bad.#")
+	b.Bind("bad.#")
 	if err := admin.Retry(ctx, poisonP[0].ID); err != nil {
 		t.Fatal(err)
 	}
@@ -425,7 +425,7 @@ func TestWaitingRelayKeepsItsPublisherConnected(t *testing.T) {
 	cfg := walConfig(t, pool)
 	first, _ := startWAL(t, pool, newPublisherForTest(t, b), cfg)
 	waitActive(t, first)
-	pub := newPublisher(t, testAMQPURL(), b.exchange)
+	pub := newPublisher(t, testAMQPURL(), b.Exchange)
 	second, _ := startWAL(t, pool, pub, cfg)
 	waitFor(t, "the waiting relay's publisher connected", 30*time.Second, func() (bool, error) {
 		return pub.Ready() == nil, nil

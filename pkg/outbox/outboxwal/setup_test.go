@@ -20,6 +20,7 @@ import (
 
 	"github.com/outbox-inbox/reference/pkg/outbox"
 	"github.com/outbox-inbox/reference/pkg/outbox/internal/outboxtest"
+	"github.com/outbox-inbox/reference/pkg/outbox/internal/outboxtest/amqptest"
 	"github.com/outbox-inbox/reference/pkg/outbox/outboxamqp"
 	"github.com/outbox-inbox/reference/pkg/outbox/outboxwal"
 )
@@ -191,73 +192,22 @@ const longWait = 5 * time.Minute
 func testLogger(t testing.TB) *slog.Logger { return outboxtest.Logger(t) }
 
 // broker is a test's own exchange and queue on the test broker, deleted in
-// cleanup, and a consumer recording every delivery.
+// cleanup, and a consumer recording every delivery (see amqptest.Broker).
 type broker struct {
-	t        testing.TB
-	ch       *amqp.Channel
-	exchange string
-	queue    string
-
-	mu       sync.Mutex
-	received []amqp.Delivery
+	*amqptest.Broker
+	t testing.TB
 }
 
 // newBroker declares an exchange and a queue bound to it with keys.
 func newBroker(t testing.TB, keys ...string) *broker {
 	t.Helper()
-	conn, err := amqp.Dial(testAMQPURL())
-	if err != nil {
-		unavailable(t, "RabbitMQ at "+testAMQPURL(), err)
-	}
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := &broker{t: t, ch: ch, exchange: "outboxwal-test-" + randomHex(6)}
-	b.queue = b.exchange + ".q"
-	if err := ch.ExchangeDeclare(b.exchange, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ch.QueueDeclare(b.queue, true, false, false, false, nil); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if _, err := ch.QueueDelete(b.queue, false, false, false); err != nil {
-			t.Errorf("delete queue: %v", err)
-		}
-		if err := ch.ExchangeDelete(b.exchange, false, false); err != nil {
-			t.Errorf("delete exchange: %v", err)
-		}
-		_ = conn.Close()
-	})
+	b := &broker{amqptest.NewBroker(t, testAMQPURL(), "outboxwal-test-"), t}
+	b.DeclareQueue(nil)
 	for _, k := range keys {
-		b.bind(k)
+		b.Bind(k)
 	}
-	deliveries, err := ch.Consume(b.queue, "", true, false, false, false, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		for d := range deliveries {
-			b.mu.Lock()
-			b.received = append(b.received, d)
-			b.mu.Unlock()
-		}
-	}()
+	b.Consume()
 	return b
-}
-
-func (b *broker) bind(key string) {
-	b.t.Helper()
-	if err := b.ch.QueueBind(b.queue, key, b.exchange, false, nil); err != nil {
-		b.t.Fatal(err)
-	}
-}
-
-func (b *broker) deliveries() []amqp.Delivery {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return append([]amqp.Delivery(nil), b.received...)
 }
 
 // waitIDs waits until every id in want was delivered at least once.
@@ -269,7 +219,7 @@ func (b *broker) waitIDs(what string, want []outbox.Enqueued) []amqp.Delivery {
 	)
 	deadline := time.Now().Add(longWait)
 	for {
-		got = b.deliveries()
+		got = b.Deliveries()
 		seen := receivedIDs(got)
 		missing = missing[:0]
 		for _, e := range want {
@@ -309,14 +259,7 @@ func checkMessageIDs(t testing.TB, want []outbox.Enqueued, got []amqp.Delivery) 
 	}
 }
 
-func receivedIDs(ds []amqp.Delivery) map[int64]int {
-	out := map[int64]int{}
-	for _, d := range ds {
-		id, _, _ := outbox.ParseMessageID(d.MessageId)
-		out[id]++
-	}
-	return out
-}
+var receivedIDs = amqptest.ReceivedIDs
 
 // checkAggregateOrder fails the test unless every aggregate's versions first
 // appear in order 1, 2, 3... on the queue; copies of a version already seen
@@ -389,20 +332,7 @@ func checkLastCopiesInOrder(t testing.TB, ds []amqp.Delivery, discarded map[stri
 
 func newPublisher(t testing.TB, url, exchange string) *outboxamqp.Publisher {
 	t.Helper()
-	p, err := outboxamqp.NewPublisher(outboxamqp.Config{
-		URL:          url,
-		Exchange:     exchange,
-		ReconnectMin: 20 * time.Millisecond,
-		ReconnectMax: 200 * time.Millisecond,
-		DialTimeout:  2 * time.Second,
-		MaxInFlight:  1000,
-		Logger:       testLogger(t),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
-	return p
+	return amqptest.NewPublisher(t, url, exchange, testLogger(t))
 }
 
 // slotCaughtUp is a WaitFor condition: the slot acknowledged every

@@ -30,7 +30,7 @@ func TestAFailingAggregateLeavesTheStream(t *testing.T) {
 	}
 	other := enqueue(t, pool, msg("other", "order.created"))
 	waitFor(t, "the other aggregate's event", 15*time.Second, func() (bool, error) {
-		return receivedIDs(b.deliveries())[other[0].ID] > 0, nil
+		return receivedIDs(b.Deliveries())[other[0].ID] > 0, nil
 	})
 	waitFor(t, "the slot acknowledged past the failing aggregate", 15*time.Second, slotCaughtUp(t, pool, cfg.Slot))
 

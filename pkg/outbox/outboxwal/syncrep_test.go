@@ -63,7 +63,7 @@ func TestNothingIsPublishedBeforeTheSynchronousStandbyHasIt(t *testing.T) {
 		t.Fatal("the commit returned while the synchronous standby was down")
 	default:
 	}
-	if n := len(br.deliveries()); n != 0 {
+	if n := len(br.Deliveries()); n != 0 {
 		t.Fatalf("%d messages published while their transaction waited for the synchronous standby", n)
 	}
 
