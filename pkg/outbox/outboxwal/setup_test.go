@@ -2,14 +2,10 @@ package outboxwal_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"fmt"
 	"log/slog"
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -21,8 +17,8 @@ import (
 	"github.com/outbox-inbox/reference/pkg/outbox"
 	"github.com/outbox-inbox/reference/pkg/outbox/internal/outboxtest"
 	"github.com/outbox-inbox/reference/pkg/outbox/internal/outboxtest/amqptest"
+	"github.com/outbox-inbox/reference/pkg/outbox/internal/outboxtest/waltest"
 	"github.com/outbox-inbox/reference/pkg/outbox/outboxamqp"
-	"github.com/outbox-inbox/reference/pkg/outbox/outboxwal"
 )
 
 var (
@@ -34,10 +30,18 @@ var (
 	outboxEmpty = outboxtest.OutboxEmpty
 )
 
-// slotPrefix names the slots these tests create. A slot left behind keeps
-// WAL on the server forever, so TestMain drops the ones of earlier runs that
-// died before their cleanup (their name says when they were made).
-const slotPrefix = "outboxwal_test_"
+// The WAL relay's helpers shared with the publishers' tests (see waltest).
+const (
+	slotPrefix = waltest.SlotPrefix
+	longWait   = waltest.LongWait
+)
+
+var (
+	requireLogical = waltest.RequireLogical
+	walConfig      = waltest.Config
+	startWAL       = waltest.Start
+	waitActive     = waltest.WaitActive
+)
 
 func TestMain(m *testing.M) {
 	if os.Getenv(crashingRelayEnv) != "" {
@@ -74,30 +78,6 @@ func dropStaleSlots() {
 	}
 }
 
-// requireLogical skips the test (fails it under CI=true) unless the server
-// runs with wal_level=logical.
-func requireLogical(t testing.TB, pool *pgxpool.Pool) {
-	t.Helper()
-	var level string
-	if err := pool.QueryRow(context.Background(), "SHOW wal_level").Scan(&level); err != nil {
-		t.Fatal(err)
-	}
-	if level != "logical" {
-		msg := fmt.Sprintf("the server runs with wal_level=%s; the WAL relay needs wal_level=logical "+
-			"(ALTER SYSTEM SET wal_level = logical and a restart: .ci/run does it)", level)
-		if os.Getenv("CI") == "true" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
-}
-
-func randomHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
 // walPool is a migrated schema of the test's own on a server with
 // wal_level=logical.
 func walPool(t testing.TB) *pgxpool.Pool {
@@ -106,88 +86,6 @@ func walPool(t testing.TB) *pgxpool.Pool {
 	requireLogical(t, pool)
 	return pool
 }
-
-// walConfig returns a config with a slot and a publication of the test's
-// own, both dropped when the test ends (after its relays stopped: register
-// relays after calling this).
-func walConfig(t testing.TB, pool *pgxpool.Pool) outboxwal.Config {
-	t.Helper()
-	name := fmt.Sprintf("%s%d_%s", slotPrefix, time.Now().Unix(), randomHex(4))
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		for {
-			err := outboxwal.Drop(ctx, pool, name, name)
-			if err == nil {
-				return
-			}
-			if ctx.Err() != nil {
-				t.Errorf("drop slot %s: %v", name, err)
-				return
-			}
-			time.Sleep(100 * time.Millisecond) // the walsender of a stopped relay is still exiting
-		}
-	})
-	return outboxwal.Config{
-		Slot:             name,
-		Publication:      name,
-		BatchSize:        100,
-		PublishTimeout:   5 * time.Second,
-		StatusInterval:   100 * time.Millisecond,
-		SweepInterval:    20 * time.Millisecond,
-		TakeoverInterval: 100 * time.Millisecond,
-		Poll: outbox.RelayConfig{
-			PollInterval:    50 * time.Millisecond,
-			RetryBackoffMin: 10 * time.Millisecond,
-			RetryBackoffMax: 50 * time.Millisecond,
-		},
-		Logger: testLogger(t),
-	}
-}
-
-// startWAL runs a WAL relay until the test ends (or stop is called), and
-// fails the test if Run returns an error or does not return within longWait
-// of being stopped.
-func startWAL(t testing.TB, pool *pgxpool.Pool, pub outbox.Publisher, cfg outboxwal.Config) (*outboxwal.Relay, func()) {
-	t.Helper()
-	relay, err := outboxwal.NewRelay(pool, pub, cfg)
-	if err != nil {
-		t.Fatalf("NewRelay: %v", err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- relay.Run(ctx) }()
-	var once sync.Once
-	stop := func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Errorf("Run: %v", err)
-				}
-			case <-time.After(longWait):
-				t.Errorf("relay did not stop within %v of its context being cancelled", longWait)
-			}
-		})
-	}
-	t.Cleanup(stop)
-	return relay, stop
-}
-
-// waitActive waits for r to stream from its slot. Creating a slot waits for
-// every transaction running on the server to end (another test's bulk
-// insert included), and the server may be slow: the wait is long, and says
-// nothing of how fast a relay starts.
-func waitActive(t testing.TB, r *outboxwal.Relay) {
-	t.Helper()
-	waitFor(t, "the relay streaming", longWait, func() (bool, error) { return r.Stats().Active, nil })
-}
-
-// longWait bounds the waits for what a relay must do eventually: under load
-// (tests of many packages at once, each decoding the others' writes) it can
-// take minutes, and a wait that runs out is a failure, not a measure.
-const longWait = 5 * time.Minute
 
 func testLogger(t testing.TB) *slog.Logger { return outboxtest.Logger(t) }
 
