@@ -109,6 +109,26 @@ func Queue(t testing.TB, queue string) (amqpURL string, ch *amqp.Channel) {
 	return amqpURL, ch
 }
 
+// GetOne waits up to 30 seconds for a message in queue, takes it with
+// basic.get and returns it; it fails the test if none comes.
+func GetOne(t testing.TB, ch *amqp.Channel, queue string) amqp.Delivery {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		d, ok, err := ch.Get(queue, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok {
+			return d
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no message in %s within 30s", queue)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // CloseConnections cuts every client connection of vhost, as a broker restart
 // would (without stopping the broker others use).
 func CloseConnections(t testing.TB, vhost string) {

@@ -93,29 +93,10 @@ func TestHeadersOfAnyKeyAndTypeSurviveParkingAndReplay(t *testing.T) {
 		t.Fatalf("Replay: %d, %v; want 1 released", n, err)
 	}
 	for _, id := range []string{"m1", "m2"} {
-		d := getOne(t, ch, "q")
+		d := amqptest.GetOne(t, ch, "q")
 		if d.MessageId != id {
 			t.Fatalf("replayed %s, want %s", d.MessageId, id)
 		}
 		sameHeaders(t, fmt.Sprintf("replayed %s", id), d.Headers, awkwardHeaders())
-	}
-}
-
-// getOne waits for one message in queue and takes it.
-func getOne(t *testing.T, ch *amqp.Channel, queue string) amqp.Delivery {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		d, ok, err := ch.Get(queue, true)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if ok {
-			return d
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no message in %s", queue)
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }

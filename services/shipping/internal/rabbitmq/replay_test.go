@@ -5,9 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
-	"time"
 
-	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
@@ -42,20 +40,7 @@ func TestReplayedMessageStaysInTheTraceKeptWithIt(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	var d amqp.Delivery
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		var ok bool
-		if d, ok, err = ch.Get("q", true); err != nil {
-			t.Fatal(err)
-		} else if ok {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the replayed message never arrived")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	d := amqptest.GetOne(t, ch, "q") // the replayed message
 	var span sdktrace.ReadOnlySpan
 	for _, s := range rec.Ended() {
 		if s.Name() == "publish q" {
