@@ -25,31 +25,13 @@ import (
 // newRelay builds the relay and its RabbitMQ publisher. The caller runs it and
 // closes the publisher after the relay returned.
 func newRelay(cfg config.Config, pool *pgxpool.Pool, reg prometheus.Registerer, crash *crashpoint.Trigger, logger *slog.Logger, tel *tracing.Telemetry) (*outbox.Relay, *outboxamqp.Publisher, error) {
-	pub, err := outboxamqp.NewPublisher(outboxamqp.Config{
-		URL:            cfg.AMQPURL,
-		Exchange:       config.Exchange,
-		ConnectionName: "orders-relay",
-		MaxInFlight:    cfg.BatchSize, // one batch per channel
-		Logger:         logger,
-		CloudEvents:    cfg.CloudEvents(),
-	})
+	pub, err := newPublisher(cfg, reg, logger, "orders-relay", cfg.BatchSize) // one batch per channel
 	if err != nil {
 		return nil, nil, err
 	}
-	metrics.RegisterPublisherReady(reg, pub.Ready)
-	relayCfg := outbox.RelayConfig{
-		BatchSize:          cfg.BatchSize,
-		MaxInFlightBytes:   cfg.MaxInFlightBytes,
-		PollInterval:       cfg.PollInterval,
-		Lease:              cfg.Lease,
-		PublishTimeout:     min(10*time.Second, cfg.Lease/3),
-		MaxAttempts:        cfg.MaxAttempts,
-		RetryBackoffMin:    cfg.BackoffMin,
-		RetryBackoffMax:    cfg.BackoffMax,
-		PublishedRetention: cfg.Retention,
-		Logger:             logger,
-		Observer:           metrics.NewRelay(reg),
-	}
+	relayCfg := pollConfig(cfg)
+	relayCfg.Logger = logger
+	relayCfg.Observer = metrics.NewRelay(reg)
 	if cfg.Listen {
 		relayCfg.NotifyChannel = config.NotifyChannel
 		if relayCfg.ListenConfig, err = postgres.ListenConfig(cfg.ListenURL); err != nil {
@@ -63,6 +45,41 @@ func newRelay(cfg config.Config, pool *pgxpool.Pool, reg prometheus.Registerer, 
 		return nil, nil, err
 	}
 	return relay, pub, nil
+}
+
+// newPublisher builds a relay's RabbitMQ publisher, named connName, that
+// confirms at most maxInFlight messages at once, and registers its
+// readiness.
+func newPublisher(cfg config.Config, reg prometheus.Registerer, logger *slog.Logger, connName string, maxInFlight int) (*outboxamqp.Publisher, error) {
+	pub, err := outboxamqp.NewPublisher(outboxamqp.Config{
+		URL:            cfg.AMQPURL,
+		Exchange:       config.Exchange,
+		ConnectionName: connName,
+		MaxInFlight:    maxInFlight,
+		Logger:         logger,
+		CloudEvents:    cfg.CloudEvents(),
+	})
+	if err != nil {
+		return nil, err
+	}
+	metrics.RegisterPublisherReady(reg, pub.Ready)
+	return pub, nil
+}
+
+// pollConfig is the polling relay's configuration from cfg, without its
+// logger and observer: the relay's own, or the one under the WAL relay.
+func pollConfig(cfg config.Config) outbox.RelayConfig {
+	return outbox.RelayConfig{
+		BatchSize:          cfg.BatchSize,
+		MaxInFlightBytes:   cfg.MaxInFlightBytes,
+		PollInterval:       cfg.PollInterval,
+		Lease:              cfg.Lease,
+		PublishTimeout:     min(10*time.Second, cfg.Lease/3),
+		MaxAttempts:        cfg.MaxAttempts,
+		RetryBackoffMin:    cfg.BackoffMin,
+		RetryBackoffMax:    cfg.BackoffMax,
+		PublishedRetention: cfg.Retention,
+	}
 }
 
 // crashAfterConfirm wraps pub, and arms the crash point

@@ -10,7 +10,6 @@ import (
 
 	"github.com/outbox-inbox/reference/internal/crashpoint"
 	"github.com/outbox-inbox/reference/internal/tracing"
-	"github.com/outbox-inbox/reference/pkg/outbox"
 	"github.com/outbox-inbox/reference/pkg/outbox/outboxamqp"
 	"github.com/outbox-inbox/reference/pkg/outbox/outboxwal"
 	"github.com/outbox-inbox/reference/services/orders/internal/config"
@@ -44,32 +43,14 @@ func newRelayFor(cfg config.Config, pool *pgxpool.Pool, reg prometheus.Registere
 		// The polling relay that publishes what the WAL relay hands over
 		// (events whose publish failed, dead letters retried by an operator,
 		// the events held behind them).
-		Poll: outbox.RelayConfig{
-			BatchSize:          cfg.BatchSize,
-			MaxInFlightBytes:   cfg.MaxInFlightBytes,
-			PollInterval:       cfg.PollInterval,
-			Lease:              cfg.Lease,
-			PublishTimeout:     min(10*time.Second, cfg.Lease/3),
-			MaxAttempts:        cfg.MaxAttempts,
-			RetryBackoffMin:    cfg.BackoffMin,
-			RetryBackoffMax:    cfg.BackoffMax,
-			PublishedRetention: cfg.Retention,
-		},
+		Poll:     pollConfig(cfg),
 		Logger:   logger,
 		Observer: metrics.NewRelay(reg),
 	}
-	pub, err := outboxamqp.NewPublisher(outboxamqp.Config{
-		URL:            cfg.AMQPURL,
-		Exchange:       config.Exchange,
-		ConnectionName: "orders-relay-wal",
-		MaxInFlight:    outboxwal.DefaultWorkers * cfg.BatchSize, // one batch per worker
-		Logger:         logger,
-		CloudEvents:    cfg.CloudEvents(),
-	})
+	pub, err := newPublisher(cfg, reg, logger, "orders-relay-wal", outboxwal.DefaultWorkers*cfg.BatchSize) // one batch per worker
 	if err != nil {
 		return nil, nil, err
 	}
-	metrics.RegisterPublisherReady(reg, pub.Ready)
 	relay, err := outboxwal.NewRelay(pool, crashAfterConfirm(tracedPublisher(pub, tel), crash), walCfg)
 	if err != nil {
 		_ = pub.Close()
