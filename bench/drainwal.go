@@ -12,7 +12,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outbox-inbox/reference/pkg/outbox"
 	"github.com/outbox-inbox/reference/pkg/outbox/outboxamqp"
@@ -235,17 +234,9 @@ func (b *bench) runRelayDrainWAL(ctx context.Context) ([]Figure, error) {
 		if err := seed(); err != nil {
 			return nil, err
 		}
-		envs, err := loadEnvelopes(ctx, pool)
+		d, baseCPU, _, err := rawBaseline(ctx, pool, url, b.cfg.rawWindow, meter, fmt.Sprintf("relay_drain_wal_raw_rep%d", rep))
 		if err != nil {
 			return nil, err
-		}
-		msgs := make([]amqp.Publishing, len(envs))
-		for i, e := range envs {
-			msgs[i] = outboxamqp.Publishing(e)
-		}
-		d, baseCPU, err := rawPublishMeasured(ctx, url, msgs, b.cfg.rawWindow, meter, fmt.Sprintf("relay_drain_wal_raw_rep%d", rep))
-		if err != nil {
-			return nil, fmt.Errorf("baseline: %w", err)
 		}
 		if err := check("baseline"); err != nil {
 			return nil, err
