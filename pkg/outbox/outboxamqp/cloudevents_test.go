@@ -197,7 +197,7 @@ func TestCloudEventsRefusesWhatCannotBeAnEvent(t *testing.T) {
 func TestCloudEventsRefusedEventHoldsBackItsRun(t *testing.T) {
 	t.Parallel()
 	b := newBroker(t, true)
-	p := newCloudEventsPublisher(t, b.exchange, &outboxamqp.CloudEvents{Source: "urn:example:orders"})
+	p := newCloudEventsPublisher(t, b.Exchange, &outboxamqp.CloudEvents{Source: "urn:example:orders"})
 	refused := envelope(1, "o-1", 9, "order.amended")
 	refused.Headers["cloudEvents:partitionkey"] = "k"
 	behind := envelope(2, "o-1", 10, "order.amended")
@@ -213,7 +213,7 @@ func TestCloudEventsRefusedEventHoldsBackItsRun(t *testing.T) {
 		t.Fatalf("another aggregate's message: %v", errs[2])
 	}
 	// One channel, one queue: had version 10 gone out, it would come first.
-	ds := b.waitDeliveries("the other aggregate's message", 10*time.Second, func(ds []amqp.Delivery) bool { return len(ds) >= 1 })
+	ds := b.WaitDeliveries("the other aggregate's message", 10*time.Second, func(ds []amqp.Delivery) bool { return len(ds) >= 1 })
 	if len(ds) != 1 || ds[0].MessageId != other.MessageID() {
 		t.Fatalf("delivered %d messages, first %q; want only message 3", len(ds), ds[0].MessageId)
 	}
