@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"syscall"
@@ -207,4 +208,138 @@ func postAndReadAlerts(base string, body []byte) ([]amAlert, error) {
 		return nil, err
 	}
 	return got, nil
+}
+
+// The runbook's table of inhibitions (docs/operations.md, "Alert routing")
+// is alertmanager.yml's inhibit_rules: one row per source alert, naming
+// every alert it inhibits and the jobs a target is limited to, and saying
+// "of the same node" where the rule wants the instance equal; no row for a
+// cause the configuration does not have.
+func TestRunbookListsTheInhibitions(t *testing.T) {
+	t.Parallel()
+	raw, err := os.ReadFile(alertmanagerConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg struct {
+		InhibitRules []struct {
+			SourceMatchers []string `yaml:"source_matchers"`
+			TargetMatchers []string `yaml:"target_matchers"`
+			Equal          []string `yaml:"equal"`
+		} `yaml:"inhibit_rules"`
+	}
+	if err := yaml.Unmarshal(raw, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	type inhibits struct {
+		alerts, jobs map[string]bool
+		sameNode     bool
+	}
+	matcher := regexp.MustCompile(`^(\w+)(=~|=)"([^"]*)"$`)
+	values := func(m string) (string, []string) {
+		sm := matcher.FindStringSubmatch(m)
+		if sm == nil {
+			t.Fatalf("%s: matcher %q: want label=\"value\" or label=~\"a|b\"", alertmanagerConfig, m)
+		}
+		return sm[1], strings.Split(sm[3], "|")
+	}
+	want := map[string]*inhibits{}
+	for _, r := range cfg.InhibitRules {
+		if len(r.SourceMatchers) != 1 {
+			t.Fatalf("%s: source_matchers %v: want one alertname", alertmanagerConfig, r.SourceMatchers)
+		}
+		label, src := values(r.SourceMatchers[0])
+		if label != "alertname" || len(src) != 1 {
+			t.Fatalf("%s: source_matchers %v: want one alertname", alertmanagerConfig, r.SourceMatchers)
+		}
+		in := want[src[0]]
+		if in == nil {
+			in = &inhibits{alerts: map[string]bool{}, jobs: map[string]bool{}}
+			want[src[0]] = in
+		}
+		named := false
+		for _, m := range r.TargetMatchers {
+			switch label, vs := values(m); label {
+			case "alertname":
+				named = true
+				for _, v := range vs {
+					in.alerts[v] = true
+				}
+			case "job":
+				for _, v := range vs {
+					in.jobs[v] = true
+				}
+			default:
+				t.Fatalf("%s: target matcher %q: the table says alert names and jobs only", alertmanagerConfig, m)
+			}
+		}
+		if !named {
+			t.Fatalf("%s: target_matchers %v name no alert", alertmanagerConfig, r.TargetMatchers)
+		}
+		switch {
+		case slices.Equal(r.Equal, []string{"instance"}):
+			in.sameNode = true
+		case len(r.Equal) > 0:
+			t.Fatalf("%s: equal %v: the table says \"of the same node\" for [instance] only", alertmanagerConfig, r.Equal)
+		}
+	}
+	if len(want) == 0 {
+		t.Fatalf("%s has no inhibit_rules", alertmanagerConfig)
+	}
+
+	doc, err := os.ReadFile(runbook)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cause := regexp.MustCompile(`^\[(\w+)\]\(#`)
+	alertName := regexp.MustCompile(`\b[A-Z][A-Za-z]+\b`)
+	job := regexp.MustCompile("`([a-z-]+)`")
+	rows, inTable := 0, false
+	for _, line := range strings.Split(string(doc), "\n") {
+		if strings.HasPrefix(line, "| cause (critical) | inhibits |") {
+			inTable = true
+			continue
+		}
+		if !inTable || strings.HasPrefix(line, "| ---") {
+			continue
+		}
+		if !strings.HasPrefix(line, "|") {
+			break
+		}
+		rows++
+		cells := strings.Split(strings.Trim(line, "| "), " | ")
+		c := cause.FindStringSubmatch(cells[0])
+		if c == nil || len(cells) != 2 {
+			t.Errorf("%s: row %q: want [Cause](#cause) | what it inhibits", runbook, line)
+			continue
+		}
+		w, ok := want[c[1]]
+		delete(want, c[1])
+		if !ok {
+			t.Errorf("%s: %s inhibits nothing in %s", runbook, c[1], alertmanagerConfig)
+			continue
+		}
+		got := inhibits{alerts: map[string]bool{}, jobs: map[string]bool{}, sameNode: strings.Contains(cells[1], "of the same node")}
+		for _, a := range alertName.FindAllString(cells[1], -1) {
+			got.alerts[a] = true
+		}
+		for _, j := range job.FindAllStringSubmatch(cells[1], -1) {
+			got.jobs[j[1]] = true
+		}
+		if !maps.Equal(got.alerts, w.alerts) {
+			t.Errorf("%s: %s inhibits %v, %s says %v", runbook, c[1], slices.Sorted(maps.Keys(got.alerts)), alertmanagerConfig, slices.Sorted(maps.Keys(w.alerts)))
+		}
+		if !maps.Equal(got.jobs, w.jobs) {
+			t.Errorf("%s: %s names the jobs %v, %s %v", runbook, c[1], slices.Sorted(maps.Keys(got.jobs)), alertmanagerConfig, slices.Sorted(maps.Keys(w.jobs)))
+		}
+		if got.sameNode != w.sameNode {
+			t.Errorf("%s: %s says \"of the same node\": %v, %s wants the instance equal: %v", runbook, c[1], got.sameNode, alertmanagerConfig, w.sameNode)
+		}
+	}
+	if rows == 0 {
+		t.Fatalf("%s has no table of inhibitions (| cause (critical) | inhibits |)", runbook)
+	}
+	for c := range want {
+		t.Errorf("%s: %s inhibits alerts in %s but has no row", runbook, c, alertmanagerConfig)
+	}
 }
