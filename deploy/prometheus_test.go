@@ -671,9 +671,9 @@ func promDuration(t *testing.T, s string) time.Duration {
 	return time.Duration(n) * u
 }
 
-// testsOf returns the promtool test file raw with only the test groups that
-// check alert, loading the rule file rules evaluated in order, and whether
-// raw has any such group.
+// testsOf returns the promtool test file raw with only its checks of alert
+// (and the groups that hold them), loading the rule file rules evaluated in
+// order, and whether raw has any such check.
 func testsOf(t *testing.T, raw []byte, alert, rules string, order []string) ([]byte, bool) {
 	t.Helper()
 	var doc yaml.Node
@@ -693,14 +693,29 @@ func testsOf(t *testing.T, raw []byte, alert, rules string, order []string) ([]b
 				v.Content = append(v.Content, &yaml.Node{Kind: yaml.ScalarNode, Value: g})
 			}
 		case "tests":
+			// In each group only the checks of alert stay: the copy's rule
+			// file holds no other alert (a check that another one fires
+			// would fail whatever the copy does) and only the recording
+			// rules alert reads (the checks of the others' values go too).
 			v.Content = slices.DeleteFunc(v.Content, func(tc *yaml.Node) bool {
-				var g struct {
-					AlertRuleTest []alertRuleTest `yaml:"alert_rule_test"`
+				kept := false
+				for j := 0; j+1 < len(tc.Content); j += 2 {
+					switch tc.Content[j].Value {
+					case "alert_rule_test":
+						checks := tc.Content[j+1]
+						checks.Content = slices.DeleteFunc(checks.Content, func(c *yaml.Node) bool {
+							var a alertRuleTest
+							if err := c.Decode(&a); err != nil {
+								t.Fatal(err)
+							}
+							return a.Alertname != alert
+						})
+						kept = len(checks.Content) > 0
+					case "promql_expr_test":
+						tc.Content[j+1].Content = nil
+					}
 				}
-				if err := tc.Decode(&g); err != nil {
-					t.Fatal(err)
-				}
-				return !slices.ContainsFunc(g.AlertRuleTest, func(a alertRuleTest) bool { return a.Alertname == alert })
+				return !kept
 			})
 			found = len(v.Content) > 0
 		}
