@@ -224,3 +224,80 @@ func TestPostgresExporterSeesReplicationSlots(t *testing.T) {
 		t.Errorf("lost slot: %+v, want at risk and inactive", st)
 	}
 }
+
+// The slots' query failing (here its role loses EXECUTE on
+// pg_wal_lsn_diff) is what PostgresExporterQueryFailing reads: the real
+// exporter still reaches the database (pg_up 1) but reports the scrape's
+// error (pg_exporter_last_scrape_error 1), and the slot's series are gone,
+// as if there were no slot; the grant back ends both.
+func TestPostgresExporterReportsAFailingSlotQuery(t *testing.T) {
+	t.Parallel()
+	_, dbURL := privatePostgres(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	const slot = "outbox_exporter_failing"
+	for _, q := range []string{
+		"CREATE ROLE exporter LOGIN IN ROLE pg_monitor",
+		"SELECT pg_create_logical_replication_slot('" + slot + "', 'test_decoding')",
+	} {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.User("exporter")
+	metrics := startPostgresExporter(t, u.String())
+
+	// wait waits until the exporter's scrape shows want: pg_up, its last
+	// scrape error, and whether the slot has series.
+	type state struct {
+		up, scrapeError float64
+		slot            bool
+	}
+	wait := func(what string, want state) {
+		t.Helper()
+		deadline := time.Now().Add(60 * time.Second)
+		var got state
+		for {
+			samples, err := scrapeSamples(metrics)
+			if err == nil {
+				got = state{up: -1, scrapeError: -1}
+				for _, s := range samples {
+					switch {
+					case s.name == "pg_up":
+						got.up = s.value
+					case s.name == "pg_exporter_last_scrape_error":
+						got.scrapeError = s.value
+					case strings.HasPrefix(s.name, "pg_replication_slots_") && s.labels["slot_name"] == slot:
+						got.slot = true
+					}
+				}
+				if got == want {
+					return
+				}
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: the exporter shows %+v (error %v), want %+v", what, got, err, want)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+	wait("the query works", state{up: 1, scrapeError: 0, slot: true})
+	revoke := "REVOKE EXECUTE ON FUNCTION pg_wal_lsn_diff(pg_lsn, pg_lsn) FROM PUBLIC"
+	if _, err := conn.Exec(ctx, revoke); err != nil {
+		t.Fatal(err)
+	}
+	wait("the query fails", state{up: 1, scrapeError: 1, slot: false})
+	if _, err := conn.Exec(ctx, strings.Replace(strings.Replace(revoke, "REVOKE", "GRANT", 1), "FROM", "TO", 1)); err != nil {
+		t.Fatal(err)
+	}
+	wait("the query works again", state{up: 1, scrapeError: 0, slot: true})
+}
