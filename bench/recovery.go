@@ -138,7 +138,7 @@ func (b *bench) killRelayWithRowsInFlight(ctx context.Context, pool *pgxpool.Poo
 	}
 	var inFlight int
 	var leaseEnd time.Time
-	if err := pool.QueryRow(ctx, "SELECT count(*), coalesce(max(next_attempt_at), now()) FROM outbox WHERE in_flight").Scan(&inFlight, &leaseEnd); err != nil {
+	if err := pool.QueryRow(ctx, "SELECT count(*), coalesce(max(leased_until), now()) FROM outbox WHERE in_flight").Scan(&inFlight, &leaseEnd); err != nil {
 		return 0, err
 	}
 	if inFlight < want {

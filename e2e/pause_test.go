@@ -347,7 +347,7 @@ func (in *injector) pausePollingRelay(ctx context.Context, s chaos.Step, f *chao
 	}
 	held := func() (out []leased, err error) {
 		err = db.do(ctx, func(ctx context.Context, conn *pgx.Conn) error {
-			rows, err := conn.Query(ctx, `SELECT id, attempts FROM outbox WHERE in_flight AND next_attempt_at > now()`)
+			rows, err := conn.Query(ctx, `SELECT id, attempts FROM outbox WHERE in_flight AND leased_until > now()`)
 			if err == nil {
 				out, err = pgx.CollectRows(rows, scan)
 			}
@@ -453,7 +453,7 @@ func (in *injector) pausePollingRelay(ctx context.Context, s chaos.Step, f *chao
 			err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 				rs, err := tx.Query(ctx, `
 					SELECT format('%s: attempts %s, in_flight %s, blocked %s, suspect %s, due in %s', id, attempts, in_flight, blocked, suspect,
-					              date_trunc('milliseconds', next_attempt_at - now()))
+					              date_trunc('milliseconds', greatest(next_attempt_at, leased_until) - now()))
 					FROM outbox WHERE id = ANY($1) ORDER BY id`, ids)
 				if err == nil {
 					states, err = pgx.CollectRows(rs, pgx.RowTo[string])

@@ -132,23 +132,27 @@ func TestClaimTakesAnEventOnlyWithTheEarlierOnesOfItsAggregate(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		headDue string
+		// headLease is the head's leased_until
+		headLease string
 		// handOver claims as the hand-over relay does, the rows of o-1
 		// handed over but its version 2
 		handOver bool
 		want     []claimed
 	}{
-		{"head due", "now()", false, []claimed{{"o-1", 1}, {"o-1", 2}, {"o-2", 1}}},
-		{"head leased", "now() + interval '1 minute'", false, []claimed{{"o-2", 1}}},
-		{"hand-over relay", "now()", true, []claimed{{"o-1", 1}}},
+		{"head due", "now()", "'-infinity'", false, []claimed{{"o-1", 1}, {"o-1", 2}, {"o-2", 1}}},
+		{"head lease ended", "now()", "now() - interval '1 second'", false, []claimed{{"o-1", 1}, {"o-1", 2}, {"o-2", 1}}},
+		{"head leased", "now()", "now() + interval '1 minute'", false, []claimed{{"o-2", 1}}},
+		{"head backing off", "now() + interval '1 minute'", "'-infinity'", false, []claimed{{"o-2", 1}}},
+		{"hand-over relay", "now()", "'-infinity'", true, []claimed{{"o-1", 1}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			pool := newTestPool(t)
 			ctx := context.Background()
 			_, err := pool.Exec(ctx, `
-INSERT INTO outbox (aggregate_type, aggregate_id, aggregate_version, event_type, payload, next_attempt_at)
-VALUES ('order', 'o-1', 2, 'order.cancelled', '{}', now()), ('order', 'o-1', 1, 'order.created', '{}', `+tc.headDue+`),
-       ('order', 'o-2', 1, 'order.created', '{}', now())`)
+INSERT INTO outbox (aggregate_type, aggregate_id, aggregate_version, event_type, payload, next_attempt_at, leased_until)
+VALUES ('order', 'o-1', 2, 'order.cancelled', '{}', now(), '-infinity'), ('order', 'o-1', 1, 'order.created', '{}', `+tc.headDue+`, `+tc.headLease+`),
+       ('order', 'o-2', 1, 'order.created', '{}', now(), '-infinity')`)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -63,7 +63,7 @@ func killRelay(t *testing.T, pool *pgxpool.Pool, cfg outbox.RelayConfig) [][]int
 	}
 	waitFor(t, "the killed relay's leases to end", 30*time.Second, func() (bool, error) {
 		var n int
-		err := pool.QueryRow(context.Background(), "SELECT count(*) FROM outbox WHERE next_attempt_at > now()").Scan(&n)
+		err := pool.QueryRow(context.Background(), "SELECT count(*) FROM outbox WHERE leased_until > now()").Scan(&n)
 		return n == 0, err
 	})
 	pub.mu.Lock()

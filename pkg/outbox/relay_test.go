@@ -390,7 +390,7 @@ func TestRelayRetriesRowsOfADeadRelayAfterTheLease(t *testing.T) {
 	ctx := context.Background()
 	e := enqueue(t, pool, msg("o-1", "order.created"))[0]
 	// What a claim does, by a relay that then dies.
-	if _, err := pool.Exec(ctx, "UPDATE outbox SET attempts = 1, next_attempt_at = now() + interval '300 milliseconds'"); err != nil {
+	if _, err := pool.Exec(ctx, "UPDATE outbox SET attempts = 1, leased_until = now() + interval '300 milliseconds'"); err != nil {
 		t.Fatal(err)
 	}
 	pub := &memPublisher{}

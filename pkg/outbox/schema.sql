@@ -59,6 +59,12 @@ CREATE TABLE IF NOT EXISTS outbox (
     created_at        timestamptz NOT NULL DEFAULT now(),
     attempts          integer     NOT NULL DEFAULT 0,
     next_attempt_at   timestamptz NOT NULL DEFAULT now(),
+    -- The lease of a claim: the row is due at next_attempt_at and, once
+    -- claimed, not before this. No index holds it, so the claim's update
+    -- of a row changes no indexed column and can be HOT (no new index
+    -- entries); an outcome written for the row ends it. Never NULL, so
+    -- the claim's new version of the row is no larger than the old one.
+    leased_until      timestamptz NOT NULL DEFAULT '-infinity',
     last_error        text,
     dead_lettered_at  timestamptz,
     blocked           boolean     NOT NULL DEFAULT false,
@@ -83,9 +89,12 @@ CREATE TABLE IF NOT EXISTS outbox (
 -- Every published row leaves this table, so dead tuples pile up at the rate of
 -- publishing. Vacuum it after a fixed number of changes rather than a fraction of
 -- its (small) size, so dead index entries never accumulate in front of the claim.
+-- Half of each page is left free at insert: the claim updates every row once,
+-- and a HOT update needs room for the new version on the row's own page.
 -- These are defaults: Migrate sets only the options a table lacks, so values a
 -- DBA tunes later stay (this statement run as is sets them all back).
 ALTER TABLE outbox SET (
+    fillfactor = 50,
     autovacuum_vacuum_scale_factor = 0,
     autovacuum_vacuum_threshold = 5000,
     autovacuum_vacuum_insert_scale_factor = 0,
@@ -101,7 +110,8 @@ CREATE UNIQUE INDEX IF NOT EXISTS outbox_aggregate_version
 
 -- The claim's entry point: the head event of each aggregate, in due order. Blocked
 -- rows and dead letters are not in it, so its size is the number of aggregates
--- with work, and the claim reads about as many entries as it returns.
+-- with work, and the claim reads about as many entries as it returns, plus
+-- the rows in flight: a lease leaves a row's entry where it was.
 CREATE INDEX IF NOT EXISTS outbox_due
     ON outbox (next_attempt_at, id) WHERE dead_lettered_at IS NULL AND NOT blocked;
 

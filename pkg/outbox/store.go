@@ -24,9 +24,14 @@ import (
 // are not blocked although they are not heads: rows Enqueue writes at
 // REPEATABLE READ or SERIALIZABLE, and rows inserted without Enqueue.
 //
-// The lease (next_attempt_at in the future) takes the row out of the due range
+// The lease (leased_until in the future) takes the row out of the due rows
 // once this statement commits, so no row lock is held while publishing, and a
-// relay that dies with the row is replaced when the lease ends. attempts is
+// relay that dies with the row is replaced when the lease ends. The lease
+// has a column of its own, in no index, so this update changes no indexed
+// column and is HOT when the row's page has room (the table's fillfactor
+// leaves it): no index entries per claimed row. The row's entry in
+// outbox_due stays where it was, so a claim also reads the entries of the
+// rows in flight (a batch per worker) and skips them. attempts is
 // incremented here, so a crash mid-publish counts as an attempt; the relay's
 // later updates use it as a fencing token. The rows are locked FOR NO KEY
 // UPDATE, which a writer's KEY SHARE lock on the head (see insertSQL) does not
@@ -88,6 +93,7 @@ WITH due AS (
     WHERE o.dead_lettered_at IS NULL
       AND NOT o.blocked
       AND o.next_attempt_at <= now()
+      AND o.leased_until <= now()
       AND NOT EXISTS (
           SELECT 1 FROM outbox p
           WHERE p.aggregate_type = o.aggregate_type
@@ -127,6 +133,7 @@ WITH due AS (
           AND NOT s.suspect
           AND NOT (s.in_flight AND s.attempts >= $3::int)
           AND s.next_attempt_at <= now()
+          AND s.leased_until <= now()
         ORDER BY s.aggregate_version
         LIMIT (SELECT n FROM share)
         FOR NO KEY UPDATE SKIP LOCKED
@@ -152,7 +159,7 @@ WITH due AS (
     SET attempts = o.attempts + 1,
         in_flight = true,
         suspect = o.suspect OR o.in_flight,
-        next_attempt_at = now() + $2::bigint * interval '1 millisecond'
+        leased_until = now() + $2::bigint * interval '1 millisecond'
     WHERE o.id IN (SELECT id FROM pick)
     RETURNING o.id, o.aggregate_type, o.aggregate_id, o.aggregate_version, o.event_type,
               o.payload, o.headers, o.created_at, o.attempts
@@ -381,6 +388,7 @@ SET attempts         = CASE WHEN f.refund THEN o.attempts - 1 ELSE o.attempts EN
     suspect          = f.suspect OR (f.refund AND o.suspect),
     last_error       = CASE WHEN f.refund AND NOT f.suspect THEN o.last_error ELSE f.err END,
     next_attempt_at  = now() + f.delay_ms * interval '1 millisecond',
+    leased_until     = '-infinity',
     dead_lettered_at = CASE WHEN f.dead AND NOT f.refund THEN now() END
 FROM f
 WHERE o.id = f.id AND o.attempts = f.attempts AND o.dead_lettered_at IS NULL

@@ -138,7 +138,8 @@ const MaxHistory = 1000
 // HistorySQL reads the most recent events of the aggregate ($1 type, $2 id)
 // from the three tables, newest first: id, aggregate_version, event_type,
 // created_at, state (an outbox.EventState), in flight, attempts, last_error,
-// next_attempt_at, since, dead_lettered_at and headers. outbox and
+// when it is due (next_attempt_at, or the end of its lease), since,
+// dead_lettered_at and headers. outbox and
 // outbox_published are read through their (aggregate_type, aggregate_id,
 // aggregate_version) indexes; outbox_discarded, which holds the rare
 // discarded dead letters only, has no index by aggregate and is scanned.
@@ -147,7 +148,7 @@ SELECT * FROM (
     SELECT id, aggregate_version, event_type, created_at,
            CASE WHEN dead_lettered_at IS NULL THEN 'pending' ELSE 'dead_lettered' END,
            in_flight AND dead_lettered_at IS NULL, attempts, last_error,
-           CASE WHEN dead_lettered_at IS NULL THEN next_attempt_at END,
+           CASE WHEN dead_lettered_at IS NULL THEN greatest(next_attempt_at, leased_until) END,
            dead_lettered_at, dead_lettered_at, headers
     FROM outbox WHERE aggregate_type = $1 AND aggregate_id = $2
     UNION ALL
