@@ -111,6 +111,11 @@ var shippingDeathKinds = []FaultKind{FaultKillShipping, FaultCrashShippingAfterE
 // whose run the fault failed comes back.
 const mongoRecovery = 10 * time.Second
 
+// failedRunEnd bounds how long after its effect a failing run logs its
+// failure: each of its MongoDB writes waits up to shipping's server
+// selection timeout (5 s), then a ping (2 s), on a loaded machine.
+const failedRunEnd = 30 * time.Second
+
 var mongoFaultKinds = []FaultKind{FaultMongoRestart, FaultMongoProxyDown, FaultMongoAckLoss, FaultMongoDiskFull}
 
 // audit checks the effect log and the inbox against the stored effects (I2):
@@ -294,11 +299,12 @@ func recordedBefore(h History, run RunInfo, writers map[string]Writer, r InboxRe
 //   - record_window: later's run began within the window after earlier was
 //     written: its inbox check came before the record could be there (two
 //     consumers with copies of one message);
-//   - run_failed: earlier's writer logged, within the window after earlier
-//     was written, that this message's run failed (the inbox's or the
-//     gate's write, or the handler, failed): the inbox recorded nothing and
-//     the message came back, after a deferral and behind the queue's
-//     backlog, so no clock bounds when;
+//   - run_failed: earlier's writer logged, within the window plus
+//     failedRunEnd after earlier was written, that this message's run
+//     failed (the inbox's or the gate's write, or the handler, failed), and
+//     the done record is a later run's: the inbox recorded nothing and the
+//     message came back, after a deferral and behind the queue's backlog,
+//     so no clock bounds when;
 //   - mongo_fault: a MongoDB fault began within the window after earlier
 //     was written (its record's write was held back or cut) and later's run
 //     began within the window after the fault ended, or wrote the done
@@ -330,8 +336,10 @@ func (c *checker) explainAgain(h History, run RunInfo, writers map[string]Writer
 			later.Writer, d.Round(time.Millisecond), earlier.Writer, window)
 		return x, true
 	}
+	laterRecorded := hasRec && !rec.ProcessedAt.Before(later.Started)
 	for _, f := range c.failures[later.MessageID] {
-		if f.Writer == earlier.Writer && !f.At.Before(earlier.At) && !f.At.After(earlier.At.Add(window)) && !f.At.After(later.Started) {
+		if laterRecorded && f.Writer == earlier.Writer && !f.At.Before(earlier.At) &&
+			!f.At.After(earlier.At.Add(window+failedRunEnd)) && !f.At.After(later.Started) {
 			x.Reason = "run_failed"
 			x.Detail = fmt.Sprintf("%s logged %q for this message %s after its entry; the run of %s handled it when it came back",
 				earlier.Writer, f.Msg, f.At.Sub(earlier.At).Round(time.Millisecond), later.Writer)
@@ -345,7 +353,6 @@ func (c *checker) explainAgain(h History, run RunInfo, writers map[string]Writer
 		// a restarted server again.
 		// MongoDB faults that follow one another within the window are one
 		// outage: its end is the last one's.
-		laterRecorded := hasRec && !rec.ProcessedAt.Before(later.Started)
 		if !slices.Contains(mongoFaultKinds, f.Kind) {
 			continue
 		}

@@ -123,7 +123,14 @@ func TestAuditCatchesEachBug(t *testing.T) {
 		{"a failure logged long after the earlier run's entry", func(h *History, s *FinalState, run *RunInfo) {
 			e := again(s, "2", "w1/100", 48*time.Second)
 			s.Effects.Failures = append(s.Effects.Failures, RunFailure{MessageID: "2", Writer: "w1/100",
-				At: e.Started.Add(-30 * time.Second), Msg: "inbox failed, deferring the message"})
+				At: e.Started.Add(-14 * time.Second), Msg: "inbox failed, deferring the message"})
+		}, "duplicate_effect", "2"},
+		{"a failure logged while the earlier run's record is there", func(h *History, s *FinalState, run *RunInfo) {
+			e := again(s, "2", "w1/100", 48*time.Second)
+			r := slices.IndexFunc(s.Effects.Inbox, func(r InboxRecord) bool { return r.MessageID == "2" })
+			s.Effects.Inbox[r].ProcessedAt = e.Started.Add(-48*time.Second + 2*time.Millisecond)
+			s.Effects.Failures = append(s.Effects.Failures, RunFailure{MessageID: "2", Writer: "w1/100",
+				At: e.Started.Add(-47 * time.Second), Msg: "MongoDB unavailable, keeping the delivery until it is back"})
 		}, "duplicate_effect", "2"},
 		{"a MongoDB fault long before the later run", func(h *History, s *FinalState, run *RunInfo) {
 			e := again(s, "2", "w2/200", 20*time.Second)
@@ -238,6 +245,11 @@ func TestAuditExplainsWhatStandaloneAllows(t *testing.T) {
 			e := again(s, "2", "w2/200", 48*time.Second)
 			s.Effects.Failures = append(s.Effects.Failures, RunFailure{MessageID: "2", Writer: "w1/100",
 				At: e.Started.Add(-47 * time.Second), Msg: "inbox failed, deferring the message"})
+		}, "run_failed", 0},
+		{"the earlier run's write waited for the server selection before it failed", func(h *History, s *FinalState) {
+			e := again(s, "2", "w2/200", 24*time.Second)
+			s.Effects.Failures = append(s.Effects.Failures, RunFailure{MessageID: "2", Writer: "w1/100",
+				At: e.Started.Add(-24*time.Second + 6*time.Second), Msg: "inbox failed, deferring the message"})
 		}, "run_failed", 0},
 		{"MongoDB faults one after another held the record back; the redelivery came after the last", func(h *History, s *FinalState) {
 			e := again(s, "2", "w1/100", 30*time.Second)
