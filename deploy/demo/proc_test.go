@@ -241,7 +241,11 @@ func TestProcHoldKeepsItDownAndResumeArmsOneIncarnation(t *testing.T) {
 	if err := p.resume([]string{"DEMO_TEST_ARMED=yes"}, "armed for the test"); err != nil {
 		t.Fatalf("resume: %v", err)
 	}
-	waitFor(t, "the armed start", func() bool { return strings.Contains(out.String(), "child: armed with yes") })
+	// Killed between its two lines, the armed child would never print
+	// "serving": wait for both.
+	waitFor(t, "the armed start", func() bool {
+		return strings.Contains(out.String(), "child: armed with yes") && strings.Count(out.String(), "child: serving") == 2
+	})
 	armed := p.pid()
 	if st := p.status(); st.Armed != "armed for the test" || st.State != procRunning {
 		t.Fatalf("status = %+v, want running and armed", st)
