@@ -58,11 +58,12 @@ type Config struct {
 	// delivery is handled again. Default: 100ms and 5s.
 	RetryMin, RetryMax time.Duration
 	// ConfirmTimeout bounds the wait for the broker's confirm of a deferred
-	// or dead-lettered copy. Past it (the broker blocks publishing
-	// connections under a memory or disk alarm; the delay queue has no
-	// leader) the delivery is handed back to the queue (nack with requeue,
-	// which counts against its delivery limit) and the worker moves on, so
-	// that the deliveries that need only an ack keep flowing. Default: 30s.
+	// or dead-lettered copy, not counting the time the broker blocks the
+	// publishing connection (a memory or disk alarm; see Run). Past it (the
+	// delay queue has no leader) the delivery is handed back to the queue
+	// (nack with requeue, which counts against its delivery limit) and the
+	// worker moves on, so that the deliveries that need only an ack keep
+	// flowing. Default: 30s.
 	ConfirmTimeout time.Duration
 	// StuckAfter is how long a worker may handle one delivery (its handler,
 	// the retries of a Retry verdict, the settling) before it counts as
@@ -220,6 +221,11 @@ func (c *Consumer) Ready() error {
 // own (named ConnectionName+"-publisher"), kept across sessions: RabbitMQ
 // blocks connections that publish under a memory or disk alarm, and the
 // consuming connection, which carries the acks, must not be one of them.
+// While the publishing connection is blocked, a delivery whose copy waits
+// for it is left unacked to a goroutine of its own, which settles it once
+// the connection is unblocked, and its worker goes on with the next
+// delivery; the prefetch bounds how many wait. At the session's end they
+// stop waiting, and their deliveries return to the queue.
 func (c *Consumer) Run(ctx context.Context) error {
 	pub := &republisher{
 		nodes: c.nodes.Fork(), name: c.cfg.ConnectionName + "-publisher",
@@ -303,7 +309,14 @@ func (c *Consumer) session(ctx context.Context, pub *republisher) (connected boo
 	// the connection: once it is lost, no delivery of it can be acked.
 	hctx, hcancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer hcancel()
-	s := &sessionState{ch: ch, pub: pub, server: serverAttrs(node), lost: make(chan struct{}), draining: make(chan struct{}), ended: make(chan struct{})}
+	// Deliveries waiting for the publishing connection stop waiting as the
+	// session ends.
+	wctx, wcancel := context.WithCancel(hctx)
+	defer wcancel()
+	s := &sessionState{
+		ch: ch, pub: pub, server: serverAttrs(node), waitCtx: wctx,
+		lost: make(chan struct{}), draining: make(chan struct{}), ended: make(chan struct{}),
+	}
 
 	var wg sync.WaitGroup
 	for i := range c.cfg.Concurrency {
@@ -352,6 +365,7 @@ func (c *Consumer) session(ctx context.Context, pub *republisher) (connected boo
 		// Stop deliveries, let in-flight ones finish, then close: what was
 		// prefetched but not started returns to the queue.
 		close(s.draining)
+		wcancel()
 		_ = ch.Cancel(tag, false)
 		timer := time.NewTimer(c.cfg.ShutdownTimeout)
 		select {
@@ -364,9 +378,11 @@ func (c *Consumer) session(ctx context.Context, pub *republisher) (connected boo
 	// Deliveries not settled by now are redelivered by the broker: stop
 	// handling them and never ack them.
 	close(s.lost)
+	wcancel()
 	hcancel()
 	_ = conn.Close()
 	<-workersDone
+	s.waiters.Wait()
 	if ctx.Err() != nil {
 		c.log.InfoContext(ctx, "consumer stopped")
 		return true, nil
@@ -381,6 +397,10 @@ type sessionState struct {
 	server   []attribute.KeyValue // server.address and server.port of the node, for the spans
 	lost     chan struct{}        // closed when the connection is gone or closing
 	draining chan struct{}        // closed when the session ends: take no new delivery, stop retrying
+	// waitCtx ends with the session: the deliveries waiting for the
+	// publishing connection (in waiters) stop waiting.
+	waitCtx context.Context
+	waiters sync.WaitGroup // the goroutines settling deliveries with a copy to publish
 
 	endOnce sync.Once
 	ended   chan struct{} // closed by end
@@ -433,32 +453,12 @@ func (c *Consumer) handle(ctx context.Context, s *sessionState, d amqp.Delivery)
 		if v.Action == shipment.Retry {
 			endProcess(span, v, nil)
 		} else {
-			err := c.settle(hctx, s, d, v)
+			waiting, err := c.settleOrWait(hctx, s, d, v, span)
+			if waiting {
+				return
+			}
 			endProcess(span, v, err)
-			if err == nil {
-				return
-			}
-			if errors.Is(err, errConfirmTimeout) {
-				// Hand the delivery back and free the worker: waiting on,
-				// every worker would end up here and no ack would flow.
-				c.log.WarnContext(ctx, "republished copy not confirmed in time; returning the delivery to the queue",
-					"event_id", d.MessageId, "action", v.Action.String(), "error", err)
-				if m := c.cfg.Metrics; m != nil {
-					m.RepublishTimeouts.Inc()
-				}
-				if !s.isLost() && !mutantShippingAckFirst {
-					if nerr := d.Nack(false, true); nerr != nil {
-						c.log.WarnContext(ctx, "nack", "event_id", d.MessageId, "error", nerr)
-					}
-				}
-				return
-			}
-			if errors.Is(err, ErrReturned) || errors.Is(err, errNoExchange) {
-				// Its queue or exchange is gone: a new session redeclares
-				// it, and the delivery, unacked, comes again.
-				c.log.WarnContext(ctx, "republished copy not routed; ending the session to redeclare the topology",
-					"event_id", d.MessageId, "action", v.Action.String(), "error", err)
-				s.end(fmt.Errorf("%w: %w", errTopologyLost, err))
+			if c.settled(ctx, s, d, v, err) {
 				return
 			}
 			c.log.WarnContext(ctx, "could not settle delivery, will handle it again",
@@ -476,6 +476,106 @@ func (c *Consumer) handle(ctx context.Context, s *sessionState, d amqp.Delivery)
 			return
 		case <-t.C:
 		}
+	}
+}
+
+// settled reports whether d is done with after its settling returned err:
+// settled, handed back to the queue (its copy not confirmed in time), or
+// left to a new session (its copy's queue or exchange gone).
+func (c *Consumer) settled(ctx context.Context, s *sessionState, d amqp.Delivery, v shipment.Verdict, err error) bool {
+	switch {
+	case err == nil:
+		return true
+	case errors.Is(err, errConfirmTimeout):
+		// Hand the delivery back and free the worker: waiting on, every
+		// worker would end up here and no ack would flow.
+		c.log.WarnContext(ctx, "republished copy not confirmed in time; returning the delivery to the queue",
+			"event_id", d.MessageId, "action", v.Action.String(), "error", err)
+		if m := c.cfg.Metrics; m != nil {
+			m.RepublishTimeouts.Inc()
+		}
+		c.handBack(ctx, s, d)
+		return true
+	case errors.Is(err, ErrReturned) || errors.Is(err, errNoExchange):
+		// Its queue or exchange is gone: a new session redeclares it, and
+		// the delivery, unacked, comes again.
+		c.log.WarnContext(ctx, "republished copy not routed; ending the session to redeclare the topology",
+			"event_id", d.MessageId, "action", v.Action.String(), "error", err)
+		s.end(fmt.Errorf("%w: %w", errTopologyLost, err))
+		return true
+	}
+	return false
+}
+
+// handBack returns d to the queue (nack with requeue).
+func (c *Consumer) handBack(ctx context.Context, s *sessionState, d amqp.Delivery) {
+	if s.isLost() || mutantShippingAckFirst {
+		return
+	}
+	if err := d.Nack(false, true); err != nil {
+		c.log.WarnContext(ctx, "nack", "event_id", d.MessageId, "error", err)
+	}
+}
+
+// settleOrWait settles d under v. A verdict with a copy to publish (Defer,
+// DeadLetter) is settled on a goroutine of its own, which the worker waits
+// for unless the publishing connection is or gets blocked (a resource
+// alarm): then that goroutine waits for the connection on its own, d
+// unacked, and the worker moves on (waiting is true). It settles d once the
+// connection is unblocked, or stops waiting when the session ends.
+func (c *Consumer) settleOrWait(ctx context.Context, s *sessionState, d amqp.Delivery, v shipment.Verdict, span trace.Span) (waiting bool, err error) {
+	if v.Action != shipment.Defer && v.Action != shipment.DeadLetter {
+		return false, c.settle(ctx, s, d, v)
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	result, waits := make(chan error), make(chan struct{})
+	var stopWaiting func() bool
+	s.waiters.Go(func() {
+		err := c.settle(sctx, s, d, v)
+		select {
+		case result <- err: // the worker waited
+		case <-waits:
+			stopWaiting()
+			cancel()
+			c.waited(ctx, s, d, v, span, err)
+		}
+	})
+	for {
+		blocked, changed := s.pub.blockState()
+		if blocked {
+			break
+		}
+		select {
+		case err := <-result:
+			cancel()
+			return false, err
+		case <-changed:
+		}
+	}
+	stopWaiting = context.AfterFunc(s.waitCtx, cancel)
+	close(waits)
+	c.log.InfoContext(ctx, "publishing connection blocked: the delivery waits for it unacked, its worker moves on",
+		"event_id", d.MessageId, "action", v.Action.String())
+	return true, nil
+}
+
+// waited finishes a delivery whose settling waited for the publishing
+// connection, off its worker: err is the settling's.
+func (c *Consumer) waited(ctx context.Context, s *sessionState, d amqp.Delivery, v shipment.Verdict, span trace.Span, err error) {
+	endProcess(span, v, err)
+	switch {
+	case err == nil:
+		c.log.InfoContext(ctx, "delivery settled after waiting for the publishing connection",
+			"event_id", d.MessageId, "action", v.Action.String())
+	case s.waitCtx.Err() != nil:
+		c.log.InfoContext(ctx, "session ended while the delivery waited for the publishing connection; it returns to the queue",
+			"event_id", d.MessageId, "action", v.Action.String(), "error", err)
+	case c.settled(ctx, s, d, v, err):
+	default:
+		// A worker handles it again.
+		c.log.WarnContext(ctx, "could not settle delivery after waiting for the publishing connection; returning it to the queue",
+			"event_id", d.MessageId, "action", v.Action.String(), "error", err)
+		c.handBack(ctx, s, d)
 	}
 }
 

@@ -131,25 +131,10 @@ func (p *publisher) drain(confirms <-chan amqp.Confirmation, returns <-chan amqp
 
 // publish sends msg (mandatory) and waits for the broker's verdict.
 func (p *publisher) publish(ctx context.Context, exchange, key string, msg amqp.Publishing) error {
-	pp := &pendingPublish{result: make(chan error, 1)}
-	msg.Headers = maps.Clone(msg.Headers)
-	if msg.Headers == nil {
-		msg.Headers = amqp.Table{}
-	}
-
-	p.publishMu.Lock()
-	seq := p.ch.GetNextPublishSeqNo()
-	msg.Headers[headerPublishSeq] = int64(seq)
-	p.mu.Lock()
-	p.pending[seq] = pp
-	p.mu.Unlock()
-	err := p.ch.PublishWithContext(ctx, exchange, key, true, false, msg)
-	p.publishMu.Unlock()
+	seq, pp, err := p.send(ctx, exchange, key, msg)
 	if err != nil {
-		p.forget(seq)
-		return fmt.Errorf("publish to %q/%q: %w", exchange, key, err)
+		return err
 	}
-
 	select {
 	case err := <-pp.result:
 		if err != nil {
@@ -160,6 +145,29 @@ func (p *publisher) publish(ctx context.Context, exchange, key string, msg amqp.
 		p.forget(seq)
 		return fmt.Errorf("publish to %q/%q: waiting for confirm: %w", exchange, key, ctx.Err())
 	}
+}
+
+// send sends msg (mandatory); the broker's verdict comes on pp.result.
+func (p *publisher) send(ctx context.Context, exchange, key string, msg amqp.Publishing) (seq uint64, pp *pendingPublish, err error) {
+	pp = &pendingPublish{result: make(chan error, 1)}
+	msg.Headers = maps.Clone(msg.Headers)
+	if msg.Headers == nil {
+		msg.Headers = amqp.Table{}
+	}
+
+	p.publishMu.Lock()
+	seq = p.ch.GetNextPublishSeqNo()
+	msg.Headers[headerPublishSeq] = int64(seq)
+	p.mu.Lock()
+	p.pending[seq] = pp
+	p.mu.Unlock()
+	err = p.ch.PublishWithContext(ctx, exchange, key, true, false, msg)
+	p.publishMu.Unlock()
+	if err != nil {
+		p.forget(seq)
+		return 0, nil, fmt.Errorf("publish to %q/%q: %w", exchange, key, err)
+	}
+	return seq, pp, nil
 }
 
 func (p *publisher) forget(seq uint64) {
@@ -184,15 +192,19 @@ func (p *publisher) closed() bool {
 
 // republisher publishes the consumer's deferred and dead-lettered copies on
 // a connection of its own. Under a memory or disk alarm RabbitMQ blocks
-// every connection that publishes (connection.blocked) until the alarm
-// clears; the consuming connection, which only acks, keeps flowing. It dials
-// on first use and again after its connection or channel is lost.
+// every connection that publishes (connection.blocked, sent after the
+// connection's first publish since the alarm) until the alarm clears; the
+// consuming connection, which only acks, keeps flowing. It dials on first
+// use and again after its connection or channel is lost.
 //
-// Each publish waits for its confirm at most timeout: a blocked connection
-// never confirms (a write to it can even block once the socket's buffer is
-// full), nor does a queue without a leader. Past the timeout the publish
-// fails with errConfirmTimeout and the connection is closed (which ends a
-// blocked write), so that the worker can hand its delivery back.
+// While the connection is blocked, a publish sends nothing (the broker reads
+// none of it, and a write can block once the socket's buffer is full): it
+// waits until the connection is unblocked or lost. Each publish waits for
+// its confirm at most timeout, not counting the time the connection is
+// blocked: a queue without a leader never confirms, nor does a connection
+// blocked without saying so. Past the timeout the publish fails with
+// errConfirmTimeout and the connection is closed (which ends a blocked
+// write), so that the worker can hand its delivery back.
 type republisher struct {
 	nodes    *amqpaddr.Nodes
 	name     string
@@ -205,6 +217,71 @@ type republisher struct {
 	conn    *amqp.Connection
 	pub     *publisher
 	watcher sync.WaitGroup // the blocked-notification readers and the closes of dropped connections
+
+	// bmu guards the current connection's blocked state. It is never held
+	// while waiting: the reader of a connection's blocked notifications
+	// takes it, and the connection's close waits for that reader.
+	bmu      sync.Mutex
+	bconn    *amqp.Connection // the connection blocked is about; nil: none
+	blocked  bool
+	bchanged chan struct{} // closed when blocked changes
+}
+
+// blockState reports whether the publishing connection is blocked, and a
+// channel closed when that changes (unblocked, lost, or blocked).
+func (r *republisher) blockState() (blocked bool, changed <-chan struct{}) {
+	r.bmu.Lock()
+	defer r.bmu.Unlock()
+	if r.bchanged == nil {
+		r.bchanged = make(chan struct{})
+	}
+	return r.blocked, r.bchanged
+}
+
+// setBlocked records whether conn, if it is the current connection, is
+// blocked.
+func (r *republisher) setBlocked(conn *amqp.Connection, blocked bool) {
+	r.bmu.Lock()
+	defer r.bmu.Unlock()
+	if conn == r.bconn {
+		r.setBlockedLocked(blocked)
+	}
+}
+
+// track makes conn (nil: none) the connection the blocked state is about,
+// not blocked yet.
+func (r *republisher) track(conn *amqp.Connection) {
+	r.bmu.Lock()
+	defer r.bmu.Unlock()
+	r.bconn = conn
+	r.setBlockedLocked(false)
+}
+
+func (r *republisher) setBlockedLocked(blocked bool) {
+	if r.blocked == blocked {
+		return
+	}
+	r.blocked = blocked
+	if r.bchanged != nil {
+		close(r.bchanged)
+	}
+	r.bchanged = make(chan struct{})
+}
+
+// awaitUnblocked returns once the publishing connection is not blocked
+// (unblocked, or lost), or with ctx's error.
+func (r *republisher) awaitUnblocked(ctx context.Context) error {
+	for {
+		blocked, changed := r.blockState()
+		if !blocked {
+			return nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 }
 
 // current returns the open publisher, dialling a new connection if needed.
@@ -228,6 +305,7 @@ func (r *republisher) current() (*publisher, error) {
 		return nil, err
 	}
 	blocked := conn.NotifyBlocked(make(chan amqp.Blocking, 1))
+	r.track(conn)
 	r.watcher.Go(func() {
 		for b := range blocked { // closed with the connection
 			if b.Active {
@@ -236,12 +314,14 @@ func (r *republisher) current() (*publisher, error) {
 			} else {
 				r.log.Info("publishing connection unblocked", "connection", r.name)
 			}
+			r.setBlocked(conn, b.Active)
 			if m := r.metrics; m != nil && b.Active {
 				m.PublisherBlocked.Set(1)
 			} else if m != nil {
 				m.PublisherBlocked.Set(0)
 			}
 		}
+		r.setBlocked(conn, false)
 		if m := r.metrics; m != nil {
 			m.PublisherBlocked.Set(0)
 		}
@@ -250,40 +330,81 @@ func (r *republisher) current() (*publisher, error) {
 	return pub, nil
 }
 
-// publish sends msg (mandatory) on the publishing connection and waits for
-// the broker's verdict, at most the republisher's timeout
+// publish sends msg (mandatory) on the publishing connection, once it is
+// not blocked, and waits for the broker's verdict, at most the
+// republisher's timeout while the connection is not blocked
 // (errConfirmTimeout).
 func (r *republisher) publish(ctx context.Context, exchange, key string, msg amqp.Publishing) error {
+	if err := r.awaitUnblocked(ctx); err != nil {
+		return fmt.Errorf("publish to %q/%q: waiting for the publishing connection to be unblocked: %w", exchange, key, err)
+	}
 	pub, err := r.current()
 	if err != nil {
 		return err
 	}
 	timeout := cmp.Or(r.timeout, DefaultConfirmTimeout)
 	tctx, cancel := context.WithTimeoutCause(ctx, timeout, errConfirmTimeout)
-	defer cancel()
 	// A write blocked on a blocked connection ends only with the connection.
 	stop := context.AfterFunc(tctx, func() {
 		if context.Cause(tctx) == errConfirmTimeout {
 			r.drop(pub)
 		}
 	})
-	defer stop()
-	err = pub.publish(tctx, exchange, key, msg)
-	if err != nil && context.Cause(tctx) == errConfirmTimeout {
-		r.log.Warn("no publisher confirm in time: is the broker blocking publishers (a memory or disk alarm), or the queue without a leader? Dropping the publishing connection",
-			"connection", r.name, "timeout", timeout, "error", err)
-		return fmt.Errorf("%w (%v): %w", errConfirmTimeout, timeout, err)
-	}
-	if errors.Is(err, errNacked) {
-		// A channel that got a quorum queue's nack during a leader election
-		// went on nacking on RabbitMQ 3.10: the next publish dials anew.
-		r.mu.Lock()
-		if r.pub == pub {
-			r.closeLocked()
+	seq, pp, err := pub.send(tctx, exchange, key, msg)
+	stop()
+	cancel()
+	if err != nil {
+		if context.Cause(tctx) == errConfirmTimeout {
+			return r.timedOut(timeout, err)
 		}
-		r.mu.Unlock()
+		return err
 	}
-	return err
+	// The timeout runs while the connection is not blocked; its copy's
+	// confirm comes once it is unblocked.
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	for {
+		blocked, changed := r.blockState()
+		var expired <-chan time.Time
+		if !blocked {
+			expired = timer.C
+		}
+		select {
+		case err := <-pp.result:
+			if errors.Is(err, errNacked) {
+				// A channel that got a quorum queue's nack during a leader
+				// election went on nacking on RabbitMQ 3.10: the next
+				// publish dials anew.
+				r.mu.Lock()
+				if r.pub == pub {
+					r.closeLocked()
+				}
+				r.mu.Unlock()
+			}
+			if err != nil {
+				return fmt.Errorf("publish to %q/%q: %w", exchange, key, err)
+			}
+			return nil
+		case <-ctx.Done():
+			pub.forget(seq)
+			return fmt.Errorf("publish to %q/%q: waiting for confirm: %w", exchange, key, ctx.Err())
+		case <-expired:
+			pub.forget(seq)
+			r.drop(pub)
+			return r.timedOut(timeout, fmt.Errorf("publish to %q/%q: waiting for confirm", exchange, key))
+		case <-changed:
+			if blocked {
+				timer.Reset(timeout) // unblocked (or lost): the full timeout from now
+			}
+		}
+	}
+}
+
+// timedOut logs a publish given up after timeout and returns its error.
+func (r *republisher) timedOut(timeout time.Duration, err error) error {
+	r.log.Warn("no publisher confirm in time: is the queue without a leader, or the broker blocking the connection without saying so? Dropping the publishing connection",
+		"connection", r.name, "timeout", timeout, "error", err)
+	return fmt.Errorf("%w (%v): %w", errConfirmTimeout, timeout, err)
 }
 
 func (r *republisher) closeLocked() {
@@ -292,6 +413,7 @@ func (r *republisher) closeLocked() {
 	}
 	closeConn(r.conn, r.pub)
 	r.conn, r.pub = nil, nil
+	r.track(nil)
 }
 
 // drop closes pub's connection, if it is still the current one, without
@@ -304,6 +426,7 @@ func (r *republisher) drop(pub *publisher) {
 	}
 	conn := r.conn
 	r.conn, r.pub = nil, nil
+	r.track(nil)
 	r.watcher.Go(func() { closeConn(conn, pub) })
 }
 
