@@ -2,7 +2,9 @@ package e2e
 
 import (
 	"slices"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/outbox-inbox/reference/e2e/chaos"
 )
@@ -76,5 +78,60 @@ func TestPauseLocksWhatAKillOfTheSameProcessLocks(t *testing.T) {
 	}
 	if got := in.resources(chaos.Step{Kind: chaos.FaultKillRelay, Target: chaos.RelayName(1)}); !slices.Contains(all, got[0]) || len(got) != 1 {
 		t.Errorf("a WAL relay's kill locks %v", got)
+	}
+}
+
+// An armed crash point's clock runs from when the workload has carried
+// enough events past it, not from the arming: in a make chaos WAL run a
+// relay crash point armed while the API was paused and the database full
+// failed the run after a fixed 45 s, though no event had come for the relay
+// to publish.
+func TestCrashPointClockWaitsForTheWorkload(t *testing.T) {
+	armed := time.Unix(1000, 0)
+	at := func(d time.Duration) time.Time { return armed.Add(d) }
+	newClock := func() *reachClock {
+		return &reachClock{armed: armed, need: 3, window: 45 * time.Second, limit: 3 * time.Minute}
+	}
+
+	// The workload held for two minutes: not expired, then 45 s after the
+	// third acknowledgement it is.
+	c := newClock()
+	for d := time.Second; d <= 2*time.Minute; d += time.Second {
+		if c.expired(at(d), 2) {
+			t.Fatalf("expired at %v with 2 of 3 operations acknowledged", d)
+		}
+	}
+	if c.expired(at(2*time.Minute+time.Second), 3) {
+		t.Fatal("expired as the third operation was acknowledged")
+	}
+	if c.expired(at(2*time.Minute+45*time.Second), 5) {
+		t.Fatal("expired 44 s after the workload flowed")
+	}
+	if !c.expired(at(2*time.Minute+46*time.Second), 5) {
+		t.Fatal("not expired 45 s after the workload flowed")
+	}
+
+	// A flowing workload: 45 s after the arming.
+	c = newClock()
+	if c.expired(at(time.Second), 10) || c.expired(at(44*time.Second), 10) {
+		t.Fatal("expired within 45 s of a flowing workload")
+	}
+	if !c.expired(at(46*time.Second), 10) {
+		t.Fatal("not expired 45 s into a flowing workload")
+	}
+	if got := c.describe(at(46*time.Second), 10); !strings.Contains(got, "acknowledged 3 operations") {
+		t.Errorf("describe: %q", got)
+	}
+
+	// A workload that never flows: the limit.
+	c = newClock()
+	if c.expired(at(3*time.Minute-time.Second), 0) {
+		t.Fatal("expired before the limit")
+	}
+	if !c.expired(at(3*time.Minute), 0) {
+		t.Fatal("not expired at the limit")
+	}
+	if got := c.describe(at(3*time.Minute), 0); !strings.Contains(got, "acknowledged 0 operations") {
+		t.Errorf("describe: %q", got)
 	}
 }

@@ -292,8 +292,9 @@ func (in *injector) proxiesDown(ctx context.Context, names []string, hold time.D
 }
 
 // crashPoint restarts the target with CRASH_POINT armed and waits for it to
-// die there; the supervisor then restarts it unarmed. A point not reached in
-// time is disarmed and reported, not recorded.
+// die there; the supervisor then restarts it unarmed. A point not reached
+// (reachClock: 45 s once the workload flows) is disarmed and reported, not
+// recorded.
 func (in *injector) crashPoint(ctx context.Context, s chaos.Step, point string, f *chaos.Fault, record func(string)) error {
 	p, ok := in.c.procs[s.Target]
 	if !ok {
@@ -314,9 +315,9 @@ func (in *injector) crashPoint(ctx context.Context, s chaos.Step, point string, 
 	}
 	defer in.walHoldOtherRelays(s.Target)()
 	f.Start = time.Now()
-	const reach = 45 * time.Second
-	t := time.NewTimer(reach)
-	defer t.Stop()
+	clock := reachClock{armed: f.Start, need: s.CrashAfter, window: 45 * time.Second, limit: 3 * time.Minute}
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
 	// The armed incarnation, or one restarted armed after it failed for
 	// another reason (a dependency down at its start), fires.
 	fired := func() *incarnation {
@@ -326,8 +327,10 @@ func (in *injector) crashPoint(ctx context.Context, s chaos.Step, point string, 
 				return cur
 			case <-ctx.Done():
 				return nil
-			case <-t.C:
-				return nil
+			case now := <-tick.C:
+				if clock.expired(now, in.rec.AcknowledgedSince(f.Start)) {
+					return nil
+				}
 			case <-cur.done:
 				if isDone(cur.fired) {
 					return cur
@@ -351,7 +354,7 @@ func (in *injector) crashPoint(ctx context.Context, s chaos.Step, point string, 
 		if ctx.Err() != nil {
 			return nil
 		}
-		return fmt.Errorf("crash point %s not reached %d times in %v on %s", point, s.CrashAfter, reach, s.Target)
+		return fmt.Errorf("crash point %s not reached %d times on %s: %s", point, s.CrashAfter, s.Target, clock.describe(time.Now(), in.rec.AcknowledgedSince(f.Start)))
 	}
 	// The supervisor restarts it after its restart delay.
 	deadline := time.Now().Add(30 * time.Second)
@@ -366,6 +369,42 @@ func (in *injector) crashPoint(ctx context.Context, s chaos.Step, point string, 
 	}
 	record(fmt.Sprintf("died at %s (CRASH_AFTER=%d), restarted", point, s.CrashAfter))
 	return nil
+}
+
+// reachClock decides when an armed crash point that has not fired counts as
+// not reached. Every crash point sits on the path of an event (the API's
+// commit, the relay's publish, the consumer's effect), so the clock runs
+// from the moment the workload had acknowledged need operations since the
+// arming, each of which committed an event: while other faults hold the
+// workload (the API paused or killed, the database full or restarting) the
+// point cannot be reached, and that is no failure of the process armed.
+// Past limit after the arming, it is not reached whatever the workload did.
+type reachClock struct {
+	armed         time.Time
+	need          int
+	window, limit time.Duration
+
+	flowing time.Time // when the workload had acknowledged need operations
+}
+
+// expired tells whether the point, not fired at now with acked operations
+// acknowledged since the arming, is not reached.
+func (c *reachClock) expired(now time.Time, acked int) bool {
+	if c.flowing.IsZero() && acked >= max(c.need, 1) {
+		c.flowing = now
+	}
+	if now.Sub(c.armed) >= c.limit {
+		return true
+	}
+	return !c.flowing.IsZero() && now.Sub(c.flowing) >= c.window
+}
+
+// describe says why the point counts as not reached, for the error.
+func (c *reachClock) describe(now time.Time, acked int) string {
+	if c.flowing.IsZero() {
+		return fmt.Sprintf("the workload acknowledged %d operations in the %v since the arming", acked, now.Sub(c.armed).Round(time.Second))
+	}
+	return fmt.Sprintf("%v after the workload acknowledged %d operations since the arming (%d by now)", now.Sub(c.flowing).Round(time.Second), c.need, acked)
 }
 
 // brokerAppRestart stops the whole broker application and starts it again.

@@ -148,6 +148,21 @@ func (r *Recorder) Poison(p Poison) {
 	r.h.Poison = append(r.h.Poison, p)
 }
 
+// AcknowledgedSince counts the operations the API acknowledged that started
+// at or after t: each committed an event the relays, the broker and the
+// consumers have to carry.
+func (r *Recorder) AcknowledgedSince(t time.Time) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, op := range r.h.Ops {
+		if op.Outcome == OutcomeOK && !op.Start.Before(t) {
+			n++
+		}
+	}
+	return n
+}
+
 // History returns a copy of what was recorded so far.
 func (r *Recorder) History() History {
 	r.mu.Lock()
