@@ -45,7 +45,9 @@ func TestMetricsCountOrdersCreatedAndCancelled(t *testing.T) {
 
 // outbox_publisher_ready is what the standalone relay's /readyz says of the
 // broker, for Prometheus: 1 while connected, 0 once the broker closed the
-// connection and refuses it (the relay's vhost deleted).
+// connection and refuses it (the relay's vhost deleted). The relay's
+// AMQP_URL lists the node twice, as a cluster's nodes are listed:
+// amqp_nodes_configured counts them.
 func TestMetricsPublisherReadyFollowsTheBroker(t *testing.T) {
 	t.Parallel()
 	amqpURL := newVhost(t)
@@ -55,12 +57,12 @@ func TestMetricsPublisherReadyFollowsTheBroker(t *testing.T) {
 	}
 	addr := freeAddr(t)
 	start(t, map[string]string{
-		"DATABASE_URL": migratedDatabaseURL(t), "AMQP_URL": amqpURL, "HTTP_ADDR": addr,
+		"DATABASE_URL": migratedDatabaseURL(t), "AMQP_URL": amqpURL + "," + amqpURL, "HTTP_ADDR": addr,
 		"RELAY_POLL_INTERVAL": "50ms",
 	}, "relay")
 	base := "http://" + addr
 	waitReadyz(t, base, http.StatusOK)
-	waitMetrics(t, base, "\noutbox_publisher_ready 1\n")
+	waitMetrics(t, base, "\noutbox_publisher_ready 1\n", "\namqp_nodes_configured 2\n")
 
 	rabbitmqctl(t, "delete_vhost", strings.TrimPrefix(u.Path, "/"))
 	waitReadyz(t, base, http.StatusServiceUnavailable)

@@ -41,3 +41,16 @@ func RegisterPublisherReady(reg prometheus.Registerer, ready func() error) {
 		return 1
 	}))
 }
+
+// RegisterBrokerNodes registers amqp_nodes_configured on reg: n, the number
+// of broker nodes AMQP_URL lists (3 on a cluster). The cluster's majority
+// alert reads it, so a cluster the relays are configured for pages for as
+// long as its nodes do not answer, even after their scrape targets vanished.
+func RegisterBrokerNodes(reg prometheus.Registerer, n int) {
+	g := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "amqp_nodes_configured",
+		Help: "Broker nodes the process is configured with (the URLs in AMQP_URL).",
+	})
+	g.Set(float64(n))
+	reg.MustRegister(g)
+}

@@ -28,6 +28,7 @@ import (
 	"github.com/outbox-inbox/reference/internal/tracing"
 	"github.com/outbox-inbox/reference/pkg/inbox"
 	"github.com/outbox-inbox/reference/pkg/inbox/inboxotel"
+	"github.com/outbox-inbox/reference/services/shipping/internal/amqpaddr"
 	"github.com/outbox-inbox/reference/services/shipping/internal/deadletter"
 	"github.com/outbox-inbox/reference/services/shipping/internal/httpapi"
 	"github.com/outbox-inbox/reference/services/shipping/internal/metrics"
@@ -184,6 +185,11 @@ func New(cfg Config) (*App, error) {
 	for _, r := range shipment.Reasons {
 		m.DeadLettered.WithLabelValues(string(r))
 	}
+	nodes, err := amqpaddr.Parse(cfg.AMQPURL)
+	if err != nil {
+		return nil, fmt.Errorf("shipping: AMQP_URL: %w", err)
+	}
+	m.BrokerNodes.Set(float64(len(nodes)))
 
 	clientOpts := options.Client().ApplyURI(cfg.MongoURI).
 		SetServerSelectionTimeout(cmp.Or(cfg.MongoServerSelectionTimeout, 5*time.Second)).

@@ -83,6 +83,7 @@ func TestHTTPEndpoints(t *testing.T) {
 		"shipping_handler_duration_seconds_bucket",
 		"shipping_consumer_up 1",
 		"shipping_broker_connections_total 1",
+		"amqp_nodes_configured 1",
 	} {
 		if !strings.Contains(body, name) {
 			t.Errorf("/metrics lacks %q", name)

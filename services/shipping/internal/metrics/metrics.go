@@ -53,6 +53,11 @@ type Metrics struct {
 	// PublisherBlocked is 1 while the broker blocks the connection that
 	// publishes deferred and dead-lettered copies (a memory or disk alarm).
 	PublisherBlocked prometheus.Gauge
+	// BrokerNodes is amqp_nodes_configured, the broker nodes AMQP_URL lists
+	// (3 on a cluster): the cluster's majority alert reads it, so a cluster
+	// the consumers are configured for pages for as long as its nodes do
+	// not answer, even after their scrape targets vanished. Set once.
+	BrokerNodes prometheus.Gauge
 	// RepublishTimeouts counts deferred or dead-lettered copies not
 	// confirmed in time, whose delivery went back to the queue.
 	RepublishTimeouts prometheus.Counter
@@ -122,10 +127,13 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		DeadLetters: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "shipping_dead_letters", Help: "Dead letters kept for an operator to replay or discard.",
 		}),
+		BrokerNodes: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "amqp_nodes_configured", Help: "Broker nodes the process is configured with (the URLs in AMQP_URL).",
+		}),
 	}
 	for _, c := range []prometheus.Collector{m.Processed, m.Duplicates, m.DeadLettered, m.Deferred, m.UnknownType,
 		m.HandlerDuration, m.CommitToApplied, m.MongoUnavailable, m.BrokerConnections, m.Consuming, m.PublisherBlocked, m.RepublishTimeouts,
-		m.Parked, m.HeldOrders, m.ParkedMessages, m.OldestParkedAge, m.DeadLetters} {
+		m.Parked, m.HeldOrders, m.ParkedMessages, m.OldestParkedAge, m.DeadLetters, m.BrokerNodes} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register metrics: %w", err)
 		}
