@@ -20,6 +20,8 @@ import (
 
 	"github.com/compose-spec/compose-go/v2/cli"
 	"github.com/compose-spec/compose-go/v2/types"
+
+	"github.com/outbox-inbox/reference/internal/rabbitnode"
 )
 
 const composeFile = "docker-compose.yml"
@@ -446,6 +448,28 @@ func TestRabbitMQPluginsAndConfig(t *testing.T) {
 	}
 	if !strings.Contains(string(raw), "loopback_users.guest = false") {
 		t.Errorf("%s must allow guest from other containers", conf)
+	}
+	// Every node runs with the rabbit environment the tests' nodes run with
+	// (the dead-letter worker's confirm timeout).
+	cluster := load(t, nil, "cluster")
+	for _, name := range []string{"rabbitmq", "rabbitmq-1", "rabbitmq-2", "rabbitmq-3"} {
+		var src string
+		for _, v := range service(t, cluster, name).Volumes {
+			if v.Type == types.VolumeTypeBind && v.Target == "/etc/rabbitmq/advanced.config" {
+				src = v.Source
+			}
+		}
+		if src == "" {
+			t.Errorf("%s: advanced.config is not mounted", name)
+			continue
+		}
+		raw, err := os.ReadFile(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(raw), "["+rabbitnode.RabbitAppEnv+"].") {
+			t.Errorf("%s: %s does not hold %s", name, src, rabbitnode.RabbitAppEnv)
+		}
 	}
 }
 

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/outbox-inbox/reference/e2e/chaos"
+	"github.com/outbox-inbox/reference/internal/rabbitnode"
 )
 
 // nodeNet is a network of the run's own for its RabbitMQ nodes, so that a
@@ -125,7 +126,7 @@ func (nn *nodeNet) nodeSetup(dir, name, port string, i int, server string) (node
 		"loopback_users = none\n"
 	files := map[string]string{
 		"rabbitmq.conf":   conf,
-		"advanced.config": "[{kernel, [{net_ticktime, 10}]}].\n",
+		"advanced.config": "[{kernel, [{net_ticktime, 10}]}, " + rabbitnode.RabbitAppEnv + "].\n",
 	}
 	uid, _ := strconv.Atoi(u.Uid)
 	gid, _ := strconv.Atoi(u.Gid)

@@ -61,6 +61,16 @@ func Available() error {
 	return nil
 }
 
+// RabbitAppEnv is the rabbit application's environment every node of the
+// tests runs with, for its advanced.config: a quorum queue's at-least-once
+// dead-letter worker sends a message again when the target has not
+// confirmed it in 10 s (RabbitMQ's default is 180 s). A confirm lost
+// with the target queue's leader (a node killed or cut away) otherwise
+// holds the delay queue's expired messages for three minutes. A copy sent
+// again is a duplicate the inbox absorbs. deploy/rabbitmq/advanced.config
+// sets the same.
+const RabbitAppEnv = "{rabbit, [{dead_letter_worker_publisher_confirm_timeout, 10000}]}"
+
 // Node is a node laid out on disk, not necessarily running.
 type Node struct {
 	// Name is the Erlang node name, "<name>@localhost".
@@ -106,6 +116,7 @@ func Prepare(dir, name string) (*Node, error) {
 		// The machine's /etc/rabbitmq/rabbitmq.conf pins 5672: the listener
 		// is set here, in a file of the node's own.
 		"rabbitmq.conf":     "listeners.tcp.local = 127.0.0.1:" + amqpPort + "\nlog.console = true\nlog.console.level = warning\nlog.file = false\n",
+		"advanced.config":   "[" + RabbitAppEnv + "].\n",
 		"enabled_plugins":   "[].\n",
 		"rabbitmq-env.conf": "", // not the machine's (its NODENAME)
 	}
