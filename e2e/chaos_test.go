@@ -313,18 +313,18 @@ func runScenario(t *testing.T, sc scenario) chaos.Report {
 	c.assertQuorumQueues(ctx, "before the faults")
 
 	// The publish-order tap, declared before any event is published.
-	tapURLs, err := c.directAMQPURLs()
+	direct, err := c.directAMQPURLs() // the tap's and the poisoner's
 	if err != nil {
 		t.Fatal(err)
 	}
-	tap, err := startPublishTap(ctx, tapURLs, c.rabbit != nil, t.Logf)
+	tap, err := startPublishTap(ctx, direct, c.rabbit != nil, t.Logf)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer tap.stop()
 
 	rec := &chaos.Recorder{}
-	poison := &poisoner{amqpURL: c.amqpURL, runID: c.id, oversize: maxMessageBytes + 1024}
+	poison := &poisoner{amqpURLs: direct, runID: c.id, oversize: maxMessageBytes + 1024}
 	in := newInjector(c, rec, poison, t.Logf)
 	dupes := newDuplicateScraper(c.shipping, c.shipURLs)
 	scrapeCtx, stopScrape := context.WithCancel(ctx)
