@@ -71,11 +71,9 @@ func TestHTTPEndpoints(t *testing.T) {
 		}
 	}
 
-	status, _, body = get(t, base+"/metrics")
-	if status != http.StatusOK {
-		t.Fatalf("GET /metrics: %d", status)
-	}
-	for _, name := range []string{
+	// The shipment is visible before its delivery's counters move (the
+	// effect, then the inbox record, then the ack and the metrics): poll.
+	want := []string{
 		"shipping_events_processed_total 2",
 		`shipping_events_duplicate_total{layer="inbox"}`,
 		"shipping_events_dead_lettered_total",
@@ -84,10 +82,25 @@ func TestHTTPEndpoints(t *testing.T) {
 		"shipping_consumer_up 1",
 		"shipping_broker_connections_total 1",
 		"amqp_nodes_configured 1",
-	} {
-		if !strings.Contains(body, name) {
-			t.Errorf("/metrics lacks %q", name)
+	}
+	var missing []string
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		status, _, body = get(t, base+"/metrics")
+		if status != http.StatusOK {
+			t.Fatalf("GET /metrics: %d", status)
 		}
+		missing = missing[:0]
+		for _, name := range want {
+			if !strings.Contains(body, name) {
+				missing = append(missing, name)
+			}
+		}
+		if len(missing) == 0 || time.Now().After(deadline) {
+			break
+		}
+	}
+	for _, name := range missing {
+		t.Errorf("/metrics lacks %q", name)
 	}
 }
 
