@@ -2,6 +2,7 @@ package rabbitnode_test
 
 import (
 	"os"
+	"strings"
 	"testing"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -23,6 +24,12 @@ func TestANodeOfItsOwnServesAMQPUntilClosed(t *testing.T) {
 		t.Fatalf("rabbitmqctl status: %v", err)
 	} else if len(out) == 0 {
 		t.Fatal("rabbitmqctl status said nothing")
+	}
+	// advanced.config applied: the dead-letter worker's retry (RabbitAppEnv).
+	if out, err := n.Ctl(t.Context(), "eval", "application:get_env(rabbit, dead_letter_worker_publisher_confirm_timeout)."); err != nil {
+		t.Fatalf("rabbitmqctl eval: %v", err)
+	} else if !strings.Contains(out, "{ok,10000}") {
+		t.Errorf("dead_letter_worker_publisher_confirm_timeout: %q, want {ok,10000}", out)
 	}
 	if err := n.Close(); err != nil {
 		t.Fatalf("Close: %v", err)
