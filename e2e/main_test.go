@@ -182,6 +182,31 @@ func moduleRoot() (string, error) {
 
 // withVhost returns amqpURL with its host replaced by hostPort (when not
 // empty) and its vhost by vhost.
+// tempVhost adds vhost to the machine's broker with the test user's
+// permissions, deletes it when t ends, and returns its URL through hostPort
+// ("" keeps the test URL's host).
+func tempVhost(t *testing.T, vhost, hostPort string) string {
+	t.Helper()
+	if err := rabbitmqctl(t.Context(), "add_vhost", vhost); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(t.Context()), time.Minute)
+		defer cancel()
+		if err := rabbitmqctl(ctx, "delete_vhost", vhost); err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+	})
+	if err := rabbitmqctl(t.Context(), "set_permissions", "-p", vhost, userOf(t, testAMQPURL()), ".*", ".*", ".*"); err != nil {
+		t.Fatal(err)
+	}
+	u, err := withVhost(testAMQPURL(), hostPort, vhost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u
+}
+
 func withVhost(amqpURL, hostPort, vhost string) (string, error) {
 	u, err := url.Parse(amqpURL)
 	if err != nil {

@@ -62,23 +62,7 @@ func TestFlowThroughPgBouncer(t *testing.T) {
 	})
 	direct := replaceDatabase(testDatabaseURL(), id)
 
-	if err := rabbitmqctl(ctx, "add_vhost", id); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(t.Context()), time.Minute)
-		defer cancel()
-		if err := rabbitmqctl(ctx, "delete_vhost", id); err != nil {
-			t.Errorf("cleanup: %v", err)
-		}
-	})
-	amqpURL, err := withVhost(testAMQPURL(), amqpHost, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := rabbitmqctl(ctx, "set_permissions", "-p", id, userOf(t, testAMQPURL()), ".*", ".*", ".*"); err != nil {
-		t.Fatal(err)
-	}
+	amqpURL := tempVhost(t, id, amqpHost)
 
 	bouncer := pgbouncertest.Start(t, pgbouncertest.Options{PoolSize: 4})
 	bounced := bouncer.URL(id, nil)

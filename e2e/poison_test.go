@@ -142,23 +142,10 @@ func TestPoisonerGoesToTheNextNode(t *testing.T) {
 	}
 	ctx := t.Context()
 	vhost := fmt.Sprintf("poison_next_%d", time.Now().UnixNano())
-	if err := rabbitmqctl(ctx, "add_vhost", vhost); err != nil {
+	if err := rabbitmqctl(ctx, "list_vhosts"); err != nil {
 		unavailable(t, "RabbitMQ: %v", err)
 	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(t.Context()), time.Minute)
-		defer cancel()
-		if err := rabbitmqctl(ctx, "delete_vhost", vhost); err != nil {
-			t.Errorf("cleanup: %v", err)
-		}
-	})
-	if err := rabbitmqctl(ctx, "set_permissions", "-p", vhost, userOf(t, testAMQPURL()), ".*", ".*", ".*"); err != nil {
-		t.Fatal(err)
-	}
-	live, err := withVhost(testAMQPURL(), "", vhost)
-	if err != nil {
-		t.Fatal(err)
-	}
+	live := tempVhost(t, vhost, "")
 	dead, err := withVhost(testAMQPURL(), "127.0.0.1:1", vhost)
 	if err != nil {
 		t.Fatal(err)
