@@ -38,6 +38,7 @@ const (
 	// duplicatesMetric counts deliveries acked without a new effect, by the
 	// layer that caught them (inbox record, or the shipment's own version).
 	duplicatesMetric = "shipping_events_duplicate_total"
+	deferredMetric   = "shipping_events_deferred_total"
 	// mainQueue and delayQueue are the queues shipping consumes from and
 	// defers messages through.
 	mainQueue  = "shipping.order-events"
@@ -580,7 +581,14 @@ func (c *cluster) busy(ctx context.Context) (string, error) {
 		}
 	}
 	if len(waiting) > 0 {
-		return "messages ready in queues: " + strings.Join(waiting, " "), nil
+		msg := "messages ready in queues: " + strings.Join(waiting, " ")
+		if ready[delayQueue] > 0 {
+			// Waiting out the delay, or deferred again and again: the
+			// counters tell (a count that grows while the queue stays
+			// full is a message going round).
+			msg += "; shipping's deferrals so far: " + c.deferrals(ctx)
+		}
+		return msg, nil
 	}
 	depths, err := c.queueDepths(ctx)
 	if err != nil {
@@ -597,6 +605,40 @@ func (c *cluster) busy(ctx context.Context) (string, error) {
 		return "messages in queues (ready + unacked): " + strings.Join(busy, " "), nil
 	}
 	return "", nil
+}
+
+// deferrals reads shipping's deferral counters by reason, summed over the
+// consumers that answer now (a restarted one counts from zero).
+func (c *cluster) deferrals(ctx context.Context) string {
+	client := &http.Client{Timeout: time.Second}
+	defer client.CloseIdleConnections()
+	sum := make(map[string]float64)
+	for _, u := range c.shipURLs {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, u+"/metrics", nil)
+		if err != nil {
+			continue
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			continue
+		}
+		b, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+		_ = resp.Body.Close()
+		if err != nil {
+			continue
+		}
+		for reason, v := range scrapeCounterBy(string(b), deferredMetric, "reason") {
+			sum[reason] += v
+		}
+	}
+	var parts []string
+	for _, reason := range slices.Sorted(maps.Keys(sum)) {
+		parts = append(parts, fmt.Sprintf("%s=%d", reason, int64(sum[reason])))
+	}
+	if len(parts) == 0 {
+		return "none read"
+	}
+	return strings.Join(parts, " ")
 }
 
 // finalState reads what the checker needs, after the drain: orders and
