@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
+	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -585,8 +586,15 @@ func (c *cluster) busy(ctx context.Context) (string, error) {
 		if ready[delayQueue] > 0 {
 			// Waiting out the delay, or deferred again and again: the
 			// counters tell (a count that grows while the queue stays
-			// full is a message going round).
-			msg += "; shipping's deferrals so far: " + c.deferrals(ctx)
+			// full is a message going round). Counters that stand still
+			// while messages stay ready: ask the queue when its head
+			// expires (a broker that stopped expiring them).
+			d := c.deferrals(ctx)
+			msg += "; shipping's deferrals so far: " + d
+			if d == c.lastDeferrals {
+				msg += "; " + c.delayQueueHead(ctx)
+			}
+			c.lastDeferrals = d
 		}
 		return msg, nil
 	}
@@ -639,6 +647,45 @@ func (c *cluster) deferrals(ctx context.Context) string {
 		return "none read"
 	}
 	return strings.Join(parts, " ")
+}
+
+// delayQueueHead reads from the delay queue's Raft state (RabbitMQ 3.10's
+// quorum queue machine, asked on its leader) how many messages are ready
+// and when the one at its head expires. A head that expired seconds ago
+// while messages stay ready is a broker that stopped expiring them; a head
+// still to expire is a queue that is being fed.
+func (c *cluster) delayQueueHead(ctx context.Context) string {
+	expr := fmt.Sprintf(`case rabbit_amqqueue:lookup(rabbit_misc:r(<<%q>>, queue, <<%q>>)) of
+		{ok, Q} ->
+			{R, _} = amqqueue:get_pid(Q),
+			F = fun(S) -> {rabbit_fifo:query_messages_ready(S),
+				case rabbit_fifo:query_peek(1, S) of {ok, [_ | H]} -> rabbit_fifo:get_header(expiry, H); _ -> none end} end,
+			case catch ra:leader_query({R, node()}, F) of
+				{ok, {_, {Ready, Exp}}, _} -> io:format("~p ~p ~p~n", [Ready, Exp, erlang:system_time(millisecond)]);
+				Other -> io:format("error ~p~n", [Other])
+			end;
+		_ -> io:format("error not found~n")
+	end, ok.`, c.vhost, delayQueue)
+	var out string
+	var err error
+	if c.rabbit != nil {
+		out, err = c.rabbit.ctl(ctx, "eval", expr)
+	} else {
+		var b []byte
+		b, err = exec.CommandContext(ctx, "rabbitmqctl", "-q", "eval", expr).Output()
+		out = string(b)
+	}
+	if err != nil {
+		return "delay queue's head: " + err.Error()
+	}
+	var ready, expiry, now int64
+	if n, _ := fmt.Sscanf(strings.TrimSpace(out), "%d %d %d", &ready, &expiry, &now); n != 3 {
+		return "delay queue's head: " + strings.TrimSpace(out)
+	}
+	if expiry <= now {
+		return fmt.Sprintf("delay queue: %d ready, its head expired %.1fs ago and is still there", ready, float64(now-expiry)/1000)
+	}
+	return fmt.Sprintf("delay queue: %d ready, its head expires in %.1fs", ready, float64(expiry-now)/1000)
 }
 
 // finalState reads what the checker needs, after the drain: orders and

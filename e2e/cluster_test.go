@@ -87,6 +87,10 @@ type cluster struct {
 	// back; appended by the failover step, under the injector's "postgres"
 	// lock, read by finalState once the plan is done.
 	deadPrimaries []chaos.DeadPrimaryState
+
+	// lastDeferrals is the drain's previous reading of shipping's deferral
+	// counters, while the delay queue held messages (busy).
+	lastDeferrals string
 }
 
 // Names of the toxiproxy proxies.
