@@ -394,26 +394,29 @@ func mongoOutageEnd(h History, f Fault, window time.Duration) time.Time {
 // killedBeforeRecord returns e's writer and the fault that killed it, if a
 // shipping death fault on its process killed it after e was written and
 // before e's record was due: within run.InboxRecordWindow, or later while
-// a MongoDB fault that began within that window held the record back.
+// faults that began before it could go held it back.
 func (c *checker) killedBeforeRecord(h History, run RunInfo, writers map[string]Writer, e WitnessEntry) (Writer, Fault, bool) {
 	w, ok := writers[e.Writer]
 	if !ok || !w.Killed || w.Exited.Before(e.At) {
 		return Writer{}, Fault{}, false
 	}
+	// A MongoDB fault holds the buffered record back; so does a pause of
+	// the writer's own process (SIGSTOP freezes its flush): a fault that
+	// began before the record could go moves its chance to the fault's end
+	// plus the window, and holds chain (a restart of MongoDB, then a pause
+	// that began before the flush after it could run).
 	due := e.At.Add(run.InboxRecordWindow)
-	if w.Exited.After(due) {
-		// A MongoDB fault holds the buffered record back; so does a pause
-		// of the writer's own process (SIGSTOP freezes its flush), when the
-		// kill came before the record could go after the fault ended.
-		held := false
+	for moved := true; moved; {
+		moved = false
 		for _, f := range h.Faults {
 			holds := slices.Contains(mongoFaultKinds, f.Kind) || f.Kind == FaultPauseShipping && f.Target == w.Proc
-			held = held || holds && !f.Start.After(due) && !f.End.Before(e.At) &&
-				!w.Exited.After(f.End.Add(run.InboxRecordWindow))
+			if until := f.End.Add(run.InboxRecordWindow); holds && !f.Start.After(due) && !f.End.Before(e.At) && until.After(due) {
+				due, moved = until, true
+			}
 		}
-		if !held {
-			return Writer{}, Fault{}, false
-		}
+	}
+	if w.Exited.After(due) {
+		return Writer{}, Fault{}, false
 	}
 	const slack = time.Second // the fault's recorded times bracket the kill
 	for _, f := range h.Faults {

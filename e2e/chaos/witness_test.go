@@ -267,6 +267,13 @@ func TestAuditExplainsWhatStandaloneAllows(t *testing.T) {
 			s.Effects.Inbox = slices.DeleteFunc(s.Effects.Inbox, func(r InboxRecord) bool { return r.MessageID == "4" })
 			killed(h, s, FaultKillShipping, t0w.Add(11*time.Second+5*time.Millisecond))
 		}, "", 1},
+		{"a MongoDB restart held the record, a pause of its writer began before it could go, the writer killed as it resumed", func(h *History, s *FinalState) {
+			s.Effects.Inbox = slices.DeleteFunc(s.Effects.Inbox, func(r InboxRecord) bool { return r.MessageID == "4" })
+			h.Faults = append(h.Faults,
+				Fault{Kind: FaultMongoRestart, Start: t0w.Add(11*time.Second + 500*time.Millisecond), End: t0w.Add(19 * time.Second)},
+				Fault{Kind: FaultPauseShipping, Target: "shipping-1", Start: t0w.Add(19*time.Second + 500*time.Millisecond), End: t0w.Add(42 * time.Second)})
+			killed(h, s, FaultKillShipping, t0w.Add(42*time.Second+2*time.Millisecond))
+		}, "", 1},
 		{"a buffered record frozen with its writer by a pause, the writer killed as it resumed", func(h *History, s *FinalState) {
 			s.Effects.Inbox = slices.DeleteFunc(s.Effects.Inbox, func(r InboxRecord) bool { return r.MessageID == "4" })
 			h.Faults = append(h.Faults, Fault{Kind: FaultPauseShipping, Target: "shipping-1", Start: t0w.Add(11*time.Second + 200*time.Millisecond), End: t0w.Add(35 * time.Second)})
@@ -329,6 +336,22 @@ func TestAuditDoesNotExcuseALostRecordLongAfterAPause(t *testing.T) {
 	s.Effects.Inbox = slices.DeleteFunc(s.Effects.Inbox, func(r InboxRecord) bool { return r.MessageID == "4" })
 	h.Faults = append(h.Faults, Fault{Kind: FaultPauseShipping, Target: "shipping-1", Start: t0w.Add(11*time.Second + 200*time.Millisecond), End: t0w.Add(35 * time.Second)})
 	killed(&h, &s, FaultKillShipping, t0w.Add(45*time.Second))
+	r := Check(h, s, run)
+	if r.OK || r.InboxAuditViolations != 1 || r.InboxRecordsLost != 0 {
+		t.Errorf("ok %v, inbox_audit_violations %d, inbox_records_lost %d; want the lost record a violation", r.OK, r.InboxAuditViolations, r.InboxRecordsLost)
+	}
+}
+
+// Holds chain only while the record is still held: a pause that begins
+// after the record could have gone (a MongoDB restart's end plus the
+// window) explains nothing.
+func TestAuditDoesNotChainAHoldPastTheRecordsChance(t *testing.T) {
+	h, s, run := witnessed()
+	s.Effects.Inbox = slices.DeleteFunc(s.Effects.Inbox, func(r InboxRecord) bool { return r.MessageID == "4" })
+	h.Faults = append(h.Faults,
+		Fault{Kind: FaultMongoRestart, Start: t0w.Add(11*time.Second + 500*time.Millisecond), End: t0w.Add(19 * time.Second)},
+		Fault{Kind: FaultPauseShipping, Target: "shipping-1", Start: t0w.Add(21 * time.Second), End: t0w.Add(42 * time.Second)})
+	killed(&h, &s, FaultKillShipping, t0w.Add(42*time.Second+2*time.Millisecond))
 	r := Check(h, s, run)
 	if r.OK || r.InboxAuditViolations != 1 || r.InboxRecordsLost != 0 {
 		t.Errorf("ok %v, inbox_audit_violations %d, inbox_records_lost %d; want the lost record a violation", r.OK, r.InboxAuditViolations, r.InboxRecordsLost)
