@@ -125,3 +125,42 @@ func testManyOrdersStayInOrderAcrossTwoConsumers(t *testing.T, e *env) {
 	e.order.wantInOrder(t)
 	t.Logf("deferred for a gap: %v (reordering between the two consumers)", e.sum(deferredGap))
 }
+
+// TestOneProcessHandlesAnOrdersChainInOrder publishes chains of versions
+// back to back, so that several of one order's versions are in one
+// consumer's prefetch window at once: the workers of one process must take
+// an order's deliveries one after the other, in delivery order, never two
+// at once, so that none finds its predecessor still being applied by
+// another worker and goes round through the delay queue.
+func TestOneProcessHandlesAnOrdersChainInOrder(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	a := e.start(app.Config{Prefetch: 64, Concurrency: 8})
+
+	const orders, chain = 24, 8
+	for i := range orders {
+		id := fmt.Sprintf("chain-%d", i)
+		e.pub.publish(created(chainMsgID(i, 1), id))
+		for v := 2; v < chain; v++ {
+			e.pub.publish(amended(chainMsgID(i, v), id, int64(v)))
+		}
+		cancel := cancelled(chainMsgID(i, chain), id)
+		cancel.Version = int64(chain)
+		e.pub.publish(cancel)
+	}
+	for i := range orders {
+		s := e.waitShipment(fmt.Sprintf("chain-%d", i), chain)
+		var want []string
+		for v := 1; v <= chain; v++ {
+			want = append(want, chainMsgID(i, v))
+		}
+		wantEvents(t, s, want...)
+	}
+	e.waitDrained(a)
+	e.order.wantInOrder(t)
+	if g := deferredGap(a); g != 0 {
+		t.Errorf("%v deliveries deferred for a gap; want 0: one process takes an order's deliveries in order", g)
+	}
+}
+
+func chainMsgID(order, version int) string { return fmt.Sprint(50000 + 100*order + version) }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	"github.com/outbox-inbox/reference/pkg/inbox"
 	"github.com/outbox-inbox/reference/services/shipping/internal/app"
 	"github.com/outbox-inbox/reference/services/shipping/internal/processor"
+	"github.com/outbox-inbox/reference/services/shipping/internal/rabbitmq"
 	"github.com/outbox-inbox/reference/services/shipping/internal/shipment"
 )
 
@@ -81,13 +83,13 @@ func TestMessageTheInboxKeepsFailingOnEndsAsADeadLetter(t *testing.T) {
 // blockingStore holds every Apply of one order until released.
 type blockingStore struct {
 	processor.Store
-	order   string
+	orders  []string
 	entered chan<- struct{}
 	release <-chan struct{}
 }
 
 func (b blockingStore) Apply(ctx context.Context, msgID string, ev shipment.Event) (shipment.Outcome, error) {
-	if ev.OrderID == b.order {
+	if slices.Contains(b.orders, ev.OrderID) {
 		b.entered <- struct{}{}
 		select {
 		case <-b.release:
@@ -103,27 +105,34 @@ func (b blockingStore) Apply(ctx context.Context, msgID string, ev shipment.Even
 func TestReadyzIsNotReadyWhileEveryWorkerIsStuck(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
+	// An order's deliveries all go to one worker: the orders are picked on
+	// the two workers' lanes.
+	slow := "slow"
+	other := otherLane(slow, "other-%d")
+	slowToo := otherLane(slow, "slow-%d")
 	entered, release := make(chan struct{}, 4), make(chan struct{})
 	var once sync.Once
 	free := func() { once.Do(func() { close(release) }) }
 	t.Cleanup(free)
 	a := e.start(app.Config{
 		Concurrency: 2, StuckAfter: 300 * time.Millisecond,
-		WrapStore: func(s processor.Store) processor.Store { return blockingStore{s, "slow", entered, release} },
+		WrapStore: func(s processor.Store) processor.Store {
+			return blockingStore{s, []string{slow, slowToo}, entered, release}
+		},
 	})
 	readyz := "http://" + a.HTTPAddr() + "/readyz"
 
-	e.pub.publish(created("2001", "slow"))
+	e.pub.publish(created("2001", slow))
 	<-entered // one worker stuck, the other free
-	e.pub.publish(created("2011", "other"))
-	e.waitShipment("other", 1)
+	e.pub.publish(created("2011", other))
+	e.waitShipment(other, 1)
 	// The other worker is free once it acked "other", a moment after its
 	// shipment shows.
 	waitFor(t, 30*time.Second, "/readyz 200 with one worker of two busy", func() bool {
 		code, _, _ := get(t, readyz)
 		return code == http.StatusOK
 	})
-	e.pub.publish(created("2001", "slow")) // a second copy takes the second worker
+	e.pub.publish(created("2021", slowToo)) // takes the second worker
 	<-entered
 	var body string
 	waitFor(t, 30*time.Second, "/readyz 503 naming the workers", func() bool {
@@ -139,6 +148,17 @@ func TestReadyzIsNotReadyWhileEveryWorkerIsStuck(t *testing.T) {
 		code, _, _ := get(t, readyz)
 		return code == http.StatusOK
 	})
-	e.pub.publish(cancelled("2002", "slow"))
-	wantEvents(t, e.waitShipment("slow", 2), "2001", "2002")
+	e.pub.publish(cancelled("2002", slow))
+	wantEvents(t, e.waitShipment(slow, 2), "2001", "2002")
+	wantEvents(t, e.waitShipment(slowToo, 1), "2021")
+}
+
+// otherLane returns the first order named by format (with 0, 1, ...) that
+// is not on order's lane of two workers.
+func otherLane(order, format string) string {
+	for i := 0; ; i++ {
+		if id := fmt.Sprintf(format, i); rabbitmq.Lane(id, 2) != rabbitmq.Lane(order, 2) {
+			return id
+		}
+	}
 }

@@ -505,3 +505,8 @@ func (l *logBuffer) String() string {
 	defer l.mu.Unlock()
 	return l.buf.String()
 }
+
+func amended(msgID, orderID string, version int64) event {
+	body, _ := json.Marshal(map[string]any{"order_id": orderID, "note": "amendment " + msgID, "amended_at": "2026-11-29T22:00:30Z"})
+	return event{MessageID: msgID, Type: shipment.TypeAmended, OrderID: orderID, Version: version, Body: body}
+}

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"maps"
 	"math/rand/v2"
@@ -50,6 +51,13 @@ type Config struct {
 	// Prefetch is the channel's QoS prefetch count. Default: 32.
 	Prefetch int
 	// Concurrency is how many deliveries are handled at once. Default: 8.
+	// Each worker has a lane: the deliveries of one order (the
+	// aggregate_id header, or the CloudEvents subject) all go to one lane
+	// (Lane), in delivery order, so that one process never handles two
+	// versions of an order at once (the later one would find a gap and wait
+	// through the delay queue). A delivery that names no order goes to the
+	// first free worker. A delivery a worker is stuck on holds up the rest
+	// of its lane.
 	Concurrency int
 	// ReconnectMin and ReconnectMax bound the exponential backoff between
 	// connection attempts. Default: 100ms and 5s.
@@ -318,16 +326,53 @@ func (c *Consumer) session(ctx context.Context, pub *republisher) (connected boo
 		lost: make(chan struct{}), draining: make(chan struct{}), ended: make(chan struct{}),
 	}
 
+	lanes := make([]chan amqp.Delivery, c.cfg.Concurrency)
+	for i := range lanes {
+		// At most Prefetch deliveries are unsettled at once: a lane of that
+		// size never holds the dispatcher up. Past maxLaneBuffer (a prefetch
+		// above it) a full lane holds every lane's dispatch until its worker
+		// takes the next delivery.
+		lanes[i] = make(chan amqp.Delivery, min(c.cfg.Prefetch, maxLaneBuffer))
+	}
+	anyLane := make(chan amqp.Delivery) // deliveries that name no order: the first free worker
+	go func() {
+		for d := range deliveries {
+			if key := shipment.OrderKey(d.Headers); key != "" {
+				lanes[Lane(key, len(lanes))] <- d
+			} else {
+				anyLane <- d
+			}
+		}
+		// The broker cancelled the consumer (queue deleted), the channel
+		// closed, or we cancelled it on shutdown.
+		for _, l := range lanes {
+			close(l)
+		}
+		close(anyLane)
+	}()
 	var wg sync.WaitGroup
 	for i := range c.cfg.Concurrency {
 		wg.Go(func() {
-			for d := range deliveries {
+			own, shared := lanes[i], anyLane
+			for own != nil || shared != nil {
+				var d amqp.Delivery
+				var ok bool
+				select {
+				case d, ok = <-own:
+					if !ok {
+						own = nil
+						continue
+					}
+				case d, ok = <-shared:
+					if !ok {
+						shared = nil
+						continue
+					}
+				}
 				c.busy[i].Store(time.Now().UnixNano())
 				c.handle(hctx, s, d)
 				c.busy[i].Store(0)
 			}
-			// The broker cancelled the consumer (queue deleted), the
-			// channel closed, or we cancelled it on shutdown.
 			s.end(fmt.Errorf("%w: deliveries channel closed", errTopologyLost))
 		})
 	}
@@ -388,6 +433,18 @@ func (c *Consumer) session(ctx context.Context, pub *republisher) (connected boo
 		return true, nil
 	}
 	return true, cause
+}
+
+// maxLaneBuffer caps a lane's buffer.
+const maxLaneBuffer = 256
+
+// Lane returns which of n workers handles the deliveries of the order key
+// (shipment.OrderKey): always the same one, so that one process handles an
+// order's deliveries one at a time and in delivery order.
+func Lane(key string, n int) int {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(key))
+	return int(h.Sum32() % uint32(n))
 }
 
 // sessionState is what workers share within one connection.

@@ -44,6 +44,23 @@ const (
 	HeaderCreatedAt = "outbox_created_at"
 )
 
+// OrderKey returns the order a message's headers name: the outbox
+// envelope's aggregate_id, or the CloudEvents subject; "" when they name
+// none (the payload, not read here, may still).
+func OrderKey(headers map[string]any) string {
+	if id, ok := headers[headerAggregateID].(string); ok && id != "" {
+		return id
+	}
+	for k, v := range headers {
+		if attr, _, ok := cloudEventsName(k); ok && attr == ceSubject {
+			if id, ok := v.(string); ok {
+				return id
+			}
+		}
+	}
+	return ""
+}
+
 // cloudEventsName returns the attribute a header name stands for, and the
 // separator it uses ('_' or ':'); ok is false for any other header. The
 // prefix is matched as the binding writes it: "cloudEvents".
