@@ -529,6 +529,11 @@ func (c *cluster) relayByPid(pid int) string {
 	return ""
 }
 
+// walHolderWait bounds pauseWALRelay's wait for a relay streaming from the
+// slot. 15 s failed once: the new primary of a failover restarted during
+// the wait (make chaos, WAL, on 7fcaf33).
+const walHolderWait = time.Minute
+
 // pauseWALRelay pauses the relay that holds the slot (whatever the plan
 // drew: the step locks every relay) past wal_sender_timeout and the
 // takeover, and records when the slot moved to the other relay (a new
@@ -541,7 +546,10 @@ func (in *injector) pauseWALRelay(ctx context.Context, s chaos.Step, f *chaos.Fa
 		epoch  int64
 		holder string
 	)
-	deadline := time.Now().Add(15 * time.Second)
+	// A PostgreSQL fault may overlap the wait (the step does not lock
+	// "postgres"): a restart or a failover takes up to about 10 s, then the
+	// relays reconnect with their backoff and one takes the slot.
+	deadline := time.Now().Add(walHolderWait)
 	for {
 		e, pid, active, err := in.c.walSlot(ctx, db)
 		if err == nil && active {
