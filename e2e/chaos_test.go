@@ -622,20 +622,11 @@ func (c *cluster) deferrals(ctx context.Context) string {
 	defer client.CloseIdleConnections()
 	sum := make(map[string]float64)
 	for _, u := range c.shipURLs {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, u+"/metrics", nil)
-		if err != nil {
+		exposition, ok := fetchMetrics(ctx, client, u+"/metrics")
+		if !ok {
 			continue
 		}
-		resp, err := client.Do(req)
-		if err != nil {
-			continue
-		}
-		b, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
-		_ = resp.Body.Close()
-		if err != nil {
-			continue
-		}
-		for reason, v := range scrapeCounterBy(string(b), deferredMetric, "reason") {
+		for reason, v := range scrapeCounterBy(exposition, deferredMetric, "reason") {
 			sum[reason] += v
 		}
 	}
@@ -820,23 +811,32 @@ func (d *duplicateScraper) scrape(ctx context.Context) {
 }
 
 func (d *duplicateScraper) read(ctx context.Context, url string) (map[string]float64, bool) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
+	b, ok := fetchMetrics(ctx, d.client, url)
+	if !ok {
 		return nil, false
 	}
-	resp, err := d.client.Do(req)
-	if err != nil {
+	if _, ok := scrapeCounter(b, duplicatesMetric); !ok {
 		return nil, false
+	}
+	return scrapeCounterBy(b, duplicatesMetric, "layer"), true
+}
+
+// fetchMetrics GETs a Prometheus exposition; ok is false on any failure.
+func fetchMetrics(ctx context.Context, client *http.Client, url string) (string, bool) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return "", false
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return "", false
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
 	if err != nil || resp.StatusCode != http.StatusOK {
-		return nil, false
+		return "", false
 	}
-	if _, ok := scrapeCounter(string(b), duplicatesMetric); !ok {
-		return nil, false
-	}
-	return scrapeCounterBy(string(b), duplicatesMetric, "layer"), true
+	return string(b), true
 }
 
 // total is the duplicates absorbed, every layer.

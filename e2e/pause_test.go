@@ -530,8 +530,7 @@ func (c *cluster) relayByPid(pid int) string {
 }
 
 // walHolderWait bounds pauseWALRelay's wait for a relay streaming from the
-// slot. 15 s failed once: the new primary of a failover restarted during
-// the wait (make chaos, WAL, on 7fcaf33).
+// slot: long enough for a PostgreSQL restart or failover that overlaps it.
 const walHolderWait = time.Minute
 
 // pauseWALRelay pauses the relay that holds the slot (whatever the plan
