@@ -7,6 +7,9 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"go/doc"
+	"go/parser"
+	"go/token"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -18,7 +21,6 @@ import (
 	"time"
 
 	"github.com/outbox-inbox/reference/internal/mongolocal"
-	"github.com/outbox-inbox/reference/internal/mongolocal/replsettest"
 )
 
 // thisModule is the module path the packages have in this repository.
@@ -41,11 +43,18 @@ var forbidden = []string{
 // TestPackagesCopyIntoAModuleOfTheirOwn copies each package directory, with
 // its subpackages and tests, into a scratch module of its own (a go.mod with
 // nothing but this repository's requirements as the versions to start
-// from), rewrites the package's own import path, runs go mod tidy, go vet
-// and the package's tests and examples there, and lists the modules the copy
-// adds to its go.mod. A copy that still imports anything of this repository
-// fails to build; one whose go.mod inherits a forbidden module, or requires
-// a module its doc.go does not name (each with what it is for), fails.
+// from), rewrites the package's own import path, runs go mod tidy and go
+// vet there (vet type-checks every test file, so a test that would not
+// build in the copy fails here), runs the examples against the real
+// servers, and lists the modules the copy adds to its go.mod. A copy that
+// still imports anything of this repository fails to build; one whose
+// go.mod inherits a forbidden module, or requires a module its doc.go does
+// not name (each with what it is for), fails.
+//
+// The copies' other tests are not run again: the copy resolves the same
+// module versions as this repository (tidy keeps the requirements it starts
+// from), so they are the tests the repository's own run has just passed,
+// with the race detector on.
 func TestPackagesCopyIntoAModuleOfTheirOwn(t *testing.T) {
 	if testing.Short() {
 		t.Skip("copycheck: builds and tests two modules; not in -short")
@@ -56,9 +65,7 @@ func TestPackagesCopyIntoAModuleOfTheirOwn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mongoURI, replsetURI := servers(t)
-	// One after the other: the outbox's tests load PostgreSQL and RabbitMQ,
-	// which the repository's own tests share.
+	mongoURI := server(t)
 	for _, pkg := range []string{"pkg/inbox", "pkg/outbox"} {
 		t.Run(pkg, func(t *testing.T) {
 			dir := scratchDir(t, root, pkg)
@@ -70,17 +77,14 @@ func TestPackagesCopyIntoAModuleOfTheirOwn(t *testing.T) {
 				t.Fatal(err)
 			}
 			env := []string{"TEST_MONGO_URI=" + mongoURI}
-			if replsetURI != "" {
-				env = append(env, "TEST_MONGO_REPLSET_URI="+replsetURI)
-			}
 			run(t, dir, nil, "mod", "tidy")
 			run(t, dir, nil, "vet", "./...")
-			out := output(t, dir, env, "test", "-count=1", "-v", "./...")
+			out := output(t, dir, env, "test", "-count=1", "-v", "-run", "^Example", "./...")
 			examples := strings.Count(out, "--- PASS: Example")
-			if examples == 0 {
-				t.Errorf("no example ran in the copy")
+			if want := countExamples(t, filepath.Join(root, pkg)); examples != want {
+				t.Errorf("%d examples passed in the copy, want the %d of %s", examples, want, pkg)
 			}
-			t.Logf("the copy's tests and %d examples passed", examples)
+			t.Logf("the copy's %d examples passed", examples)
 
 			mod := readModFile(t, dir)
 			var direct, indirect []string
@@ -216,11 +220,9 @@ func scratchGoMod(t *testing.T, repo modFile) []byte {
 	return b.Bytes()
 }
 
-// servers starts the MongoDB servers the copied inbox's tests need (they
-// cannot start this repository's): an embedded FerretDB, and a replica set
-// in a container where a Docker engine answers ("" otherwise: the copy's
-// transaction-mode tests skip). Both stop when the test ends.
-func servers(t *testing.T) (standalone, replset string) {
+// server starts the embedded FerretDB the copied inbox's examples use (they
+// cannot start this repository's). It stops when the test ends.
+func server(t *testing.T) string {
 	t.Helper()
 	srv, err := mongolocal.Start(t.Context(), mongolocal.Config{})
 	if err != nil {
@@ -231,25 +233,34 @@ func servers(t *testing.T) (standalone, replset string) {
 			t.Errorf("stop the embedded FerretDB: %v", err)
 		}
 	})
-	uri, absent, stop, err := replsettest.Start(context.WithoutCancel(t.Context()))
-	if stop != nil {
-		t.Cleanup(func() {
-			ctx, cancel := context.WithTimeout(context.WithoutCancel(t.Context()), time.Minute)
-			defer cancel()
-			if err := stop(ctx); err != nil {
-				t.Errorf("replica set: %v", err)
+	return srv.URI()
+}
+
+// countExamples counts the runnable examples under dir: the Example
+// functions of its test files with an output comment.
+func countExamples(t *testing.T, dir string) int {
+	t.Helper()
+	n := 0
+	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(path, "_test.go") {
+			return err
+		}
+		fset := token.NewFileSet()
+		f, err := parser.ParseFile(fset, path, nil, parser.ParseComments)
+		if err != nil {
+			return err
+		}
+		for _, ex := range doc.Examples(f) {
+			if ex.Output != "" || ex.EmptyOutput {
+				n++
 			}
-		})
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
-	switch {
-	case absent != "":
-		t.Logf("the copies' transaction-mode tests skip: no replica set (%s)", absent)
-	case err != nil && os.Getenv("CI") == "true":
-		t.Fatalf("start a MongoDB replica set: %v (required under CI=true)", err)
-	case err != nil:
-		t.Logf("the copies' transaction-mode tests skip: no replica set (%v)", err)
-	}
-	return srv.URI(), uri
+	return n
 }
 
 func goEnv(t *testing.T, key string) string {
