@@ -10,7 +10,6 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
-	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -657,15 +656,7 @@ func (c *cluster) delayQueueHead(ctx context.Context) string {
 			end;
 		_ -> io:format("error not found~n")
 	end, ok.`, c.vhost, delayQueue)
-	var out string
-	var err error
-	if c.rabbit != nil {
-		out, err = c.rabbit.ctl(ctx, "eval", expr)
-	} else {
-		var b []byte
-		b, err = exec.CommandContext(ctx, "rabbitmqctl", "-q", "eval", expr).Output()
-		out = string(b)
-	}
+	out, err := c.ctl(ctx, "eval", expr)
 	if err != nil {
 		return "delay queue's head: " + err.Error()
 	}

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -420,11 +421,16 @@ func (c *cluster) proxies(target string) []string {
 // rabbitmqctl runs rabbitmqctl against the run's broker: a node of its own
 // cluster that answers, or the machine's broker.
 func (c *cluster) rabbitmqctl(ctx context.Context, args ...string) error {
+	_, err := c.ctl(ctx, args...)
+	return err
+}
+
+// ctl is rabbitmqctl against the run's broker, returning what it printed.
+func (c *cluster) ctl(ctx context.Context, args ...string) (string, error) {
 	if c.rabbit != nil {
-		_, err := c.rabbit.ctl(ctx, args...)
-		return err
+		return c.rabbit.ctl(ctx, args...)
 	}
-	return rabbitmqctl(ctx, args...)
+	return rabbitmqctlOutput(ctx, args...)
 }
 
 func (c *cluster) addProc(spec procSpec) *proc {
@@ -518,14 +524,22 @@ func startBrokerApp(ctx context.Context) error {
 	return rabbitmqctl(ctx, "await_startup", "--timeout", "60")
 }
 
-// rabbitmqctl runs rabbitmqctl with args.
+// rabbitmqctl runs the machine broker's rabbitmqctl with args.
 func rabbitmqctl(ctx context.Context, args ...string) error {
+	_, err := rabbitmqctlOutput(ctx, args...)
+	return err
+}
+
+// rabbitmqctlOutput runs the machine broker's rabbitmqctl with args and
+// returns its standard output.
+func rabbitmqctlOutput(ctx context.Context, args ...string) (string, error) {
 	cmd := exec.CommandContext(ctx, "rabbitmqctl", append([]string{"-q"}, args...)...)
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("rabbitmqctl %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return "", fmt.Errorf("rabbitmqctl %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String()+stdout.String()))
 	}
-	return nil
+	return stdout.String(), nil
 }
 
 func replaceDatabase(databaseURL, db string) string {

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -174,8 +173,6 @@ func (r *shipmentReader) getAll(ctx context.Context, ids []string) (map[string]c
 // queueDepths returns messages (ready + unacknowledged) per queue of the
 // run's vhost, on the run's own cluster when it has one.
 func (c *cluster) queueDepths(ctx context.Context) (map[string]int, error) {
-	args := []string{"list_queues", "-p", c.vhost, "--no-table-headers", "name", "messages"}
-	var out []byte
 	if c.rabbit != nil {
 		// shipping's queues, from their Raft groups (queueStates: list_queues
 		// timed out on a busy quorum queue there).
@@ -192,14 +189,13 @@ func (c *cluster) queueDepths(ctx context.Context) (map[string]int, error) {
 			depths[q] = st.messages
 		}
 		return depths, nil
-	} else {
-		var err error
-		if out, err = exec.CommandContext(ctx, "rabbitmqctl", append([]string{"-q"}, args...)...).Output(); err != nil {
-			return nil, fmt.Errorf("rabbitmqctl list_queues -p %s: %w", c.vhost, err)
-		}
+	}
+	out, err := rabbitmqctlOutput(ctx, "list_queues", "-p", c.vhost, "--no-table-headers", "name", "messages")
+	if err != nil {
+		return nil, err
 	}
 	depths := make(map[string]int)
-	sc := bufio.NewScanner(strings.NewReader(string(out)))
+	sc := bufio.NewScanner(strings.NewReader(out))
 	for sc.Scan() {
 		f := strings.Fields(sc.Text())
 		if len(f) != 2 {
