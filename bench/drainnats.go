@@ -131,6 +131,16 @@ func (b *bench) runRelayDrainNATS(ctx context.Context) ([]Figure, error) {
 	}
 	defer shape.Close()
 
+	// The CPU instrument, without RabbitMQ (not in this figure): the
+	// relay's group is the benchmark's process, which also runs the NATS
+	// server when BENCH_NATS_URL is unset, in the relay's drain and in the
+	// baseline alike.
+	meter := newCPUMeter(ctx, pool, "", b.cfg.cpuProfileDir)
+	delete(meter.unmeasured, "rabbitmq")
+	if os.Getenv("BENCH_NATS_URL") != "" {
+		meter.unmeasured["nats"] = "the NATS server of BENCH_NATS_URL is another process: its CPU is not read"
+	}
+
 	n := b.cfg.drainBacklog
 	check := func(what string) error {
 		var pending int
@@ -150,6 +160,7 @@ func (b *bench) runRelayDrainNATS(ctx context.Context) ([]Figure, error) {
 		return nil
 	}
 	var raw, one []float64
+	var rawCPU, oneCPU []cpuUse
 	details := map[string]any{}
 	for rep := range b.cfg.reps {
 		if err := (seedDirect{pool}).freshBacklog(ctx, n); err != nil {
@@ -169,10 +180,19 @@ func (b *bench) runRelayDrainNATS(ctx context.Context) ([]Figure, error) {
 		if err := freshStream(ctx, js, stream, prefix); err != nil {
 			return nil, err
 		}
+		iv, err := meter.start(ctx, fmt.Sprintf("relay_drain_nats_raw_rep%d", rep))
+		if err != nil {
+			return nil, err
+		}
 		d, err := rawJetStreamPublish(ctx, url, msgs, b.cfg.rawWindow)
+		cpu, cpuErr := iv.stop(ctx, n)
 		if err != nil {
 			return nil, fmt.Errorf("baseline: %w", err)
 		}
+		if cpuErr != nil {
+			return nil, fmt.Errorf("baseline's CPU per event: %w", cpuErr)
+		}
+		rawCPU = append(rawCPU, cpu)
 		if err := check("baseline"); err != nil {
 			return nil, err
 		}
@@ -185,7 +205,7 @@ func (b *bench) runRelayDrainNATS(ctx context.Context) ([]Figure, error) {
 		if err := freshStream(ctx, js, stream, prefix); err != nil {
 			return nil, err
 		}
-		res, err := drainWithRelays(ctx, poolCfg, newPub, n, 1, b.relayConfig(), b.quiet, nil, "")
+		res, err := drainWithRelays(ctx, poolCfg, newPub, n, 1, b.relayConfig(), b.quiet, meter, fmt.Sprintf("relay_drain_nats_rep%d", rep))
 		if err != nil {
 			return nil, fmt.Errorf("relay: %w", err)
 		}
@@ -194,8 +214,10 @@ func (b *bench) runRelayDrainNATS(ctx context.Context) ([]Figure, error) {
 		}
 		r := rate(n, res.elapsed)
 		one = append(one, r)
-		details[fmt.Sprintf("rep_%d", rep)] = map[string]any{"baseline_events_per_s": int(rate(n, d)), "relay_events_per_s": int(r), "batches": res.batches}
-		b.log.Info("relay_drain_nats", "rep", rep, "events_per_s", int(r), "batches", res.batches)
+		oneCPU = append(oneCPU, res.cpu)
+		details[fmt.Sprintf("rep_%d", rep)] = map[string]any{"baseline_events_per_s": int(rate(n, d)), "relay_events_per_s": int(r), "batches": res.batches,
+			"cpu_per_event": res.cpu.perEvent(), "baseline_cpu_per_event": cpu.perEvent()}
+		b.log.Info("relay_drain_nats", "rep", rep, "events_per_s", int(r), "batches", res.batches, "cpu_us_per_event", res.cpu.perEvent())
 	}
 	details["baseline_events_per_s"] = raw
 	details["relay_events_per_s"] = one
@@ -207,5 +229,6 @@ func (b *bench) runRelayDrainNATS(ctx context.Context) ([]Figure, error) {
 	}
 	measures := fmt.Sprintf("events/s of one polling relay draining a backlog of %d order.created events to NATS JetStream through outboxnats (median of %d runs)", n, b.cfg.reps)
 	baseIs := fmt.Sprintf("nats.go alone publishing the same %d messages (same subjects, headers and Nats-Msg-Id) with the asynchronous JetStream publish, %d acknowledgements awaited at once, to the same stream", n, b.cfg.rawWindow)
-	return []Figure{newFigure("relay_drain_nats", "events/s", median(one), median(raw), Goal{RatioAtLeast, 0.8}, measures, baseIs, details)}, nil
+	figs := []Figure{newFigure("relay_drain_nats", "events/s", median(one), median(raw), Goal{RatioAtLeast, 0.8}, measures, baseIs, details)}
+	return append(figs, cpuFigures("relay_drain_nats", oneCPU, rawCPU, "one polling relay draining the backlog to JetStream (the benchmark's process runs the NATS server too)", baseIs, meter.unmeasured)...), nil
 }
