@@ -36,9 +36,12 @@ import (
 //     of the interval and every second between, so that a backend that exits
 //     during it counts up to its last reading. Other databases' backends and
 //     WAL senders (other work on a shared server) are not.
-//     The server's auxiliary processes (checkpointer, WAL writer, background
-//     writer), which the whole server shares, are read apart
-//     (postgresql_background in the details).
+//     The WAL senders are also read on their own (postgresql_walsender in
+//     the details, a part of postgresql: the logical decoding of every
+//     change of the server, the relay's own sweep included, against the
+//     statements of the backends). The server's auxiliary processes
+//     (checkpointer, WAL writer, background writer), which the whole server
+//     shares, are read apart (postgresql_background in the details).
 //   - rabbitmq: the broker's node, the process listening on the AMQP URL's
 //     port (beam.smp). It serves every vhost and connection of the node: on
 //     a shared broker the figure is an upper bound.
@@ -239,7 +242,11 @@ func listenerPID(root string, port int) (int, error) {
 }
 
 // cpuGroups are the process groups read from /proc, in the order figures list them.
-var cpuGroups = []string{"postgresql", "rabbitmq", "shipping", "postgresql_background"}
+var cpuGroups = []string{"postgresql", "rabbitmq", "shipping", "postgresql_background", "postgresql_walsender"}
+
+// partGroups are the groups read apart from the total: the server's shared
+// background, and the part of postgresql that is its WAL senders.
+var partGroups = []string{"postgresql_background", "postgresql_walsender"}
 
 // cpuSample is one reading of every group.
 type cpuSample struct {
@@ -259,7 +266,8 @@ type cpuUse struct {
 
 // perEvent returns the microseconds per event of each group measured, and
 // their total (relay, postgresql, rabbitmq: the background processes are
-// shared with the rest of the server and left out of it).
+// shared with the rest of the server and left out of it, the WAL senders are
+// already in postgresql).
 func (u cpuUse) perEvent() map[string]float64 {
 	if u.events <= 0 {
 		return nil
@@ -276,12 +284,12 @@ func (u cpuUse) perEvent() map[string]float64 {
 	return m
 }
 
-// total is what the relay and the groups spent, the server's background
-// processes left out (they are shared with the rest of the server).
+// total is what the relay and the groups spent, the groups read apart left
+// out (partGroups).
 func (u cpuUse) total() time.Duration {
 	t := u.relay
 	for g, d := range u.groups {
-		if g != "postgresql_background" {
+		if !slices.Contains(partGroups, g) {
 			t += d
 		}
 	}
@@ -352,11 +360,12 @@ func brokerPID(procRoot, amqpURL string) (int, error) {
 	return pid, nil
 }
 
-// procsQuery lists the PostgreSQL processes the meter reads, and whether each
+// procsQuery lists the PostgreSQL processes the meter reads, whether each
 // is the figure's database's (a backend connected to it, or the WAL sender of
-// one of its slots) or one of the server's auxiliary processes. Other
-// databases' backends and other WAL senders are left out.
-const procsQuery = `SELECT a.pid, a.datname IS NOT DISTINCT FROM current_database() OR s.slot_name IS NOT NULL
+// one of its slots) or one of the server's auxiliary processes, and whether
+// it is such a WAL sender. Other databases' backends and other WAL senders
+// are left out.
+const procsQuery = `SELECT a.pid, a.datname IS NOT DISTINCT FROM current_database() OR s.slot_name IS NOT NULL, s.slot_name IS NOT NULL
 	FROM pg_stat_activity a
 	LEFT JOIN pg_replication_slots s ON s.active_pid = a.pid AND s.database = current_database()
 	WHERE a.datname = current_database() OR s.slot_name IS NOT NULL
@@ -393,20 +402,28 @@ func (m *cpuMeter) readProcs(ctx context.Context) (map[string]map[int]procStat, 
 		if err != nil {
 			return nil, fmt.Errorf("list the PostgreSQL processes: %w", err)
 		}
-		procs["postgresql"], procs["postgresql_background"] = map[int]procStat{}, map[int]procStat{}
+		for _, g := range []string{"postgresql", "postgresql_background", "postgresql_walsender"} {
+			procs[g] = map[int]procStat{}
+		}
 		for rows.Next() {
 			var pid int
-			var ours bool
-			if err := rows.Scan(&pid, &ours); err != nil {
+			var ours, walSender bool
+			if err := rows.Scan(&pid, &ours, &walSender); err != nil {
 				rows.Close()
 				return nil, err
 			}
-			g := "postgresql_background"
-			if ours {
-				g = "postgresql"
+			st, err := readProcStat(m.procRoot, pid)
+			if err != nil {
+				continue
 			}
-			if st, err := readProcStat(m.procRoot, pid); err == nil {
-				procs[g][pid] = st
+			switch {
+			case !ours:
+				procs["postgresql_background"][pid] = st
+			case walSender:
+				procs["postgresql_walsender"][pid] = st
+				fallthrough
+			default:
+				procs["postgresql"][pid] = st
 			}
 		}
 		rows.Close()

@@ -253,12 +253,13 @@ func TestListenerPIDFindsThisProcess(t *testing.T) {
 func TestCPUPerEventAndFigures(t *testing.T) {
 	use := func(relay, pg, rabbit time.Duration) cpuUse {
 		return cpuUse{events: 100_000, relay: relay, groups: map[string]time.Duration{
-			"postgresql": pg, "rabbitmq": rabbit, "postgresql_background": time.Second}}
+			"postgresql": pg, "rabbitmq": rabbit, "postgresql_background": time.Second, "postgresql_walsender": pg / 2}}
 	}
 	u := use(2*time.Second, 3*time.Second, 5*time.Second)
 	got := u.perEvent()
-	// 2 s over 100,000 events is 20 µs; the background's 10 µs is not in the total.
-	if got["relay"] != 20 || got["postgresql"] != 30 || got["rabbitmq"] != 50 || got["postgresql_background"] != 10 || got["total"] != 100 {
+	// 2 s over 100,000 events is 20 µs; the background's 10 µs is not in the
+	// total, nor the WAL senders' 15 µs, which are in postgresql's.
+	if got["relay"] != 20 || got["postgresql"] != 30 || got["rabbitmq"] != 50 || got["postgresql_background"] != 10 || got["postgresql_walsender"] != 15 || got["total"] != 100 {
 		t.Fatalf("perEvent = %v", got)
 	}
 	if (cpuUse{}).perEvent() != nil {
