@@ -52,7 +52,7 @@ func (b *bench) runAudit(ctx context.Context) ([]Figure, error) {
 	}
 	b.log.Info("audit: events written", "events", n, "seconds", int(time.Since(start).Seconds()))
 
-	uri, err := b.startFerretProcess(ctx)
+	uri, _, err := b.startFerretProcess(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -451,32 +451,33 @@ func sampleHeap() func() (base, peak uint64) {
 }
 
 // startFerretProcess builds cmd/mongolocal and runs it, on a free port and
-// a data directory of its own, until the run ends, and returns its URI.
-func (b *bench) startFerretProcess(ctx context.Context) (string, error) {
-	dir, err := os.MkdirTemp("", "bench-audit-ferretdb-")
+// a data directory of its own, until the run ends, and returns its URI and
+// its process id (for the CPU instrument's mongodb group).
+func (b *bench) startFerretProcess(ctx context.Context) (string, int, error) {
+	dir, err := os.MkdirTemp("", "bench-ferretdb-")
 	if err != nil {
-		return "", err
+		return "", 0, err
 	}
 	b.env.onClose("FerretDB process data "+dir, func(context.Context) error { return os.RemoveAll(dir) })
 	bin := filepath.Join(dir, "mongolocal")
 	build := exec.CommandContext(ctx, goCommand(), "build", "-o", bin, "./cmd/mongolocal")
 	build.Dir = b.env.root
 	if out, err := build.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build ./cmd/mongolocal: %w: %s", err, out)
+		return "", 0, fmt.Errorf("go build ./cmd/mongolocal: %w: %s", err, out)
 	}
 	addr, err := freeAddr()
 	if err != nil {
-		return "", err
+		return "", 0, err
 	}
 	logFile, err := os.Create(filepath.Join(dir, "mongolocal.log"))
 	if err != nil {
-		return "", err
+		return "", 0, err
 	}
 	cmd := exec.Command(bin, "-addr", addr, "-data-dir", filepath.Join(dir, "data"))
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	if err := cmd.Start(); err != nil {
 		_ = logFile.Close()
-		return "", fmt.Errorf("start mongolocal: %w", err)
+		return "", 0, fmt.Errorf("start mongolocal: %w", err)
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
@@ -496,17 +497,17 @@ func (b *bench) startFerretProcess(ctx context.Context) (string, error) {
 	for {
 		if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
 			_ = c.Close()
-			return "mongodb://" + addr + "/", nil
+			return "mongodb://" + addr + "/", cmd.Process.Pid, nil
 		}
 		select {
 		case err := <-exited:
-			return "", fmt.Errorf("mongolocal exited before listening (%v); see %s", err, logFile.Name())
+			return "", 0, fmt.Errorf("mongolocal exited before listening (%v); see %s", err, logFile.Name())
 		case <-ctx.Done():
-			return "", ctx.Err()
+			return "", 0, ctx.Err()
 		case <-time.After(100 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			return "", fmt.Errorf("mongolocal not listening after 60s; see %s", logFile.Name())
+			return "", 0, fmt.Errorf("mongolocal not listening after 60s; see %s", logFile.Name())
 		}
 	}
 }

@@ -46,6 +46,9 @@ import (
 //     port (beam.smp). It serves every vhost and connection of the node: on
 //     a shared broker the figure is an upper bound.
 //
+// The end-to-end figures also read the shipping process (shipping) and the
+// FerretDB process it uses as its MongoDB (mongodb).
+//
 // A group whose server runs on another machine is not measured (its figures
 // are left out and the details say why).
 
@@ -242,7 +245,7 @@ func listenerPID(root string, port int) (int, error) {
 }
 
 // cpuGroups are the process groups read from /proc, in the order figures list them.
-var cpuGroups = []string{"postgresql", "rabbitmq", "shipping", "postgresql_background", "postgresql_walsender"}
+var cpuGroups = []string{"postgresql", "rabbitmq", "shipping", "mongodb", "postgresql_background", "postgresql_walsender"}
 
 // partGroups are the groups read apart from the total: the server's shared
 // background, and the part of postgresql that is its WAL senders.
@@ -305,7 +308,10 @@ type cpuMeter struct {
 	// shippingPID is the shipping service's process when the figure runs
 	// one (e2e_latency): its own group, "shipping".
 	shippingPID int
-	profileDir  string // BENCH_CPUPROFILE: a CPU profile of this process per interval
+	// mongoPID is the FerretDB process shipping uses when the figure runs
+	// one apart: its own group, "mongodb".
+	mongoPID   int
+	profileDir string // BENCH_CPUPROFILE: a CPU profile of this process per interval
 	// unmeasured says why a group is not measured.
 	unmeasured map[string]string
 }
@@ -434,7 +440,7 @@ func (m *cpuMeter) readProcs(ctx context.Context) (map[string]map[int]procStat, 
 	for _, p := range []struct {
 		group string
 		pid   int
-	}{{"rabbitmq", m.rabbitPID}, {"shipping", m.shippingPID}} {
+	}{{"rabbitmq", m.rabbitPID}, {"shipping", m.shippingPID}, {"mongodb", m.mongoPID}} {
 		if p.pid == 0 {
 			continue
 		}

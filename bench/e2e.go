@@ -265,7 +265,7 @@ func statementsPerOrder(byKind map[string][]time.Duration, orders int) map[strin
 // instrumentText says what the e2e figures' cpu_per_order and tail details
 // hold.
 const instrumentText = "cpu_per_order: CPU time per measured order, in µs, over the measured load, " +
-	"by group: relay is the benchmark's process (the relay, the writer, the tap and the embedded FerretDB), shipping the shipping process; " +
+	"by group: relay is the benchmark's process (the relay, the writer and the tap), shipping the shipping process, mongodb the FerretDB process shipping uses; " +
 	"cores_busy: that CPU over the interval's wall time, in cores. tail: the orders at or above the p99, where their time went " +
 	"(median relay and shipping shares), in how many separate seconds they were committed, and the machine's CPU (/proc/stat: busy, " +
 	"iowait, steal) while they waited and over the whole window. relay_statements: the polling relay's claims (claim: it found rows; claim_empty: " +
@@ -282,7 +282,13 @@ func (b *bench) measureE2E(ctx context.Context, bin, tmp string, poolCfg *pgxpoo
 	if err != nil {
 		return e2eResult{}, err
 	}
-	db, mongoURI, err := b.env.newMongoDatabase(ctx, "e2e_"+v.name, 10)
+	// shipping's MongoDB: a FerretDB process of its own, so that the CPU
+	// instrument reads it apart from the benchmark's process.
+	ferretURI, ferretPID, err := b.startFerretProcess(ctx)
+	if err != nil {
+		return e2eResult{}, err
+	}
+	db, mongoURI, err := b.env.newMongoDatabaseAt(ctx, ferretURI, "e2e_"+v.name, 10)
 	if err != nil {
 		return e2eResult{}, err
 	}
@@ -297,6 +303,7 @@ func (b *bench) measureE2E(ctx context.Context, bin, tmp string, poolCfg *pgxpoo
 		}
 	}()
 	meter := newCPUMeter(ctx, pool, url, "")
+	meter.mongoPID = ferretPID
 	if !v.noShipping {
 		stopShipping, pid, err := b.startShipping(ctx, bin, url, strings.TrimSuffix(mongoURI, "/")+"/"+db.Name(),
 			filepath.Join(tmp, "shipping-"+v.name+".log"))

@@ -227,8 +227,13 @@ func (e *env) newMongoDatabase(ctx context.Context, purpose string, poolSize uin
 	if err != nil {
 		return nil, "", fmt.Errorf("start embedded FerretDB: %w", err)
 	}
+	return e.newMongoDatabaseAt(ctx, srv.URI(), purpose, poolSize)
+}
+
+// newMongoDatabaseAt is newMongoDatabase on the server at uri.
+func (e *env) newMongoDatabaseAt(ctx context.Context, uri, purpose string, poolSize uint64) (*mongo.Database, string, error) {
 	name := "bench_" + e.runID + "_" + e.unique(purpose)
-	client, err := mongo.Connect(options.Client().ApplyURI(srv.URI()).SetMaxPoolSize(poolSize))
+	client, err := mongo.Connect(options.Client().ApplyURI(uri).SetMaxPoolSize(poolSize))
 	if err != nil {
 		return nil, "", fmt.Errorf("connect to FerretDB: %w", err)
 	}
@@ -239,7 +244,7 @@ func (e *env) newMongoDatabase(ctx context.Context, purpose string, poolSize uin
 	if err := client.Ping(ctx, nil); err != nil {
 		return nil, "", fmt.Errorf("ping FerretDB: %w", err)
 	}
-	return db, srv.URI(), nil
+	return db, uri, nil
 }
 
 // moduleRoot finds the directory holding the module's go.mod, from the

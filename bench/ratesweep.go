@@ -225,7 +225,11 @@ func (b *bench) sweepMode(ctx context.Context, bin, tmp string, poolCfg *pgxpool
 	if err != nil {
 		return nil, err
 	}
-	db, mongoURI, err := b.env.newMongoDatabase(ctx, "sweep_"+v.name, 10)
+	ferretURI, ferretPID, err := b.startFerretProcess(ctx) // apart, as in e2e_latency
+	if err != nil {
+		return nil, err
+	}
+	db, mongoURI, err := b.env.newMongoDatabaseAt(ctx, ferretURI, "sweep_"+v.name, 10)
 	if err != nil {
 		return nil, err
 	}
@@ -256,6 +260,7 @@ func (b *bench) sweepMode(ctx context.Context, bin, tmp string, poolCfg *pgxpool
 	events := db.Collection(shippingEventsCollection)
 	meter := newCPUMeter(ctx, pool, url, "")
 	meter.shippingPID = pid
+	meter.mongoPID = ferretPID
 
 	run := func(ctx context.Context, rate int, d time.Duration, label string) (sweepStage, error) {
 		var s sweepStage
