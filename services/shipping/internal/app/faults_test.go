@@ -154,9 +154,7 @@ func TestPoisonMessagesAreDeadLetteredWithTheirReasonWhileOthersFlow(t *testing.
 	if n := value(a.Metrics().UnknownType); n != 1 {
 		t.Errorf("unknown-type count %v, want 1 (acked and logged, not dead-lettered)", n)
 	}
-	if n := value(a.Metrics().DeadLettered.WithLabelValues("handler_failed")); n != 1 {
-		t.Errorf("dead-lettered{handler_failed} = %v, want 1", n)
-	}
+	wantCounted(t, "dead-lettered{handler_failed}", a.Metrics().DeadLettered.WithLabelValues("handler_failed"), 1)
 }
 
 func TestBrokerConnectionCutsMidStreamLoseNothingAndAckNoStaleDelivery(t *testing.T) {

@@ -69,12 +69,8 @@ func TestMessageTheInboxKeepsFailingOnEndsAsADeadLetter(t *testing.T) {
 			if want := "9-1 inbox_failed 3"; len(dead) != 1 || dead[0] != want {
 				t.Fatalf("dead letters %q, want %q", dead, want)
 			}
-			if n := value(a.Metrics().Deferred.WithLabelValues(tc.reason)); n != 3 {
-				t.Errorf("deferrals %q counted %v, want 3", tc.reason, n)
-			}
-			if n := value(a.Metrics().DeadLettered.WithLabelValues(string(shipment.ReasonInboxFailed))); n != 1 {
-				t.Errorf("dead letters inbox_failed counted %v, want 1", n)
-			}
+			wantCounted(t, "deferrals "+tc.reason, a.Metrics().Deferred.WithLabelValues(tc.reason), 3)
+			wantCounted(t, "dead letters inbox_failed", a.Metrics().DeadLettered.WithLabelValues(string(shipment.ReasonInboxFailed)), 1)
 			e.waitDrained(a)
 		})
 	}

@@ -199,6 +199,20 @@ func dupInbox(a *app.App) float64    { return value(a.Metrics().Duplicates.WithL
 func dupVersion(a *app.App) float64  { return value(a.Metrics().Duplicates.WithLabelValues("version")) }
 func deferredGap(a *app.App) float64 { return value(a.Metrics().Deferred.WithLabelValues("gap")) }
 
+// wantCounted waits up to 10 s for c to reach want, then holds it to want
+// exactly. The consumer counts a dead letter or a deferral once the broker
+// has confirmed its copy, which a queue may show a moment before.
+func wantCounted(t *testing.T, what string, c prometheus.Counter, want float64) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for value(c) < want && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := value(c); n != want {
+		t.Errorf("%s counted %v, want %v", what, n, want)
+	}
+}
+
 func waitFor(t *testing.T, limit time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(limit)
