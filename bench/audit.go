@@ -52,7 +52,7 @@ func (b *bench) runAudit(ctx context.Context) ([]Figure, error) {
 	}
 	b.log.Info("audit: events written", "events", n, "seconds", int(time.Since(start).Seconds()))
 
-	uri, _, err := b.startFerretProcess(ctx)
+	uri, _, err := b.ferretProcess(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -450,9 +450,19 @@ func sampleHeap() func() (base, peak uint64) {
 	}
 }
 
+// ferretProcess returns the run's FerretDB process (cmd/mongolocal), started
+// on first use: its URI and its process id (for the CPU instrument's mongodb
+// group). The figures that use it work in databases of their own, one
+// after the other.
+func (b *bench) ferretProcess(ctx context.Context) (string, int, error) {
+	b.env.ferretProcOnce.Do(func() {
+		b.env.ferretProcURI, b.env.ferretProcPID, b.env.ferretProcErr = b.startFerretProcess(ctx)
+	})
+	return b.env.ferretProcURI, b.env.ferretProcPID, b.env.ferretProcErr
+}
+
 // startFerretProcess builds cmd/mongolocal and runs it, on a free port and
-// a data directory of its own, until the run ends, and returns its URI and
-// its process id (for the CPU instrument's mongodb group).
+// a data directory of its own, until the run ends.
 func (b *bench) startFerretProcess(ctx context.Context) (string, int, error) {
 	dir, err := os.MkdirTemp("", "bench-ferretdb-")
 	if err != nil {

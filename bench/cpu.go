@@ -317,7 +317,8 @@ type cpuMeter struct {
 }
 
 // newCPUMeter prepares the readings for a figure on pool's database and the
-// broker at amqpURL. A server on another machine leaves its groups out.
+// broker at amqpURL ("" for a figure without RabbitMQ: no rabbitmq group).
+// A server on another machine leaves its groups out.
 func newCPUMeter(ctx context.Context, pool *pgxpool.Pool, amqpURL, profileDir string) *cpuMeter {
 	m := &cpuMeter{pool: pool, procRoot: "/proc", profileDir: profileDir, unmeasured: map[string]string{}}
 	var pid int
@@ -328,6 +329,9 @@ func newCPUMeter(ctx context.Context, pool *pgxpool.Pool, amqpURL, profileDir st
 	}
 	if reason, ok := m.unmeasured["postgresql"]; ok {
 		m.unmeasured["postgresql_background"] = reason
+	}
+	if amqpURL == "" {
+		return m
 	}
 	if pid, err := brokerPID(m.procRoot, amqpURL); err != nil {
 		m.unmeasured["rabbitmq"] = err.Error()

@@ -136,7 +136,6 @@ func (b *bench) runRelayDrainNATS(ctx context.Context) ([]Figure, error) {
 	// server when BENCH_NATS_URL is unset, in the relay's drain and in the
 	// baseline alike.
 	meter := newCPUMeter(ctx, pool, "", b.cfg.cpuProfileDir)
-	delete(meter.unmeasured, "rabbitmq")
 	if os.Getenv("BENCH_NATS_URL") != "" {
 		meter.unmeasured["nats"] = "the NATS server of BENCH_NATS_URL is another process: its CPU is not read"
 	}

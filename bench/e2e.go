@@ -282,9 +282,9 @@ func (b *bench) measureE2E(ctx context.Context, bin, tmp string, poolCfg *pgxpoo
 	if err != nil {
 		return e2eResult{}, err
 	}
-	// shipping's MongoDB: a FerretDB process of its own, so that the CPU
-	// instrument reads it apart from the benchmark's process.
-	ferretURI, ferretPID, err := b.startFerretProcess(ctx)
+	// shipping's MongoDB: a FerretDB process, so that the CPU instrument
+	// reads it apart from the benchmark's process.
+	ferretURI, ferretPID, err := b.ferretProcess(ctx)
 	if err != nil {
 		return e2eResult{}, err
 	}

@@ -46,6 +46,12 @@ type env struct {
 	mongoErr  error
 
 	ferretDBVersion string
+
+	// The run's FerretDB process (bench.ferretProcess), started on first use.
+	ferretProcOnce sync.Once
+	ferretProcURI  string
+	ferretProcPID  int
+	ferretProcErr  error
 }
 
 type cleanup struct {

@@ -225,7 +225,7 @@ func (b *bench) sweepMode(ctx context.Context, bin, tmp string, poolCfg *pgxpool
 	if err != nil {
 		return nil, err
 	}
-	ferretURI, ferretPID, err := b.startFerretProcess(ctx) // apart, as in e2e_latency
+	ferretURI, ferretPID, err := b.ferretProcess(ctx) // apart, as in e2e_latency
 	if err != nil {
 		return nil, err
 	}
