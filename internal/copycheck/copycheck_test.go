@@ -87,8 +87,18 @@ func TestPackagesCopyIntoAModuleOfTheirOwn(t *testing.T) {
 			t.Logf("the copy's %d examples passed", examples)
 
 			mod := readModFile(t, dir)
+			// What lets the copies skip their other tests: every module
+			// the copy requires is at the version this repository's tests
+			// ran with.
+			repoVersion := make(map[string]string, len(repoMod.Require))
+			for _, r := range repoMod.Require {
+				repoVersion[r.Path] = r.Version
+			}
 			var direct, indirect []string
 			for _, r := range mod.Require {
+				if v, ok := repoVersion[r.Path]; !ok || v != r.Version {
+					t.Errorf("the copy requires %s@%s, this repository %q: its tests ran with other modules", r.Path, r.Version, v)
+				}
 				for _, f := range forbidden {
 					if strings.HasPrefix(r.Path, f) {
 						t.Errorf("the copy's go.mod requires %s@%s: a copier would inherit it", r.Path, r.Version)
