@@ -63,12 +63,7 @@ func newPublisher(cfg config.Config, reg prometheus.Registerer, logger *slog.Log
 		return nil, err
 	}
 	metrics.RegisterPublisherReady(reg, pub.Ready)
-	nodes, err := outboxamqp.ParseURLs(cfg.AMQPURL) // the configuration checked it
-	if err != nil {
-		_ = pub.Close()
-		return nil, err
-	}
-	metrics.RegisterBrokerNodes(reg, len(nodes))
+	metrics.RegisterBrokerNodes(reg, pub.Nodes())
 	return pub, nil
 }
 

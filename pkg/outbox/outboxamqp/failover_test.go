@@ -42,6 +42,15 @@ func TestParseURLs(t *testing.T) {
 		if err != nil || strings.Join(got, " ") != strings.Join(tt.want, " ") {
 			t.Errorf("ParseURLs(%q) = %q, %v; want %q", tt.in, got, err, tt.want)
 		}
+		p, err := outboxamqp.NewPublisher(outboxamqp.Config{URL: tt.in, Exchange: "x"})
+		if err != nil {
+			t.Errorf("NewPublisher(%q): %v", tt.in, err)
+			continue
+		}
+		if p.Nodes() != len(tt.want) {
+			t.Errorf("NewPublisher(%q).Nodes() = %d, want %d", tt.in, p.Nodes(), len(tt.want))
+		}
+		_ = p.Close()
 	}
 	if _, err := outboxamqp.NewPublisher(outboxamqp.Config{URL: "amqp://n1/,", Exchange: "x"}); err == nil {
 		t.Error("NewPublisher accepted a URL list with an empty address")

@@ -321,6 +321,10 @@ func (p *Publisher) dialNode(ctx context.Context, i int) (*session, error) {
 	return s, nil
 }
 
+// Nodes returns how many broker nodes Config.URL lists: the publisher
+// dials them in turn (see ParseURLs).
+func (p *Publisher) Nodes() int { return len(p.urls) }
+
 // ParseURLs splits a Config.URL listing several nodes at its commas and
 // checks each part as an AMQP URI (amqp:// or amqps://). Spaces around the
 // parts are ignored; an empty part is an error. A single URL gives one
