@@ -662,7 +662,7 @@ func TestMigrateKeepsTheStorageOptionsADBATuned(t *testing.T) {
 		"outbox": {
 			"autovacuum_analyze_scale_factor=0", "autovacuum_analyze_threshold=5000", // put back: it was missing
 			"autovacuum_enabled=false", "autovacuum_vacuum_insert_scale_factor=0", "autovacuum_vacuum_insert_threshold=5000",
-			"autovacuum_vacuum_scale_factor=0.01", "autovacuum_vacuum_threshold=1000", "fillfactor=50",
+			"autovacuum_vacuum_scale_factor=0.01", "autovacuum_vacuum_threshold=1000", "fillfactor=100",
 		},
 		"outbox_aggregates": {"fillfactor=70"},
 	} {

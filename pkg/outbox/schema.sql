@@ -89,12 +89,18 @@ CREATE TABLE IF NOT EXISTS outbox (
 -- Every published row leaves this table, so dead tuples pile up at the rate of
 -- publishing. Vacuum it after a fixed number of changes rather than a fraction of
 -- its (small) size, so dead index entries never accumulate in front of the claim.
--- Half of each page is left free at insert: the claim updates every row once,
--- and a HOT update needs room for the new version on the row's own page.
+-- Pages are filled at insert (fillfactor 100). At a steady rate the claim's
+-- update is HOT all the same: when the claim reads a page, PostgreSQL prunes
+-- it of the rows already moved out, which leaves room for the new version.
+-- A lower fillfactor would make the claims of a backlog HOT too (its pages,
+-- written packed, have no room), but a writer leaves a page once it is
+-- filled to the fillfactor and comes back only after a vacuum: between
+-- vacuums the table grows several times faster (at 50, 3.3 times its rows'
+-- packed size against 0.5), and a claim that scans it reads every page.
 -- These are defaults: Migrate sets only the options a table lacks, so values a
 -- DBA tunes later stay (this statement run as is sets them all back).
 ALTER TABLE outbox SET (
-    fillfactor = 50,
+    fillfactor = 100,
     autovacuum_vacuum_scale_factor = 0,
     autovacuum_vacuum_threshold = 5000,
     autovacuum_vacuum_insert_scale_factor = 0,

@@ -28,8 +28,9 @@ import (
 // once this statement commits, so no row lock is held while publishing, and a
 // relay that dies with the row is replaced when the lease ends. The lease
 // has a column of its own, in no index, so this update changes no indexed
-// column and is HOT when the row's page has room (the table's fillfactor
-// leaves it): no index entries per claimed row. The row's entry in
+// column and is HOT when the row's page has room (at a steady rate, where
+// the page was pruned of the rows moved out; see the schema's fillfactor): no
+// index entries per claimed row. The row's entry in
 // outbox_due stays where it was, so a claim also reads the entries of the
 // rows in flight (a batch per worker) and skips them. attempts is
 // incremented here, so a crash mid-publish counts as an attempt; the relay's
