@@ -255,6 +255,8 @@ var partGroups = []string{"postgresql_background", "postgresql_walsender"}
 type cpuSample struct {
 	self  time.Duration
 	procs map[string]map[int]procStat // group -> PID -> its stat
+	// lsn is the server's WAL insert position (bytes), -1 where not read.
+	lsn int64
 }
 
 // cpuUse is what each group spent over one measured interval.
@@ -265,12 +267,16 @@ type cpuUse struct {
 	// gone counts the processes that exited during the interval (their CPU
 	// after their last reading is missing).
 	gone int
+	// wal is the WAL the server wrote over the interval, in bytes, where
+	// walRead. It is the whole server's: other databases' writes count too.
+	wal     int64
+	walRead bool
 }
 
 // perEvent returns the microseconds per event of each group measured, and
 // their total (relay, postgresql, rabbitmq: the background processes are
 // shared with the rest of the server and left out of it, the WAL senders are
-// already in postgresql).
+// already in postgresql), and the WAL bytes per event (wal_bytes) where read.
 func (u cpuUse) perEvent() map[string]float64 {
 	if u.events <= 0 {
 		return nil
@@ -281,6 +287,9 @@ func (u cpuUse) perEvent() map[string]float64 {
 		m[g] = per(d)
 	}
 	m["total"] = per(u.total())
+	if u.walRead {
+		m["wal_bytes"] = round(float64(u.wal) / float64(u.events))
+	}
 	if u.gone > 0 {
 		m["processes_exited"] = float64(u.gone)
 	}
@@ -385,8 +394,13 @@ const procsQuery = `SELECT a.pid, a.datname IS NOT DISTINCT FROM current_databas
 // last at the start of an interval (first at its end, reverse), so that the
 // reading's own work is outside it.
 func (m *cpuMeter) sample(ctx context.Context, end bool) (cpuSample, error) {
-	s := cpuSample{}
+	s := cpuSample{lsn: -1}
 	var err error
+	if _, skip := m.unmeasured["postgresql"]; !skip {
+		if err := m.pool.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn() - '0/0'").Scan(&s.lsn); err != nil {
+			return s, fmt.Errorf("WAL position: %w", err)
+		}
+	}
 	if end {
 		if s.self, err = selfCPU(); err != nil {
 			return s, err
@@ -538,6 +552,9 @@ func (iv *cpuInterval) stop(ctx context.Context, events int) (cpuUse, error) {
 		return cpuUse{}, err
 	}
 	u := cpuUse{events: events, relay: end.self - iv.begin.self, groups: map[string]time.Duration{}}
+	if end.lsn >= 0 && iv.begin.lsn >= 0 {
+		u.wal, u.walRead = end.lsn-iv.begin.lsn, true
+	}
 	for _, g := range cpuGroups {
 		b, ok := end.procs[g]
 		if !ok {
@@ -579,6 +596,11 @@ func cpuFigures(name string, relay, raw []cpuUse, relayIs, rawIs string, unmeasu
 		figs = append(figs, newFigure(name+"_cpu_"+g, "us/event", median(values), median(bases), Goal{},
 			"CPU time per event of "+cpuGroupText[g]+": "+relayIs+" (median of the repetitions)",
 			"the same for "+rawIs, details))
+	}
+	if values, bases := perEventOf(relay, "wal_bytes"), perEventOf(raw, "wal_bytes"); len(values) > 0 && len(bases) > 0 {
+		figs = append(figs, newFigure(name+"_wal_bytes", "bytes/event", median(values), median(bases), Goal{},
+			"WAL the server wrote per event (pg_current_wal_insert_lsn at the interval's ends; the whole server's): "+relayIs+" (median of the repetitions)",
+			"the same for "+rawIs, map[string]any{"per_rep": values, "baseline_per_rep": bases}))
 	}
 	return figs
 }

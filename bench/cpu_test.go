@@ -268,10 +268,20 @@ func TestCPUPerEventAndFigures(t *testing.T) {
 
 	relay := []cpuUse{use(2*time.Second, 3*time.Second, 5*time.Second), use(3*time.Second, 4*time.Second, 5*time.Second), use(4*time.Second, 2*time.Second, 6*time.Second)}
 	raw := []cpuUse{use(time.Second, 0, 4*time.Second), use(time.Second, 0, 5*time.Second), use(2*time.Second, 0, 6*time.Second)}
+	for i, w := range []int64{150e6, 120e6, 90e6} { // 1,500, 1,200 and 900 bytes per event
+		relay[i].wal, relay[i].walRead = w, true
+	}
+	raw[0].wal, raw[0].walRead = 10e6, true // the others unread: their median is this one's
 	figs := cpuFigures("relay_drain_x", relay, raw, "x", "raw", map[string]string{})
 	byName := map[string]Figure{}
 	for _, f := range figs {
 		byName[f.Name] = f
+		if f.Name == "relay_drain_x_wal_bytes" {
+			if f.Unit != "bytes/event" || f.Value != 1200 || f.Baseline != 100 {
+				t.Errorf("WAL figure %+v, want 1,200 against 100 bytes/event", f)
+			}
+			continue
+		}
 		if f.Unit != "us/event" || f.Met != nil {
 			t.Errorf("%s: unit %q, met %v; want us/event and no goal", f.Name, f.Unit, f.Met)
 		}
@@ -290,6 +300,9 @@ func TestCPUPerEventAndFigures(t *testing.T) {
 		if f.Value != want[0] || f.Baseline != want[1] {
 			t.Errorf("%s = %v against %v, want %v against %v", name, f.Value, f.Baseline, want[0], want[1])
 		}
+	}
+	if _, ok := byName["relay_drain_x_wal_bytes"]; !ok {
+		t.Errorf("no WAL figure in %v", figs)
 	}
 	if s := byName["relay_drain_x_cpu_relay"].Details["spread"]; s != [2]float64{20, 40} {
 		t.Errorf("relay spread = %v, want [20 40]", s)
