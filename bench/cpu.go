@@ -397,8 +397,8 @@ func (m *cpuMeter) sample(ctx context.Context, end bool) (cpuSample, error) {
 	s := cpuSample{lsn: -1}
 	var err error
 	if _, skip := m.unmeasured["postgresql"]; !skip {
-		if err := m.pool.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn() - '0/0'").Scan(&s.lsn); err != nil {
-			return s, fmt.Errorf("WAL position: %w", err)
+		if s.lsn, err = walPosition(ctx, m.pool); err != nil {
+			return s, err
 		}
 	}
 	if end {

@@ -116,10 +116,10 @@ type writeReading struct {
 
 func (m writeMeter) read(ctx context.Context) (writeReading, error) {
 	var r writeReading
-	if err := m.pool.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn() - '0/0'").Scan(&r.lsn); err != nil {
-		return r, fmt.Errorf("WAL position: %w", err)
-	}
 	var err error
+	if r.lsn, err = walPosition(ctx, m.pool); err != nil {
+		return r, err
+	}
 	if r.sched, err = readSchedstat("/proc", m.pid); err != nil {
 		return r, fmt.Errorf("backend %d: %w", m.pid, err)
 	}
@@ -128,6 +128,15 @@ func (m writeMeter) read(ctx context.Context) (writeReading, error) {
 	}
 	r.at = time.Now()
 	return r, nil
+}
+
+// walPosition reads the server's WAL insert position, in bytes.
+func walPosition(ctx context.Context, pool *pgxpool.Pool) (int64, error) {
+	var lsn int64
+	if err := pool.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn() - '0/0'").Scan(&lsn); err != nil {
+		return 0, fmt.Errorf("WAL position: %w", err)
+	}
+	return lsn, nil
 }
 
 func (c *writeCost) add(a, b writeReading, orders int) {
